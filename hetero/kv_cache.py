@@ -1,0 +1,69 @@
+"""The KV cache: preallocated once, written chunk by chunk through views (Transformer-Lite §2.4).
+
+Layout, per layer l (capacity T_max positions, `length` of them valid):
+
+    k[l]: [n_kv, T_max, D]   positions 0 .. length-1 hold real tokens; length .. T_max-1 are free
+          └─ chunk i writes rows [start, start+n_valid) in place; padded rows are never written
+
+Nobody else indexes the buffers: attention asks for `layer(l)` views and the runtime advances
+`length` once a whole prefill has finished (so a failed prefill leaves the logical length unchanged).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hetero.config import ModelConfig
+from hetero.errors import ConfigError
+
+
+class KVCache:
+    """K/V of every layer for one conversation; `length` real positions, room for `capacity`."""
+
+    def __init__(self, cfg: ModelConfig, capacity: int, dtype: torch.dtype = torch.float32):
+        if capacity <= 0:
+            raise ConfigError(f"KV cache capacity must be > 0, got {capacity}")
+        self.config = cfg
+        # torch.empty: pages are only committed when a chunk writes them, so a cache sized for the
+        # whole context costs memory in proportion to what is used.
+        self.k = torch.empty(cfg.n_layers, cfg.n_kv_heads, capacity, cfg.head_dim, dtype=dtype)
+        self.v = torch.empty_like(self.k)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whole-capacity views [n_kv, capacity, D] of one layer: attention writes and reads through these."""
+        return self.k[layer], self.v[layer]
+
+    def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The valid part [n_kv, length, D] of one layer (views, no copy)."""
+        return self.k[layer, :, : self.length], self.v[layer, :, : self.length]
+
+    def reserve(self, n_new: int) -> None:
+        """Make room for `n_new` more positions; grows (one copy) only if the capacity is exceeded."""
+        need = self.length + n_new
+        if need <= self.capacity:
+            return
+        if need > self.config.context_length:
+            raise ConfigError(
+                f"prompt: {self.length} cached + {n_new} new tokens exceed the model's context length "
+                f"{self.config.context_length}"
+            )
+        grown = min(self.config.context_length, max(need, 2 * self.capacity))
+        k = torch.empty(*self.k.shape[:2], grown, self.k.shape[3], dtype=self.k.dtype)
+        v = torch.empty_like(k)
+        k[:, :, : self.length] = self.k[:, :, : self.length]
+        v[:, :, : self.length] = self.v[:, :, : self.length]
+        self.k, self.v = k, v
+
+    def truncate(self, length: int) -> None:
+        """Forget positions from `length` on (e.g. to roll back a turn)."""
+        if not 0 <= length <= self.length:
+            raise ConfigError(f"truncate length must be in [0, {self.length}], got {length}")
+        self.length = length
+
+    def nbytes_used(self) -> int:
+        return 2 * self.k[:, :, : self.length].numel() * self.k.element_size()

@@ -1,0 +1,289 @@
+"""Read a Llama-family model from its real file: a GGUF file or a Hugging Face safetensors directory.
+
+GGUF tensors (Q4_0/Q4_1/Q8_0/F16/F32, ...) are dequantized to float32 with the `gguf` package. GGUF
+stores Llama's Q and K projections permuted for llama.cpp's RoPE layout; `_unpermute` undoes that (as
+transformers' GGUF loader does). Dequantizing and building the tokenizer take seconds, so the float
+weights (safetensors), config and tokenizer are cached under `cache_dir()/models/<fingerprint>/`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from hetero.config import ModelConfig
+from hetero.errors import ModelFormatError
+from hetero.model import LayerWeights, Weights
+from hetero.paths import atomic_path, cache_dir, file_fingerprint
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+_LAYER_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down", "bq", "bk", "bv")
+_GGUF_NAMES = {  # our field -> GGUF tensor name inside blk.N
+    "attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight",
+    "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight", "w_gate": "ffn_gate.weight",
+    "w_up": "ffn_up.weight", "w_down": "ffn_down.weight",
+    "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
+}
+_HF_NAMES = {  # our field -> HF tensor name inside model.layers.N
+    "attn_norm": "input_layernorm.weight", "wq": "self_attn.q_proj.weight", "wk": "self_attn.k_proj.weight",
+    "wv": "self_attn.v_proj.weight", "wo": "self_attn.o_proj.weight",
+    "ffn_norm": "post_attention_layernorm.weight", "w_gate": "mlp.gate_proj.weight",
+    "w_up": "mlp.up_proj.weight", "w_down": "mlp.down_proj.weight",
+    "bq": "self_attn.q_proj.bias", "bk": "self_attn.k_proj.bias", "bv": "self_attn.v_proj.bias",
+}
+
+
+@dataclass(slots=True)
+class Model:
+    """A loaded model: config, float weights, tokenizer (None if the directory has none), provenance."""
+
+    config: ModelConfig
+    weights: Weights
+    tokenizer: Any
+    path: Path
+    fingerprint: str  # content hash of the source file(s): keys calibration and graph caches
+    name: str
+
+
+def load_model(path: str | os.PathLike | None = None) -> Model:
+    """Load a GGUF file or a Hugging Face directory; with no path, the embedded default model."""
+    if path is None:
+        from hetero.default_model import default_model_path
+
+        path = default_model_path()
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelFormatError(f"model path {str(p)!r} does not exist (expected a .gguf file or a Hugging Face directory)")
+    if p.is_dir():
+        return _load_hf_dir(p)
+    return _load_gguf(p)
+
+
+# ---------------------------------------------------------------------------------------------- GGUF
+
+
+def _load_gguf(p: Path) -> Model:
+    with p.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ModelFormatError(f"{p} is not a GGUF file (bad magic) and not a directory")
+    fp = file_fingerprint(p)
+    entry = cache_dir() / "models" / fp
+    model = _load_cached(entry, p, fp)
+    if model is not None:
+        return model
+    t0 = time.perf_counter()
+    cfg, weights, tokenizer = _read_gguf(p)
+    _save_cache(entry, cfg, weights, tokenizer)
+    log.info("read %s in %.1f s (cached as %s)", p, time.perf_counter() - t0, entry)
+    return Model(cfg, weights, tokenizer, p, fp, p.stem)
+
+
+def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(p))
+    except Exception as e:  # the gguf package raises ValueError/IndexError/struct errors on damage
+        raise ModelFormatError(f"{p} is a truncated or corrupt GGUF file: {type(e).__name__}: {e}") from e
+    meta = {k: f for k, f in reader.fields.items()}
+
+    def get(key: str, default: Any = None) -> Any:
+        f = meta.get(key)
+        if f is None:
+            return default
+        v = f.contents()
+        return v
+
+    arch = get("general.architecture")
+    if arch not in ("llama", "mistral", "qwen2"):
+        raise ModelFormatError(f"unsupported architecture {arch!r} in {p}: hetero supports llama, mistral, qwen2")
+    tensors = {t.name: t for t in reader.tensors}
+    if "rope_freqs.weight" in tensors:
+        raise ModelFormatError(f"{p}: per-frequency RoPE factors (rope_freqs, Llama 3.1 style) are not supported in GGUF yet")
+    n_heads = int(get(f"{arch}.attention.head_count"))
+    hidden = int(get(f"{arch}.embedding_length"))
+    rope_type = get(f"{arch}.rope.scaling.type", "none")
+    rope_scaling = {"rope_type": "linear", "factor": float(get(f"{arch}.rope.scaling.factor"))} if rope_type == "linear" else {}
+    if rope_type not in ("none", "linear"):
+        raise ModelFormatError(f"{p}: unsupported RoPE scaling {rope_type!r}")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    cfg = ModelConfig(
+        arch=arch,
+        n_layers=int(get(f"{arch}.block_count")),
+        hidden=hidden,
+        n_heads=n_heads,
+        n_kv_heads=int(get(f"{arch}.attention.head_count_kv", n_heads)),
+        ffn=int(get(f"{arch}.feed_forward_length")),
+        vocab=int(get(f"{arch}.vocab_size") or (len(tokens.data) if tokens else 0)),
+        context_length=int(get(f"{arch}.context_length", 2048)),
+        rms_eps=float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(get(f"{arch}.rope.freq_base", 10000.0)),
+        head_dim=int(get(f"{arch}.attention.key_length", hidden // n_heads)),
+        qkv_bias="blk.0.attn_q.bias" in tensors,
+        tie_embeddings="output.weight" not in tensors,
+        rope_scaling=rope_scaling,
+        bos_token_id=get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=get("tokenizer.ggml.eos_token_id"),
+    )
+
+    def tensor(name: str) -> torch.Tensor:
+        t = tensors.get(name)
+        if t is None:
+            raise ModelFormatError(f"{p} lacks the tensor {name!r}")
+        try:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        except Exception as e:
+            raise ModelFormatError(f"{p}: cannot dequantize {name} ({t.tensor_type.name}): {e}") from e
+        return torch.from_numpy(np.array(arr, dtype=np.float32))  # a writable copy
+
+    layers = []
+    for i in range(cfg.n_layers):
+        fields: dict[str, torch.Tensor | None] = {}
+        for ours, theirs in _GGUF_NAMES.items():
+            name = f"blk.{i}.{theirs}"
+            fields[ours] = tensor(name) if (ours[0] != "b" or cfg.qkv_bias) and (name in tensors or ours[0] != "b") else None
+        if arch != "qwen2":  # llama.cpp's converter permutes Q/K of Llama-style models only
+            fields["wq"] = _unpermute(fields["wq"], cfg.n_heads)
+            fields["wk"] = _unpermute(fields["wk"], cfg.n_kv_heads)
+        layers.append(LayerWeights(**fields))
+    tok_emb = tensor("token_embd.weight")
+    lm_head = tok_emb if cfg.tie_embeddings else tensor("output.weight")
+    weights = Weights(tok_emb, layers, tensor("output_norm.weight"), lm_head)
+    _check_shapes(cfg, weights, p)
+    return cfg, weights, _gguf_tokenizer(p)
+
+
+def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation (interleaved rotary pairs → rotate-half halves)."""
+    out = w.shape[0]
+    return w.reshape(n_head, out // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape).contiguous()
+
+
+def _gguf_tokenizer(p: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    except Exception as e:
+        raise ModelFormatError(f"{p}: cannot build the tokenizer from GGUF metadata: {e}") from e
+
+
+# ------------------------------------------------------------------------------------- HF directory
+
+
+def _load_hf_dir(p: Path) -> Model:
+    cfg_file = p / "config.json"
+    shards = sorted(p.glob("*.safetensors"))
+    if not cfg_file.is_file() or not shards:
+        raise ModelFormatError(f"{p} is not a Hugging Face model directory (needs config.json and *.safetensors)")
+    try:
+        hf = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelFormatError(f"{cfg_file} is not valid JSON: {e}") from e
+    cfg = ModelConfig.from_hf(hf)
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        try:
+            state.update(load_file(str(shard)))
+        except Exception as e:
+            raise ModelFormatError(f"{shard} is truncated or corrupt: {e}") from e
+
+    def tensor(name: str, optional: bool = False) -> torch.Tensor | None:
+        t = state.get(name)
+        if t is None:
+            if optional:
+                return None
+            raise ModelFormatError(f"{p} lacks the tensor {name!r}")
+        return t.float().contiguous()
+
+    layers = [
+        LayerWeights(**{ours: tensor(f"model.layers.{i}.{theirs}", optional=ours[0] == "b") for ours, theirs in _HF_NAMES.items()})
+        for i in range(cfg.n_layers)
+    ]
+    tok_emb = tensor("model.embed_tokens.weight")
+    lm_head = tok_emb if cfg.tie_embeddings or "lm_head.weight" not in state else tensor("lm_head.weight")
+    weights = Weights(tok_emb, layers, tensor("model.norm.weight"), lm_head)
+    _check_shapes(cfg, weights, p)
+    tokenizer = None
+    if (p / "tokenizer.json").is_file() or (p / "tokenizer.model").is_file():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(p))
+    fp = _dir_fingerprint(shards + [cfg_file])
+    return Model(cfg, weights, tokenizer, p, fp, p.name)
+
+
+def _dir_fingerprint(files: list[Path]) -> str:
+    import hashlib
+
+    return hashlib.sha256("".join(file_fingerprint(f) for f in files).encode()).hexdigest()[:16]
+
+
+def _check_shapes(cfg: ModelConfig, w: Weights, p: Path) -> None:
+    d, q, kv = cfg.hidden, cfg.q_dim, cfg.kv_dim
+    expected = {"wq": (q, d), "wk": (kv, d), "wv": (kv, d), "wo": (d, q), "w_gate": (cfg.ffn, d),
+                "w_up": (cfg.ffn, d), "w_down": (d, cfg.ffn), "attn_norm": (d,), "ffn_norm": (d,)}
+    for i, lw in enumerate(w.layers):
+        for name, shape in expected.items():
+            got = tuple(getattr(lw, name).shape)
+            if got != shape:
+                raise ModelFormatError(f"{p}: layer {i} {name} has shape {got}, config implies {shape}")
+    if tuple(w.tok_emb.shape) != (cfg.vocab, d):
+        raise ModelFormatError(f"{p}: token embedding has shape {tuple(w.tok_emb.shape)}, config implies {(cfg.vocab, d)}")
+
+
+# -------------------------------------------------------------------------------------------- cache
+
+
+def _save_cache(entry: Path, cfg: ModelConfig, w: Weights, tokenizer: Any) -> None:
+    state = {"tok_emb": w.tok_emb, "norm": w.norm}
+    if not cfg.tie_embeddings:
+        state["lm_head"] = w.lm_head
+    for i, lw in enumerate(w.layers):
+        for f in _LAYER_FIELDS:
+            t = getattr(lw, f)
+            if t is not None:
+                state[f"layers.{i}.{f}"] = t
+    entry.mkdir(parents=True, exist_ok=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(entry / "tokenizer"))
+    with atomic_path(entry / "weights.safetensors") as tmp:
+        save_file(state, str(tmp))
+    with atomic_path(entry / "meta.json") as tmp:  # written last: its presence marks a complete entry
+        tmp.write_text(json.dumps({"version": CACHE_VERSION, "config": cfg.to_dict()}, indent=1))
+
+
+def _load_cached(entry: Path, p: Path, fp: str) -> Model | None:
+    meta_file = entry / "meta.json"
+    if not meta_file.is_file():
+        return None
+    try:
+        meta = json.loads(meta_file.read_text())
+        if meta.get("version") != CACHE_VERSION:
+            return None
+        cfg = ModelConfig.from_dict(meta["config"])
+        state = load_file(str(entry / "weights.safetensors"))
+        layers = [LayerWeights(**{f: state.get(f"layers.{i}.{f}") for f in _LAYER_FIELDS}) for i in range(cfg.n_layers)]
+        tok_emb = state["tok_emb"]
+        weights = Weights(tok_emb, layers, state["norm"], state.get("lm_head", tok_emb))
+        tokenizer = None
+        if (entry / "tokenizer").is_dir():
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(entry / "tokenizer"))
+    except Exception as e:  # a damaged cache entry is rebuilt, never trusted
+        log.warning("model cache entry %s is unreadable (%s); rebuilding it", entry, e)
+        meta_file.unlink(missing_ok=True)
+        return None
+    return Model(cfg, weights, tokenizer, p, fp, p.stem)

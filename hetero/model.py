@@ -1,0 +1,159 @@
+"""The float reference: Llama-family weights and forward pass, readable top to bottom (gpt-fast style).
+
+One decoder layer is written as the three subgraphs of hetero's split (DESIGN.md, mllm-NPU §3.2):
+
+    h ─► qkv(h) ─► attention(q, k, v, cache) ─► o_ffn(a, h) ─► h'
+         NPU          CPU/GPU (dynamic: depends        NPU
+                      on the chunk's position)
+
+so that the quantized backends replace `qkv` and `o_ffn` one for one and are checked against these.
+Shapes: one prompt at a time (batch 1); `h` is [T, hidden], q is [n_heads, T, D], k/v [n_kv, T, D].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from hetero.config import ModelConfig
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    """One decoder layer; linear weights are [out, in] like `nn.Linear`."""
+
+    attn_norm: torch.Tensor  # [hidden]
+    wq: torch.Tensor  # [n_heads*D, hidden]
+    wk: torch.Tensor  # [n_kv*D, hidden]
+    wv: torch.Tensor  # [n_kv*D, hidden]
+    wo: torch.Tensor  # [hidden, n_heads*D]
+    ffn_norm: torch.Tensor  # [hidden]
+    w_gate: torch.Tensor  # [ffn, hidden]
+    w_up: torch.Tensor  # [ffn, hidden]
+    w_down: torch.Tensor  # [hidden, ffn]
+    bq: torch.Tensor | None = None  # [n_heads*D] (Qwen2)
+    bk: torch.Tensor | None = None
+    bv: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class Weights:
+    tok_emb: torch.Tensor  # [vocab, hidden]
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # [hidden]
+    lm_head: torch.Tensor  # [vocab, hidden]; the same tensor as tok_emb when tied
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """RoPE frequencies with the model's theta and scaling ("linear" or Llama 3.1's "llama3")."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    sc = cfg.rope_scaling
+    kind = sc.get("rope_type", "default")
+    if kind == "linear":
+        inv = inv / float(sc["factor"])
+    elif kind == "llama3":
+        factor, lo, hi = float(sc["factor"]), float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+        old_ctx = float(sc["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        smooth = (old_ctx / wavelen - lo) / (hi - lo)
+        scaled = torch.where(wavelen > old_ctx / lo, inv / factor, inv)
+        mid = (wavelen <= old_ctx / lo) & (wavelen >= old_ctx / hi)
+        inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    return inv.float()
+
+
+class RopeTable:
+    """cos/sin for every position up to `max_len`, computed once (rotate-half layout, as HF Llama)."""
+
+    def __init__(self, cfg: ModelConfig, max_len: int):
+        pos = torch.arange(max_len, dtype=torch.float32)
+        freqs = torch.outer(pos, rope_inv_freq(cfg))
+        emb = torch.cat([freqs, freqs], dim=-1)  # [max_len, D]
+        self.cos, self.sin = emb.cos(), emb.sin()
+
+    def apply(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        # x: [H, T, D], positions start..start+T-1
+        t, half = x.shape[1], x.shape[-1] // 2
+        cos, sin = self.cos[start : start + t], self.sin[start : start + t]
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+def embed(w: Weights, ids: torch.Tensor) -> torch.Tensor:
+    return w.tok_emb[ids]
+
+
+def qkv(cfg: ModelConfig, lw: LayerWeights, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Subgraph `qkv` (NPU in hetero): RMSNorm, then the Q/K/V projections. Returns [T, out] each."""
+    x = rms_norm(h, lw.attn_norm, cfg.rms_eps)
+    return F.linear(x, lw.wq, lw.bq), F.linear(x, lw.wk, lw.bk), F.linear(x, lw.wv, lw.bv)
+
+
+def attention(
+    cfg: ModelConfig,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rope: RopeTable,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    start: int,
+    n_valid: int,
+) -> torch.Tensor:
+    """Subgraph `attn` (CPU/GPU): RoPE, write this chunk's K/V in place, causal attention over [0, start+T).
+
+    q/k/v: [T, out] rows at positions start..start+T-1, of which the first `n_valid` are real tokens and
+    the rest padding (mllm-NPU §3.2: the last chunk is padded to C). k_cache/v_cache: [n_kv, capacity, D]
+    views of one layer of the preallocated cache (Transformer-Lite §2.4): only the real rows are written,
+    so padding never reaches the cache. Padded query rows see every real key and are discarded later.
+    Returns [T, n_heads*D].
+    """
+    t, d = q.shape[0], cfg.head_dim
+    q = rope.apply(q.view(t, cfg.n_heads, d).transpose(0, 1), start)
+    k = rope.apply(k.view(t, cfg.n_kv_heads, d).transpose(0, 1), start)
+    v = v.view(t, cfg.n_kv_heads, d).transpose(0, 1)
+    end = start + n_valid
+    k_cache[:, start:end] = k[:, :n_valid]
+    v_cache[:, start:end] = v[:, :n_valid]
+    keys, values = k_cache[:, :end], v_cache[:, :end]
+    q_pos = torch.arange(start, start + t).unsqueeze(1)
+    mask = torch.arange(end).unsqueeze(0) <= q_pos  # [T, end]; padded rows see all real keys
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+    return out.transpose(0, 1).reshape(t, cfg.q_dim)
+
+
+def o_ffn(cfg: ModelConfig, lw: LayerWeights, a: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """Subgraph `o_ffn` (NPU): O projection, residual, RMSNorm, SwiGLU FFN, residual."""
+    h = h + F.linear(a, lw.wo)
+    x = rms_norm(h, lw.ffn_norm, cfg.rms_eps)
+    return h + F.linear(F.silu(F.linear(x, lw.w_gate)) * F.linear(x, lw.w_up), lw.w_down)
+
+
+def logits(cfg: ModelConfig, w: Weights, h: torch.Tensor) -> torch.Tensor:
+    return F.linear(rms_norm(h, w.norm, cfg.rms_eps), w.lm_head)
+
+
+@torch.inference_mode()
+def forward(cfg: ModelConfig, w: Weights, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The whole prompt in one pass, no chunking: the reference the chunked runtime must equal.
+
+    Returns logits [T, vocab] and the K/V cache [L, n_kv, T, D] each.
+    """
+    t = ids.shape[0]
+    rope = RopeTable(cfg, t)
+    k_all = torch.empty(cfg.n_layers, cfg.n_kv_heads, t, cfg.head_dim)
+    v_all = torch.empty_like(k_all)
+    h = embed(w, ids)
+    for layer, lw in enumerate(w.layers):
+        q, k, v = qkv(cfg, lw, h)
+        a = attention(cfg, q, k, v, rope, k_all[layer], v_all[layer], 0, t)
+        h = o_ffn(cfg, lw, a, h)
+    return logits(cfg, w, h), k_all, v_all
