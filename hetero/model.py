@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -142,10 +143,13 @@ def logits(cfg: ModelConfig, w: Weights, h: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def forward(cfg: ModelConfig, w: Weights, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def forward(
+    cfg: ModelConfig, w: Weights, ids: torch.Tensor, backend: Any = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The whole prompt in one pass, no chunking: the reference the chunked runtime must equal.
 
-    Returns logits [T, vocab] and the K/V cache [L, n_kv, T, D] each.
+    `backend` (a `hetero.backend.LayerBackend`) replaces the static subgraphs, e.g. by a quantized
+    path for perplexity; None is the float reference. Returns logits [T, vocab] and K/V [L, n_kv, T, D].
     """
     t = ids.shape[0]
     rope = RopeTable(cfg, t)
@@ -153,7 +157,7 @@ def forward(cfg: ModelConfig, w: Weights, ids: torch.Tensor) -> tuple[torch.Tens
     v_all = torch.empty_like(k_all)
     h = embed(w, ids)
     for layer, lw in enumerate(w.layers):
-        q, k, v = qkv(cfg, lw, h)
+        q, k, v = backend.qkv(layer, h) if backend is not None else qkv(cfg, lw, h)
         a = attention(cfg, q, k, v, rope, k_all[layer], v_all[layer], 0, t)
-        h = o_ffn(cfg, lw, a, h)
+        h = backend.o_ffn(layer, a, h) if backend is not None else o_ffn(cfg, lw, a, h)
     return logits(cfg, w, h), k_all, v_all
