@@ -71,6 +71,10 @@ class ModelConfig:
     def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
         """From a Hugging Face `config.json` dict."""
         arch = hf.get("model_type", "")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelFormatError(
+                f"unsupported architecture {arch!r}: hetero supports {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
         try:
             rope = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
             theta = float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0)

@@ -161,7 +161,7 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
     lm_head = tok_emb if cfg.tie_embeddings else tensor("output.weight")
     weights = Weights(tok_emb, layers, tensor("output_norm.weight"), lm_head)
     _check_shapes(cfg, weights, p)
-    return cfg, weights, _gguf_tokenizer(p)
+    return cfg, weights, _gguf_tokenizer(p) if tokens is not None else None
 
 
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:

@@ -1,0 +1,5 @@
+import sys
+
+from hetero.cli import main
+
+sys.exit(main())

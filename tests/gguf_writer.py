@@ -1,0 +1,61 @@
+"""Write small GGUF files for tests with the `gguf` package's writer (the format llama.cpp reads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+from hetero.loader import Model
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter permutation of Q/K rows (what `hetero.loader._unpermute` undoes)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(model: Model, path: Path, qtypes: dict[str, str] | None = None, arch: str | None = None) -> Path:
+    """Save `model` as GGUF; `qtypes` maps a field ("wq", "w_up", ...) to F32/F16/Q8_0/Q4_0/Q4_1."""
+    cfg, w = model.config, model.weights
+    arch = arch or cfg.arch
+    qtypes = qtypes or {}
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(cfg.n_layers)
+    writer.add_context_length(cfg.context_length)
+    writer.add_embedding_length(cfg.hidden)
+    writer.add_feed_forward_length(cfg.ffn)
+    writer.add_head_count(cfg.n_heads)
+    writer.add_head_count_kv(cfg.n_kv_heads)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_layer_norm_rms_eps(cfg.rms_eps)
+    writer.add_vocab_size(cfg.vocab)
+
+    def add(name: str, t: torch.Tensor, field: str = "") -> None:
+        arr = t.numpy().astype(np.float32)
+        qt = gguf.GGMLQuantizationType[qtypes.get(field, "F32")]
+        if qt == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, arr)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(arr, qt), raw_dtype=qt)
+
+    add("token_embd.weight", w.tok_emb)
+    add("output_norm.weight", w.norm)
+    names = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight",
+             "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight", "w_gate": "ffn_gate.weight",
+             "w_up": "ffn_up.weight", "w_down": "ffn_down.weight", "bq": "attn_q.bias", "bk": "attn_k.bias",
+             "bv": "attn_v.bias"}
+    for i, lw in enumerate(w.layers):
+        for field, name in names.items():
+            t = getattr(lw, field)
+            if t is None:
+                continue
+            if arch != "qwen2" and field in ("wq", "wk"):
+                t = torch.from_numpy(permute(t.numpy(), cfg.n_heads if field == "wq" else cfg.n_kv_heads))
+            add(f"blk.{i}.{name}", t, field)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

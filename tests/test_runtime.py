@@ -1,0 +1,76 @@
+"""Chunked prefill equals one full forward; continuation equals prefilling the concatenation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hetero.model import forward
+from hetero.runtime import Runtime
+from tests.conftest import make_tiny_model
+
+
+def assert_prefill_equals_full(model, ids: torch.Tensor, chunk: int) -> None:
+    n = ids.numel()
+    logits, k, v = forward(model.config, model.weights, ids)
+    rt = Runtime(model, chunk=chunk)
+    cache = rt.new_cache()
+    cache.k.fill_(float("nan"))  # anything written past the prompt would show up as non-NaN
+    cache.v.fill_(float("nan"))
+    r = rt.prefill(ids, cache=cache)
+    assert r.cache.length == n and r.n_tokens == n and r.start == 0
+    assert len(r.chunk_ms) == -(-n // chunk)
+    torch.testing.assert_close(r.logits, logits[-1], atol=1e-4, rtol=0)
+    torch.testing.assert_close(r.cache.k[:, :, :n], k, atol=1e-4, rtol=0)
+    torch.testing.assert_close(r.cache.v[:, :, :n], v, atol=1e-4, rtol=0)
+    assert torch.isnan(r.cache.k[:, :, n:]).all(), "padding leaked into the cache"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 3 * 16 + 17])
+def test_tiny_chunked_equals_full(arch: str, n: int) -> None:
+    model = make_tiny_model(arch)
+    ids = torch.randint(0, model.config.vocab, (n,), generator=torch.Generator().manual_seed(n))
+    assert_prefill_equals_full(model, ids, chunk=16)
+
+
+@pytest.mark.parametrize("n_fn", [lambda c: 1, lambda c: c - 1, lambda c: c, lambda c: c + 1, lambda c: 3 * c + 17])
+def test_real_model_chunked_equals_full(default_model, real_text_ids, n_fn) -> None:
+    chunk = 64
+    assert_prefill_equals_full(default_model, real_text_ids[: n_fn(chunk)], chunk)
+
+
+def test_real_model_default_chunk_256(default_model, real_text_ids) -> None:
+    assert_prefill_equals_full(default_model, real_text_ids[: 256 + 17], 256)
+
+
+@pytest.mark.parametrize("split", [1, 20, 32, 50])
+def test_continuation_equals_concatenation(default_model, real_text_ids, split: int) -> None:
+    ids = real_text_ids[:83]
+    rt = Runtime(default_model, chunk=32)
+    first = rt.prefill(ids[:split])
+    second = rt.prefill(ids[split:], cache=first.cache)
+    assert second.start == split and second.cache.length == 83
+    whole = Runtime(default_model, chunk=32).prefill(ids)
+    torch.testing.assert_close(second.logits, whole.logits, atol=1e-4, rtol=0)
+    torch.testing.assert_close(second.cache.k[:, :, :83], whole.cache.k[:, :, :83], atol=1e-4, rtol=0)
+
+
+def test_cache_grows_when_capacity_is_small(tiny_model) -> None:
+    ids = torch.arange(40) % tiny_model.config.vocab
+    rt = Runtime(tiny_model, chunk=16)
+    cache = rt.new_cache(capacity=8)
+    r = rt.prefill(ids[:30], cache=cache)
+    r = rt.prefill(ids[30:], cache=r.cache)
+    full = rt.prefill(ids)
+    assert r.cache.length == 40 and r.cache.capacity >= 40
+    torch.testing.assert_close(r.logits, full.logits, atol=1e-5, rtol=0)
+
+
+def test_writes_go_into_preallocated_buffer(tiny_model) -> None:
+    """No concat, no reallocation: the cache's storage is the one allocated before the prefill."""
+    rt = Runtime(tiny_model, chunk=16)
+    cache = rt.new_cache()
+    ptr = cache.k.data_ptr()
+    rt.prefill(torch.arange(50) % 256, cache=cache)
+    assert cache.k.data_ptr() == ptr and cache.length == 50
