@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,9 @@ from hetero.chunking import Chunk, padded_ids, plan_chunks
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
 from hetero.loader import Model
+
+if TYPE_CHECKING:
+    from hetero.sched.profile import Profile
 
 SUBGRAPH_KINDS = ("qkv", "attn", "o_ffn")  # one decoder layer, in execution order (DESIGN.md)
 
@@ -51,6 +55,7 @@ class PrefillJob:
     qkv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
     attn: list[torch.Tensor | None] = field(default_factory=list)
 
+    @torch.inference_mode()  # thread-local: lane worker threads need it too
     def run(self, i: int, layer: int, kind: str) -> None:
         rt, c = self.runtime, self.chunks[i]
         if kind == "qkv":
@@ -68,7 +73,20 @@ class PrefillJob:
 class Runtime:
     """Chunked prefill of one model. `backend` runs the static subgraphs (float reference by default)."""
 
-    def __init__(self, model: Model, chunk: int = 256, backend: LayerBackend | None = None, max_context: int | None = None):
+    def __init__(
+        self,
+        model: Model,
+        chunk: int = 256,
+        backend: LayerBackend | None = None,
+        max_context: int | None = None,
+        policy: str | None = None,
+        profile: "Profile | None" = None,
+        placement: tuple[tuple[str, str], ...] = (("qkv", "npu"), ("attn", "cpu"), ("o_ffn", "npu")),
+    ):
+        """`policy` None runs subgraphs in program order on the calling thread; a policy name from
+        `hetero.sched.policy.POLICIES` runs them out of order on one worker per lane (mllm-NPU §3.4),
+        dispatching on the costs of `profile` (default: this host's measured profile).
+        """
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk <= 0:
             raise ConfigError(f"chunk must be a positive integer, got {chunk!r}")
         self.model, self.cfg, self.chunk = model, model.config, chunk
@@ -78,6 +96,17 @@ class Runtime:
         self.max_context = max_context or ctx
         self.backend = backend or FloatBackend(self.cfg, model.weights)
         self.rope = ref.RopeTable(self.cfg, ctx + chunk)  # + chunk: padded rows of the last chunk
+        self.policy, self.placement = policy, tuple(placement)
+        self._ooo = None
+        if policy is not None:
+            from hetero.sched.runner import OutOfOrderRunner
+
+            self._ooo = OutOfOrderRunner(self.cfg.n_layers, chunk, policy, profile, self.placement)
+
+    def close(self) -> None:
+        """Stop the lane workers of the out-of-order executor (if any)."""
+        if self._ooo is not None:
+            self._ooo.close()
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         return KVCache(self.cfg, capacity or self.max_context)
@@ -118,6 +147,9 @@ class Runtime:
         cache.reserve(ids.numel())
         t0 = time.perf_counter()
         job = self.start_job(ids, cache)
+        if self._ooo is not None:
+            schedule, chunk_ms = self._ooo.run(job)
+            return self.finish(job, chunk_ms, t0, schedule)
         chunk_ms = []
         for i in range(len(job.chunks)):
             for layer in range(self.cfg.n_layers):

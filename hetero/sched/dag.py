@@ -156,17 +156,37 @@ class CompiledDag:
             work[self.lanes[self.lane[v]]] += c
         return work
 
-    def critical_path_us(self) -> float:
-        """Longest cost-weighted path (node ids are a topological order, see invariants)."""
-        finish = [0.0] * self.n_nodes
+    def heads_us(self) -> list[float]:
+        """Earliest possible start of each node: longest cost-weighted path into it (ids are topological)."""
+        head = [0.0] * self.n_nodes
         for v in range(self.n_nodes):
-            start = max((finish[p] for p in self.predecessors(v)), default=0.0)
-            finish[v] = start + self.cost_us[v]
-        return max(finish, default=0.0)
+            head[v] = max((head[p] + self.cost_us[p] for p in self.predecessors(v)), default=0.0)
+        return head
+
+    def upward_rank_us(self) -> list[float]:
+        """rank(v) = T(v) + max over successors of rank: the longest path from v to the end, v included."""
+        rank = [0.0] * self.n_nodes
+        for v in range(self.n_nodes - 1, -1, -1):
+            rank[v] = self.cost_us[v] + max((rank[s] for s in self.successors(v)), default=0.0)
+        return rank
+
+    def critical_path_us(self) -> float:
+        """Longest cost-weighted path through the DAG."""
+        return max(self.upward_rank_us(), default=0.0)
 
     def lower_bound_us(self) -> float:
-        """max(busiest lane's work, critical path): no schedule can finish earlier (Eq. 4)."""
-        return max(max(self.work_us().values(), default=0.0), self.critical_path_us())
+        """No schedule can finish earlier (Eq. 2-4). At least max(each lane's work, critical path), and
+        tighter: a lane cannot start before its earliest node can (head) and has work left after its
+        last node that it cannot overlap (tail), so LB_lane = min head + work + min tail over its nodes.
+        """
+        head, rank = self.heads_us(), self.upward_rank_us()
+        lb = max(rank, default=0.0)
+        for li in range(len(self.lanes)):
+            nodes = [v for v in range(self.n_nodes) if self.lane[v] == li]
+            if nodes:
+                work = sum(self.cost_us[v] for v in nodes)
+                lb = max(lb, min(head[v] for v in nodes) + work + min(rank[v] - self.cost_us[v] for v in nodes))
+        return lb
 
 
 def compile_dag(graph: nx.DiGraph, profile: Profile | None, chunk_len: int,

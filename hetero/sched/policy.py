@@ -105,11 +105,7 @@ class ChunkFirst(StaticPriority):
 
 def upward_rank(dag: CompiledDag) -> list[float]:
     """rank(v) = T(v) + max over successors s of rank(s): longest path from v to the end, v included."""
-    rank = [0.0] * dag.n_nodes
-    sp, si, cost = dag.succ_ptr, dag.succ_idx, dag.cost_us
-    for v in range(dag.n_nodes - 1, -1, -1):  # ids are a topological order
-        rank[v] = cost[v] + max((rank[si[k]] for k in range(sp[v], sp[v + 1])), default=0.0)
-    return rank
+    return dag.upward_rank_us()
 
 
 class Rank(StaticPriority):

@@ -28,7 +28,7 @@ class Schedule:
     end_us: tuple[float, ...]  # node -> end
     makespan_us: float
     busy_us: Mapping[str, float]  # lane -> time spent running subgraphs
-    lower_bound_us: float  # max(busiest lane's profiled work, critical path), see CompiledDag
+    lower_bound_us: float  # >= max(each lane's work, critical path), CompiledDag.lower_bound_us
     decision_us: float  # mean scheduler time per dispatched subgraph (policy + bookkeeping)
     simulated: bool  # True: discrete-event simulation on profiled costs; False: a real run
     profile_name: str = ""

@@ -1,0 +1,182 @@
+"""Real execution of a prefill DAG: one worker thread per lane, dispatch by a policy (mllm-NPU §3.4).
+
+The calling thread is the scheduler: it asks the policy for a node for every idle lane, hands it to
+that lane's worker, and waits for completions, which release successors (Eq. 2-3). A lane runs one
+subgraph at a time (Eq. 4). Workers are threads because the work releases the GIL (ONNX Runtime
+sessions, torch ops); the policy and readiness state are touched by the calling thread only.
+
+    caller ──(node, fn)──► inbox[npu] ──► worker npu ──┐
+           ──(node, fn)──► inbox[cpu] ──► worker cpu ──┼──► completions ──► caller: complete(v)
+           ──(node, fn)──► inbox[gpu] ──► worker gpu ──┘
+
+Failure: when a node's callable raises, nothing more is dispatched; the nodes already running on the
+other lanes finish (a subgraph cannot be interrupted safely mid-write of the KV cache), then `run`
+raises ScheduleError naming the node, ``from`` the original error. Workers stay alive, so the
+Executor (and the runtime holding it) is usable for the next prefill.
+
+A GPU lane is a lane like any other: its callable runs torch on CUDA and must synchronise before it
+returns (pass ``sync={"gpu": torch.cuda.synchronize}``) so the recorded end time is real.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import queue
+import threading
+import time
+from typing import Callable, Mapping, Sequence
+
+from hetero.errors import ConfigError, ScheduleError
+from hetero.sched.dag import CompiledDag
+from hetero.sched.policy import Dispatcher, PolicyFactory
+from hetero.sched.profile import LANES
+from hetero.sched.schedule import Schedule
+
+NodeFn = Callable[[int], None]  # runs the subgraph of node id v (see CompiledDag.node_info)
+
+
+class Executor:
+    """A reusable set of lane workers. Use as a context manager or call `close()`."""
+
+    def __init__(self, lanes: Sequence[str] = ("npu", "cpu"),
+                 sync: Mapping[str, Callable[[], None]] | None = None) -> None:
+        bad = [ln for ln in lanes if ln not in LANES]
+        if bad or not lanes or len(set(lanes)) != len(lanes):
+            raise ConfigError(f"lanes must be distinct names from {LANES}, got {tuple(lanes)}")
+        self.lanes = tuple(lanes)
+        self._sync = dict(sync or {})
+        self._inbox: dict[str, queue.SimpleQueue] = {ln: queue.SimpleQueue() for ln in self.lanes}
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._run_ids = itertools.count()
+        self._lock = threading.Lock()  # one prefill at a time
+        self._closed = False
+        self._threads = [threading.Thread(target=self._worker, args=(ln,), name=f"hetero-lane-{ln}", daemon=True)
+                         for ln in self.lanes]
+        for t in self._threads:
+            t.start()
+
+    def _worker(self, lane: str) -> None:
+        inbox, done, sync, clock = self._inbox[lane], self._done, self._sync.get(lane), time.perf_counter
+        while True:
+            item = inbox.get()
+            if item is None:
+                return
+            run_id, v, fn = item
+            t0 = clock()
+            try:
+                fn(v)
+                if sync is not None:
+                    sync()
+                err = None
+            except BaseException as e:  # noqa: BLE001 - handed to the caller, which re-raises it
+                err = e
+            done.put((run_id, v, t0, clock(), err))
+
+    def run(self, dag: CompiledDag, policy: str | PolicyFactory, work: NodeFn | Mapping[str, NodeFn],
+            seed: int = 0, timeout_s: float | None = None) -> Schedule:
+        """Execute every node of `dag` once, in an order chosen by `policy`; return the real Schedule.
+
+        `work` is one callable for all lanes or a mapping lane -> callable. `timeout_s` bounds the wait
+        for any single completion (None: wait forever).
+        """
+        if self._closed:
+            raise ScheduleError("executor is closed")
+        missing = [ln for ln in dag.lanes if ln not in self._inbox]
+        if missing:
+            raise ConfigError(f"DAG needs lanes {missing} that this executor lacks (it has {self.lanes})")
+        if isinstance(work, Mapping):
+            lack = [ln for ln in dag.lanes if ln not in work]
+            if lack:
+                raise ConfigError(f"work has no callable for lanes {lack}")
+            fns = [work[ln] for ln in dag.lanes]
+        else:
+            fns = [work] * len(dag.lanes)
+        with self._lock:
+            return self._run(dag, policy, fns, seed, timeout_s)
+
+    def _run(self, dag: CompiledDag, policy: str | PolicyFactory, fns: list[NodeFn], seed: int,
+             timeout_s: float | None) -> Schedule:
+        clock_ns = time.perf_counter_ns
+        run_id = next(self._run_ids)
+        inboxes = [self._inbox[ln] for ln in dag.lanes]
+        n, n_lanes, lane_of = dag.n_nodes, len(dag.lanes), dag.lane
+        t0 = clock_ns()
+        disp = Dispatcher(dag, policy, seed)
+        sched_ns = clock_ns() - t0
+        start, end = [0.0] * n, [0.0] * n
+        busy = [0.0] * n_lanes
+        idle = [True] * n_lanes
+        in_flight = 0
+        failed: tuple[int, BaseException] | None = None
+        t_origin = time.perf_counter()
+        while True:
+            if failed is None:
+                t0 = clock_ns()
+                for ln in range(n_lanes):
+                    if idle[ln]:
+                        v = disp.next_for(ln)
+                        if v >= 0:
+                            idle[ln] = False
+                            in_flight += 1
+                            inboxes[ln].put((run_id, v, fns[ln]))
+                sched_ns += clock_ns() - t0
+            if in_flight == 0:
+                break
+            try:
+                rid, v, ts, te, err = self._done.get(timeout=timeout_s)
+            except queue.Empty:
+                raise ScheduleError(f"no subgraph completed within {timeout_s} s ({in_flight} running)") from None
+            if rid != run_id:  # a straggler from an interrupted earlier run
+                continue
+            in_flight -= 1
+            ln = lane_of[v]
+            idle[ln] = True
+            start[v], end[v] = (ts - t_origin) * 1e6, (te - t_origin) * 1e6
+            busy[ln] += end[v] - start[v]
+            if err is not None:
+                if failed is None:
+                    failed = (v, err)
+                continue
+            t0 = clock_ns()
+            disp.complete(v)
+            sched_ns += clock_ns() - t0
+        if failed is not None:
+            v, err = failed
+            chunk, layer, kind = dag.node_info(v)
+            raise ScheduleError(
+                f"subgraph {kind} of chunk {chunk}, layer {layer} (node {v}) on lane {dag.lane_of(v)} "
+                f"raised {type(err).__name__}: {err}"
+            ) from err
+        if not disp.finished:
+            raise ScheduleError(f"policy {disp.policy.name!r} deadlocked: {n - disp.n_done} of {n} subgraphs never ran")
+        return Schedule(
+            policy=disp.policy.name, dag=dag, start_us=tuple(start), end_us=tuple(end),
+            makespan_us=max(end, default=0.0), busy_us=dict(zip(dag.lanes, busy)),
+            # the bound of this run's measured durations, so makespan_over_lb is about the schedule alone
+            lower_bound_us=dataclasses.replace(dag, cost_us=tuple(e - s for s, e in zip(start, end))).lower_bound_us(),
+            decision_us=sched_ns / 1e3 / max(n, 1), simulated=False, profile_name=dag.profile_name,
+        )
+
+    def close(self) -> None:
+        """Stop and join the workers (each finishes the node it is running first)."""
+        if self._closed:
+            return
+        self._closed = True
+        for ln in self.lanes:
+            self._inbox[ln].put(None)
+        for t in self._threads:
+            t.join()
+
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def execute(dag: CompiledDag, policy: str | PolicyFactory, work: NodeFn | Mapping[str, NodeFn],
+            seed: int = 0, sync: Mapping[str, Callable[[], None]] | None = None) -> Schedule:
+    """Run `dag` once on fresh lane workers (see `Executor.run`); for repeated prefills keep an Executor."""
+    with Executor(dag.lanes, sync=sync) as ex:
+        return ex.run(dag, policy, work, seed=seed)

@@ -1,0 +1,154 @@
+"""Measure a device profile: the latency of every subgraph kind on every lane (mllm-NPU §3.4, §3.2).
+
+`measure_profile` times callables (median of `repeats` after `warmup` calls) over chunk lengths C and,
+for attention, KV lengths; it knows nothing about models. `hetero profile` passes callables that run
+the real prebuilt subgraphs. `standin_runner` builds callables from bare ONNX Runtime / torch ops
+with a model's shapes, for a host profile before the real graphs exist; the profile says so.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import socket
+import statistics
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from hetero.errors import ConfigError
+from hetero.sched.profile import DEFAULT_LAYER, CostEntry, Profile
+
+CHUNK_LENS = (32, 64, 128, 256, 512)
+KV_LENS = (256, 512, 1024, 2048, 4096)
+KV_KINDS = ("attn",)  # kinds whose cost depends on the KV length
+RunSubgraph = Callable[[str, str, int, int], None]  # (kind, lane, C, kv_len) -> None, runs it once
+
+
+def measure_profile(run_subgraph: RunSubgraph, kinds: Sequence[str], lanes: Sequence[str],
+                    chunk_lens: Sequence[int] = CHUNK_LENS, kv_lens: Sequence[int] = KV_LENS,
+                    repeats: int = 5, warmup: int = 1, *, name: str, n_layers: int,
+                    layer_subgraphs: Sequence[tuple[str, str]] = DEFAULT_LAYER,
+                    metadata: Mapping[str, Any] | None = None, log: Callable[[str], None] | None = None) -> Profile:
+    """Time `run_subgraph(kind, lane, C, kv_len)` for every kind × lane × C (× kv_len for attention).
+
+    A (kind, lane) pair the callable does not support raises NotImplementedError and is skipped.
+    Attention is timed at kv_len in `kv_lens` that are >= C (and at kv_len = C): a chunk attends over
+    at least itself. The cost is the median of `repeats` timed calls after `warmup` untimed ones.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ConfigError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    costs: list[CostEntry] = []
+    for kind in kinds:
+        for lane in lanes:
+            for c in chunk_lens:
+                kvs = sorted({c, *(kv for kv in kv_lens if kv >= c)}) if kind in KV_KINDS else [0]
+                points = []
+                try:
+                    for kv in kvs:
+                        points.append((kv, _median_us(run_subgraph, kind, lane, c, kv, repeats, warmup)))
+                except NotImplementedError:
+                    break
+                costs.append(CostEntry(kind, lane, c, tuple(points)))
+                if log is not None:
+                    log(f"{kind:7s} {lane:4s} C={c:4d} " + " ".join(f"kv{kv}={us:.0f}us" for kv, us in points))
+    meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "method_detail": f"median of {repeats} timed runs after {warmup} warm-up run(s), time.perf_counter",
+            **host_metadata(), **dict(metadata or {})}
+    return Profile(name=name, method="measured", simulated=False, costs=tuple(costs),
+                   layer_subgraphs=tuple(tuple(x) for x in layer_subgraphs), n_layers=n_layers, metadata=meta)
+
+
+def _median_us(fn: RunSubgraph, kind: str, lane: str, c: int, kv: int, repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn(kind, lane, c, kv)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn(kind, lane, c, kv)
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def host_metadata() -> dict[str, Any]:
+    """device and versions of this host, for a measured profile."""
+    import os
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    versions = {"python": platform.python_version()}
+    for mod in ("numpy", "torch", "onnxruntime"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except ImportError:
+            pass
+    return {"device": f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.machine()}",
+            "host": socket.gethostname(), "versions": versions}
+
+
+def host_slug() -> str:
+    """File stem for this host's profile, e.g. ``vm-amd-epyc-2c`` (profiles/<host>.json)."""
+    import os
+    import re
+
+    cpu = host_metadata()["device"].split(",")[0]
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{socket.gethostname()}-{cpu}".lower()).strip("-")
+    return f"{slug}-{os.cpu_count()}c"
+
+
+def standin_runner(hidden: int = 576, n_heads: int = 9, n_kv_heads: int = 3, ffn: int = 1536,
+                   max_kv: int = 4096, threads_per_lane: int = 1) -> RunSubgraph:
+    """Callables from bare ops with a model's shapes (default SmolLM2-135M), for a host profile.
+
+    npu lane: ONNX Runtime CPU EP INT8 graphs (DynamicQuantizeLinear u8 activations x int8 weights,
+    MatMulInteger), the same arithmetic as hetero's NPU subgraphs, standing in for an NPU.
+    cpu lane: torch float32 attention (RoPE, K/V write into a preallocated cache, causal SDPA, GQA)
+    and the shadow outlier matmul. One thread per lane: on the host the lanes share the cores.
+    """
+    from hetero.sched import _standin
+
+    return _standin.make_runner(hidden, n_heads, n_kv_heads, ffn, max_kv, threads_per_lane)
+
+
+def profile_command(out_path: str | None = None, run_subgraph: RunSubgraph | None = None, *,
+                    kinds: Sequence[str] = ("qkv", "attn", "o_ffn", "shadow"), lanes: Sequence[str] = ("npu", "cpu"),
+                    chunk_lens: Sequence[int] = CHUNK_LENS, kv_lens: Sequence[int] = KV_LENS, repeats: int = 5,
+                    n_layers: int = 30, layer_subgraphs: Sequence[tuple[str, str]] = DEFAULT_LAYER,
+                    metadata: Mapping[str, Any] | None = None, log: Callable[[str], None] | None = print) -> Profile:
+    """`hetero profile`: measure and write ``profiles/<host>.json`` (or `out_path`); returns the Profile.
+
+    Without `run_subgraph`, times the bare-op stand-ins of `standin_runner` with SmolLM2-135M shapes
+    and records that in the profile's ``backend`` and ``notes``.
+    """
+    from pathlib import Path
+
+    from hetero.sched.profile import save_profile
+
+    meta = dict(metadata or {})
+    if run_subgraph is None:
+        run_subgraph = standin_runner()
+        meta.setdefault("backend", {
+            "npu": "STAND-IN: ONNX Runtime CPU EP, INT8 MatMulInteger (u8 x s8) graphs with SmolLM2-135M shapes, 1 thread",
+            "cpu": "torch float32 (RoPE, in-place K/V write, causal SDPA with GQA), 1 thread"})
+        meta.setdefault("model", {"name": "SmolLM2-135M shapes (random weights)", "hidden": 576, "n_heads": 9,
+                                  "n_kv_heads": 3, "ffn": 1536})
+        meta.setdefault("notes", "measured on this host; the NPU lane is a CPU stand-in (no NPU here) and both "
+                                 "lanes share the host's cores, so concurrent runs contend. Regenerate with the "
+                                 "real subgraphs via `hetero profile`.")
+    name = Path(out_path).stem if out_path else host_slug()
+    prof = measure_profile(run_subgraph, kinds, lanes, chunk_lens, kv_lens, repeats, name=name, n_layers=n_layers,
+                           layer_subgraphs=layer_subgraphs, metadata=meta, log=log)
+    out = Path(out_path) if out_path else Path(__file__).resolve().parents[2] / "profiles" / f"{name}.json"
+    save_profile(prof, out)
+    if log is not None:
+        log(f"wrote {out}")
+    return prof
+
+
+if __name__ == "__main__":
+    import sys
+
+    profile_command(sys.argv[1] if len(sys.argv) > 1 else None)
