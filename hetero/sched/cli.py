@@ -1,0 +1,131 @@
+"""`hetero profile` and `hetero timeline` (registered into the CLI by `hetero.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from hetero.errors import ConfigError
+from hetero.sched.policy import POLICIES
+
+CLI_POLICIES = sorted(p for p in POLICIES if p != "random")  # random exists for tests only
+
+
+def register(sub: Any) -> None:
+    from hetero.cli import add_backend_args, add_model_arg, positive_int
+
+    prof = sub.add_parser("profile", help="measure every subgraph kind on the lanes present; write profiles/<host>.json")
+    add_model_arg(prof)
+    add_backend_args(prof)
+    prof.add_argument("--out", help="output path (default profiles/<host>.json)")
+    prof.add_argument("--repeats", type=positive_int, default=5)
+    prof.add_argument("--chunks", default="32,64,128,256,512", help="chunk lengths C to profile")
+    prof.add_argument("--kv-lens", default="256,1024,2048,4096", help="KV lengths for attention")
+    prof.add_argument("--layer", type=int, default=0, help="which decoder layer to time (all layers share shapes)")
+    prof.add_argument("--hub", action="store_true", help="profile on a real device through Qualcomm AI Hub")
+    prof.add_argument("--device", help="AI Hub device name, e.g. 'Samsung Galaxy S24 (Family)'")
+    prof.set_defaults(func=cmd_profile)
+
+    tl = sub.add_parser("timeline", help="render a Gantt chart of a schedule (simulated, or a real run with --real)")
+    tl.add_argument("--profile", help="profile JSON for a simulated schedule (default: the derived 8 Gen 3 profile)")
+    tl.add_argument("--prompt-len", type=positive_int, default=1024)
+    tl.add_argument("--chunk", type=positive_int, default=256)
+    tl.add_argument("--policy", choices=CLI_POLICIES, default="rank")
+    tl.add_argument("--out", default="timeline.png")
+    tl.add_argument("--real", action="store_true", help="run a real prefill of the default model and draw it")
+    add_model_arg(tl)
+    add_backend_args(tl)
+    tl.set_defaults(func=cmd_timeline)
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{name} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise ConfigError(f"{name} must list positive integers, got {text!r}")
+    return values
+
+
+def subgraph_runner(runtime: Any, layer: int = 0) -> Callable[[str, str, int, int], None]:
+    """A `run_subgraph(kind, lane, C, kv_len)` that times the runtime's real subgraphs of one layer."""
+    import torch
+
+    from hetero import model as ref
+
+    cfg = runtime.cfg
+    k_cache = torch.zeros(cfg.n_kv_heads, cfg.context_length + 512, cfg.head_dim)
+    v_cache = torch.zeros_like(k_cache)
+    inputs: dict[int, tuple[torch.Tensor, ...]] = {}
+    lanes = dict(runtime.placement)
+
+    def run(kind: str, lane: str, c: int, kv_len: int) -> None:
+        if lanes.get(kind) != lane:
+            raise NotImplementedError  # this runtime places `kind` on another lane
+        if c not in inputs:
+            g = torch.Generator().manual_seed(c)
+            inputs[c] = (torch.randn(c, cfg.hidden, generator=g), torch.randn(c, cfg.q_dim, generator=g))
+        h, a = inputs[c]
+        with torch.inference_mode():
+            if kind == "qkv":
+                runtime.backend.qkv(layer, h)
+            elif kind == "o_ffn":
+                runtime.backend.o_ffn(layer, a, h)
+            elif kind == "attn":
+                q, k, v = a, a[:, : cfg.kv_dim], a[:, : cfg.kv_dim]
+                start = max(0, min(kv_len, cfg.context_length) - c)
+                ref.attention(cfg, q, k, v, runtime.rope, k_cache, v_cache, start, c)
+            else:
+                raise NotImplementedError
+
+    return run
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from hetero.engine import make_runtime
+    from hetero.loader import load_model
+    from hetero.sched.profiling import profile_command
+
+    chunk_lens = _ints(args.chunks, "--chunks")
+    kv_lens = _ints(args.kv_lens, "--kv-lens")
+    model = load_model(args.model)
+    if args.hub:
+        from hetero.npu.hub import hub_profile_command
+
+        hub_profile_command(model, device=args.device, chunk_lens=chunk_lens, out_path=args.out)
+        return 0
+    runtime = make_runtime(model, args.backend, chunk=max(chunk_lens))
+    if not 0 <= args.layer < model.config.n_layers:
+        raise ConfigError(f"--layer must be in [0, {model.config.n_layers}), got {args.layer}")
+    profile_command(
+        args.out, subgraph_runner(runtime, args.layer), kinds=("qkv", "attn", "o_ffn"),
+        lanes=tuple(dict.fromkeys(lane for _, lane in runtime.placement)), chunk_lens=chunk_lens, kv_lens=kv_lens,
+        repeats=args.repeats, n_layers=model.config.n_layers, layer_subgraphs=runtime.placement,
+        metadata={"model": {"name": model.name, "fingerprint": model.fingerprint}, "runtime_backend": args.backend},
+    )
+    return 0
+
+
+def cmd_timeline(args: argparse.Namespace) -> int:
+    from hetero.sched.timeline import plot_timeline, timeline_command
+
+    if not args.real:
+        s = timeline_command(args.profile, args.prompt_len, args.chunk, args.policy, args.out)
+        print(f"{args.out}: simulated, profile {s.profile_name}: {s.summary()}")
+        return 0
+    from hetero.benchmark import prompt_ids
+    from hetero.engine import make_runtime
+    from hetero.loader import load_model
+
+    model = load_model(args.model)
+    runtime = make_runtime(model, args.backend, chunk=args.chunk, policy=args.policy)
+    ids = prompt_ids(args.model, args.prompt_len)
+    runtime.prefill(ids)  # warm-up
+    result = runtime.prefill(ids)
+    if result.schedule is None:
+        raise ConfigError(f"backend {args.backend!r} ran without the out-of-order executor: nothing to draw")
+    plot_timeline(result.schedule, args.out, f"real run: {model.name}, {args.prompt_len} tokens, C={args.chunk}, {args.policy}")
+    print(f"{args.out}: real run, {result.total_ms:.0f} ms, {result.tokens_per_s:.0f} tokens/s")
+    return 0

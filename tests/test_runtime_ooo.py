@@ -1,0 +1,46 @@
+"""The out-of-order executor inside `Runtime`: any policy gives bit-identical logits and caches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hetero.errors import ScheduleError
+from hetero.runtime import Runtime
+
+
+@pytest.mark.parametrize("policy", ["in_order", "eq6", "rank", "chunk_first", "random"])
+def test_policies_bit_identical(tiny_model, policy) -> None:
+    ids = torch.arange(70) * 7 % tiny_model.config.vocab
+    ref = Runtime(tiny_model, chunk=16).prefill(ids)
+    rt = Runtime(tiny_model, chunk=16, policy=policy)
+    try:
+        r = rt.prefill(ids)
+    finally:
+        rt.close()
+    assert torch.equal(r.logits, ref.logits)
+    assert torch.equal(r.cache.k[:, :, :70], ref.cache.k[:, :, :70])
+    assert torch.equal(r.cache.v[:, :, :70], ref.cache.v[:, :, :70])
+    assert r.schedule is not None and not r.schedule.simulated and len(r.chunk_ms) == 5
+
+
+def test_failing_subgraph_stops_cleanly_and_runtime_stays_usable(tiny_model) -> None:
+    rt = Runtime(tiny_model, chunk=16, policy="rank")
+    ids = torch.arange(40) % 256
+    good = rt.prefill(ids)
+    real_o_ffn = rt.backend.o_ffn
+
+    def broken(layer, a, h):
+        if layer == 1:
+            raise RuntimeError("simulated lane failure")
+        return real_o_ffn(layer, a, h)
+
+    rt.backend.o_ffn = broken
+    cache = rt.new_cache()
+    with pytest.raises(ScheduleError, match="o_ffn of chunk 0, layer 1.*simulated lane failure"):
+        rt.prefill(ids, cache=cache)
+    assert cache.length == 0  # the failed prefill did not advance the cache
+    rt.backend.o_ffn = real_o_ffn
+    again = rt.prefill(ids)
+    rt.close()
+    assert torch.equal(again.logits, good.logits)
