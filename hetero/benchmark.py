@@ -98,15 +98,36 @@ def _llama_cpp(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
     return prefill
 
 
+def _naive_npu(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
+    """mllm-NPU §2.3's naive offload: one INT8 graph set built for exactly this prompt length, every time
+    (prompt lengths vary, so a real engine cannot reuse it); preparation is part of each prefill."""
+    from hetero.npu.naive import naive_prefill
+    from hetero.outliers.calibrate import ensure_calibration
+    from hetero.outliers.plan import build_plan
+    from hetero.loader import load_model
+
+    model = load_model(model_path)
+    plan = build_plan(model, ensure_calibration(model))
+
+    def prefill(ids: torch.Tensor) -> None:
+        int(naive_prefill(model, plan, ids, lane="cpu", intra_op_threads=threads).logits.argmax())
+
+    return prefill
+
+
 ENGINES: dict[str, Callable[[str | None, int, int], PrefillFn]] = {
-    "hetero_float": _hetero_engine("float"),
+    "hetero": _hetero_engine("hetero"),
+    "hetero_in_order": _hetero_engine("hetero-inorder"),
+    "naive_npu": _naive_npu,
     "torch_float": _torch_float,
     "llama_cpp": _llama_cpp,
+    "hetero_float": _hetero_engine("float"),
+    # ablation steps (mllm-NPU Fig. 17): naive_npu → chunk sharing → + shadow outliers → + out-of-order
+    "chunk_sharing": _hetero_engine("hetero-noshadow", policy="in_order"),
+    "chunk_shadow": _hetero_engine("hetero-inorder"),
 }
-
-
-def register_engine(name: str, make: Callable[[str | None, int, int], PrefillFn]) -> None:
-    ENGINES[name] = make
+ABLATION = (("naive NPU", "naive_npu"), ("+ chunk sharing", "chunk_sharing"),
+            ("+ shadow outliers", "chunk_shadow"), ("+ out-of-order", "hetero"))
 
 
 # ------------------------------------------------------------------------------------------ prompts
@@ -201,3 +222,165 @@ if __name__ == "__main__":
     except ImportError:
         pass
     sys.exit(_worker_main(sys.argv[1:]))
+
+
+# ---------------------------------------------------------------------------------------- simulated
+
+# mllm-NPU §2.3: building a QNN graph for Gemma-2B takes 360 ms and optimizing it 11.54 s; the naive
+# engine pays this for every new prompt length. (Gemma-2B's figure stands in for Qwen1.5-1.8B's.)
+NAIVE_PREPARE_S = 0.36 + 11.54
+
+
+def simulated_rows(profile_path: str | None, lens: list[int], chunk: int = 256) -> list[Row]:
+    """hetero (rank) and hetero in-order on a device profile: discrete-event simulation, labelled."""
+    from hetero.sched.dag import compiled_prefill_dag
+    from hetero.sched.simulate import simulate
+
+    profile = _profile(profile_path)
+    rows = []
+    for n in lens:
+        for engine, policy in (("hetero", "rank"), ("hetero_in_order", "in_order"), ("hetero_eq6", "eq6")):
+            s = simulate(compiled_prefill_dag(profile, n, chunk), policy)
+            ms = s.makespan_us / 1e3
+            rows.append(Row(engine, n, round(n / (ms / 1e3), 1), round(ms, 2), 0.0, True, [],
+                            f"simulated, profile {profile.name}"))
+    return rows
+
+
+def simulated_ablation(profile_path: str | None, n: int = 512, chunk: int = 256) -> list[dict[str, Any]]:
+    """Fig. 17's steps on a device profile (simulated): naive → chunk sharing → + shadow → + out-of-order."""
+    from hetero.sched.dag import build_dag, compile_dag
+    from hetero.sched.simulate import simulate
+
+    profile = _profile(profile_path)
+    base = profile.layer_subgraphs
+    with_shadow = tuple(x for pair in base for x in ([pair, ("shadow", "cpu")] if pair[0] == "qkv" else [pair]))
+    c_max = max(profile.chunk_lens)
+    # naive: one graph of T rows (per-token cost of the largest profiled C), no overlap, + preparation
+    per_layer_ms = sum(profile.cost_us(k, lane, c_max, n) for k, lane in base) * n / c_max / 1e3
+    naive_ms = NAIVE_PREPARE_S * 1e3 + per_layer_ms * profile.n_layers
+    steps = [("naive NPU", naive_ms)]
+    n_chunks = -(-n // chunk)
+    for label, layer, policy in (("+ chunk sharing", base, "in_order"), ("+ shadow outliers", with_shadow, "in_order"),
+                                 ("+ out-of-order", with_shadow, "rank")):
+        dag = compile_dag(build_dag(n_chunks, layer, profile.n_layers), profile, chunk)
+        steps.append((label, simulate(dag, policy).makespan_us / 1e3))
+    return [{"step": s, "prefill_ms": round(ms, 2), "tokens_per_s": round(n / (ms / 1e3), 1), "simulated": True,
+             "profile": profile.name, "prompt_len": n} for s, ms in steps]
+
+
+def _profile(path: str | None):
+    from hetero.sched.profile import load_profile
+    from hetero.sched.runner import PROFILES_DIR
+
+    return load_profile(path or PROFILES_DIR / "snapdragon_8gen3_qwen1.5-1.8b.json")
+
+
+# -------------------------------------------------------------------------------------- end to end
+
+
+def ui_automation_prompt(n_nodes: int = 24) -> str:
+    """An Android view hierarchy (uiautomator dump format) of a settings screen + an instruction (Table 4's
+    UI-automation task shape: the screen as XML, then what to do)."""
+    items = ["Network & internet", "Connected devices", "Apps", "Notifications", "Battery", "Storage", "Sound & vibration",
+             "Display", "Wallpaper & style", "Accessibility", "Security & privacy", "Location", "Safety & emergency",
+             "Passwords & accounts", "Digital Wellbeing", "Google", "System", "About phone", "Tips & support",
+             "Wi-Fi", "Bluetooth", "Airplane mode", "Hotspot", "Data saver"]
+    nodes = []
+    for i, label in enumerate(items[:n_nodes]):
+        y = 220 + 140 * i
+        rid = label.lower().replace(" & ", "_").replace(" ", "_").replace("-", "")
+        nodes.append(
+            f'<node index="{i}" text="{label}" resource-id="com.android.settings:id/{rid}" class="android.widget.LinearLayout" '
+            f'package="com.android.settings" content-desc="" checkable="false" checked="false" clickable="true" '
+            f'enabled="true" focusable="true" scrollable="false" bounds="[0,{y}][1080,{y + 140}]" />'
+        )
+    xml = ('<?xml version="1.0" encoding="UTF-8"?><hierarchy rotation="0"><node index="0" class="android.widget.FrameLayout" '
+           'package="com.android.settings" bounds="[0,0][1080,2400]"><node class="androidx.recyclerview.widget.RecyclerView" '
+           'resource-id="com.android.settings:id/recycler_view" scrollable="true" bounds="[0,200][1080,2400]">'
+           + "".join(nodes) + "</node></node></hierarchy>")
+    return (f"Screen:\n{xml}\n\nInstruction: turn on Bluetooth. Which element should be clicked first? "
+            "Answer with its resource-id.")
+
+
+def long_context_prompt(model_path: str | None, n_tokens: int = 1500) -> str:
+    """~n_tokens of held-out real text (an e-mail-length context) followed by a question about it."""
+    from hetero.loader import load_model
+    from hetero.outliers.corpus import DEFAULT_EVALUATION, load_corpus
+
+    tok = load_model(model_path).tokenizer
+    ids = tok(load_corpus(DEFAULT_EVALUATION)[: 8 * n_tokens])["input_ids"][:n_tokens]
+    return tok.decode(ids) + "\n\nQuestion: who is the main character of this text, and what is she like?"
+
+
+def run_e2e(model_path: str | None, threads: int, max_new_tokens: int = 32, engines: tuple[str, ...] = ("hetero", "torch_float", "llama_cpp")) -> list[dict[str, Any]]:
+    """Table 4's end-to-end shape: prefill + `max_new_tokens` greedy tokens, per workload and engine."""
+    from hetero.adapters.hf import generate, to_hf_model
+    from hetero.engine import make_runtime
+    from hetero.loader import load_model
+
+    torch.set_num_threads(threads)
+    model = load_model(model_path)
+    tok = model.tokenizer
+    workloads = {"long_context_qa": long_context_prompt(model_path), "ui_automation": ui_automation_prompt()}
+    hf = to_hf_model(model)
+    rows: list[dict[str, Any]] = []
+    for wname, text in workloads.items():
+        chat = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        ids = torch.tensor(tok(chat, add_special_tokens=False)["input_ids"])
+        for engine in engines:
+            try:
+                prefill_ms, decode_ms, out = _e2e_one(engine, model, hf, ids, threads, max_new_tokens, make_runtime, generate)
+            except EngineUnavailable as e:
+                rows.append({"workload": wname, "engine": engine, "skipped": str(e)})
+                continue
+            rows.append({"workload": wname, "engine": engine, "prompt_len": ids.numel(), "prefill_ms": round(prefill_ms, 1),
+                         "decode_ms": round(decode_ms, 1), "total_ms": round(prefill_ms + decode_ms, 1),
+                         "new_tokens": len(out), "answer": tok.decode(out, skip_special_tokens=True)[:120],
+                         "simulated": False})
+    return rows
+
+
+def _e2e_one(engine, model, hf, ids, threads, n_new, make_runtime, generate) -> tuple[float, float, list[int]]:
+    if engine == "hetero":
+        rt = make_runtime(model, "hetero", threads=threads)
+        rt.prefill(ids)  # warm-up (graphs prepared/loaded from the cache)
+        t0 = time.perf_counter()
+        result = rt.prefill(ids)
+        t1 = time.perf_counter()
+        out = generate(hf, ids, result, n_new)
+        rt.close()
+        return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3, out
+    if engine == "torch_float":
+        with torch.inference_mode():
+            hf(ids[None], logits_to_keep=1)  # warm-up
+            t0 = time.perf_counter()
+            out = hf(ids[None], logits_to_keep=1, use_cache=True)
+            t1 = time.perf_counter()
+            first = int(out.logits[0, -1].argmax())
+            full = hf.generate(input_ids=torch.cat([ids, torch.tensor([first])])[None], past_key_values=out.past_key_values,
+                               attention_mask=torch.ones(1, ids.numel() + 1, dtype=torch.long),
+                               max_new_tokens=n_new - 1, do_sample=False, pad_token_id=hf.config.eos_token_id)
+        return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3, full[0, ids.numel():].tolist()
+    if engine == "llama_cpp":
+        try:
+            from llama_cpp import Llama
+        except ImportError:
+            raise EngineUnavailable("llama-cpp-python is not installed (pip install 'hetero[bench]')") from None
+        llm = Llama(model_path=str(model.path), n_ctx=ids.numel() + n_new + 8, n_batch=512, n_threads=threads,
+                    n_threads_batch=threads, verbose=False)
+        toks = ids.tolist()
+        llm.eval(toks)  # warm-up
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(toks)
+        t1 = time.perf_counter()
+        out = []
+        for _ in range(n_new):
+            nxt = int(llm.scores[llm.n_tokens - 1].argmax())
+            out.append(nxt)
+            if nxt == llm.token_eos():
+                break
+            llm.eval([nxt])
+        return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3, out
+    raise ValueError(engine)

@@ -1,9 +1,16 @@
 """Build a `Runtime` for a named backend: the one place the CLI and the benchmarks choose how to run.
 
-| backend | static subgraphs (`qkv`, `o_ffn`) | dispatch |
-|---|---|---|
-| `float` | float reference (torch) | in program order, one thread |
-| `float-ooo` | float reference (torch) | out of order, NPU-lane and CPU-lane workers |
+| backend | static subgraphs (`qkv`, `o_ffn`) | outliers | dispatch |
+|---|---|---|---|
+| `hetero` (default) | INT8 ONNX graphs on the NPU lane (ONNX Runtime CPU EP standing in for the NPU) | shadow + pruning | out of order (`rank`) |
+| `hetero-qnn` | INT8 QDQ graphs on QNN HTP (on x86 the HTP *simulator*: correct, slow) | shadow + pruning | out of order |
+| `hetero-inorder` | as `hetero` | shadow + pruning | in order (Fig. 13a) |
+| `hetero-noshadow` | as `hetero` | clipped, no shadow (ablation) | out of order |
+| `float` | float reference (torch) | — | in program order, one thread |
+| `float-ooo` | float reference (torch) | — | out of order |
+
+The quantized backends need the model's calibration (mllm-NPU §3.3, offline): the first use computes it
+on the shipped calibration text and caches it beside the model (`hetero calibrate` does it explicitly).
 """
 
 from __future__ import annotations
@@ -19,18 +26,38 @@ from hetero.loader import Model
 from hetero.runtime import Runtime
 
 
+def _float(model: Model, chunk: int, threads: int | None) -> LayerBackend:
+    return FloatBackend(model.config, model.weights)
+
+
+def _npu(lane: str, prune_fraction: float = 0.85) -> Callable[[Model, int, int | None], LayerBackend]:
+    def make(model: Model, chunk: int, threads: int | None) -> LayerBackend:
+        from hetero.npu.backend import NpuBackend
+        from hetero.outliers.calibrate import ensure_calibration
+        from hetero.outliers.plan import build_plan
+
+        plan = build_plan(model, ensure_calibration(model, progress=True), prune_fraction=prune_fraction)
+        return NpuBackend(model, plan, chunk=chunk, lane=lane, intra_op_threads=threads or 2)
+
+    return make
+
+
 @dataclass(frozen=True, slots=True)
 class BackendSpec:
-    make: Callable[[Model, int | None], LayerBackend]  # (model, threads) -> layer backend
+    make: Callable[[Model, int, int | None], LayerBackend]  # (model, chunk, threads) -> layer backend
     policy: str | None  # default dispatch policy; None = in program order on the calling thread
     doc: str
 
 
 BACKENDS: dict[str, BackendSpec] = {
-    "float": BackendSpec(lambda m, t: FloatBackend(m.config, m.weights), None, "float reference, in order"),
-    "float-ooo": BackendSpec(lambda m, t: FloatBackend(m.config, m.weights), "rank", "float reference, out of order"),
+    "hetero": BackendSpec(_npu("cpu"), "rank", "INT8 graphs (ORT CPU EP as NPU lane), shadow outliers, out of order"),
+    "hetero-qnn": BackendSpec(_npu("qnn"), "rank", "INT8 QDQ graphs on QNN HTP (simulator on x86), out of order"),
+    "hetero-inorder": BackendSpec(_npu("cpu"), "in_order", "as hetero, dispatched in order"),
+    "hetero-noshadow": BackendSpec(_npu("cpu", prune_fraction=1.0), "rank", "as hetero, outliers clipped (no shadow)"),
+    "float": BackendSpec(_float, None, "float reference, in program order"),
+    "float-ooo": BackendSpec(_float, "rank", "float reference, out of order"),
 }
-DEFAULT_BACKEND = "float"
+DEFAULT_BACKEND = "hetero"
 
 
 def make_runtime(model: Model, backend: str = DEFAULT_BACKEND, chunk: int = 256, threads: int | None = None,
@@ -41,4 +68,4 @@ def make_runtime(model: Model, backend: str = DEFAULT_BACKEND, chunk: int = 256,
         raise ConfigError(f"backend must be one of {sorted(BACKENDS)}, got {backend!r}")
     if threads:
         torch.set_num_threads(threads)
-    return Runtime(model, chunk=chunk, backend=spec.make(model, threads), policy=policy or spec.policy)
+    return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads), policy=policy or spec.policy)

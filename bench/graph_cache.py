@@ -1,0 +1,166 @@
+"""Prebuilt-graph cache and chunk sharing, measured (mllm-NPU §3.2; hetero issue 4).
+
+1. Per backend (ORT CPU EP; QNN HTP simulator if installed): prepare every static graph of the default
+   model at chunk length C from an empty cache (export + compile + store) vs load them from the cache.
+2. Graph count and INT8 weight memory: hetero's shared static graphs vs one prompt graph per prompt
+   length (rebuilt for every new length: its build cost is measured by building one) vs chunk graphs.
+3. Single-layer latency of `qkv` and `o_ffn` on the CPU EP vs torch float at C (interleaved medians).
+
+    python bench/graph_cache.py --json            # writes bench/results/graph_cache.json too
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hetero import model as ref  # noqa: E402
+from hetero.loader import load_model  # noqa: E402
+from hetero.npu.backend import NpuBackend  # noqa: E402
+from hetero.npu.cache import library_versions  # noqa: E402
+from hetero.npu.naive import graph_counts  # noqa: E402
+from hetero.npu.quickplan import absmax_plan  # noqa: E402
+
+
+def _with_cache(tmp: str):
+    os.environ["HETERO_CACHE"] = tmp
+
+
+def build_vs_load(model, plan, chunk: int, lane: str, layers, threads: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="hetero-graphs-") as tmp:
+        models = Path(os.environ.get("HETERO_CACHE_ORIG", "")) / "models"
+        _with_cache(tmp)
+        if models.exists():  # keep the model cache reachable (no refetch)
+            os.symlink(models, Path(tmp) / "models")
+        t0 = time.perf_counter()
+        be = NpuBackend(model, plan, chunk, lane=lane, layers=layers, intra_op_threads=threads)
+        build_s = time.perf_counter() - t0
+        assert not any(r[3] for r in be.report.rows)
+        n, size = len(be.report.rows), be.report.size_bytes
+        lane_name = be.lane.name
+        del be
+        loads = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            be = NpuBackend(model, plan, chunk, lane=lane, layers=layers, intra_op_threads=threads)
+            loads.append(time.perf_counter() - t0)
+            assert be.report.all_cached
+            del be
+        load_s = statistics.median(loads)
+    return {"backend": lane_name, "chunk": chunk, "layers": len(list(layers)), "n_graphs": n,
+            "cache_bytes": size, "build_s": round(build_s, 4), "load_s": round(load_s, 4),
+            "speedup": round(build_s / load_s, 1)}
+
+
+def _median_ms(fn, n: int) -> float:
+    fn()
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(ts)
+
+
+@torch.inference_mode()
+def layer_latency(model, plan, chunk: int, threads: int, repeats: int) -> dict:
+    cfg, lw = model.config, model.weights.layers[0]
+    be = NpuBackend(model, plan, chunk, lane="cpu", layers=[0], intra_op_threads=threads)
+    torch.set_num_threads(threads)
+    h = torch.randn(chunk, cfg.hidden)
+    a = torch.randn(chunk, cfg.q_dim) * 0.3
+    res = {"qkv": {"npu_cpu_ms": [], "torch_ms": []}, "o_ffn": {"npu_cpu_ms": [], "torch_ms": []}}
+    for _ in range(repeats):  # interleaved, so that load from other processes hits both alike
+        res["qkv"]["npu_cpu_ms"].append(_median_ms(lambda: be.qkv(0, h), 3))
+        res["qkv"]["torch_ms"].append(_median_ms(lambda: ref.qkv(cfg, lw, h), 3))
+        res["o_ffn"]["npu_cpu_ms"].append(_median_ms(lambda: be.o_ffn(0, a, h), 3))
+        res["o_ffn"]["torch_ms"].append(_median_ms(lambda: ref.o_ffn(cfg, lw, a, h), 3))
+    out = {}
+    for kind, d in res.items():
+        npu, tf = statistics.median(d["npu_cpu_ms"]), statistics.median(d["torch_ms"])
+        out[kind] = {"npu_cpu_ms": round(npu, 3), "torch_float_ms": round(tf, 3), "speedup": round(tf / npu, 2)}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--qnn-layers", type=int, default=30, help="layers prepared on the (slow) HTP simulator")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--json", action="store_true", help="print JSON and write bench/results/graph_cache.json")
+    args = ap.parse_args()
+    json_out = None
+    if args.json:  # the QNN simulator prints banners on fd 1: keep stdout for the JSON alone
+        sys.stdout.flush()
+        json_out = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+
+    os.environ.setdefault("HETERO_CACHE_ORIG", os.environ.get("HETERO_CACHE", str(Path.home() / ".cache" / "hetero")))
+    model = load_model()
+    cfg = model.config
+    text = (ROOT / "tests" / "data" / "sample.txt")
+    ids = torch.tensor(model.tokenizer(text.read_text())["input_ids"][:256]) if text.exists() else torch.arange(256)
+    plan = absmax_plan(model, ids)
+
+    rows = [build_vs_load(model, plan, args.chunk, "cpu", range(cfg.n_layers), args.threads)]
+    try:
+        import onnxruntime_qnn  # noqa: F401
+
+        rows.append(build_vs_load(model, plan, args.chunk, "qnn", range(min(args.qnn_layers, cfg.n_layers)), args.threads))
+    except ImportError:
+        pass
+
+    # the naive prompt graph: its whole graph set is rebuilt for every new prompt length T
+    naive = []
+    for t in (300, 1024):
+        with tempfile.TemporaryDirectory(prefix="hetero-naive-") as tmp:
+            _with_cache(tmp)
+            t0 = time.perf_counter()
+            NpuBackend(model, plan, t, lane="cpu", intra_op_threads=args.threads, use_cache=False)
+            naive.append({"prompt_len": t, "prepare_s": round(time.perf_counter() - t0, 3)})
+    os.environ["HETERO_CACHE"] = os.environ["HETERO_CACHE_ORIG"]
+
+    counts = []
+    for t in (256, 512, 1024, 2048):
+        for g in graph_counts(model, t, args.chunk):
+            counts.append({"strategy": g.strategy, "prompt_len": t, "chunk": g.chunk, "n_graphs": g.n_graphs,
+                           "weight_mib": round(g.weight_bytes / 2**20, 1), "builds": g.builds, "note": g.note})
+
+    lat = layer_latency(model, plan, args.chunk, args.threads, args.repeats)
+    result = {
+        "bench": "graph_cache", "model": model.name, "chunk": args.chunk, "threads": args.threads,
+        "host": platform.node(), "cpu": platform.processor() or platform.machine(), "versions": library_versions(),
+        "note": "QNN rows run the HTP *simulator* of the onnxruntime-qnn x86-64 wheel (simulated, not a device). "
+                "build = export + compile + store into an empty cache; load = median of 3 loads from the cache "
+                "(files verified by sha256). The machine is shared: ratios, not absolute times, are meaningful.",
+        "cache": rows, "naive_prompt_graph_prepare": naive, "graph_counts": counts, "layer_latency_C": lat,
+    }
+    if args.json:
+        json_out.write(json.dumps(result, indent=1) + "\n")
+        json_out.flush()
+        out = ROOT / "bench" / "results" / "graph_cache.json"
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    else:
+        for r in rows:
+            print(f"{r['backend']:8s} graphs={r['n_graphs']:3d} build {r['build_s']:.3f}s load {r['load_s']:.3f}s ×{r['speedup']}")
+        print("naive prompt graph prepare:", naive)
+        for c in counts:
+            print(f"T={c['prompt_len']:5d} {c['strategy']:14s} graphs={c['n_graphs']:4d} weights={c['weight_mib']:7.1f} MiB")
+        print("layer latency:", lat)
+
+
+if __name__ == "__main__":
+    main()

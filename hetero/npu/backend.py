@@ -1,0 +1,157 @@
+"""`NpuBackend`: the static subgraphs of every layer as prebuilt INT8 graphs on lanes, shadows on the CPU.
+
+mllm-NPU §3.2 + §3.3: each layer's static subgraphs are fixed-shape graphs of chunk length C, built
+once (or loaded from the graph cache) and shared by every chunk; where the quantization plan keeps a
+shadow (Eq. 1), the graph is cut right after that linear (`export.layer_segments`) and the float
+outlier correction (`QuantizedBackend.shadow_correction`, the outliers reference) is added on the CPU.
+
+    qkv(h)      : [qkv graph] ─► q|k|v (+ shadow(x_attn))                     views of one buffer
+    o_ffn(a, h) : [o_ffn graph]                                               no shadow in the layer
+                  [o_up graph] ─► m, h1 ─► [down graph] ─► h1 + (d + shadow(m))   down_in kept
+
+Which lane runs which graph comes from a `Placement` (`placement.py`, NPU memory budget, §4);
+by default every graph runs on the given lane.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from hetero.errors import ConfigError
+from hetero.loader import Model
+from hetero.npu import export
+from hetero.npu.lanes import Graph, OrtCpuLane, PrepareInfo, make_lane, prepare_graph
+
+log = logging.getLogger(__name__)
+
+_CUT_SITE = {"o": "o_in", "gu": "ffn_in", "act": "down_in"}  # a segment ending here corrects this site next
+
+
+@dataclass(slots=True)
+class PreparedLayer:
+    graphs: list[Graph]  # segments in execution order; graphs[0] is qkv
+    shadow_sites: frozenset[str]
+
+
+@dataclass(slots=True)
+class PrepareReport:
+    """How the graph set was obtained: per graph (layer, kind, lane, cached, seconds, bytes)."""
+
+    rows: list[tuple[int, str, str, bool, float, int]] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return sum(r[4] for r in self.rows)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(r[5] for r in self.rows)
+
+    @property
+    def all_cached(self) -> bool:
+        return all(r[3] for r in self.rows)
+
+
+class NpuBackend:
+    """A `LayerBackend` running prebuilt chunk-sharing INT8 graphs (`Runtime(model, chunk=C, backend=...)`).
+
+    plan: a `hetero.outliers.plan.QuantPlan`. lane: "cpu", "qnn" (falls back to CPU with a warning) or a
+    lane object. placement: optional `placement.Placement`; its "cpu" decisions run on an INT8 CPU lane.
+    shapes: "2d", "3d:a", or "auto" (the recorded winner in `shapes.py`'s table, else "2d").
+    layers: prepare only these layers (e.g. range(2) for a quick test); the others raise on use.
+    """
+
+    name = "npu"
+
+    def __init__(self, model: Model, plan, chunk: int, lane="cpu", *, placement=None, shape: str = "2d",
+                 layers=None, intra_op_threads: int = 2, use_cache: bool = True, rows=None):
+        from hetero.outliers.shadow import QuantizedBackend
+
+        if not isinstance(chunk, int) or chunk <= 0:
+            raise ConfigError(f"chunk must be a positive integer, got {chunk!r}")
+        self.model, self.cfg, self.plan, self.chunk = model, model.config, plan, chunk
+        self.lane = make_lane(lane, intra_op_threads) if isinstance(lane, str) else lane
+        self.name = f"npu[{self.lane.name}]"
+        self.reference = QuantizedBackend(self.cfg, model.weights, plan, rows)  # its shadow_correction
+        self.placement = placement
+        self._cpu_lane = self.lane if isinstance(self.lane, OrtCpuLane) else None
+        self._intra = intra_op_threads
+        self.shape = shape
+        self.layers: dict[int, PreparedLayer] = {}
+        self.report = PrepareReport()
+        t0 = time.perf_counter()
+        for layer in (range(self.cfg.n_layers) if layers is None else layers):
+            self.layers[layer] = self._prepare_layer(layer, use_cache)
+        self.prepare_s = time.perf_counter() - t0
+
+    def _lane_for(self, layer: int, kind: str):
+        if self.placement is None or self.placement.lane_of(layer, kind) == "npu":
+            return self.lane
+        if self._cpu_lane is None:
+            self._cpu_lane = OrtCpuLane(self._intra)
+        return self._cpu_lane
+
+    def _shape_for(self, lane, kind: str) -> str:
+        if self.shape != "auto":
+            return self.shape
+        from hetero.npu.shapes import recorded_shape
+
+        return recorded_shape(lane.name, kind, self.chunk)
+
+    def _prepare_layer(self, layer: int, use_cache: bool) -> PreparedLayer:
+        shadow = frozenset(s for s in ("attn_in", "o_in", "ffn_in", "down_in") if self.plan.sites[(layer, s)].shadow)
+        lq = export.layer_q(self.cfg, self.model.weights.layers[layer], self.plan, layer)
+        graphs = []
+        for spec0 in export.layer_segments(layer, set(shadow), self.chunk, "cpu"):
+            lane = self._lane_for(layer, "qkv" if spec0.kind == "qkv" else "o_ffn")
+            spec = export.SegmentSpec(layer, spec0.kind, spec0.pieces, self.chunk, lane.flavor,
+                                      self._shape_for(lane, spec0.kind), spec0.emit_x)
+            g, info = prepare_graph(spec, lq, self.model.fingerprint, lane, use_cache)
+            graphs.append(g)
+            self.report.rows.append((layer, spec.kind, lane.name, info.cached, info.seconds, info.size_bytes))
+        return PreparedLayer(graphs, shadow)
+
+    def _layer(self, layer: int) -> PreparedLayer:
+        pl = self.layers.get(layer)
+        if pl is None:
+            raise ConfigError(f"layer {layer} was not prepared (prepared: {sorted(self.layers)})")
+        return pl
+
+    # --------------------------------------------------------------------------- LayerBackend
+    def qkv(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        pl = self._layer(layer)
+        out = pl.graphs[0].run({"h": h})
+        qkv = out["qkv"]  # [C, q_dim + 2·kv_dim], one buffer; q/k/v are views
+        qd, kd = self.cfg.q_dim, self.cfg.kv_dim
+        if "attn_in" in pl.shadow_sites:
+            extra = self.reference.shadow_correction(layer, "attn_in", out["x"])
+            if extra is not None:
+                qkv += torch.cat(extra, dim=1)
+        return qkv[:, :qd], qkv[:, qd : qd + kd], qkv[:, qd + kd :]
+
+    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        pl = self._layer(layer)
+        env = {"a": a, "h": h}
+        for g in pl.graphs[1:]:
+            env.update(g.run(env))
+            last = g.spec.pieces[-1]
+            if last == "down":
+                continue
+            site = _CUT_SITE[last]
+            x = env["a"] if site == "o_in" else env["x"] if site == "ffn_in" else env["m"]
+            extra = self.reference.shadow_correction(layer, site, x)
+            if extra is not None:
+                if site == "o_in":
+                    env["o"] = env["o"] + extra[0]
+                elif site == "ffn_in":
+                    env["gu"] = env["gu"] + torch.cat(extra, dim=1)
+                else:
+                    env["d_extra"] = extra[0]
+        if "d" in env:  # a separate down graph: h1 + (d + shadow), the reference's order
+            d = env["d"] + env["d_extra"] if "d_extra" in env else env["d"]
+            return env["h1"] + d
+        return env["h_out"]

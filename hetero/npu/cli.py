@@ -1,0 +1,139 @@
+"""`hetero npu ...` subcommands, and the AI Hub options of `hetero profile` (for the lead's CLI to call).
+
+    hetero npu compile [--chunk C] [--lane cpu|qnn] [--budget BYTES]      prepare + cache every graph
+    hetero npu compile --hub --device "Samsung Galaxy S24"                 compile on Qualcomm AI Hub
+    hetero npu shapes [--chunk C ...] [--lane cpu|qnn]                     profile equivalent shapes (§4)
+
+`add_hub_profile_args(parser)` + `run_hub_profile(args)`: `hetero profile --hub --device NAME`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def load_plan(model):
+    """The calibrated plan (`outliers.plan.build_plan`), else an absmax stand-in (logged as such)."""
+    try:
+        from hetero.outliers.plan import build_plan
+
+        return build_plan(model)
+    except Exception as e:  # no calibration artifact / module yet: say so, use the stand-in
+        import torch
+
+        from hetero.npu.quickplan import absmax_plan
+
+        log.warning("no calibrated quantization plan (%s); using absmax scales of one forward", e)
+        try:
+            from hetero.outliers.corpus import DEFAULT_CALIBRATION, load_corpus
+
+            ids = torch.tensor(model.tokenizer(load_corpus(DEFAULT_CALIBRATION))["input_ids"][:512])
+        except Exception:
+            ids = torch.arange(512) % model.config.vocab
+        return absmax_plan(model, ids)
+
+
+def _model(args):
+    from hetero.loader import load_model
+
+    return load_model(getattr(args, "model", None))
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    model = _model(args)
+    plan = load_plan(model)
+    if args.hub:
+        from hetero.errors import ConfigError
+        from hetero.npu.hub import compile_on_hub
+
+        if not args.device:
+            raise ConfigError("--hub needs --device NAME (an AI Hub device, e.g. 'Samsung Galaxy S24')")
+        graphs = compile_on_hub(model, plan, args.chunk, args.device)
+        out = {"device": args.device, "chunk": args.chunk, "graphs": len(graphs),
+               "binaries": [str(g.binary) for g in graphs]}
+    else:
+        from hetero.npu.backend import NpuBackend
+        from hetero.npu.placement import place
+
+        placement = place(model.config, args.budget) if args.budget is not None else None
+        be = NpuBackend(model, plan, args.chunk, lane=args.lane, placement=placement, shape=args.shape)
+        out = {"lane": be.lane.name, "chunk": args.chunk, "graphs": len(be.report.rows),
+               "cached": sum(r[3] for r in be.report.rows), "seconds": round(be.report.seconds, 3),
+               "size_bytes": be.report.size_bytes,
+               "placement": placement.to_dict() if placement else None}
+    print(json.dumps(out, indent=1) if args.json else
+          "\n".join(f"{k}: {v}" for k, v in out.items() if k not in ("binaries", "placement")))
+    return 0
+
+
+def cmd_shapes(args: argparse.Namespace) -> int:
+    from hetero.npu.lanes import make_lane
+    from hetero.npu.shapes import profile_shapes
+
+    model = _model(args)
+    table = profile_shapes(model, load_plan(model), args.chunk, make_lane(args.lane))
+    for e in table["entries"]:
+        print(f"{e['lane']:8s} {e['kind']:6s} C={e['chunk_len']:4d} winner {e['winner']:6s} {e['latency_us']}")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add `npu compile` and `npu shapes` to the `hetero` CLI."""
+    npu = subparsers.add_parser("npu", help="prepare the NPU graphs (export, compile, cache)")
+    sub = npu.add_subparsers(dest="npu_command", required=True)
+    c = sub.add_parser("compile", help="export + compile every static graph into the graph cache")
+    c.add_argument("--model", help="GGUF file or Hugging Face directory (default model if omitted)")
+    c.add_argument("--chunk", type=_positive_int, default=256)
+    c.add_argument("--lane", choices=("cpu", "qnn"), default="qnn", help="qnn falls back to cpu if absent")
+    c.add_argument("--shape", default="2d", help="'2d', '3d:a' or 'auto' (recorded equivalent shape)")
+    c.add_argument("--budget", type=int, default=None, help="NPU memory budget in bytes (§4)")
+    c.add_argument("--hub", action="store_true", help="compile on Qualcomm AI Hub instead")
+    c.add_argument("--device", help="AI Hub device name (with --hub)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_compile)
+    s = sub.add_parser("shapes", help="profile equivalent shapes and record the winners (§4)")
+    s.add_argument("--model")
+    s.add_argument("--chunk", type=_positive_int, nargs="+", default=[256])
+    s.add_argument("--lane", choices=("cpu", "qnn"), default="cpu")
+    s.set_defaults(func=cmd_shapes)
+
+
+def add_hub_profile_args(p: argparse.ArgumentParser) -> None:
+    """Options of `hetero profile` for AI Hub: --hub, --device, --hub-chunks, --hub-out."""
+    p.add_argument("--hub", action="store_true", help="profile on a real device through Qualcomm AI Hub")
+    p.add_argument("--device", help="AI Hub device name, e.g. 'Samsung Galaxy S24'")
+    p.add_argument("--hub-chunks", type=_positive_int, nargs="+", default=[128, 256])
+    p.add_argument("--hub-out", help="profile JSON to write (default profiles/hub-<device>.json)")
+
+
+def run_hub_profile(args: argparse.Namespace) -> int:
+    """`hetero profile --hub --device NAME`: profile jobs → a sched Profile JSON; returns the exit code."""
+    from pathlib import Path
+
+    from hetero.errors import ConfigError
+    from hetero.npu.hub import _slug, profile_on_hub
+    from hetero.npu.shapes import profiles_dir
+    from hetero.sched.profile import save_profile
+
+    if not args.device:
+        raise ConfigError("--hub needs --device NAME (an AI Hub device, e.g. 'Samsung Galaxy S24')")
+    model = _model(args)
+    prof = profile_on_hub(model, load_plan(model), args.hub_chunks, args.device)
+    out = Path(args.hub_out) if args.hub_out else profiles_dir() / f"hub-{_slug(args.device)}.json"
+    save_profile(prof, out)
+    print(f"wrote {out}")
+    return 0

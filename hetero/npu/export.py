@@ -1,0 +1,338 @@
+"""Export the static subgraphs of a decoder layer as fixed-shape INT8 ONNX graphs (mllm-NPU §3.2).
+
+A layer's static work is cut into *segments*; a segment is one ONNX graph of fixed shape [C, ·]
+shared by every chunk (the chunk-sharing graph). The cuts follow the shadow sites of the quantization
+plan, because a shadow outlier correction (Eq. 1) must be added on the CPU right after the linear
+whose input it corrects, before the next non-linear op:
+
+    qkv    : h ─► RMSNorm ─► [attn_in] Q|K|V ─► qkv            (+ x_attn out when attn_in has a shadow)
+    o_ffn  : a ─► [o_in] O ─┤cut if o_in shadow├─► +h ─► RMSNorm ─► [ffn_in] gate|up ─┤cut if ffn_in├─►
+             SiLU·mul ─┤cut if down_in├─► [down_in] down ─► +h
+
+so a layer without shadows has two graphs (`qkv`, `o_ffn`) and one whose `down_in` keeps a shadow has
+`qkv`, `o_up` (= o, gu, act: emits the float FFN intermediate) and `down`. Piece names: "o", "gu",
+"act", "down"; a segment's kind joins them ("o_ffn" when it holds all four).
+
+Two flavours of the same math:
+- "cpu" (ONNX Runtime CPU EP): QuantizeLinear(u8, zp 128) → MatMulInteger(u8 zp 128, weights as u8 =
+  q + 128 with zp 128 [K, N]) → Cast → Mul(s_x·s_w). (u8·s8 is not exact on AVX2: see `_linears`.) Bit-exact with `hetero.outliers.quantize.int8_linear` (int32 accumulation, half-to-even
+  rounding, one float32 scale multiply). Linears sharing an input (Q/K/V, gate/up) are one MatMulInteger
+  over concatenated weights, scaled per column by the same float32 products.
+- "qnn" (HTP): QuantizeLinear/DequantizeLinear(u8, zp 128) on the activation and DequantizeLinear(s8,
+  zp 0) on each weight around a float MatMul (QDQ), one MatMul per linear (`constraints.QNN_NOT_YET`).
+  RMSNorm, residual adds and SiLU·mul stay float ops inside the graph; the simulator runs them on HTP.
+
+Equivalent shapes (§4, `shapes.py`): shape "2d" runs the graph on [C, K]; "3d:a" reshapes the input to
+[a, C/a, K] once at the graph's entry (every op is row-wise) and back at its exit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from hetero.errors import ConfigError
+from hetero.outliers.quantize import ACT_ZERO_POINT
+
+EXPORT_VERSION = 3  # bump when the graphs' math or I/O change: part of every cache key
+OPSET = 21
+FLAVORS = ("cpu", "qnn")
+PIECES = ("o", "gu", "act", "down")
+CUT_AFTER = {"o_in": "o", "ffn_in": "gu", "down_in": "act"}  # shadow site → piece after which we cut
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentSpec:
+    """One static graph of one layer: which pieces, which extra outputs, shape and flavour."""
+
+    layer: int
+    kind: str  # "qkv" | "o_ffn" | a join of PIECES ("o", "gu+act+down", ...)
+    pieces: tuple[str, ...]  # ("qkv",) or a contiguous run of PIECES
+    chunk: int  # C: rows of every input/output
+    flavor: str  # "cpu" | "qnn"
+    shape: str = "2d"  # "2d" | "3d:a" (equivalent shape, §4)
+    emit_x: bool = False  # also output the quantized linear's float input (for its shadow on the CPU)
+
+    def __post_init__(self) -> None:
+        if self.flavor not in FLAVORS:
+            raise ConfigError(f"flavor must be one of {FLAVORS}, got {self.flavor!r}")
+        if self.chunk <= 0:
+            raise ConfigError(f"chunk must be > 0, got {self.chunk}")
+        rows_3d(self.shape, self.chunk)  # validates
+
+
+def rows_3d(shape: str, chunk: int) -> tuple[int, int] | None:
+    """(a, b) with a·b = C for shape "3d:a", None for "2d"."""
+    if shape == "2d":
+        return None
+    if shape.startswith("3d:"):
+        a = int(shape[3:])
+        if a > 0 and chunk % a == 0:
+            return a, chunk // a
+    raise ConfigError(f"shape must be '2d' or '3d:a' with a dividing C={chunk}, got {shape!r}")
+
+
+def layer_segments(layer: int, shadow_sites: set[str], chunk: int, flavor: str, shape: str = "2d") -> list[SegmentSpec]:
+    """The graphs of one layer given which of its sites keep a shadow (see the module docstring)."""
+    segs = [SegmentSpec(layer, "qkv", ("qkv",), chunk, flavor, shape, "attn_in" in shadow_sites)]
+    cuts = {CUT_AFTER[s] for s in shadow_sites if s in CUT_AFTER}
+    run: list[str] = []
+    for piece in PIECES:
+        run.append(piece)
+        if piece in cuts or piece == "down":
+            kind = "o_ffn" if len(run) == 4 else ("o_up" if run == ["o", "gu", "act"] else "+".join(run))
+            emit = piece == "gu" and piece in cuts  # the ffn_in input x (o_in's input `a` is already on the CPU)
+            segs.append(SegmentSpec(layer, kind, tuple(run), chunk, flavor, shape, emit))
+            run = []
+    return segs
+
+
+# ---------------------------------------------------------------------------------------- builder
+
+
+class _Graph:
+    """A tiny ONNX graph builder with deterministic names (ORT quantization tool style)."""
+
+    def __init__(self, name: str):
+        self.name, self.nodes, self.inits, self.inputs, self.outputs = name, [], [], [], []
+        self._n = 0
+        self._consts: dict[bytes, str] = {}
+
+    def fresh(self, stem: str) -> str:
+        self._n += 1
+        return f"{stem}_{self._n}"
+
+    def const(self, arr: np.ndarray, stem: str = "c") -> str:
+        arr = np.ascontiguousarray(arr)
+        key = arr.dtype.str.encode() + str(arr.shape).encode() + arr.tobytes() if arr.size <= 64 else None
+        if key is not None and key in self._consts:
+            return self._consts[key]
+        name = self.fresh(stem)
+        self.inits.append(numpy_helper.from_array(arr, name))
+        if key is not None:
+            self._consts[key] = name
+        return name
+
+    def op(self, op_type: str, inputs: list[str], stem: str | None = None, **attrs) -> str:
+        out = self.fresh(stem or op_type.lower())
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out + "_" + op_type, **attrs))
+        return out
+
+    def input(self, name: str, shape: list[int]) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+        return name
+
+    def output(self, src: str, name: str, shape: list[int]) -> None:
+        self.nodes.append(helper.make_node("Identity", [src], [name], name=name + "_out"))
+        self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+
+    def model(self) -> onnx.ModelProto:
+        g = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="hetero.npu")
+        m.ir_version = 10
+        return m
+
+
+@dataclass(frozen=True, slots=True)
+class LinearQ:
+    """What one quantized linear needs: INT8 weight [out, in], its scale, its input site's scale, bias."""
+
+    q: np.ndarray  # int8 [out, in]
+    w_scale: float
+    x_scale: float
+    bias: np.ndarray | None = None  # float32 [out]
+
+
+def _rms_norm(g: _Graph, x: str, w: np.ndarray, eps: float, flavor: str) -> str:
+    # x * 1/sqrt(mean(x²) + eps) * w: the Pow→ReduceMean→Add→Sqrt→Div→Mul pattern ORT fuses into
+    # SimplifiedLayerNormalization on the CPU EP (and the simulator accepts as is).
+    sq = g.op("Pow", [x, g.const(np.array(2.0, np.float32))])
+    ms = g.op("ReduceMean", [sq, g.const(np.array([-1], np.int64))], keepdims=1)
+    rs = g.op("Sqrt", [g.op("Add", [ms, g.const(np.array(eps, np.float32))])])
+    return g.op("Mul", [g.op("Div", [x, rs]), g.const(w.astype(np.float32), "norm_w")])
+
+
+def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str) -> str:
+    """y = concat_j(int8_linear(x, s_x, W_j) + b_j) along the last axis; all lins share x and s_x."""
+    s_x = np.float32(lins[0].x_scale)
+    assert all(np.float32(lq.x_scale) == s_x for lq in lins), "fused linears must share their input site"
+    zp = g.const(np.array(ACT_ZERO_POINT, np.uint8), "act_zp")
+    xq = g.op("QuantizeLinear", [x, g.const(np.array(s_x, np.float32), "act_s"), zp], "xq")
+    has_bias = any(lq.bias is not None for lq in lins)
+    if flavor == "cpu":
+        # weights stored uint8 = q + 128 with zero point 128 (same int32 result): u8·s8 on AVX2 without
+        # VNNI uses vpmaddubsw, whose int16 pair sums saturate (255·127·2 > 32767) and give wrong
+        # accumulators; u8·u8 (vpmaddwd) is exact and nearly as fast (bench/graph_cache.py notes).
+        wt = np.concatenate([lq.q.T for lq in lins], axis=1)  # int8 [K, ΣN]
+        wt_u8 = (wt.astype(np.int16) + ACT_ZERO_POINT).astype(np.uint8)
+        scales = np.concatenate(
+            [np.full(lq.q.shape[0], np.float32(s_x) * np.float32(lq.w_scale), np.float32) for lq in lins])
+        acc = g.op("MatMulInteger", [xq, g.const(wt_u8, "w_q"), zp, g.const(np.array(ACT_ZERO_POINT, np.uint8), "w_zp")], "acc")
+        s = scales[:1] if np.all(scales == scales[0]) else scales
+        y = g.op("Mul", [g.op("Cast", [acc], to=TensorProto.FLOAT), g.const(s, "acc_s")], "y")
+    else:
+        xd = g.op("DequantizeLinear", [xq, g.const(np.array(s_x, np.float32), "act_s"), zp], "xd")
+        ys = []
+        for lq in lins:
+            wd = g.op("DequantizeLinear", [g.const(np.ascontiguousarray(lq.q.T), "w_q"),
+                                           g.const(np.array(lq.w_scale, np.float32), "w_s"),
+                                           g.const(np.array(0, np.int8), "w_zp")], "wd")
+            ys.append(g.op("MatMul", [xd, wd], "y"))
+        y = ys[0] if len(ys) == 1 else g.op("Concat", ys, "y", axis=-1)
+    if has_bias:
+        b = np.concatenate([lq.bias if lq.bias is not None else np.zeros(lq.q.shape[0], np.float32) for lq in lins])
+        y = g.op("Add", [y, g.const(b.astype(np.float32), "bias")])
+    return y
+
+
+def _slice_last(g: _Graph, x: str, start: int, end: int) -> str:
+    return g.op("Slice", [x, g.const(np.array([start], np.int64)), g.const(np.array([end], np.int64)),
+                          g.const(np.array([-1], np.int64))])
+
+
+@dataclass(frozen=True, slots=True)
+class LayerQ:
+    """Float and INT8 parameters of one layer, as the graphs need them."""
+
+    hidden: int
+    q_dim: int
+    kv_dim: int
+    ffn: int
+    eps: float
+    attn_norm: np.ndarray
+    ffn_norm: np.ndarray
+    qkv: tuple[LinearQ, LinearQ, LinearQ]
+    o: LinearQ
+    gate_up: tuple[LinearQ, LinearQ]
+    down: LinearQ
+
+
+def segment_io(spec: SegmentSpec, lq: LayerQ) -> tuple[dict[str, int], dict[str, int]]:
+    """Input and output names of a segment → their width (every tensor is [C, width] float32)."""
+    p = spec.pieces
+    if p == ("qkv",):
+        outs = {"qkv": lq.q_dim + 2 * lq.kv_dim}
+        if spec.emit_x:
+            outs["x"] = lq.hidden
+        return {"h": lq.hidden}, outs
+    ins: dict[str, int] = {}
+    first = p[0]
+    if first == "o":
+        ins["a"] = lq.q_dim
+    elif first == "gu":
+        ins["o"] = lq.hidden
+    elif first == "act":
+        ins["gu"] = 2 * lq.ffn
+    elif first == "down":
+        ins["m"] = lq.ffn
+    if "gu" in p:
+        ins["h"] = lq.hidden
+    elif first == "act":
+        ins["h1"] = lq.hidden
+    last = p[-1]
+    if p == ("down",):  # its shadow is added before the residual, as the reference: h1 + (d + shadow)
+        outs = {"d": lq.hidden}
+    elif last == "down":
+        outs = {"h_out": lq.hidden}
+    elif last == "o":
+        outs = {"o": lq.hidden}
+    elif last == "gu":
+        outs = {"gu": 2 * lq.ffn, "h1": lq.hidden}
+        if spec.emit_x:
+            outs["x"] = lq.hidden
+    else:  # act
+        outs = {"m": lq.ffn, "h1": lq.hidden}
+    return ins, outs
+
+
+def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
+    """The ONNX graph of one segment (pure function of its spec and parameters)."""
+    g = _Graph(f"L{spec.layer}_{spec.kind}_C{spec.chunk}_{spec.flavor}")
+    ins, outs = segment_io(spec, lq)
+    ab = rows_3d(spec.shape, spec.chunk)
+    env: dict[str, str] = {}
+    for name, width in ins.items():
+        t = g.input(name, [spec.chunk, width])
+        env[name] = g.op("Reshape", [t, g.const(np.array([ab[0], ab[1], width], np.int64))]) if ab else t
+    f = spec.flavor
+    for piece in spec.pieces:
+        if piece == "qkv":
+            env["x"] = _rms_norm(g, env["h"], lq.attn_norm, lq.eps, f)
+            env["qkv"] = _linears(g, env["x"], list(lq.qkv), f)
+        elif piece == "o":
+            env["x"] = env["a"]
+            env["o"] = _linears(g, env["a"], [lq.o], f)
+        elif piece == "gu":
+            env["h1"] = g.op("Add", [env["h"], env["o"]], "h1")
+            env["x"] = _rms_norm(g, env["h1"], lq.ffn_norm, lq.eps, f)
+            env["gu"] = _linears(g, env["x"], list(lq.gate_up), f)
+        elif piece == "act":
+            gate = _slice_last(g, env["gu"], 0, lq.ffn)
+            up = _slice_last(g, env["gu"], lq.ffn, 2 * lq.ffn)
+            silu = g.op("Mul", [gate, g.op("Sigmoid", [gate])], "silu")
+            env["m"] = g.op("Mul", [silu, up], "m")
+        elif piece == "down":
+            env["d"] = _linears(g, env["m"], [lq.down], f)
+            if "h1" in env:
+                env["h_out"] = g.op("Add", [env["h1"], env["d"]], "h_out")
+    for name, width in outs.items():
+        src = env[name]
+        if ab:
+            src = g.op("Reshape", [src, g.const(np.array([spec.chunk, width], np.int64))])
+        g.output(src, name, [spec.chunk, width])
+    return g.model()
+
+
+def save_onnx(m: onnx.ModelProto, path: Path, external_min_bytes: int = 1 << 16) -> None:
+    """Write `m` to `path`, large initializers as external data in `<stem>.data` beside it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    big = sum(t.ByteSize() for t in m.graph.initializer) > external_min_bytes
+    if big:
+        onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.stem + ".data", size_threshold=1024)
+    else:
+        onnx.save_model(m, str(path))
+
+
+def layer_q(cfg, lw, plan, layer: int) -> LayerQ:
+    """Collect one layer's parameters from the float weights and a `QuantPlan` (duck-typed)."""
+    s = {site: plan.sites[(layer, site)].scale for site in ("attn_in", "o_in", "ffn_in", "down_in")}
+
+    def lin(name: str, site: str, bias=None) -> LinearQ:
+        w = plan.weights[(layer, name)]
+        b = None if bias is None else bias.detach().cpu().numpy().astype(np.float32)
+        return LinearQ(w.q, float(w.scale), float(s[site]), b)
+
+    return LayerQ(
+        cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.ffn, float(cfg.rms_eps),
+        lw.attn_norm.detach().cpu().numpy().astype(np.float32), lw.ffn_norm.detach().cpu().numpy().astype(np.float32),
+        (lin("wq", "attn_in", lw.bq), lin("wk", "attn_in", lw.bk), lin("wv", "attn_in", lw.bv)),
+        lin("wo", "o_in"), (lin("w_gate", "ffn_in"), lin("w_up", "ffn_in")), lin("w_down", "down_in"),
+    )
+
+
+def layer_digest(lq: LayerQ) -> str:
+    """Content hash of one layer's graph parameters (cheap: weights are sampled, scales exact).
+
+    The model fingerprint (hash of the model file) goes into the cache key beside this; sampling the
+    INT8 weights keeps the key cheap to compute at load time while catching a different plan/model.
+    """
+    h = hashlib.sha256()
+    meta = [lq.hidden, lq.q_dim, lq.kv_dim, lq.ffn, lq.eps]
+    for lin in (*lq.qkv, lq.o, *lq.gate_up, lq.down):
+        meta += [lin.w_scale, lin.x_scale, list(lin.q.shape)]
+        flat = lin.q.reshape(-1)
+        h.update(flat[:: max(1, flat.size // 4096)].tobytes())
+        h.update(flat[-64:].tobytes())
+        if lin.bias is not None:
+            h.update(lin.bias.tobytes())
+    h.update(lq.attn_norm.tobytes())
+    h.update(lq.ffn_norm.tobytes())
+    h.update(json.dumps(meta).encode())
+    return h.hexdigest()[:24]

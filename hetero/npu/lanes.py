@@ -1,0 +1,273 @@
+"""Lanes: where a prepared static graph runs (ONNX Runtime CPU EP, or the QNN EP with the HTP backend).
+
+ExecuTorch's split, in three steps: *export* (`export.build_segment`, pure), *compile* (a lane turns an
+exported ONNX graph into a compiled artifact: the ORT-optimized model, or a QNN context binary; cached
+by content hash in `cache.py`), *session* (`Graph`: load once, bind buffers, run many). `prepare_graph`
+ties them together: load from the cache, else export + compile + commit.
+
+Hot path (`Graph.run`): inputs are bound by pointer (no copy), outputs are written by ORT straight into
+torch tensors that the caller receives (IOBinding), so a chunk moves no data it need not. Output
+tensors are fresh per call by default, because the out-of-order scheduler can hold several chunks'
+results of the same graph at once; pass `out=` to reuse buffers you own.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from hetero.errors import BackendUnavailable, GraphCacheError
+from hetero.npu import export
+from hetero.npu.cache import CacheEntry, entry_key, library_versions
+from hetero.paths import atomic_path
+
+log = logging.getLogger(__name__)
+
+_GLOBAL_POOL: tuple[int, int] | None = None  # (intra, inter) of ORT's process-wide thread pool, once set
+_QNN_REGISTERED = False
+_WARNED: set[str] = set()
+
+
+def _global_pool(intra: int, inter: int) -> bool:
+    """Use one process-wide ORT thread pool (sessions share it: 60 per-session pools would spin and fight
+    over 2 cores). It can be set once per process; a different later request gets per-session pools."""
+    global _GLOBAL_POOL
+    if _GLOBAL_POOL is None:
+        try:
+            ort.set_global_thread_pool_sizes(intra, inter)
+            _GLOBAL_POOL = (intra, inter)
+        except Exception:  # already created by someone else in this process
+            _GLOBAL_POOL = (-1, -1)
+    return _GLOBAL_POOL == (intra, inter)
+
+
+@dataclass(slots=True)
+class Graph:
+    """A loaded session of one segment with its IOBinding."""
+
+    session: ort.InferenceSession
+    spec: export.SegmentSpec
+    inputs: dict[str, int]  # name → width ([C, width] float32)
+    outputs: dict[str, int]
+    lane: str  # "cpu" | "npu"
+    binding: ort.IOBinding = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.binding = self.session.io_binding()
+
+    def run(self, inputs: dict[str, torch.Tensor], out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Run on float32 [C, width] tensors (made contiguous if they are not); returns the outputs."""
+        b, c = self.binding, self.spec.chunk
+        for name, width in self.inputs.items():
+            t = inputs[name]
+            if not t.is_contiguous() or t.dtype != torch.float32:
+                t = inputs[name] = t.contiguous().float()  # keeps it alive until run returns
+            b.bind_input(name, "cpu", 0, np.float32, (c, width), t.data_ptr())
+        res = {}
+        for name, width in self.outputs.items():
+            o = out[name] if out and name in out else torch.empty((c, width), dtype=torch.float32)
+            b.bind_output(name, "cpu", 0, np.float32, (c, width), o.data_ptr())
+            res[name] = o
+        self.session.run_with_iobinding(b)
+        return res
+
+
+class _Lane:
+    name = "lane"
+    flavor = "cpu"
+    lane = "cpu"
+
+    def options_key(self) -> dict:
+        raise NotImplementedError
+
+    def compile(self, model_path: Path, out_path: Path) -> ort.InferenceSession:
+        raise NotImplementedError
+
+    def load(self, path: Path) -> ort.InferenceSession:
+        raise NotImplementedError
+
+
+@functools.cache
+def _machine() -> dict:
+    import platform
+
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        pass
+    isa = sorted(x for x in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8") if f" {x}" in flags)
+    return {"machine": platform.machine(), "isa": isa}
+
+
+class OrtCpuLane(_Lane):
+    """ONNX Runtime CPU EP; compiled artifact = the ORT-optimized model (level ALL, this machine)."""
+
+    name, flavor, lane = "ort-cpu", "cpu", "cpu"
+
+    def __init__(self, intra_op_threads: int = 2, inter_op_threads: int = 1, spinning: bool = True):
+        self.intra_op_threads, self.inter_op_threads, self.spinning = intra_op_threads, inter_op_threads, spinning
+        self._shared_pool = _global_pool(intra_op_threads, inter_op_threads)
+
+    def options_key(self) -> dict:
+        # the level-ALL optimized model may hold CPU-specific kernels: key it to the machine
+        return {"lane": self.name, "opt": "all", **_machine()}
+
+    def _options(self) -> ort.SessionOptions:
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        if self._shared_pool:
+            so.use_per_session_threads = False
+        else:
+            so.intra_op_num_threads, so.inter_op_num_threads = self.intra_op_threads, self.inter_op_threads
+            so.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
+        return so
+
+    def compile(self, model_path: Path, out_path: Path) -> ort.InferenceSession:
+        so = self._options()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.optimized_model_filepath = str(out_path)
+        return ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+
+    def load(self, path: Path) -> ort.InferenceSession:
+        so = self._options()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # already optimized
+        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def qnn_devices() -> list:
+    """The QNN EP's devices after registering the plugin library; BackendUnavailable if it is absent."""
+    global _QNN_REGISTERED
+    try:
+        import onnxruntime_qnn
+    except ImportError as e:
+        raise BackendUnavailable("QNN EP unavailable: the onnxruntime-qnn package is not installed") from e
+    if not _QNN_REGISTERED:
+        try:
+            ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
+        except Exception as e:
+            if "already" not in str(e).lower():
+                raise BackendUnavailable(f"QNN EP unavailable: cannot register its library: {e}") from e
+        _QNN_REGISTERED = True
+    devs = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
+    if not devs:
+        raise BackendUnavailable("QNN EP unavailable: registered, but it reports no device")
+    return devs
+
+
+class QnnHtpLane(_Lane):
+    """QNN EP with the HTP backend (on x86 Linux: the simulator); artifact = an EP context model with the
+    QNN context binary embedded. CPU fallback is disabled: a graph HTP cannot take fails loudly."""
+
+    name, flavor, lane = "qnn-htp", "qnn", "npu"
+
+    def __init__(self, provider_options: dict[str, str] | None = None):
+        self.devices = qnn_devices()
+        self.provider_options = {"backend_type": "htp", **(provider_options or {})}
+
+    def options_key(self) -> dict:
+        return {"lane": self.name, **self.provider_options}
+
+    def _options(self) -> ort.SessionOptions:
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        if _GLOBAL_POOL is not None and _GLOBAL_POOL != (-1, -1):
+            so.use_per_session_threads = False  # required once a global pool exists
+        so.add_provider_for_devices(self.devices, self.provider_options)
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        return so
+
+    def compile(self, model_path: Path, out_path: Path) -> ort.InferenceSession:
+        out_path.unlink(missing_ok=True)  # the EP refuses to overwrite an existing context model
+        so = self._options()
+        so.add_session_config_entry("ep.context_enable", "1")
+        so.add_session_config_entry("ep.context_embed_mode", "1")
+        so.add_session_config_entry("ep.context_file_path", str(out_path))
+        return ort.InferenceSession(str(model_path), so)
+
+    def load(self, path: Path) -> ort.InferenceSession:
+        return ort.InferenceSession(str(path), self._options())
+
+
+def make_lane(kind: str = "cpu", intra_op_threads: int = 2, **options) -> _Lane:
+    """"cpu" → OrtCpuLane; "qnn" → QnnHtpLane, or (warning once) OrtCpuLane when QNN is absent."""
+    if kind in ("cpu", "ort-cpu"):
+        return OrtCpuLane(intra_op_threads, **options)
+    if kind in ("qnn", "qnn-htp", "npu"):
+        try:
+            return QnnHtpLane(options.get("provider_options"))
+        except BackendUnavailable as e:
+            if "qnn" not in _WARNED:
+                _WARNED.add("qnn")
+                log.warning("%s; falling back to the ONNX Runtime CPU EP", e)
+            return OrtCpuLane(intra_op_threads)
+    from hetero.errors import ConfigError
+
+    raise ConfigError(f"lane kind must be 'cpu' or 'qnn', got {kind!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareInfo:
+    """How one graph was obtained."""
+
+    key: str
+    cached: bool  # loaded from the cache (True) or exported + compiled now (False)
+    seconds: float
+    size_bytes: int  # compiled artifact on disk
+
+
+def graph_key(spec: export.SegmentSpec, lq: export.LayerQ, model_fp: str, lane: _Lane) -> str:
+    return entry_key("hetero-graph", export.EXPORT_VERSION, spec.kind, spec.pieces, spec.chunk, spec.flavor,
+                     spec.shape, spec.emit_x, spec.layer, export.layer_digest(lq), model_fp, lane.options_key(),
+                     library_versions())
+
+
+def prepare_graph(spec: export.SegmentSpec, lq: export.LayerQ, model_fp: str, lane: _Lane,
+                  use_cache: bool = True) -> tuple[Graph, PrepareInfo]:
+    """Load one segment's compiled graph from the cache, or export, compile and cache it."""
+    t0 = time.perf_counter()
+    ins, outs = export.segment_io(spec, lq)
+    key = graph_key(spec, lq, model_fp, lane)
+    entry = CacheEntry.of(lane.name, key)
+    if use_cache:
+        try:
+            data = entry.read_compiled()
+        except GraphCacheError as e:
+            log.warning("%s; rebuilding it", e)
+            entry.discard()
+            data = None
+        if data is not None:
+            try:
+                sess = lane.load(data)
+            except Exception as e:  # damage the sampled hash missed, or a library that changed underneath
+                log.warning("graph cache entry %s fails to load (%s); rebuilding it", entry.root, e)
+                sess = None
+        if data is not None and sess is not None:
+            return Graph(sess, spec, ins, outs, lane.lane), PrepareInfo(key, True, time.perf_counter() - t0,
+                                                                       entry.size_bytes())
+    entry.discard()
+    entry.root.mkdir(parents=True, exist_ok=True)
+    m = export.build_segment(spec, lq)
+    export.save_onnx(m, entry.model_path)
+    try:
+        with atomic_path(entry.compiled_path) as tmp:
+            sess = lane.compile(entry.model_path, tmp)
+            if not tmp.exists() or tmp.stat().st_size == 0:
+                raise GraphCacheError(f"{lane.name} wrote no compiled graph for layer {spec.layer} {spec.kind}")
+    except GraphCacheError:
+        raise
+    except Exception as e:
+        raise GraphCacheError(f"{lane.name} failed to compile layer {spec.layer} {spec.kind} "
+                              f"(C={spec.chunk}, shape {spec.shape}): {e}") from e
+    if use_cache:
+        entry.commit(spec, {"lane": lane.options_key()})
+    return Graph(sess, spec, ins, outs, lane.lane), PrepareInfo(key, False, time.perf_counter() - t0,
+                                                               entry.size_bytes())

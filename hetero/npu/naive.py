@@ -1,0 +1,92 @@
+"""The naive alternatives to chunk-sharing graphs (mllm-NPU §3.2, Fig. 7a/b), kept runnable for comparison.
+
+(a) *prompt graph*: one graph set built for the exact prompt length T, re-exported and re-compiled for
+    every new length (nothing is reusable across prompts; §2.3: building/optimizing dominates);
+(b) *chunk graphs*: per chunk i a separate graph set of chunk length C (what an engine without the
+    static/dynamic split would hold: the attention of chunk i has its own shape, so the whole chunk
+    graph differs per i and every one keeps its own copy of the weights);
+(c) hetero: the static subgraphs of chunk length C, one set shared by every chunk.
+
+`naive_prefill` runs (a) end to end: export + load a graph set for T rows, then one unchunked forward
+(the attention is the float reference over the whole prompt, as in `hetero.model.forward`).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+from hetero import model as ref
+from hetero.loader import Model
+
+
+@dataclass(frozen=True, slots=True)
+class NaiveResult:
+    logits: torch.Tensor  # [vocab] of the last token
+    prepare_s: float  # export + compile of the T-row graph set (paid for every new T)
+    run_s: float
+    n_graphs: int
+    size_bytes: int
+
+
+def naive_prefill(model: Model, plan, ids: torch.Tensor, lane="cpu", intra_op_threads: int = 2) -> NaiveResult:
+    """Prefill `ids` through a graph set built for exactly T = len(ids) rows (no cache: a new T is new work)."""
+    import os
+
+    from hetero.npu.backend import NpuBackend
+
+    ids = torch.as_tensor(ids).long().flatten()
+    t = int(ids.numel())
+    old = os.environ.get("HETERO_CACHE")
+    with tempfile.TemporaryDirectory(prefix="hetero-naive-") as tmp:
+        os.environ["HETERO_CACHE"] = tmp  # built fresh, as an engine without a graph cache would
+        try:
+            t0 = time.perf_counter()
+            be = NpuBackend(model, plan, t, lane=lane, intra_op_threads=intra_op_threads, use_cache=False)
+            prepare_s = time.perf_counter() - t0
+        finally:
+            if old is None:
+                os.environ.pop("HETERO_CACHE", None)
+            else:
+                os.environ["HETERO_CACHE"] = old
+        t1 = time.perf_counter()
+        logits, _, _ = ref.forward(model.config, model.weights, ids, backend=be)
+        run_s = time.perf_counter() - t1
+        return NaiveResult(logits[-1], prepare_s, run_s, len(be.report.rows), be.report.size_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class GraphCount:
+    """Graphs and their memory for one strategy (weights dominate: activations are per chunk)."""
+
+    strategy: str
+    prompt_len: int
+    chunk: int
+    n_graphs: int
+    weight_bytes: int  # INT8 weights held by all graphs together
+    builds: int  # graph builds needed to serve this prompt length from a cold start
+    note: str
+
+
+def graph_counts(model: Model, prompt_len: int, chunk: int) -> list[GraphCount]:
+    """Count graphs and their INT8 weight memory for (a) prompt graph, (b) chunk graphs, (c) chunk-sharing.
+
+    Static graphs per layer: 2 (qkv, o_ffn; more only where a shadow cuts o_ffn, not counted here).
+    Weight bytes per layer = Σ out·in of the seven linears (one byte each, INT8).
+    """
+    cfg = model.config
+    per_layer = cfg.q_dim * cfg.hidden + 2 * cfg.kv_dim * cfg.hidden + cfg.hidden * cfg.q_dim + 3 * cfg.ffn * cfg.hidden
+    w = per_layer * cfg.n_layers
+    n_chunks = -(-prompt_len // chunk)
+    static = 2 * cfg.n_layers
+    return [
+        GraphCount("prompt_graph", prompt_len, prompt_len, static, w, static,
+                   "one graph set of T rows; rebuilt for every new prompt length"),
+        GraphCount("chunk_graphs", prompt_len, chunk, static * n_chunks, w * n_chunks, static * n_chunks,
+                   "one graph set per chunk position (attention shapes differ), each with its own weights"),
+        GraphCount("chunk_sharing", prompt_len, chunk, static, w, static,
+                   "hetero: static graphs of C rows shared by every chunk; attention dynamic on CPU"),
+    ]

@@ -1,0 +1,77 @@
+"""NPU memory budget (mllm-NPU §4, optimisation 2): which static graphs live on the NPU, which on the CPU.
+
+Mobile NPUs address a limited memory region (≈4 GB on Hexagon), possibly less than the model. Given a
+budget in bytes for NPU-resident weights, place the most compute-dense graphs first: every layer's FFN
+part (`o_ffn`: 3·ffn·hidden + hidden·q_dim INT8 bytes), then the attention projections (`qkv`); what
+does not fit runs as the same INT8 graph on the CPU lane. Each decision is logged with its reason
+(ExecuTorch partitioner style) and kept in `Placement.decisions`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from hetero.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    layer: int
+    kind: str  # "qkv" | "o_ffn" (all segments of o_ffn go together)
+    lane: str  # "npu" | "cpu"
+    size_bytes: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    budget_bytes: int
+    decisions: tuple[Decision, ...]
+
+    def lane_of(self, layer: int, kind: str) -> str:
+        kind = "qkv" if kind == "qkv" else "o_ffn"
+        for d in self.decisions:
+            if d.layer == layer and d.kind == kind:
+                return d.lane
+        return "cpu"
+
+    @property
+    def npu_bytes(self) -> int:
+        return sum(d.size_bytes for d in self.decisions if d.lane == "npu")
+
+    def to_dict(self) -> dict:
+        return {"budget_bytes": self.budget_bytes, "npu_bytes": self.npu_bytes,
+                "decisions": [{"layer": d.layer, "kind": d.kind, "lane": d.lane, "size_bytes": d.size_bytes,
+                               "reason": d.reason} for d in self.decisions]}
+
+
+def graph_weight_bytes(cfg, kind: str) -> int:
+    """INT8 weight bytes of one layer's `qkv` or `o_ffn` graph (+ float norm weights)."""
+    if kind == "qkv":
+        return (cfg.q_dim + 2 * cfg.kv_dim) * cfg.hidden + 4 * cfg.hidden
+    return cfg.hidden * cfg.q_dim + 3 * cfg.ffn * cfg.hidden + 4 * cfg.hidden
+
+
+def place(cfg, budget_bytes: int | None) -> Placement:
+    """FFN graphs first (layer order), then QKV; a graph goes to the NPU while it fits in the budget.
+
+    budget_bytes None: unlimited (everything on the NPU).
+    """
+    if budget_bytes is not None and budget_bytes < 0:
+        raise ConfigError(f"NPU memory budget must be >= 0 bytes, got {budget_bytes}")
+    left = float("inf") if budget_bytes is None else budget_bytes
+    decisions = []
+    for kind, why in (("o_ffn", "FFN first: most MACs per weight byte"), ("qkv", "then QKV")):
+        size = graph_weight_bytes(cfg, kind)
+        for layer in range(cfg.n_layers):
+            if size <= left:
+                left -= size
+                d = Decision(layer, kind, "npu", size, f"{why}; fits ({size} B, {left:.0f} B left)")
+            else:
+                d = Decision(layer, kind, "cpu", size, f"{why}; NPU budget exhausted ({size} B > {left:.0f} B left): INT8 on CPU")
+            log.info("placement | layer %d %s -> %s | %s", d.layer, d.kind, d.lane, d.reason)
+            decisions.append(d)
+    return Placement(-1 if budget_bytes is None else budget_bytes, tuple(decisions))

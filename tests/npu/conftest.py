@@ -1,0 +1,26 @@
+"""NPU test fixtures: an isolated graph cache, a tiny model and its plans (with and without shadows)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetero.outliers.plan import SITES, plan_from_scales
+from tests.conftest import make_tiny_model
+
+SHADOWS = {(0, "down_in"): (1, 2), (1, "attn_in"): (3,), (1, "o_in"): (0,), (1, "ffn_in"): (5,)}
+
+
+@pytest.fixture(autouse=True)
+def graph_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def tiny_plan(model, shadow=None, scale: float = 0.02):
+    # 0.02: RMSNorm outputs of the tiny model reach |x| ≈ 3, so some values clip (and shadows have work)
+    return plan_from_scales(model, {(l, s): scale for l in range(model.config.n_layers) for s in SITES}, shadow)
+
+
+@pytest.fixture
+def tiny():
+    return make_tiny_model()

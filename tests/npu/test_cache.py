@@ -1,0 +1,61 @@
+"""The prebuilt-graph cache: hit, stale and corrupt entries rebuilt with a warning."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import torch
+
+from hetero.npu.backend import NpuBackend
+from hetero.npu.cache import graphs_root
+from tests.npu.conftest import tiny_plan
+
+
+def _entries(backend="ort-cpu"):
+    return sorted((graphs_root() / backend).iterdir())
+
+
+def test_second_prepare_loads_from_cache(tiny):
+    plan = tiny_plan(tiny)
+    first = NpuBackend(tiny, plan, 16)
+    assert not any(r[3] for r in first.report.rows) and len(first.report.rows) == 4
+    second = NpuBackend(tiny, plan, 16)
+    assert second.report.all_cached
+    h = torch.randn(16, 64)
+    assert torch.equal(first.qkv(0, h)[0], second.qkv(0, h)[0])
+
+
+def test_key_changes_with_chunk_and_plan(tiny):
+    NpuBackend(tiny, tiny_plan(tiny), 16)
+    assert not NpuBackend(tiny, tiny_plan(tiny), 32).report.all_cached
+    assert not NpuBackend(tiny, tiny_plan(tiny, scale=0.05), 16).report.all_cached
+    assert len(_entries()) == 12
+
+
+def test_corrupt_entry_is_rebuilt_with_warning(tiny, caplog):
+    plan = tiny_plan(tiny)
+    NpuBackend(tiny, plan, 16, layers=[0])
+    entry = _entries()[0]
+    data = bytearray((entry / "compiled.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, flipped bits
+    (entry / "compiled.onnx").write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        be = NpuBackend(tiny, plan, 16, layers=[0])
+    assert "corrupt" in caplog.text and "rebuilding" in caplog.text
+    assert sum(not r[3] for r in be.report.rows) == 1
+    assert NpuBackend(tiny, plan, 16, layers=[0]).report.all_cached
+
+
+def test_stale_or_interrupted_entry_is_rebuilt(tiny, caplog):
+    plan = tiny_plan(tiny)
+    NpuBackend(tiny, plan, 16, layers=[0])
+    a, b = _entries()
+    meta = json.loads((a / "meta.json").read_text())
+    meta["key"] = "0" * 32
+    (a / "meta.json").write_text(json.dumps(meta))
+    (b / "meta.json").unlink()  # an interrupted build: files but no meta
+    with caplog.at_level(logging.WARNING):
+        be = NpuBackend(tiny, plan, 16, layers=[0])
+    assert "stale" in caplog.text and "interrupted" in caplog.text
+    assert not any(r[3] for r in be.report.rows)

@@ -1,0 +1,35 @@
+"""One layer on the QNN HTP simulator (onnxruntime-qnn wheel) within one quantization step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime_qnn")
+
+from hetero.npu.backend import NpuBackend  # noqa: E402
+from hetero.npu.lanes import QnnHtpLane  # noqa: E402
+from hetero.outliers.shadow import QuantizedBackend  # noqa: E402
+from tests.npu.conftest import SHADOWS, tiny_plan  # noqa: E402
+
+
+def _step(t: torch.Tensor) -> float:
+    """One INT8 quantization step of a tensor at its own per-tensor scale: absmax / 127."""
+    return float(t.abs().max()) / 127
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shadow", [None, SHADOWS], ids=["plain", "shadows"])
+def test_tiny_layer_on_htp_within_one_step(tiny, shadow):
+    # HTP computes the float ops (RMSNorm, SiLU) and the dequantized MatMul in its own precision, so
+    # outputs differ from the reference by rounding, bounded by one output quantization step.
+    plan = tiny_plan(tiny, shadow)
+    be = NpuBackend(tiny, plan, 16, lane=QnnHtpLane())
+    ref = QuantizedBackend(tiny.config, tiny.weights, plan)
+    g = torch.Generator().manual_seed(0)
+    h, a = torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g) * 0.5
+    for layer in range(2):
+        for got, want in zip(be.qkv(layer, h), ref.qkv(layer, h)):
+            assert float((got - want).abs().max()) <= _step(want)
+        want = ref.o_ffn(layer, a, h)
+        assert float((be.o_ffn(layer, a, h) - want).abs().max()) <= _step(want)
