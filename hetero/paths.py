@@ -10,6 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+# Device profiles shipped with the source tree (DESIGN.md: `profiles/`); tables of equivalent shapes
+# (§4, optimisation 1) sit in its `shapes/` subfolder.
+PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
+
+
 def cache_dir() -> Path:
     """The user cache: `$HETERO_CACHE`, else `~/.cache/hetero`."""
     root = os.environ.get("HETERO_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hetero")

@@ -24,7 +24,7 @@ import torch
 from hetero.errors import ConfigError
 from hetero.loader import Model
 from hetero.npu import export
-from hetero.npu.lanes import Graph, OrtCpuLane, PrepareInfo, make_lane, prepare_graph
+from hetero.npu.lanes import Graph, OrtCpuLane, make_lane, prepare_graph
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import json
 import logging
 import shutil

@@ -126,14 +126,14 @@ def run_hub_profile(args: argparse.Namespace) -> int:
 
     from hetero.errors import ConfigError
     from hetero.npu.hub import _slug, profile_on_hub
-    from hetero.npu.shapes import profiles_dir
+    from hetero.paths import PROFILES_DIR
     from hetero.sched.profile import save_profile
 
     if not args.device:
         raise ConfigError("--hub needs --device NAME (an AI Hub device, e.g. 'Samsung Galaxy S24')")
     model = _model(args)
     prof = profile_on_hub(model, load_plan(model), args.hub_chunks, args.device)
-    out = Path(args.hub_out) if args.hub_out else profiles_dir() / f"hub-{_slug(args.device)}.json"
+    out = Path(args.hub_out) if args.hub_out else PROFILES_DIR / f"hub-{_slug(args.device)}.json"
     save_profile(prof, out)
     print(f"wrote {out}")
     return 0

@@ -3,7 +3,7 @@
 A linear over [C, K] gives the same result on [a, b, K] with a·b = C (every op of a static subgraph is
 row-wise); NPUs often prefer some shapes (the paper: 32×32×2048 is 1.62× faster than 1024×1×2048).
 `profile_shapes` times each candidate graph of one layer and records, per (lane, kind, C), the winner
-in `profiles/equivalent_shapes_<host>.json`; `NpuBackend(shape="auto")` reads it (`recorded_shape`).
+in `profiles/shapes/equivalent_shapes_<host>.json`; `NpuBackend(shape="auto")` reads it (`recorded_shape`).
 The 1×1 Conv2d candidate is not profiled yet (`constraints.QNN_NOT_YET`).
 
 JSON (version 1): {"version": 1, "host": ..., "entries": [{"lane", "kind", "chunk_len", "winner",
@@ -23,17 +23,13 @@ import torch
 
 from hetero.npu import export
 from hetero.npu.lanes import prepare_graph
-from hetero.paths import atomic_path
+from hetero.paths import PROFILES_DIR, atomic_path
 
 SHAPES_VERSION = 1
 
 
-def profiles_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "profiles"
-
-
 def shapes_path(host: str | None = None) -> Path:
-    return profiles_dir() / f"equivalent_shapes_{host or socket.gethostname()}.json"
+    return PROFILES_DIR / "shapes" / f"equivalent_shapes_{host or socket.gethostname()}.json"
 
 
 def candidates(chunk: int) -> list[str]:

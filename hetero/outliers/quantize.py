@@ -70,3 +70,37 @@ def int8_linear(x: np.ndarray, s_x: float, w: QuantWeight, bias: np.ndarray | No
     acc = int8_matmul(quantize_act(x, s_x), w)
     y = acc.astype(np.float32) * np.float32(np.float32(s_x) * np.float32(w.scale))
     return y if bias is None else y + bias.astype(np.float32)
+
+
+# ------------------------------------------------------------------ extension: per-output-channel weights
+# Not the paper's default (§3.3 keeps everything per tensor), but free on NPUs that take axis-quantized
+# weights (QNN HTP, ONNX DequantizeLinear(axis=0)): the int32 accumulation is the same MatMulInteger, only
+# the final multiply becomes one float32 scale per output column. Activations stay per tensor.
+
+
+@dataclass(frozen=True, slots=True)
+class QuantWeightPerChannel:
+    """An INT8 weight with one symmetric scale per output row, [out, in]."""
+
+    q: np.ndarray  # int8 [out, in]
+    scales: np.ndarray  # float32 [out]: s_w[o] = absmax(W[o]) / 127
+
+    def dequantize(self) -> np.ndarray:
+        return self.q.astype(np.float32) * self.scales.astype(np.float32)[:, None]
+
+
+def quantize_weight_per_channel(w: np.ndarray) -> QuantWeightPerChannel:
+    """q[o] = rint(W[o] / s_w[o]), s_w[o] = absmax(W[o]) / 127 (rows of zeros get s = 1)."""
+    w = np.asarray(w, dtype=np.float32)
+    amax = np.abs(w).max(axis=1) if w.size else np.zeros(w.shape[0], np.float32)
+    s = np.where(amax > 0, amax / np.float32(W_QMAX), 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / s[:, None]), -W_QMAX, W_QMAX).astype(np.int8)
+    return QuantWeightPerChannel(q, s)
+
+
+def int8_linear_per_channel(x: np.ndarray, s_x: float, w: QuantWeightPerChannel, bias: np.ndarray | None = None) -> np.ndarray:
+    """float32(int32 acc) · float32(s_x · s_w[o]) (+ bias): the per-channel counterpart of `int8_linear`."""
+    a = quantize_act(x, s_x).astype(np.int32) - ACT_ZERO_POINT
+    acc = a @ w.q.astype(np.int32).T
+    y = acc.astype(np.float32) * (np.float32(s_x) * w.scales.astype(np.float32))
+    return y if bias is None else y + bias.astype(np.float32)

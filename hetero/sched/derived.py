@@ -8,6 +8,7 @@ JSON; profiles/README.md repeats it. Regenerate with ``python -m hetero.sched.de
 from __future__ import annotations
 
 from hetero.sched.profile import CostEntry, Profile, save_profile
+from hetero.paths import PROFILES_DIR
 
 # Qwen1.5-1.8B (HF config): 24 layers, hidden 2048, 16 heads x 128 (MHA: 16 KV heads), FFN 5504.
 N_LAYERS, HIDDEN, FFN = 24, 2048, 5504
@@ -69,7 +70,6 @@ def derive_8gen3_profile() -> Profile:
 
 
 if __name__ == "__main__":
-    from pathlib import Path
 
-    out = Path(__file__).resolve().parents[2] / "profiles" / "snapdragon_8gen3_qwen1.5-1.8b.json"
+    out = PROFILES_DIR / "snapdragon_8gen3_qwen1.5-1.8b.json"
     print(save_profile(derive_8gen3_profile(), out))

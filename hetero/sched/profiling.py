@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from hetero.errors import ConfigError
 from hetero.sched.profile import DEFAULT_LAYER, CostEntry, Profile
+from hetero.paths import PROFILES_DIR
 
 CHUNK_LENS = (32, 64, 128, 256, 512)
 KV_LENS = (256, 512, 1024, 2048, 4096)
@@ -141,7 +142,7 @@ def profile_command(out_path: str | None = None, run_subgraph: RunSubgraph | Non
     name = Path(out_path).stem if out_path else host_slug()
     prof = measure_profile(run_subgraph, kinds, lanes, chunk_lens, kv_lens, repeats, name=name, n_layers=n_layers,
                            layer_subgraphs=layer_subgraphs, metadata=meta, log=log)
-    out = Path(out_path) if out_path else Path(__file__).resolve().parents[2] / "profiles" / f"{name}.json"
+    out = Path(out_path) if out_path else PROFILES_DIR / f"{name}.json"
     save_profile(prof, out)
     if log is not None:
         log(f"wrote {out}")

@@ -7,12 +7,12 @@ This is the bridge between the runtime (which owns the tensors and executes G[i]
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import networkx as nx
 
 from hetero.errors import ConfigError
+from hetero.paths import PROFILES_DIR
 from hetero.sched.dag import CompiledDag, build_dag, compile_dag
 from hetero.sched.executor import Executor
 from hetero.sched.policy import POLICIES
@@ -20,8 +20,6 @@ from hetero.sched.profile import Profile, load_profile
 from hetero.sched.schedule import Schedule
 
 log = logging.getLogger(__name__)
-
-PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
 
 
 def host_profile() -> Profile:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from hetero.sched.schedule import Schedule
+from hetero.paths import PROFILES_DIR
 
 
 def draw_timeline(ax, schedule: Schedule, title: str = "") -> None:
@@ -84,7 +85,7 @@ def timeline_command(profile_path: str | os.PathLike | None, prompt_len: int, ch
 
     get_policy(policy)  # ConfigError on a bad name, before any work
     if profile_path is None:
-        profile_path = Path(__file__).resolve().parents[2] / "profiles" / "snapdragon_8gen3_qwen1.5-1.8b.json"
+        profile_path = PROFILES_DIR / "snapdragon_8gen3_qwen1.5-1.8b.json"
     profile = load_profile(profile_path)
     sched = simulate(compiled_prefill_dag(profile, prompt_len, chunk), policy)
     plot_timeline(sched, out_png, title or f"{prompt_len} tokens, policy {policy}")

@@ -1,0 +1,1 @@
+"""Small public-domain text excerpts for calibration and evaluation (see README.md)."""

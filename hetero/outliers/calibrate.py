@@ -1,0 +1,313 @@
+"""Calibration: activation statistics of every linear's input on real text (mllm-NPU §3.3, offline profiling).
+
+The float model runs over a corpus in fixed windows; for each (layer, site) (`plan.SITES`) we record
+
+- absmax, median |x|, and high percentiles of |x| and of both tails of x (`PERCENTILES`), from a
+  log-spaced histogram (1/64 octave, ≈1% resolution) filled in a first pass;
+- per channel: max |x|, and how often |x| exceeds each candidate threshold t_p = percentile p of |x|
+  (second pass, since t_p is only known after the first): these are the outlier counts of Fig. 11 and
+  the source of hot channels;
+- importance_p = absmax / s_p with s_p = t_p / 127 (§3.3: "the ratio between the largest outlier and the
+  quantization scale"), ranked by `pruning.py`.
+
+Everything lands in one versioned `.npz` next to the model's cache entry
+(`cache_dir()/models/<fingerprint>/calibration.npz`), written atomically and validated on load
+(version, model fingerprint, layer count, channel counts). Nothing calibrates at prefill time.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hetero import model as ref
+from hetero.errors import ConfigError, ModelFormatError
+from hetero.outliers.corpus import DEFAULT_CALIBRATION, corpus_id, load_corpus
+from hetero.outliers.plan import SITES
+from hetero.paths import atomic_path, cache_dir
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_VERSION = 1
+PERCENTILES = (99.9, 99.99, 99.999, 100.0)  # candidate clipping points of |x|; 100 = absmax
+DEFAULT_TOKENS = 4096
+DEFAULT_WINDOW = 512
+_LOG2_LO, _LOG2_HI, _BINS_PER_OCTAVE = -24.0, 16.0, 64
+_NBINS = int((_LOG2_HI - _LOG2_LO) * _BINS_PER_OCTAVE)
+
+
+def site_dims(cfg) -> dict[str, int]:
+    """Input width of each site."""
+    return {"attn_in": cfg.hidden, "o_in": cfg.q_dim, "ffn_in": cfg.hidden, "down_in": cfg.ffn}
+
+
+@dataclass(frozen=True, slots=True)
+class SiteStats:
+    """Calibrated statistics of one site's activations x [tokens, channels]."""
+
+    absmax: float
+    median_abs: float
+    pct_abs: tuple[float, ...]  # percentile p of |x| for p in PERCENTILES
+    pct_pos: tuple[float, ...]  # upper tail: value v with P(x > v) = 1 - p/100
+    pct_neg: tuple[float, ...]  # lower tail: value v (<= 0) with P(x < v) = 1 - p/100
+    channel_absmax: np.ndarray  # float32 [channels]
+    counts: np.ndarray  # int64 [len(PERCENTILES), channels]: tokens with |x| > pct_abs[p] per channel
+
+    def scale(self, percentile: float) -> float:
+        """Activation scale s that maps the p-th percentile of |x| to 127."""
+        t = self.pct_abs[_pidx(percentile)]
+        return t / 127.0 if t > 0 else 1.0
+
+    def importance(self, percentile: float) -> float:
+        """§3.3: largest outlier / quantization scale (= 127·absmax/t_p)."""
+        return self.absmax / self.scale(percentile)
+
+    def channel_counts(self, percentile: float) -> np.ndarray:
+        return self.counts[_pidx(percentile)]
+
+
+def _pidx(percentile: float) -> int:
+    for i, p in enumerate(PERCENTILES):
+        if abs(p - percentile) < 1e-9:
+            return i
+    raise ConfigError(f"percentile must be one of the calibrated {PERCENTILES}, got {percentile!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationStats:
+    """Calibration of one model on one corpus: `sites[(layer, site)]` for every layer and site."""
+
+    model_fingerprint: str
+    model_name: str
+    n_layers: int
+    dims: dict[str, int]  # site -> channels
+    corpus: str  # corpus id (name:sha256 prefix)
+    n_tokens: int
+    window: int
+    sites: dict[tuple[int, str], SiteStats]
+    version: int = CALIBRATION_VERSION
+
+    def validate_for(self, model) -> None:
+        """Raise ConfigError unless these statistics belong to `model` (hash and shapes)."""
+        if self.model_fingerprint != model.fingerprint:
+            raise ConfigError(
+                f"calibration is for model {self.model_fingerprint} ({self.model_name}), "
+                f"not for {model.fingerprint} ({model.name}): run `hetero calibrate` for this model"
+            )
+        want = site_dims(model.config)
+        if self.n_layers != model.config.n_layers or self.dims != want:
+            raise ConfigError(f"calibration shapes {self.n_layers} layers {self.dims} do not match the model's "
+                              f"{model.config.n_layers} layers {want}")
+
+    # ------------------------------------------------------------------------- file format
+    def save(self, path: str | Path) -> Path:
+        """Write one .npz (a JSON header + arrays) atomically."""
+        path = Path(path)
+        meta = {
+            "version": self.version, "model_fingerprint": self.model_fingerprint, "model_name": self.model_name,
+            "n_layers": self.n_layers, "dims": self.dims, "corpus": self.corpus, "n_tokens": self.n_tokens,
+            "window": self.window, "percentiles": list(PERCENTILES),
+            "sites": {f"{l}/{s}": {"absmax": st.absmax, "median_abs": st.median_abs, "pct_abs": st.pct_abs,
+                                   "pct_pos": st.pct_pos, "pct_neg": st.pct_neg}
+                      for (l, s), st in self.sites.items()},
+        }
+        arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
+        for (l, s), st in self.sites.items():
+            arrays[f"chmax/{l}/{s}"] = st.channel_absmax.astype(np.float32)
+            arrays[f"counts/{l}/{s}"] = st.counts.astype(np.int64)
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(buf.getvalue())
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, model=None) -> "CalibrationStats":
+        """Read a file written by `save`; with `model`, also check it belongs to that model."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"calibration file {str(path)!r} does not exist: run `hetero calibrate`")
+        try:
+            with np.load(path) as z:
+                meta = json.loads(bytes(z["meta"]).decode())
+                if meta.get("version") != CALIBRATION_VERSION:
+                    raise ConfigError(f"calibration file {path} has version {meta.get('version')!r}, "
+                                      f"expected {CALIBRATION_VERSION}: run `hetero calibrate` again")
+                if tuple(meta["percentiles"]) != PERCENTILES:
+                    raise ConfigError(f"calibration file {path} has percentiles {meta['percentiles']}, expected {PERCENTILES}")
+                sites = {}
+                for key, d in meta["sites"].items():
+                    l, s = key.split("/")
+                    sites[(int(l), s)] = SiteStats(float(d["absmax"]), float(d["median_abs"]), tuple(d["pct_abs"]),
+                                                   tuple(d["pct_pos"]), tuple(d["pct_neg"]),
+                                                   z[f"chmax/{l}/{s}"], z[f"counts/{l}/{s}"])
+        except (OSError, ValueError, KeyError) as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ModelFormatError(f"calibration file {path} is corrupt: {type(e).__name__}: {e}") from e
+        stats = cls(meta["model_fingerprint"], meta["model_name"], int(meta["n_layers"]), dict(meta["dims"]),
+                    meta["corpus"], int(meta["n_tokens"]), int(meta["window"]), sites)
+        for (l, s), st in sites.items():
+            if st.channel_absmax.shape != (stats.dims[s],) or st.counts.shape != (len(PERCENTILES), stats.dims[s]):
+                raise ModelFormatError(f"calibration file {path}: site {l}/{s} arrays have wrong shapes")
+        if model is not None:
+            stats.validate_for(model)
+        return stats
+
+
+def calibration_path(model) -> Path:
+    """Default location: next to the model's cache entry."""
+    return cache_dir() / "models" / model.fingerprint / "calibration.npz"
+
+
+# ----------------------------------------------------------------------------------- the runs
+
+
+def token_windows(tokenizer, text: str, n_tokens: int, window: int) -> list[torch.Tensor]:
+    """The first n_tokens tokens of `text` as non-overlapping windows of `window` (the last may be shorter)."""
+    if n_tokens <= 0 or window <= 1:
+        raise ConfigError(f"tokens must be > 0 and window > 1, got tokens={n_tokens} window={window}")
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) < n_tokens:
+        log.warning("corpus has only %d tokens, fewer than the %d requested", len(ids), n_tokens)
+    ids = torch.tensor(ids[:n_tokens], dtype=torch.long)
+    return [w for w in torch.split(ids, window) if w.numel() > 1]
+
+
+def run_sites(cfg, w, ids: torch.Tensor, observe) -> None:
+    """The float layers over `ids` (no logits), calling observe(layer, site, x) on every site input."""
+    t = ids.shape[0]
+    rope = ref.RopeTable(cfg, t)
+    k_cache = torch.empty(cfg.n_kv_heads, t, cfg.head_dim)
+    v_cache = torch.empty_like(k_cache)
+    h = ref.embed(w, ids)
+    for layer, lw in enumerate(w.layers):
+        x = ref.rms_norm(h, lw.attn_norm, cfg.rms_eps)
+        observe(layer, "attn_in", x)
+        q, k, v = F.linear(x, lw.wq, lw.bq), F.linear(x, lw.wk, lw.bk), F.linear(x, lw.wv, lw.bv)
+        a = ref.attention(cfg, q, k, v, rope, k_cache, v_cache, 0, t)
+        observe(layer, "o_in", a)
+        h = h + F.linear(a, lw.wo)
+        x = ref.rms_norm(h, lw.ffn_norm, cfg.rms_eps)
+        observe(layer, "ffn_in", x)
+        m = F.silu(F.linear(x, lw.w_gate)) * F.linear(x, lw.w_up)
+        observe(layer, "down_in", m)
+        h = h + F.linear(m, lw.w_down)
+
+
+def _hist(v: torch.Tensor) -> torch.Tensor:
+    v = v[v > 0]
+    return torch.histc(torch.log2(v.double()), _NBINS, _LOG2_LO, _LOG2_HI)
+
+
+def _tail_value(hist: np.ndarray, k: float) -> float:
+    """The value above which `k` counts of the (log2-binned) histogram lie, interpolated in log space."""
+    if k <= 0:
+        return float("nan")
+    c = np.cumsum(hist[::-1])  # counts above the lower edge of each bin, from the top
+    i = int(np.searchsorted(c, k))
+    if i >= len(hist):
+        return 0.0
+    b = len(hist) - 1 - i  # bin index
+    above = c[i] - hist[b]  # counts in higher bins
+    frac = (k - above) / hist[b] if hist[b] > 0 else 0.0  # share of bin b needed, from its top
+    edge_hi = _LOG2_LO + (b + 1) / _BINS_PER_OCTAVE
+    return float(2.0 ** (edge_hi - frac / _BINS_PER_OCTAVE))
+
+
+@torch.inference_mode()
+def calibrate(model, text: str, n_tokens: int = DEFAULT_TOKENS, window: int = DEFAULT_WINDOW,
+              corpus: str = "text", progress: bool = True) -> CalibrationStats:
+    """Run the float model over `text` (two passes, see module doc) and return the statistics."""
+    from tqdm import tqdm
+
+    if model.tokenizer is None:
+        raise ConfigError("calibration needs a model with a tokenizer")
+    cfg, w = model.config, model.weights
+    wins = token_windows(model.tokenizer, text, n_tokens, window)
+    n_seen = sum(x.numel() for x in wins)
+    dims = site_dims(cfg)
+    keys = [(l, s) for l in range(cfg.n_layers) for s in SITES]
+    pos = {k: torch.zeros(_NBINS, dtype=torch.float64) for k in keys}
+    neg = {k: torch.zeros(_NBINS, dtype=torch.float64) for k in keys}
+    chmax = {k: torch.zeros(dims[k[1]]) for k in keys}
+    n_zero = dict.fromkeys(keys, 0)
+    xmax = dict.fromkeys(keys, 0.0)  # largest x and largest -x (both tails' extremes)
+    xmin = dict.fromkeys(keys, 0.0)
+    bar = tqdm(total=2 * len(wins), desc="calibrate", unit="win", disable=not progress)
+
+    def first(layer, site, x):
+        k = (layer, site)
+        pos[k] += _hist(x)
+        neg[k] += _hist(-x)
+        n_zero[k] += int((x == 0).sum())
+        chmax[k] = torch.maximum(chmax[k], x.abs().amax(0))
+        xmax[k] = max(xmax[k], float(x.max()))
+        xmin[k] = min(xmin[k], float(x.min()))
+
+    for ids in wins:
+        run_sites(cfg, w, ids, first)
+        bar.update()
+
+    pct: dict[tuple[int, str], dict] = {}
+    for k in keys:
+        hp, hn = pos[k].numpy(), neg[k].numpy()
+        n = hp.sum() + hn.sum() + n_zero[k]
+        ha = hp + hn
+        absmax = float(chmax[k].max())
+        pa = tuple(absmax if p >= 100 else _tail_value(ha, n * (1 - p / 100)) for p in PERCENTILES)
+        pp = tuple(xmax[k] if p >= 100 else _tail_value(hp, n * (1 - p / 100)) for p in PERCENTILES)
+        pn = tuple(xmin[k] if p >= 100 else -_tail_value(hn, n * (1 - p / 100)) for p in PERCENTILES)
+        pct[k] = {"absmax": absmax, "median": _tail_value(ha, n * 0.5), "abs": pa, "pos": pp, "neg": pn}
+    thr = {k: torch.tensor(pct[k]["abs"], dtype=torch.float32) for k in keys}
+    counts = {k: torch.zeros(len(PERCENTILES), dims[k[1]], dtype=torch.int64) for k in keys}
+
+    def second(layer, site, x):
+        k = (layer, site)
+        counts[k] += (x.abs().unsqueeze(0) > thr[k].view(-1, 1, 1)).sum(1)
+
+    for ids in wins:
+        run_sites(cfg, w, ids, second)
+        bar.update()
+    bar.close()
+    sites = {k: SiteStats(pct[k]["absmax"], pct[k]["median"], pct[k]["abs"], pct[k]["pos"], pct[k]["neg"],
+                          chmax[k].numpy().astype(np.float32), counts[k].numpy()) for k in keys}
+    return CalibrationStats(model.fingerprint, model.name, cfg.n_layers, dims, corpus, n_seen, window, sites)
+
+
+def ensure_calibration(model, path: str | Path | None = None, corpus: str = DEFAULT_CALIBRATION,
+                       n_tokens: int = DEFAULT_TOKENS, window: int = DEFAULT_WINDOW,
+                       progress: bool = False) -> CalibrationStats:
+    """The cached calibration of `model` (validated), computing and saving it first if there is none."""
+    path = Path(path) if path is not None else calibration_path(model)
+    if path.is_file():
+        return CalibrationStats.load(path, model)
+    log.info("no calibration at %s: calibrating %s on %s (%d tokens)", path, model.name, corpus, n_tokens)
+    text = load_corpus(corpus)
+    stats = calibrate(model, text, n_tokens, window, corpus_id(corpus, text), progress=progress)
+    stats.save(path)
+    return stats
+
+
+def load_calibration(model, path: str | Path | None = None) -> CalibrationStats:
+    """Load and validate the calibration of `model` (default: its cache entry)."""
+    return CalibrationStats.load(path if path is not None else calibration_path(model), model)
+
+
+def summary(stats: CalibrationStats, percentile: float = 99.99) -> list[dict]:
+    """One row per site for tables/plots: absmax, median, scale, importance, outlier channels."""
+    rows = []
+    for (l, s), st in sorted(stats.sites.items()):
+        cnt = st.channel_counts(percentile)
+        rows.append({"layer": l, "site": s, "absmax": st.absmax, "median_abs": st.median_abs,
+                     "scale": st.scale(percentile), "importance": st.importance(percentile),
+                     "outlier_channels": int((cnt > 0).sum()), "outliers": int(cnt.sum()),
+                     "channels": int(cnt.size)})
+    return rows

@@ -1,0 +1,55 @@
+"""Real text for calibration and evaluation, shipped in `hetero/data/` (see its README for provenance).
+
+Calibrate on one corpus, evaluate on another (mllm-NPU §3.3 profiles on "large corpora" offline): the
+two excerpts are disjoint public-domain texts, read with importlib.resources and checked by sha256 so a
+damaged install fails loudly instead of silently changing every perplexity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from hetero.errors import ConfigError, ModelFormatError
+
+
+@dataclass(frozen=True, slots=True)
+class CorpusInfo:
+    """One shipped excerpt."""
+
+    file: str  # inside hetero/data/
+    sha256: str
+    use: str  # "calibration" | "evaluation"
+    description: str
+
+
+CORPORA: dict[str, CorpusInfo] = {
+    "sotu": CorpusInfo("sotu_2016_2021.txt", "3acc466ad5dc1393c3f3f8f516a371efb51e3ee5e9f2a24101e5060a7c48b056",
+                       "calibration", "US State of the Union addresses 2016-2021 (public domain)"),
+    "austen": CorpusInfo("austen_emma.txt", "c3cbbd75bee4edae9d00760311f2c63a0e2f8673c6c5b011ef366c6a6b10b652",
+                         "evaluation", "Jane Austen, Emma, vol. I ch. I-XIII (public domain)"),
+}
+DEFAULT_CALIBRATION = "sotu"
+DEFAULT_EVALUATION = "austen"
+
+
+def load_corpus(name: str) -> str:
+    """The text of a shipped corpus (`CORPORA`) or of a UTF-8 file path; shipped ones are sha256-checked."""
+    info = CORPORA.get(name)
+    if info is None:
+        p = Path(name).expanduser()
+        if not p.is_file():
+            raise ConfigError(f"corpus must be one of {sorted(CORPORA)} or a text file path, got {name!r}")
+        return p.read_text(encoding="utf-8")
+    data = resources.files("hetero.data").joinpath(info.file).read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != info.sha256:
+        raise ModelFormatError(f"corpus {name!r} ({info.file}) is damaged: sha256 {digest[:16]}…, expected {info.sha256[:16]}…")
+    return data.decode("utf-8")
+
+
+def corpus_id(name: str, text: str) -> str:
+    """A short content id of a corpus text (name + sha256 prefix), recorded with calibration results."""
+    return f"{Path(name).name}:{hashlib.sha256(text.encode('utf-8')).hexdigest()[:12]}"

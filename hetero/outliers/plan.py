@@ -1,0 +1,178 @@
+"""The quantization plan: what the NPU backend needs to run every static linear W8A8 per tensor.
+
+mllm-NPU §3.3. Per decoder layer there are four activation *sites*, each the input of one or more
+linears that share it (so it is quantized once):
+
+    h ─► RMSNorm ─► [attn_in] ─► wq, wk, wv            (subgraph qkv)
+    a ─────────────► [o_in] ────► wo ─► +h ─► RMSNorm ─► [ffn_in] ─► w_gate, w_up
+                               silu(gate)·up ─► [down_in] ─► w_down ─► +h   (subgraph o_ffn)
+
+A site carries the calibrated activation scale s (activations are quantized as clip(rint(x/s), -128,
+127), stored uint8 with zero point 128, `quantize.quantize_act`) and whether its beyond-scale part runs
+as a *shadow* on the CPU (Eq. 1, `hetero.outliers.shadow`). Importance pruning (§3.3, "Most outliers
+can be pruned") keeps the shadow only on the most important sites; the others are plain clipped W8A8.
+Weights are INT8 per tensor (`quantize.quantize_weight`), one scale per linear.
+
+The plan is a pure function of the model and the calibration statistics (`build_plan`); on disk only
+the site table is stored (`to_dict`), the INT8 weights are recomputed deterministically (`from_dict`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hetero.errors import ConfigError
+from hetero.outliers.quantize import QuantWeight, QuantWeightPerChannel, quantize_weight, quantize_weight_per_channel
+
+PLAN_VERSION = 1
+
+SITES = ("attn_in", "o_in", "ffn_in", "down_in")
+SITE_LINEARS: dict[str, tuple[str, ...]] = {
+    "attn_in": ("wq", "wk", "wv"),
+    "o_in": ("wo",),
+    "ffn_in": ("w_gate", "w_up"),
+    "down_in": ("w_down",),
+}
+SITE_BIASES: dict[str, tuple[str | None, ...]] = {  # LayerWeights field of each linear's bias (Qwen2 q/k/v)
+    "attn_in": ("bq", "bk", "bv"),
+    "o_in": (None,),
+    "ffn_in": (None, None),
+    "down_in": (None,),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SiteQuant:
+    """Quantization of one activation site (the shared input of `SITE_LINEARS[site]`).
+
+    Invariant: scale > 0. The NPU part sees clip(rint(x/s), -128, 127); when `shadow` is on, every
+    value beyond [-128·s, 127·s] is extracted at run time (any channel, as the paper's threshold
+    comparison) and multiplied in float on the CPU (Eq. 1).
+    """
+
+    scale: float  # s_x: activations quantized as clip(rint(x/s), -128, 127)
+    # Calibrated outlier channels, most frequent first; () = no shadow (pruned, §3.3): beyond-scale
+    # values are simply clipped. The first `n_hot` are the hot channels whose weight rows stay in RAM.
+    shadow_channels: tuple[int, ...] = ()
+    n_hot: int = 0
+    importance: float = 0.0  # largest calibrated |x| / (127·s) (§3.3, Fig. 12); informational
+
+    def __post_init__(self) -> None:
+        if not (self.scale > 0 and self.scale < float("inf")):
+            raise ConfigError(f"SiteQuant.scale must be a finite value > 0, got {self.scale!r}")
+        if not 0 <= self.n_hot <= len(self.shadow_channels):
+            raise ConfigError(f"SiteQuant.n_hot must be in [0, {len(self.shadow_channels)}], got {self.n_hot}")
+
+    @property
+    def shadow(self) -> bool:
+        return bool(self.shadow_channels)
+
+    @property
+    def hot_channels(self) -> tuple[int, ...]:
+        return self.shadow_channels[: self.n_hot]
+
+    def to_dict(self) -> dict:
+        return {"scale": self.scale, "shadow_channels": list(self.shadow_channels), "n_hot": self.n_hot,
+                "importance": self.importance}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SiteQuant":
+        return cls(float(d["scale"]), tuple(int(c) for c in d["shadow_channels"]), int(d.get("n_hot", 0)),
+                   float(d.get("importance", 0.0)))
+
+
+@dataclass(frozen=True, slots=True)
+class QuantPlan:
+    """Everything a W8A8 backend needs: site scales/shadows and the INT8 weights of every linear."""
+
+    sites: dict[tuple[int, str], SiteQuant]  # (layer, site) -> activation quantization
+    # (layer, linear name) -> INT8 weight [out, in]: per tensor (QuantWeight, the paper's and the default)
+    # or per output channel (QuantWeightPerChannel) when weight_granularity == "channel"
+    weights: dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]
+    model_fingerprint: str = ""
+    method: str = "w8a8-shadow"  # how the scales were chosen (for provenance)
+    prune_fraction: float = 0.0
+    meta: dict = field(default_factory=dict)
+    weight_granularity: str = "tensor"  # "tensor" | "channel"
+
+    @property
+    def n_layers(self) -> int:
+        return 1 + max(layer for layer, _ in self.sites)
+
+    def shadow_sites(self) -> list[tuple[int, str]]:
+        """Sites whose outliers run on the CPU (the ones importance pruning kept)."""
+        return sorted(k for k, sq in self.sites.items() if sq.shadow)
+
+    def to_dict(self) -> dict:
+        """The site table only (weights are recomputed from the model in `from_dict`)."""
+        return {
+            "version": PLAN_VERSION,
+            "model_fingerprint": self.model_fingerprint,
+            "method": self.method,
+            "prune_fraction": self.prune_fraction,
+            "meta": self.meta,
+            "weight_granularity": self.weight_granularity,
+            "sites": [{"layer": layer, "site": site, **sq.to_dict()} for (layer, site), sq in sorted(self.sites.items())],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, model) -> "QuantPlan":
+        """Rebuild a plan saved by `to_dict` for `model` (validated: version, fingerprint, layers)."""
+        if d.get("version") != PLAN_VERSION:
+            raise ConfigError(f"quantization plan version must be {PLAN_VERSION}, got {d.get('version')!r}")
+        fp = d.get("model_fingerprint", "")
+        if fp and fp != model.fingerprint:
+            raise ConfigError(
+                f"quantization plan is for model {fp}, but the model given is {model.fingerprint} ({model.name})"
+            )
+        sites = {(int(e["layer"]), str(e["site"])): SiteQuant.from_dict(e) for e in d["sites"]}
+        _check_sites(sites, model.config.n_layers)
+        wg = d.get("weight_granularity", "tensor")
+        return cls(sites, quantize_weights(model, wg), model.fingerprint, d.get("method", ""),
+                   float(d.get("prune_fraction", 0.0)), dict(d.get("meta", {})), wg)
+
+
+def _check_sites(sites: dict[tuple[int, str], SiteQuant], n_layers: int) -> None:
+    want = {(layer, s) for layer in range(n_layers) for s in SITES}
+    if set(sites) != want:
+        missing, extra = sorted(want - set(sites))[:3], sorted(set(sites) - want)[:3]
+        raise ConfigError(f"quantization plan must cover {n_layers} layers x {SITES}; missing {missing}, extra {extra}")
+
+
+def quantize_weights(model, granularity: str = "tensor") -> dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]:
+    """INT8 weight of every linear of every layer: per tensor (`quantize.quantize_weight`, default) or
+    per output channel (`quantize.quantize_weight_per_channel`)."""
+    if granularity not in ("tensor", "channel"):
+        raise ConfigError(f"weight_granularity must be 'tensor' or 'channel', got {granularity!r}")
+    fn = quantize_weight if granularity == "tensor" else quantize_weight_per_channel
+    out: dict[tuple[int, str], QuantWeight | QuantWeightPerChannel] = {}
+    for layer, lw in enumerate(model.weights.layers):
+        for names in SITE_LINEARS.values():
+            for name in names:
+                out[(layer, name)] = fn(getattr(lw, name).detach().cpu().numpy())
+    return out
+
+
+def plan_from_scales(
+    model,
+    scales: dict[tuple[int, str], float],
+    shadow: dict[tuple[int, str], tuple[int, ...]] | None = None,
+    method: str = "manual",
+) -> QuantPlan:
+    """A plan from explicit per-site scales (tests, baselines); `shadow` maps sites to their channels."""
+    shadow = shadow or {}
+    sites = {k: SiteQuant(float(s), tuple(shadow.get(k, ())), len(shadow.get(k, ()))) for k, s in scales.items()}
+    _check_sites(sites, model.config.n_layers)
+    return QuantPlan(sites, quantize_weights(model), model.fingerprint, method)
+
+
+def build_plan(model, calibration=None, prune_fraction: float = 0.85, **options) -> QuantPlan:
+    """The default hetero plan from calibration statistics (see `hetero.outliers.pruning.build_plan`).
+
+    `calibration`: a `CalibrationStats`, or None to load the cached calibration of `model`
+    (`hetero.outliers.calibrate.load_calibration`). prune_fraction: share of sites whose shadow is
+    dropped, least important first (§3.3: 0.85).
+    """
+    from hetero.outliers.pruning import build_plan as _build
+
+    return _build(model, calibration, prune_fraction=prune_fraction, **options)

@@ -1,0 +1,206 @@
+"""Shadow outlier execution (mllm-NPU §3.3, Eq. 1): W8A8 per tensor on the NPU + float outliers on the CPU.
+
+Eq. 1 splits one matmul by the associative law. With s the calibrated activation scale of a site and
+W_q, s_w the INT8 per-tensor weight (W_deq = s_w·W_q):
+
+    x·W_deqᵀ ≈ s·clip(rint(x/s), -128, 127)·W_deqᵀ      NPU: INT8 MatMul, int32 accumulation
+             +  r[:, c]·W_deq[:, c]ᵀ                      CPU: float, only the outlier channels c
+    with r = x − clip(x, −128·s, 127·s)                  (zero except beyond the INT8 range)
+
+so NPU part + shadow part = the matmul of x quantized *without clipping* (values inside the range are
+rounded to the grid s, values beyond it are kept exactly). The paper writes the shadow matmul with the
+INT8 weights w; we do the same with their dequantized rows W_deq[:, c] (a float copy of the weights on
+the CPU, §3.3), which makes the decomposition an identity that `tests/outliers/test_shadow.py` checks.
+The outlier channels c are found at run time by comparing with the threshold (any channel may have an
+outlier); the hot-channel store (`hotstore.py`) decides which rows come from RAM and which from disk.
+
+`QuantizedBackend` composes this per site and keeps the float operations between the linears (RMSNorm,
+residual, SiLU·mul) exactly as `hetero.model`; it is *the* reference the ONNX graphs of `hetero.npu`
+must match: its INT8 part equals `quantize.int8_linear` bit for bit. An NPU backend can subclass it and
+override `linear_int8` (the NPU part), or call `shadow_correction` for the CPU part of a site.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hetero import model as ref
+from hetero.config import ModelConfig
+from hetero.model import Weights
+from hetero.outliers.plan import SITE_BIASES, SITE_LINEARS, QuantPlan, SiteQuant
+from hetero.outliers.quantize import (
+    ACT_QMAX,
+    ACT_QMIN,
+    ACT_ZERO_POINT,
+    QuantWeight,
+    QuantWeightPerChannel,
+    quantize_act,
+)
+
+# float32 sums of integers are exact while every partial sum stays below 2^24: |a·w| <= 128·127, so a
+# K-block of at most 2^24 / (128·127) = 1032 channels is exact in any summation order (BLAS included).
+_EXACT_K = (1 << 24) // (128 * 127)
+
+
+def quantize_act_torch(x: torch.Tensor, s: float) -> torch.Tensor:
+    """int8 activation values q = clip(rint(x/s), -128, 127) as float32 [T, in] (via `quantize_act`)."""
+    u8 = quantize_act(x.detach().cpu().numpy(), s)
+    return torch.from_numpy(u8.astype(np.float32) - np.float32(ACT_ZERO_POINT))
+
+
+def int8_acc(q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
+    """Exact int32 accumulator q @ w_qᵀ ([T, in] × [out, in] → [T, out], float64 holding integers).
+
+    q, w_q: float32 tensors holding int8 values. Equals `quantize.int8_matmul` bit for bit: each
+    K-block of <= 1032 channels is exact in float32, the blocks are summed in float64 (|acc| < 2^53).
+    """
+    k = q.shape[-1]
+    if k <= _EXACT_K:
+        return (q @ w_q.T).double()
+    acc = torch.zeros(q.shape[0], w_q.shape[0], dtype=torch.float64)
+    for lo in range(0, k, _EXACT_K):
+        acc += (q[:, lo : lo + _EXACT_K] @ w_q[:, lo : lo + _EXACT_K].T).double()
+    return acc
+
+
+def output_scale(s_x: float, w: QuantWeight | QuantWeightPerChannel) -> np.float32 | np.ndarray:
+    """The float32 multiplier s_x·s_w of a quantized linear, exactly as `quantize.int8_linear`
+    (a float32 [out] vector for per-channel weights, as `quantize.int8_linear_per_channel`)."""
+    if isinstance(w, QuantWeightPerChannel):
+        return np.float32(s_x) * w.scales.astype(np.float32)
+    return np.float32(np.float32(s_x) * np.float32(w.scale))
+
+
+def npu_part(
+    x: torch.Tensor, s: float, weights: Sequence[QuantWeight | QuantWeightPerChannel], biases: Sequence[torch.Tensor | None] = ()
+) -> list[torch.Tensor]:
+    """W8A8 per-tensor linears sharing the input x [T, in]: float32(acc)·(s·s_w) (+ bias), one per weight.
+
+    Bit-identical to `[quantize.int8_linear(x, s, w, b) for w, b in zip(weights, biases)]`
+    (`int8_linear_per_channel` for per-channel weights).
+    """
+    q = quantize_act_torch(x, s)
+    w_q = torch.from_numpy(np.concatenate([w.q for w in weights], axis=0).astype(np.float32))
+    y = int8_acc(q, w_q).float()  # int32 -> float32 and float64 -> float32 round alike (exact ints)
+    outs = list(torch.split(y, [w.q.shape[0] for w in weights], dim=1))
+    biases = list(biases) + [None] * (len(weights) - len(biases))
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        outs[i] = outs[i] * torch.from_numpy(np.asarray(output_scale(s, w)))
+        if b is not None:
+            outs[i] = outs[i] + b.float()
+    return outs
+
+
+def split_outliers(x: torch.Tensor, s: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The beyond-scale part of x as a compact dense tensor (Eq. 1, `extract`).
+
+    Returns (channels, r): channels int64 [k], the input channels where some |x| lies beyond the INT8
+    range [-128·s, 127·s]; r float32 [T, k] = x − clip(x, −128·s, 127·s) on those channels.
+    """
+    lo, hi = ACT_QMIN * float(s), ACT_QMAX * float(s)
+    r = x - x.clamp(lo, hi)
+    channels = torch.nonzero((r != 0).any(dim=0)).flatten()
+    return channels, r[:, channels].contiguous()
+
+
+class ShadowRows(Protocol):
+    """Where the CPU gets the float weight rows of outlier channels: W_deqᵀ rows [k, out_total] of a site."""
+
+    def rows(self, layer: int, site: str, channels: torch.Tensor) -> torch.Tensor: ...
+
+
+class DenseRows:
+    """All rows in RAM: W_deqᵀ of every site, [in, Σ out] (the paper's full float copy, before §3.3's store)."""
+
+    def __init__(self, plan: QuantPlan):
+        self.plan = plan
+        self._cache: dict[tuple[int, str], torch.Tensor] = {}
+
+    def rows(self, layer: int, site: str, channels: torch.Tensor) -> torch.Tensor:
+        key = (layer, site)
+        if key not in self._cache:
+            self._cache[key] = site_rows(self.plan, layer, site)
+        return self._cache[key][channels]
+
+
+def site_rows(plan: QuantPlan, layer: int, site: str) -> torch.Tensor:
+    """W_deqᵀ of all linears of a site, concatenated along outputs: float32 [in, Σ out]."""
+    mats = [plan.weights[(layer, n)].dequantize() for n in SITE_LINEARS[site]]
+    return torch.from_numpy(np.ascontiguousarray(np.concatenate(mats, axis=0).T))
+
+
+def shadow_part(x: torch.Tensor, sq: SiteQuant, w_rows) -> torch.Tensor | None:
+    """The CPU side of Eq. 1 for one site: r[:, c] @ W_deq[:, c]ᵀ → [T, Σ out], or None if nothing to do.
+
+    w_rows: a [in, Σ out] tensor (all rows, e.g. `site_rows`) or a callable channels -> [k, Σ out]
+    (a hot-channel store). Returns None when the site is pruned or no value lies beyond the scale.
+    """
+    if not sq.shadow:
+        return None
+    channels, r = split_outliers(x, sq.scale)
+    if channels.numel() == 0:
+        return None
+    rows = w_rows[channels] if isinstance(w_rows, torch.Tensor) else w_rows(channels)
+    return r @ rows
+
+
+class QuantizedBackend:
+    """W8A8 per-tensor static subgraphs with shadow outliers: the reference the NPU graphs match.
+
+    Per site: `linear_int8` (the NPU part, `npu_part`) + `shadow_correction` (the CPU part,
+    `shadow_part`); the float operations between linears are those of `hetero.model`. `rows` supplies
+    the float weight rows of outlier channels (default: all in RAM; `hotstore.HotChannelStore` keeps
+    only hot rows in RAM). `stats`, if given, is a dict that counts shadow work per site.
+    """
+
+    name = "w8a8-shadow"
+
+    def __init__(self, cfg: ModelConfig, weights: Weights, plan: QuantPlan, rows: ShadowRows | None = None):
+        self.cfg, self.weights, self.plan = cfg, weights, plan
+        self.rows = rows if rows is not None else DenseRows(plan)
+        self.stats: dict[tuple[int, str], list[int]] | None = None  # (layer, site) -> [calls, channels]
+
+    # ----------------------------------------------------------------- per site: NPU part + CPU part
+    def linear_int8(self, layer: int, site: str, x: torch.Tensor) -> list[torch.Tensor]:
+        """NPU part: the INT8 linears of `site` on x [T, in] (bias included), one [T, out] per linear."""
+        lw = self.weights.layers[layer]
+        ws = [self.plan.weights[(layer, n)] for n in SITE_LINEARS[site]]
+        bs = [getattr(lw, b) if b else None for b in SITE_BIASES[site]]
+        return npu_part(x, self.plan.sites[(layer, site)].scale, ws, bs)
+
+    def shadow_correction(self, layer: int, site: str, x: torch.Tensor) -> list[torch.Tensor] | None:
+        """CPU part: the float outlier matmul of `site`, split per linear, or None (pruned / no outlier)."""
+        sq = self.plan.sites[(layer, site)]
+        y = shadow_part(x, sq, lambda c: self.rows.rows(layer, site, c))
+        if self.stats is not None and sq.shadow:
+            st = self.stats.setdefault((layer, site), [0, 0])
+            st[0] += 1
+            st[1] += 0 if y is None else int((x.abs() > sq.scale * ACT_QMAX).any(0).sum())
+        if y is None:
+            return None
+        return list(torch.split(y, [self.plan.weights[(layer, n)].q.shape[0] for n in SITE_LINEARS[site]], dim=1))
+
+    def site_linear(self, layer: int, site: str, x: torch.Tensor) -> list[torch.Tensor]:
+        ys = self.linear_int8(layer, site, x)
+        extra = self.shadow_correction(layer, site, x)
+        return ys if extra is None else [y + e for y, e in zip(ys, extra)]
+
+    # ------------------------------------------------------------------------ LayerBackend
+    def qkv(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = ref.rms_norm(h, self.weights.layers[layer].attn_norm, self.cfg.rms_eps)
+        q, k, v = self.site_linear(layer, "attn_in", x)
+        return q, k, v
+
+    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        lw = self.weights.layers[layer]
+        (o,) = self.site_linear(layer, "o_in", a)
+        h = h + o
+        x = ref.rms_norm(h, lw.ffn_norm, self.cfg.rms_eps)
+        gate, up = self.site_linear(layer, "ffn_in", x)
+        (down,) = self.site_linear(layer, "down_in", F.silu(gate) * up)
+        return h + down

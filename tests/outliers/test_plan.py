@@ -1,0 +1,41 @@
+"""QuantPlan round trip and validation (hetero/outliers/plan.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hetero.errors import ConfigError
+from hetero.outliers.plan import SITES, QuantPlan, SiteQuant, plan_from_scales
+
+
+def test_round_trip(tiny):
+    scales = {(l, s): 0.01 * (l + 1) for l in range(2) for s in SITES}
+    plan = plan_from_scales(tiny, scales, {(1, "down_in"): (5, 3)})
+    d = json.loads(json.dumps(plan.to_dict()))
+    back = QuantPlan.from_dict(d, tiny)
+    assert back.sites == plan.sites
+    assert back.shadow_sites() == [(1, "down_in")]
+    for k, qw in plan.weights.items():
+        assert np.array_equal(back.weights[k].q, qw.q) and back.weights[k].scale == qw.scale
+
+
+def test_wrong_model_and_version_rejected(tiny, make_tiny):
+    plan = plan_from_scales(tiny, {(l, s): 0.1 for l in range(2) for s in SITES})
+    other = make_tiny(fingerprint="ffffffffffffffff")
+    with pytest.raises(ConfigError, match="plan is for model"):
+        QuantPlan.from_dict(plan.to_dict(), other)
+    with pytest.raises(ConfigError, match="version"):
+        QuantPlan.from_dict({**plan.to_dict(), "version": 99}, tiny)
+    with pytest.raises(ConfigError, match="must cover"):
+        plan_from_scales(tiny, {(0, "attn_in"): 0.1})
+
+
+def test_site_quant_validates():
+    with pytest.raises(ConfigError, match="scale"):
+        SiteQuant(0.0)
+    with pytest.raises(ConfigError, match="n_hot"):
+        SiteQuant(1.0, (1,), 2)
+    assert SiteQuant(1.0, (4, 2, 9), 2).hot_channels == (4, 2)

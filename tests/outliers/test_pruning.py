@@ -1,0 +1,59 @@
+"""Importance ranking, pruning selection, hot channels, build_plan (hetero/outliers/pruning.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetero.errors import ConfigError
+from hetero.outliers.calibrate import PERCENTILES, CalibrationStats, SiteStats, site_dims
+from hetero.outliers.plan import SITES
+from hetero.outliers.pruning import build_plan, hot_channels, kept_sites, rank_sites
+
+
+def fake_stats(model, importance):
+    dims = site_dims(model.config)
+    sites = {}
+    for (l, s), imp in importance.items():
+        counts = np.zeros((len(PERCENTILES), dims[s]), dtype=np.int64)
+        counts[:, :3] = [[50, 30, 20]] * len(PERCENTILES)
+        counts[-1] = 0
+        t = 1.0  # every percentile threshold at 1.0, absmax sets the importance
+        sites[(l, s)] = SiteStats(imp * t / 127, 0.1, (t, t, t, imp * t / 127), (t,) * 4, (-t,) * 4,
+                                  np.ones(dims[s], np.float32), counts)
+    return CalibrationStats(model.fingerprint, model.name, model.config.n_layers, dims, "fake", 100, 50, sites)
+
+
+@pytest.fixture
+def stats(tiny):
+    imp = {(l, s): 1000.0 + 100 * l + i for l in range(2) for i, s in enumerate(SITES)}
+    imp[(0, "down_in")] = 9000.0
+    return fake_stats(tiny, imp)
+
+
+def test_rank_and_keep(stats):
+    order = rank_sites(stats, 99.99)
+    assert order[0] == (0, "down_in") and order[1] == (1, "down_in")
+    assert kept_sites(stats, 0.75) == {(0, "down_in"), (1, "down_in")}  # round(0.25 · 8) = 2
+    assert kept_sites(stats, 1.0) == set() and len(kept_sites(stats, 0.0)) == 8
+    by_layer = kept_sites(stats, 0.5, granularity="layer")
+    assert by_layer == {(0, s) for s in SITES}  # layer 0 holds the top site
+    with pytest.raises(ConfigError, match="prune_fraction"):
+        kept_sites(stats, 1.5)
+
+
+def test_hot_channels_cover_80_percent():
+    counts = np.array([0, 5, 60, 0, 20, 15])
+    ch, n_hot = hot_channels(counts, 0.8)
+    assert ch == (2, 4, 5, 1) and n_hot == 2  # 60 + 20 = 80 of 100
+    assert hot_channels(np.zeros(4, int)) == ((), 0)
+
+
+def test_build_plan(tiny, stats):
+    plan = build_plan(tiny, stats, prune_fraction=0.75)
+    assert plan.shadow_sites() == [(0, "down_in"), (1, "down_in")]
+    sq = plan.sites[(0, "down_in")]
+    assert sq.shadow_channels == (0, 1, 2) and sq.n_hot == 2 and sq.scale == pytest.approx(1 / 127)
+    assert not plan.sites[(0, "attn_in")].shadow
+    assert set(plan.weights) == {(l, n) for l in range(2) for n in
+                                 ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
