@@ -10,6 +10,7 @@ bench/results/.
 
 Methods: float; naive_w8a8 (per-tensor absmax, no outliers); clipped_w8a8 (calibrated scale, outliers
 clipped); shadow_all (shadow on every site); hetero (shadow on the 15% most important sites, default);
+weights are INT8 per output channel (default), *_w8t rows use the paper's strict per-tensor weights;
 smoothquant (α = 0.5, per tensor), llm_int8 (threshold 6.0), per_group (group 32): the baselines are
 fake-quantized in float32 (accuracy only, no INT8 kernels).
 """
@@ -37,6 +38,7 @@ from hetero.outliers.calibrate import ensure_calibration, token_windows  # noqa:
 from hetero.outliers.corpus import DEFAULT_EVALUATION, corpus_id, load_corpus  # noqa: E402
 from hetero.outliers.hotstore import HotChannelStore  # noqa: E402
 from hetero.outliers.plan import SITES  # noqa: E402
+from hetero.outliers.quantize import ACT_QMAX  # noqa: E402
 from hetero.outliers.pruning import DEFAULT_PERCENTILE, build_plan, rank_sites  # noqa: E402
 from hetero.outliers.shadow import QuantizedBackend  # noqa: E402
 from hetero.paths import atomic_path  # noqa: E402
@@ -106,29 +108,49 @@ def main(argv=None) -> int:
         log(f"  {method:28s} ppl {ppl:9.4f}  ({sec:.0f} s)")
         return ppl
 
+    class CountingBackend(QuantizedBackend):
+        """Also records the shadow width (outlier channels) of every 256-token chunk of every kept site."""
+
+        chunk_channels: list[int]
+
+        def shadow_correction(self, layer, site, x):
+            sq = self.plan.sites[(layer, site)]
+            if sq.shadow:
+                for lo in range(0, x.shape[0], 256):
+                    self.chunk_channels.append(int((x[lo : lo + 256].abs() > sq.scale * ACT_QMAX).any(0).sum()))
+            return super().shadow_correction(layer, site, x)
+
     def plan_backend(plan, store=False):
         rows_src = HotChannelStore(plan) if store and plan.shadow_sites() else None
-        return QuantizedBackend(cfg, w, plan, rows=rows_src), rows_src
+        return CountingBackend(cfg, w, plan, rows=rows_src), rows_src
 
     run("float", None)
     naive = build_plan(model, calib, prune_fraction=1.0, pruned_percentile=100.0, method="naive_w8a8")
     run("naive_w8a8", QuantizedBackend(cfg, w, naive), scale="absmax", shadow_sites=0)
     clipped = build_plan(model, calib, prune_fraction=1.0, pruned_percentile=DEFAULT_PERCENTILE, method="clipped_w8a8")
     run("clipped_w8a8", QuantizedBackend(cfg, w, clipped), scale=f"p{DEFAULT_PERCENTILE}", shadow_sites=0)
-    for method, frac, wg in (("shadow_all", 0.0, "tensor"), ("hetero", 0.85, "tensor"),
-                             ("shadow_all_w8c", 0.0, "channel"), ("hetero_w8c", 0.85, "channel")):
-        plan = build_plan(model, calib, prune_fraction=frac, method=method, weight_granularity=wg)
+    for method, frac, wg, pct in (("shadow_all", 0.0, "channel", DEFAULT_PERCENTILE),
+                                  ("hetero", 0.85, "channel", DEFAULT_PERCENTILE),
+                                  ("shadow_all_w8t", 0.0, "tensor", DEFAULT_PERCENTILE),
+                                  ("hetero_w8t", 0.85, "tensor", DEFAULT_PERCENTILE),
+                                  ("shadow_all_p99.5", 0.0, "channel", 99.5),
+                                  ("hetero_p99.5", 0.85, "channel", 99.5)):
+        plan = build_plan(model, calib, prune_fraction=frac, method=method, weight_granularity=wg, percentile=pct)
         be, store = plan_backend(plan, store=True)
         be.stats = {}
-        run(method, be, scale=f"p{DEFAULT_PERCENTILE}", shadow_sites=len(plan.shadow_sites()), prune_fraction=frac,
-            weights=f"int8 per {wg}")
+        be.chunk_channels = []
+        run(method, be, scale=f"p{pct}", shadow_sites=len(plan.shadow_sites()), prune_fraction=frac,
+            weights=f"int8 per {'output channel' if wg == 'channel' else 'tensor'}")
         calls = sum(v[0] for v in be.stats.values())
         chans = sum(v[1] for v in be.stats.values())
         store_info[method] = {"ram_bytes": store.ram_bytes(), "full_copy_bytes": store.full_copy_bytes(),
                               "memory_saved_pct": 100.0 * (1 - store.ram_bytes() / store.full_copy_bytes()),
                               "row_hits": store.stats.hits, "row_misses": store.stats.misses,
                               "hit_rate": store.stats.hit_rate, "shadow_calls": calls,
-                              "mean_outlier_channels_per_call": chans / calls if calls else 0.0}
+                              "mean_outlier_channels_per_call": chans / calls if calls else 0.0,
+                              "mean_outlier_channels_per_256_chunk_site": float(np.mean(be.chunk_channels))
+                              if be.chunk_channels else 0.0, "shadow_sites": len(plan.shadow_sites())}
+        rows[-1]["shadow_width_per_256_chunk"] = round(store_info[method]["mean_outlier_channels_per_256_chunk_site"], 1)
     run("smoothquant", SmoothQuantBackend(cfg, w, calib, alpha=0.5), alpha=0.5)
     run("llm_int8", LLMInt8Backend(cfg, w, threshold=6.0), threshold=6.0)
     run("per_group", PerGroupBackend(cfg, w, group=32), group=32)
@@ -157,8 +179,12 @@ def main(argv=None) -> int:
         "rows": rows, "prune_sweep": sweep, "hot_channel_store": store_info,
         "outliers": outlier_stats(calib, DEFAULT_PERCENTILE), "importance_ranking": importance,
         "notes": "smoothquant/llm_int8/per_group are fake-quantized in float32 torch; naive/clipped/shadow_all/"
-                 "hetero run the exact INT8 reference (QuantizedBackend). Default plan: shadow sites s = p99.9/127, "
-                 "pruned sites s = p99.999/127 (clipped); *_w8c = the same with per-output-channel INT8 weights.",
+                 "hetero run the exact INT8 reference (QuantizedBackend). Default plan: INT8 weights per output channel "
+                 "(static scales folded into the output dequantization; activations per tensor), shadow sites "
+                 "s = p99.9/127, pruned sites s = p99.999/127 (clipped), 85% of sites pruned by absmax/s; "
+                 "*_w8t = the paper's strict per-tensor INT8 weights; *_p99.5 = shadow sites at s = p99.5/127. "
+                 "shadow_width_per_256_chunk = mean outlier channels (width of the CPU float matmul) per 256-token "
+                 "chunk per kept site.",
     }
     out.mkdir(parents=True, exist_ok=True)
     stem = "accuracy_quick" if args.quick else "accuracy"

@@ -14,8 +14,12 @@ QNN_CONSTRAINTS: dict[str, str] = {
                      "constant (chunk length C), hence chunk-sharing graphs (mllm-NPU §3.2)",
     "per_tensor_act": "activations are quantized per tensor (uint8, zero point 128); per-channel "
                       "activation scales have no fast HTP kernel (mllm-NPU §2.3)",
-    "int8_weights_symmetric": "weights are int8 per tensor with zero point 0 (DequantizeLinear before "
-                              "MatMul), the form the QNN EP folds into a quantized MatMul",
+    "int8_weights_symmetric": "weights are int8 with zero point 0 (DequantizeLinear before MatMul), the "
+                              "form the QNN EP folds into a quantized MatMul",
+    "no_per_axis_matmul_weight": "a per-axis DequantizeLinear feeding MatMul (or Gemm) is rejected by the "
+                                 "QNN EP (onnxruntime-qnn 2.7.0, axis 0/1/-1, rank 2/3, 16-bit activations): "
+                                 "per-output-channel weight scales are applied by a float Mul after the "
+                                 "MatMul (weight DequantizeLinear with scale 1), `export.QNN_PER_AXIS_DQ`",
     "no_matmulinteger": "MatMulInteger/ConvInteger are not QNN ops: on HTP the linear is written as "
                         "QuantizeLinear/DequantizeLinear pairs around a float MatMul (QDQ)",
     "no_fp16_without_soc": "enable_htp_fp16_precision=1 requires soc_model; without it the float ops "

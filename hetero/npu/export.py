@@ -15,11 +15,21 @@ so a layer without shadows has two graphs (`qkv`, `o_ffn`) and one whose `down_i
 
 Two flavours of the same math:
 - "cpu" (ONNX Runtime CPU EP): QuantizeLinear(u8, zp 128) → MatMulInteger(u8 zp 128, weights as u8 =
-  q + 128 with zp 128 [K, N]) → Cast → Mul(s_x·s_w). (u8·s8 is not exact on AVX2: see `_linears`.) Bit-exact with `hetero.outliers.quantize.int8_linear` (int32 accumulation, half-to-even
-  rounding, one float32 scale multiply). Linears sharing an input (Q/K/V, gate/up) are one MatMulInteger
-  over concatenated weights, scaled per column by the same float32 products.
+  q + 128 with zp 128 [K, N]) → Cast → Mul(s_x·s_w). (u8·s8 is not exact on AVX2: see `_linears`.)
+  Bit-exact with `hetero.outliers.quantize.int8_linear` (int32 accumulation, half-to-even rounding, one
+  float32 scale multiply per output column). Linears sharing an input (Q/K/V, gate/up) are one
+  MatMulInteger over concatenated weights, scaled per column by the same float32 products.
 - "qnn" (HTP): QuantizeLinear/DequantizeLinear(u8, zp 128) on the activation and DequantizeLinear(s8,
   zp 0) on each weight around a float MatMul (QDQ), one MatMul per linear (`constraints.QNN_NOT_YET`).
+
+Weights are per output channel by default (`quantize` module doc): their scales are static, so they fold
+into the output dequantization. The integer MatMul is the same as per tensor; only the multiply after
+it takes a float32 vector s_x·s_w[col] [N] instead of a scalar (on the QDQ form: DequantizeLinear of
+the weight with per-axis scales, axis=1 = the output dim of the [K, N] weight, `QNN_PER_AXIS_DQ`; the
+onnxruntime-qnn 2.7.0 simulator rejects that node, so by default the weight is dequantized with scale 1
+and the MatMul is followed by Mul(s_w[col])). The activations, the NPU's constraint (§2.3/§3.3), stay
+per tensor. Per-tensor weights (the paper's strict variant) give a
+constant vector, emitted as one scalar.
   RMSNorm, residual adds and SiLU·mul stay float ops inside the graph; the simulator runs them on HTP.
 
 Equivalent shapes (§4, `shapes.py`): shape "2d" runs the graph on [C, K]; "3d:a" reshapes the input to
@@ -40,7 +50,7 @@ from onnx import TensorProto, helper, numpy_helper
 from hetero.errors import ConfigError
 from hetero.outliers.quantize import ACT_ZERO_POINT
 
-EXPORT_VERSION = 3  # bump when the graphs' math or I/O change: part of every cache key
+EXPORT_VERSION = 4  # 4: per-output-channel weight scales. Bump when the graphs' math or I/O change: part of every cache key
 OPSET = 21
 FLAVORS = ("cpu", "qnn")
 PIECES = ("o", "gu", "act", "down")
@@ -141,10 +151,10 @@ class _Graph:
 
 @dataclass(frozen=True, slots=True)
 class LinearQ:
-    """What one quantized linear needs: INT8 weight [out, in], its scale, its input site's scale, bias."""
+    """What one quantized linear needs: INT8 weight [out, in], its scale(s), its input site's scale, bias."""
 
     q: np.ndarray  # int8 [out, in]
-    w_scale: float
+    w_scale: float | np.ndarray  # s_w: a float (per tensor) or float32 [out] (per output channel)
     x_scale: float
     bias: np.ndarray | None = None  # float32 [out]
 
@@ -158,8 +168,17 @@ def _rms_norm(g: _Graph, x: str, w: np.ndarray, eps: float, flavor: str) -> str:
     return g.op("Mul", [g.op("Div", [x, rs]), g.const(w.astype(np.float32), "norm_w")])
 
 
-def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str) -> str:
+# QDQ form of per-channel weights. The standard one is DequantizeLinear with per-axis scales on the weight's
+# output dim (axis=1 of [K, N]); the QNN EP of onnxruntime-qnn 2.7.0 (HTP simulator) rejects a per-axis
+# DequantizeLinear feeding MatMul (tried axis 0/1/-1, rank-2/3 input, 16-bit activations, Gemm), so by
+# default the same static scales are folded *after* the MatMul: DequantizeLinear(scale 1) on the int8
+# weight, MatMul, Mul by the float32 vector s_w[col] -- the CPU form's per-column output multiply.
+QNN_PER_AXIS_DQ = False
+
+
+def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: bool | None = None) -> str:
     """y = concat_j(int8_linear(x, s_x, W_j) + b_j) along the last axis; all lins share x and s_x."""
+    qnn_per_axis = QNN_PER_AXIS_DQ if qnn_per_axis is None else qnn_per_axis
     s_x = np.float32(lins[0].x_scale)
     assert all(np.float32(lq.x_scale) == s_x for lq in lins), "fused linears must share their input site"
     zp = g.const(np.array(ACT_ZERO_POINT, np.uint8), "act_zp")
@@ -171,8 +190,7 @@ def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str) -> str:
         # accumulators; u8·u8 (vpmaddwd) is exact and nearly as fast (bench/graph_cache.py notes).
         wt = np.concatenate([lq.q.T for lq in lins], axis=1)  # int8 [K, ΣN]
         wt_u8 = (wt.astype(np.int16) + ACT_ZERO_POINT).astype(np.uint8)
-        scales = np.concatenate(
-            [np.full(lq.q.shape[0], np.float32(s_x) * np.float32(lq.w_scale), np.float32) for lq in lins])
+        scales = np.concatenate([_out_scale(s_x, lq) for lq in lins])
         acc = g.op("MatMulInteger", [xq, g.const(wt_u8, "w_q"), zp, g.const(np.array(ACT_ZERO_POINT, np.uint8), "w_zp")], "acc")
         s = scales[:1] if np.all(scales == scales[0]) else scales
         y = g.op("Mul", [g.op("Cast", [acc], to=TensorProto.FLOAT), g.const(s, "acc_s")], "y")
@@ -180,15 +198,38 @@ def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str) -> str:
         xd = g.op("DequantizeLinear", [xq, g.const(np.array(s_x, np.float32), "act_s"), zp], "xd")
         ys = []
         for lq in lins:
-            wd = g.op("DequantizeLinear", [g.const(np.ascontiguousarray(lq.q.T), "w_q"),
-                                           g.const(np.array(lq.w_scale, np.float32), "w_s"),
-                                           g.const(np.array(0, np.int8), "w_zp")], "wd")
-            ys.append(g.op("MatMul", [xd, wd], "y"))
+            if np.ndim(lq.w_scale) == 0:
+                wd = g.op("DequantizeLinear", [g.const(np.ascontiguousarray(lq.q.T), "w_q"),
+                                               g.const(np.array(lq.w_scale, np.float32), "w_s"),
+                                               g.const(np.array(0, np.int8), "w_zp")], "wd")
+                ys.append(g.op("MatMul", [xd, wd], "y"))
+            elif qnn_per_axis:  # DequantizeLinear with per-axis scales, axis=1 = output dim of the [K, N] weight
+                n = lq.q.shape[0]
+                wd = g.op("DequantizeLinear", [g.const(np.ascontiguousarray(lq.q.T), "w_q"),
+                                               g.const(np.asarray(lq.w_scale, np.float32).reshape(n), "w_s"),
+                                               g.const(np.zeros(n, np.int8), "w_zp")], "wd", axis=1)
+                ys.append(g.op("MatMul", [xd, wd], "y"))
+            else:  # the same scales folded after the MatMul: weight DQ with scale 1, then Mul(s_w[col])
+                n = lq.q.shape[0]
+                wd = g.op("DequantizeLinear", [g.const(np.ascontiguousarray(lq.q.T), "w_q"),
+                                               g.const(np.array(1.0, np.float32), "w_s"),
+                                               g.const(np.array(0, np.int8), "w_zp")], "wd")
+                ys.append(g.op("Mul", [g.op("MatMul", [xd, wd], "y"),
+                                       g.const(np.asarray(lq.w_scale, np.float32).reshape(n), "w_s")], "y"))
         y = ys[0] if len(ys) == 1 else g.op("Concat", ys, "y", axis=-1)
     if has_bias:
         b = np.concatenate([lq.bias if lq.bias is not None else np.zeros(lq.q.shape[0], np.float32) for lq in lins])
         y = g.op("Add", [y, g.const(b.astype(np.float32), "bias")])
     return y
+
+
+def _out_scale(s_x: np.float32, lq: LinearQ) -> np.ndarray:
+    """float32 [out]: s_x·s_w (per tensor, repeated) or s_x·s_w[o] (per channel), exactly as
+    `quantize.int8_linear` / `int8_linear_per_channel` compute the product (one float32 multiply)."""
+    n = lq.q.shape[0]
+    if np.ndim(lq.w_scale) == 0:
+        return np.full(n, np.float32(s_x) * np.float32(lq.w_scale), np.float32)
+    return (np.float32(s_x) * np.asarray(lq.w_scale, np.float32).reshape(n)).astype(np.float32)
 
 
 def _slice_last(g: _Graph, x: str, start: int, end: int) -> str:
@@ -307,7 +348,8 @@ def layer_q(cfg, lw, plan, layer: int) -> LayerQ:
     def lin(name: str, site: str, bias=None) -> LinearQ:
         w = plan.weights[(layer, name)]
         b = None if bias is None else bias.detach().cpu().numpy().astype(np.float32)
-        return LinearQ(w.q, float(w.scale), float(s[site]), b)
+        ws = w.scales.astype(np.float32) if hasattr(w, "scales") else float(w.scale)  # per channel / per tensor
+        return LinearQ(w.q, ws, float(s[site]), b)
 
     return LayerQ(
         cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.ffn, float(cfg.rms_eps),
@@ -326,7 +368,10 @@ def layer_digest(lq: LayerQ) -> str:
     h = hashlib.sha256()
     meta = [lq.hidden, lq.q_dim, lq.kv_dim, lq.ffn, lq.eps]
     for lin in (*lq.qkv, lq.o, *lq.gate_up, lq.down):
-        meta += [lin.w_scale, lin.x_scale, list(lin.q.shape)]
+        ws = np.asarray(lin.w_scale, np.float32)
+        meta += [float(ws) if ws.ndim == 0 else "channel", lin.x_scale, list(lin.q.shape)]
+        if ws.ndim:
+            h.update(ws.tobytes())
         flat = lin.q.reshape(-1)
         h.update(flat[:: max(1, flat.size // 4096)].tobytes())
         h.update(flat[-64:].tobytes())

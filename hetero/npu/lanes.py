@@ -35,17 +35,21 @@ _QNN_REGISTERED = False
 _WARNED: set[str] = set()
 
 
-def _global_pool(intra: int, inter: int) -> bool:
+def _global_pool(intra: int, inter: int) -> None:
     """Use one process-wide ORT thread pool (sessions share it: 60 per-session pools would spin and fight
-    over 2 cores). It can be set once per process; a different later request gets per-session pools."""
+    over 2 cores). ORT fixes its size once per process (and then refuses per-session pools), so a later
+    lane asking for other sizes shares the existing pool; that is logged once."""
     global _GLOBAL_POOL
     if _GLOBAL_POOL is None:
         try:
             ort.set_global_thread_pool_sizes(intra, inter)
-            _GLOBAL_POOL = (intra, inter)
-        except Exception:  # already created by someone else in this process
+        except Exception:  # noqa: BLE001 - already created in this process; sizes unknown
             _GLOBAL_POOL = (-1, -1)
-    return _GLOBAL_POOL == (intra, inter)
+        else:
+            _GLOBAL_POOL = (intra, inter)
+    elif _GLOBAL_POOL != (intra, inter):
+        log.warning("ONNX Runtime's thread pool is already sized %s for this process; "
+                    "a lane asking for intra=%d, inter=%d shares it", _GLOBAL_POOL, intra, inter)
 
 
 @dataclass(slots=True)
@@ -113,9 +117,9 @@ class OrtCpuLane(_Lane):
 
     name, flavor, lane = "ort-cpu", "cpu", "cpu"
 
-    def __init__(self, intra_op_threads: int = 2, inter_op_threads: int = 1, spinning: bool = True):
-        self.intra_op_threads, self.inter_op_threads, self.spinning = intra_op_threads, inter_op_threads, spinning
-        self._shared_pool = _global_pool(intra_op_threads, inter_op_threads)
+    def __init__(self, intra_op_threads: int = 2, inter_op_threads: int = 1):
+        self.intra_op_threads, self.inter_op_threads = intra_op_threads, inter_op_threads
+        _global_pool(intra_op_threads, inter_op_threads)
 
     def options_key(self) -> dict:
         # the level-ALL optimized model may hold CPU-specific kernels: key it to the machine
@@ -124,11 +128,7 @@ class OrtCpuLane(_Lane):
     def _options(self) -> ort.SessionOptions:
         so = ort.SessionOptions()
         so.log_severity_level = 3
-        if self._shared_pool:
-            so.use_per_session_threads = False
-        else:
-            so.intra_op_num_threads, so.inter_op_num_threads = self.intra_op_threads, self.inter_op_threads
-            so.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
+        so.use_per_session_threads = False  # the process-wide pool (`_global_pool`)
         return so
 
     def compile(self, model_path: Path, out_path: Path) -> ort.InferenceSession:

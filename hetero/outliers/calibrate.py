@@ -8,7 +8,9 @@ The float model runs over a corpus in fixed windows; for each (layer, site) (`pl
   (second pass, since t_p is only known after the first): these are the outlier counts of Fig. 11 and
   the source of hot channels;
 - importance_p = absmax / s_p with s_p = t_p / 127 (§3.3: "the ratio between the largest outlier and the
-  quantization scale"), ranked by `pruning.py`.
+  quantization scale"), ranked by `pruning.py`;
+- the log-spaced histogram of |x| itself (`SiteStats.hist_abs`), so that any other clipping point and the
+  clipping error energy of a threshold (`SiteStats.clip_energy`) can be derived without a new run.
 
 Everything lands in one versioned `.npz` next to the model's cache entry
 (`cache_dir()/models/<fingerprint>/calibration.npz`), written atomically and validated on load
@@ -35,8 +37,8 @@ from hetero.paths import atomic_path, cache_dir
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_VERSION = 1
-PERCENTILES = (99.9, 99.99, 99.999, 100.0)  # candidate clipping points of |x|; 100 = absmax
+CALIBRATION_VERSION = 2  # 2: + p99 / p99.5 candidates and the |x| histogram (`SiteStats.hist_abs`)
+PERCENTILES = (99.0, 99.5, 99.9, 99.99, 99.999, 100.0)  # candidate clipping points of |x|; 100 = absmax
 DEFAULT_TOKENS = 4096
 DEFAULT_WINDOW = 512
 _LOG2_LO, _LOG2_HI, _BINS_PER_OCTAVE = -24.0, 16.0, 64
@@ -59,6 +61,8 @@ class SiteStats:
     pct_neg: tuple[float, ...]  # lower tail: value v (<= 0) with P(x < v) = 1 - p/100
     channel_absmax: np.ndarray  # float32 [channels]
     counts: np.ndarray  # int64 [len(PERCENTILES), channels]: tokens with |x| > pct_abs[p] per channel
+    hist_abs: np.ndarray | None = None  # float64 [_NBINS]: counts of |x| > 0 in log2 bins (1/64 octave)
+    n_values: int = 0  # |x| values seen (zeros included)
 
     def scale(self, percentile: float) -> float:
         """Activation scale s that maps the p-th percentile of |x| to 127."""
@@ -71,6 +75,31 @@ class SiteStats:
 
     def channel_counts(self, percentile: float) -> np.ndarray:
         return self.counts[_pidx(percentile)]
+
+    def mean_square(self) -> float:
+        """E[x²] over all values, from the histogram (bin centres); 0 without a histogram."""
+        if self.hist_abs is None or self.n_values <= 0:
+            return 0.0
+        centres = 2.0 ** (_LOG2_LO + (np.arange(_NBINS) + 0.5) / _BINS_PER_OCTAVE)
+        return float((self.hist_abs * centres * centres).sum() / self.n_values)
+
+    def pruning_error(self, percentile: float, pruned_percentile: float) -> float:
+        """Relative squared error that dropping this site's shadow adds: (clipping energy beyond t_pruned
+        + the coarser grid's rounding noise (s_pruned² - s²)/12) / E[x²]. Needs the histogram."""
+        ms = self.mean_square()
+        if ms <= 0:
+            return 0.0
+        s, sp = self.scale(percentile), self.scale(pruned_percentile)
+        return (self.clip_energy(self.pct_abs[_pidx(pruned_percentile)]) + max(sp * sp - s * s, 0.0) / 12) / ms
+
+    def clip_energy(self, t: float) -> float:
+        """Mean over all values of (|x| - t)² for |x| > t, from the histogram (bin centres): the squared
+        error that clipping at t adds per activation value (0 without a histogram)."""
+        if self.hist_abs is None or self.n_values <= 0:
+            return 0.0
+        centres = 2.0 ** (_LOG2_LO + (np.arange(_NBINS) + 0.5) / _BINS_PER_OCTAVE)
+        over = np.clip(centres - t, 0.0, None)
+        return float((self.hist_abs * over * over).sum() / self.n_values)
 
 
 def _pidx(percentile: float) -> int:
@@ -115,13 +144,15 @@ class CalibrationStats:
             "n_layers": self.n_layers, "dims": self.dims, "corpus": self.corpus, "n_tokens": self.n_tokens,
             "window": self.window, "percentiles": list(PERCENTILES),
             "sites": {f"{l}/{s}": {"absmax": st.absmax, "median_abs": st.median_abs, "pct_abs": st.pct_abs,
-                                   "pct_pos": st.pct_pos, "pct_neg": st.pct_neg}
+                                   "pct_pos": st.pct_pos, "pct_neg": st.pct_neg, "n_values": st.n_values}
                       for (l, s), st in self.sites.items()},
         }
         arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
         for (l, s), st in self.sites.items():
             arrays[f"chmax/{l}/{s}"] = st.channel_absmax.astype(np.float32)
             arrays[f"counts/{l}/{s}"] = st.counts.astype(np.int64)
+            if st.hist_abs is not None:
+                arrays[f"hist/{l}/{s}"] = st.hist_abs.astype(np.float64)
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays)
         with atomic_path(path) as tmp:
@@ -147,7 +178,9 @@ class CalibrationStats:
                     l, s = key.split("/")
                     sites[(int(l), s)] = SiteStats(float(d["absmax"]), float(d["median_abs"]), tuple(d["pct_abs"]),
                                                    tuple(d["pct_pos"]), tuple(d["pct_neg"]),
-                                                   z[f"chmax/{l}/{s}"], z[f"counts/{l}/{s}"])
+                                                   z[f"chmax/{l}/{s}"], z[f"counts/{l}/{s}"],
+                                                   z[f"hist/{l}/{s}"] if f"hist/{l}/{s}" in z else None,
+                                                   int(d.get("n_values", 0)))
         except (OSError, ValueError, KeyError) as e:
             if isinstance(e, ConfigError):
                 raise
@@ -265,7 +298,8 @@ def calibrate(model, text: str, n_tokens: int = DEFAULT_TOKENS, window: int = DE
         pa = tuple(absmax if p >= 100 else _tail_value(ha, n * (1 - p / 100)) for p in PERCENTILES)
         pp = tuple(xmax[k] if p >= 100 else _tail_value(hp, n * (1 - p / 100)) for p in PERCENTILES)
         pn = tuple(xmin[k] if p >= 100 else -_tail_value(hn, n * (1 - p / 100)) for p in PERCENTILES)
-        pct[k] = {"absmax": absmax, "median": _tail_value(ha, n * 0.5), "abs": pa, "pos": pp, "neg": pn}
+        pct[k] = {"absmax": absmax, "median": _tail_value(ha, n * 0.5), "abs": pa, "pos": pp, "neg": pn,
+                  "hist": ha, "n": int(n)}
     thr = {k: torch.tensor(pct[k]["abs"], dtype=torch.float32) for k in keys}
     counts = {k: torch.zeros(len(PERCENTILES), dims[k[1]], dtype=torch.int64) for k in keys}
 
@@ -278,7 +312,8 @@ def calibrate(model, text: str, n_tokens: int = DEFAULT_TOKENS, window: int = DE
         bar.update()
     bar.close()
     sites = {k: SiteStats(pct[k]["absmax"], pct[k]["median"], pct[k]["abs"], pct[k]["pos"], pct[k]["neg"],
-                          chmax[k].numpy().astype(np.float32), counts[k].numpy()) for k in keys}
+                          chmax[k].numpy().astype(np.float32), counts[k].numpy(), pct[k]["hist"], pct[k]["n"])
+             for k in keys}
     return CalibrationStats(model.fingerprint, model.name, cfg.n_layers, dims, corpus, n_seen, window, sites)
 
 
@@ -288,7 +323,12 @@ def ensure_calibration(model, path: str | Path | None = None, corpus: str = DEFA
     """The cached calibration of `model` (validated), computing and saving it first if there is none."""
     path = Path(path) if path is not None else calibration_path(model)
     if path.is_file():
-        return CalibrationStats.load(path, model)
+        try:
+            return CalibrationStats.load(path, model)
+        except ConfigError as e:  # an older calibration format (version, percentiles): recalibrate
+            if "version" not in str(e) and "percentiles" not in str(e):
+                raise
+            log.info("recalibrating: %s", e)
     log.info("no calibration at %s: calibrating %s on %s (%d tokens)", path, model.name, corpus, n_tokens)
     text = load_corpus(corpus)
     stats = calibrate(model, text, n_tokens, window, corpus_id(corpus, text), progress=progress)

@@ -46,8 +46,14 @@ class StoreStats:
 
 
 def _store_name(plan: QuantPlan) -> str:
+    # the rows are the *dequantized* weights, so the key holds the weight granularity and scales too
+    # (per-tensor and per-channel plans with the same shadow sites must not share a file)
     keys = ",".join(f"{l}/{s}" for l, s in plan.shadow_sites())
-    return hashlib.sha256(f"{STORE_VERSION}|{plan.model_fingerprint}|{keys}".encode()).hexdigest()[:12]
+    h = hashlib.sha256(f"{STORE_VERSION}|{plan.model_fingerprint}|{plan.weight_granularity}|{keys}".encode())
+    for key in sorted(plan.weights):
+        w = plan.weights[key]
+        h.update(np.asarray(getattr(w, "scales", getattr(w, "scale", 0.0)), np.float32).tobytes())
+    return h.hexdigest()[:12]
 
 
 class HotChannelStore:

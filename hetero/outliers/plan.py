@@ -11,7 +11,11 @@ A site carries the calibrated activation scale s (activations are quantized as c
 127), stored uint8 with zero point 128, `quantize.quantize_act`) and whether its beyond-scale part runs
 as a *shadow* on the CPU (Eq. 1, `hetero.outliers.shadow`). Importance pruning (§3.3, "Most outliers
 can be pruned") keeps the shadow only on the most important sites; the others are plain clipped W8A8.
-Weights are INT8 per tensor (`quantize.quantize_weight`), one scale per linear.
+Weights are INT8 with one scale per output channel by default (`quantize.quantize_weight_per_channel`):
+weight scales are static, so they fold into the output dequantization (a float32 vector s_x·s_w[o]
+instead of a scalar) and the NPU's INT8 MatMul stays per tensor in its activations, which is what
+mllm-NPU's constraint is about (§2.3/§3.3). weight_granularity="tensor" gives the paper's strict
+per-tensor weights (`quantize.quantize_weight`, one scale per linear) for the ablation.
 
 The plan is a pure function of the model and the calibration statistics (`build_plan`); on disk only
 the site table is stored (`to_dict`), the INT8 weights are recomputed deterministically (`from_dict`).
@@ -25,6 +29,7 @@ from hetero.errors import ConfigError
 from hetero.outliers.quantize import QuantWeight, QuantWeightPerChannel, quantize_weight, quantize_weight_per_channel
 
 PLAN_VERSION = 1
+DEFAULT_WEIGHT_GRANULARITY = "channel"  # "tensor": the paper's strict per-tensor weights (ablation)
 
 SITES = ("attn_in", "o_in", "ffn_in", "down_in")
 SITE_LINEARS: dict[str, tuple[str, ...]] = {
@@ -86,14 +91,14 @@ class QuantPlan:
     """Everything a W8A8 backend needs: site scales/shadows and the INT8 weights of every linear."""
 
     sites: dict[tuple[int, str], SiteQuant]  # (layer, site) -> activation quantization
-    # (layer, linear name) -> INT8 weight [out, in]: per tensor (QuantWeight, the paper's and the default)
-    # or per output channel (QuantWeightPerChannel) when weight_granularity == "channel"
+    # (layer, linear name) -> INT8 weight [out, in]: per output channel (QuantWeightPerChannel, the
+    # default) or per tensor (QuantWeight, the paper's strict variant) when weight_granularity == "tensor"
     weights: dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]
     model_fingerprint: str = ""
     method: str = "w8a8-shadow"  # how the scales were chosen (for provenance)
     prune_fraction: float = 0.0
     meta: dict = field(default_factory=dict)
-    weight_granularity: str = "tensor"  # "tensor" | "channel"
+    weight_granularity: str = DEFAULT_WEIGHT_GRANULARITY  # "channel" | "tensor"
 
     @property
     def n_layers(self) -> int:
@@ -127,7 +132,7 @@ class QuantPlan:
             )
         sites = {(int(e["layer"]), str(e["site"])): SiteQuant.from_dict(e) for e in d["sites"]}
         _check_sites(sites, model.config.n_layers)
-        wg = d.get("weight_granularity", "tensor")
+        wg = d.get("weight_granularity", "tensor")  # plans saved before the key existed were per tensor
         return cls(sites, quantize_weights(model, wg), model.fingerprint, d.get("method", ""),
                    float(d.get("prune_fraction", 0.0)), dict(d.get("meta", {})), wg)
 
@@ -139,9 +144,10 @@ def _check_sites(sites: dict[tuple[int, str], SiteQuant], n_layers: int) -> None
         raise ConfigError(f"quantization plan must cover {n_layers} layers x {SITES}; missing {missing}, extra {extra}")
 
 
-def quantize_weights(model, granularity: str = "tensor") -> dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]:
-    """INT8 weight of every linear of every layer: per tensor (`quantize.quantize_weight`, default) or
-    per output channel (`quantize.quantize_weight_per_channel`)."""
+def quantize_weights(model, granularity: str = DEFAULT_WEIGHT_GRANULARITY
+                     ) -> dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]:
+    """INT8 weight of every linear of every layer: per output channel (`quantize.quantize_weight_per_channel`,
+    default) or per tensor (`quantize.quantize_weight`)."""
     if granularity not in ("tensor", "channel"):
         raise ConfigError(f"weight_granularity must be 'tensor' or 'channel', got {granularity!r}")
     fn = quantize_weight if granularity == "tensor" else quantize_weight_per_channel
@@ -158,12 +164,14 @@ def plan_from_scales(
     scales: dict[tuple[int, str], float],
     shadow: dict[tuple[int, str], tuple[int, ...]] | None = None,
     method: str = "manual",
+    weight_granularity: str = DEFAULT_WEIGHT_GRANULARITY,
 ) -> QuantPlan:
     """A plan from explicit per-site scales (tests, baselines); `shadow` maps sites to their channels."""
     shadow = shadow or {}
     sites = {k: SiteQuant(float(s), tuple(shadow.get(k, ())), len(shadow.get(k, ()))) for k, s in scales.items()}
     _check_sites(sites, model.config.n_layers)
-    return QuantPlan(sites, quantize_weights(model), model.fingerprint, method)
+    return QuantPlan(sites, quantize_weights(model, weight_granularity), model.fingerprint, method,
+                     weight_granularity=weight_granularity)
 
 
 def build_plan(model, calibration=None, prune_fraction: float = 0.85, **options) -> QuantPlan:

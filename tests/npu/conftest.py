@@ -16,9 +16,10 @@ def graph_cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def tiny_plan(model, shadow=None, scale: float = 0.02):
+def tiny_plan(model, shadow=None, scale: float = 0.02, weight_granularity: str = "channel"):
     # 0.02: RMSNorm outputs of the tiny model reach |x| ≈ 3, so some values clip (and shadows have work)
-    return plan_from_scales(model, {(l, s): scale for l in range(model.config.n_layers) for s in SITES}, shadow)
+    return plan_from_scales(model, {(l, s): scale for l in range(model.config.n_layers) for s in SITES}, shadow,
+                            weight_granularity=weight_granularity)
 
 
 @pytest.fixture

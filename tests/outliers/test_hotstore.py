@@ -43,3 +43,15 @@ def test_backend_with_store_equals_dense(tiny, ids, tmp_path):
     stored = forward(tiny.config, tiny.weights, ids, backend=QuantizedBackend(tiny.config, tiny.weights, plan, rows=store))[0]
     assert torch.equal(dense, stored)
     assert store.stats.hits > 0 and store.stats.misses > 0
+
+
+def test_store_file_depends_on_weight_granularity(tiny, tmp_path):
+    # the rows are dequantized weights: a per-tensor and a per-channel plan with the same shadow sites
+    # must not share a file (they did, and the per-channel path read per-tensor rows)
+    scales = {(l, s): 0.05 for l in range(2) for s in SITES}
+    shadow = {(1, "down_in"): (9, 4)}
+    stores = {wg: HotChannelStore(plan_from_scales(tiny, scales, shadow, weight_granularity=wg), tmp_path)
+              for wg in ("channel", "tensor")}
+    assert stores["channel"].data_path != stores["tensor"].data_path
+    for wg, store in stores.items():
+        assert torch.equal(store.rows(1, "down_in", torch.tensor([9, 0])), site_rows(store.plan, 1, "down_in")[[9, 0]])

@@ -11,15 +11,31 @@ from hetero.errors import ConfigError
 from hetero.outliers.plan import SITES, QuantPlan, SiteQuant, plan_from_scales
 
 
-def test_round_trip(tiny):
+@pytest.mark.parametrize("wg", ["channel", "tensor"])
+def test_round_trip(tiny, wg):
     scales = {(l, s): 0.01 * (l + 1) for l in range(2) for s in SITES}
-    plan = plan_from_scales(tiny, scales, {(1, "down_in"): (5, 3)})
+    plan = plan_from_scales(tiny, scales, {(1, "down_in"): (5, 3)}, weight_granularity=wg)
     d = json.loads(json.dumps(plan.to_dict()))
     back = QuantPlan.from_dict(d, tiny)
-    assert back.sites == plan.sites
+    assert back.sites == plan.sites and back.weight_granularity == wg
     assert back.shadow_sites() == [(1, "down_in")]
     for k, qw in plan.weights.items():
-        assert np.array_equal(back.weights[k].q, qw.q) and back.weights[k].scale == qw.scale
+        assert type(back.weights[k]) is type(qw) and np.array_equal(back.weights[k].q, qw.q)
+        if wg == "channel":
+            assert np.array_equal(back.weights[k].scales, qw.scales)
+        else:
+            assert back.weights[k].scale == qw.scale
+
+
+def test_default_weights_per_output_channel(tiny):
+    # default: one static scale per output row (folds into the output dequantization), exact reference
+    plan = plan_from_scales(tiny, {(l, s): 0.05 for l in range(2) for s in SITES})
+    assert plan.weight_granularity == "channel"
+    w = tiny.weights.layers[0].wq.detach().numpy()
+    qw = plan.weights[(0, "wq")]
+    assert qw.scales.shape == (w.shape[0],)
+    np.testing.assert_allclose(qw.scales, np.abs(w).max(1) / 127, rtol=1e-6)
+    assert np.abs(qw.q).max(1).min() == 127  # every row uses its full range
 
 
 def test_wrong_model_and_version_rejected(tiny, make_tiny):

@@ -19,7 +19,8 @@ def fake_stats(model, importance):
         counts[:, :3] = [[50, 30, 20]] * len(PERCENTILES)
         counts[-1] = 0
         t = 1.0  # every percentile threshold at 1.0, absmax sets the importance
-        sites[(l, s)] = SiteStats(imp * t / 127, 0.1, (t, t, t, imp * t / 127), (t,) * 4, (-t,) * 4,
+        n = len(PERCENTILES)
+        sites[(l, s)] = SiteStats(imp * t / 127, 0.1, (t,) * (n - 1) + (imp * t / 127,), (t,) * n, (-t,) * n,
                                   np.ones(dims[s], np.float32), counts)
     return CalibrationStats(model.fingerprint, model.name, model.config.n_layers, dims, "fake", 100, 50, sites)
 
@@ -57,3 +58,26 @@ def test_build_plan(tiny, stats):
     assert not plan.sites[(0, "attn_in")].shadow
     assert set(plan.weights) == {(l, n) for l in range(2) for n in
                                  ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
+
+
+
+def test_error_importance_from_histogram(tiny, stats):
+    # "error" importance: the relative squared error that pruning adds, from the |x| histogram; a site
+    # with a heavier tail beyond the pruned threshold ranks first
+    from dataclasses import replace
+
+    from hetero.outliers.calibrate import _BINS_PER_OCTAVE, _LOG2_LO, _NBINS
+
+    def hist(tail):
+        h = np.zeros(_NBINS)
+        h[int((0 - _LOG2_LO) * _BINS_PER_OCTAVE)] = 1000  # |x| ≈ 1
+        h[int((6 - _LOG2_LO) * _BINS_PER_OCTAVE)] = tail  # |x| ≈ 64, beyond every threshold (1.0)
+        return h
+
+    sites = {k: replace(st, hist_abs=hist(1 + (k == (1, "ffn_in")) * 9), n_values=1001) for k, st in stats.sites.items()}
+    st2 = replace(stats, sites=sites)
+    order = rank_sites(st2, 99.9, importance="error")
+    assert order[0] == (1, "ffn_in") and sorted(order) == sorted(st2.sites)
+    assert rank_sites(st2, 99.9)[0] == (0, "down_in")  # the paper's ratio ranking is unchanged
+    with pytest.raises(ConfigError, match="importance"):
+        rank_sites(st2, 99.9, importance="bogus")
