@@ -101,6 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     runtime.prefill(prompt[: min(prompt.numel(), args.chunk)])  # warm-up: first-call allocations, lazy inits
     result = runtime.prefill(prompt)
     hf = to_hf_model(model)
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)  # the runtime may have split cores between lanes
     t0 = time.perf_counter()
     new = generate(hf, prompt, result, args.max_new_tokens)
     decode_s = time.perf_counter() - t0

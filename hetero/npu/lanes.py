@@ -30,26 +30,8 @@ from hetero.paths import atomic_path
 
 log = logging.getLogger(__name__)
 
-_GLOBAL_POOL: tuple[int, int] | None = None  # (intra, inter) of ORT's process-wide thread pool, once set
 _QNN_REGISTERED = False
 _WARNED: set[str] = set()
-
-
-def _global_pool(intra: int, inter: int) -> None:
-    """Use one process-wide ORT thread pool (sessions share it: 60 per-session pools would spin and fight
-    over 2 cores). ORT fixes its size once per process (and then refuses per-session pools), so a later
-    lane asking for other sizes shares the existing pool; that is logged once."""
-    global _GLOBAL_POOL
-    if _GLOBAL_POOL is None:
-        try:
-            ort.set_global_thread_pool_sizes(intra, inter)
-        except Exception:  # noqa: BLE001 - already created in this process; sizes unknown
-            _GLOBAL_POOL = (-1, -1)
-        else:
-            _GLOBAL_POOL = (intra, inter)
-    elif _GLOBAL_POOL != (intra, inter):
-        log.warning("ONNX Runtime's thread pool is already sized %s for this process; "
-                    "a lane asking for intra=%d, inter=%d shares it", _GLOBAL_POOL, intra, inter)
 
 
 @dataclass(slots=True)
@@ -119,7 +101,6 @@ class OrtCpuLane(_Lane):
 
     def __init__(self, intra_op_threads: int = 2, inter_op_threads: int = 1):
         self.intra_op_threads, self.inter_op_threads = intra_op_threads, inter_op_threads
-        _global_pool(intra_op_threads, inter_op_threads)
 
     def options_key(self) -> dict:
         # the level-ALL optimized model may hold CPU-specific kernels: key it to the machine
@@ -128,7 +109,10 @@ class OrtCpuLane(_Lane):
     def _options(self) -> ort.SessionOptions:
         so = ort.SessionOptions()
         so.log_severity_level = 3
-        so.use_per_session_threads = False  # the process-wide pool (`_global_pool`)
+        so.intra_op_num_threads, so.inter_op_num_threads = self.intra_op_threads, self.inter_op_threads
+        # No spinning: idle pool threads would otherwise burn the cores that the CPU lane (attention,
+        # shadow outliers in torch) needs between two graph runs.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return so
 
     def compile(self, model_path: Path, out_path: Path) -> ort.InferenceSession:
@@ -179,8 +163,6 @@ class QnnHtpLane(_Lane):
     def _options(self) -> ort.SessionOptions:
         so = ort.SessionOptions()
         so.log_severity_level = 3
-        if _GLOBAL_POOL is not None and _GLOBAL_POOL != (-1, -1):
-            so.use_per_session_threads = False  # required once a global pool exists
         so.add_provider_for_devices(self.devices, self.provider_options)
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         return so

@@ -8,7 +8,7 @@ import onnx.numpy_helper
 import pytest
 import torch
 
-from hetero.npu import export, lanes
+from hetero.npu import export
 from hetero.npu.backend import NpuBackend
 from hetero.npu.lanes import OrtCpuLane, prepare_graph
 from hetero.outliers.quantize import int8_linear
@@ -79,8 +79,6 @@ def test_qdq_form_matches_reference(tiny, wg):
 
     so = ort.SessionOptions()  # no QDQ fusion: the CPU EP would run it as u8·s8 (saturating on AVX2)
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    if lanes._GLOBAL_POOL not in (None, (-1, -1)):
-        so.use_per_session_threads = False  # required once the lanes created ORT's global pool
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     h = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32) * 3
     qkv, x = sess.run(["qkv", "x"], {"h": h})
