@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,7 @@ def _load_gguf(p: Path) -> Model:
     if model is not None:
         return model
     t0 = time.perf_counter()
+    print(f"hetero: reading {p.name} once (dequantizing, building the tokenizer); cached in {entry}", file=sys.stderr)
     cfg, weights, tokenizer = _read_gguf(p)
     _save_cache(entry, cfg, weights, tokenizer)
     log.info("read %s in %.1f s (cached as %s)", p, time.perf_counter() - t0, entry)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -330,6 +331,9 @@ def ensure_calibration(model, path: str | Path | None = None, corpus: str = DEFA
                 raise
             log.info("recalibrating: %s", e)
     log.info("no calibration at %s: calibrating %s on %s (%d tokens)", path, model.name, corpus, n_tokens)
+    if progress:
+        print(f"hetero: calibrating {model.name} on {corpus} ({n_tokens} tokens, once; mllm-NPU §3.3 offline "
+              f"profiling), cached at {path}", file=sys.stderr)
     text = load_corpus(corpus)
     stats = calibrate(model, text, n_tokens, window, corpus_id(corpus, text), progress=progress)
     stats.save(path)
