@@ -82,14 +82,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 windows, no extra sweep points (a few minutes)")
     ap.add_argument("--json", action="store_true", help="print the JSON result")
-    ap.add_argument("--windows", type=int, default=None, help="evaluation windows (default 6, quick 2)")
+    ap.add_argument("--windows", type=int, default=None, help="evaluation windows of 512 tokens (default 12, quick 2)")
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--out", default=str(RESULTS), help="results directory")
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    n_win = args.windows or (2 if args.quick else 6)
+    n_win = args.windows or (2 if args.quick else 12)
     out = Path(args.out)
 
     model = load_model()
@@ -129,18 +129,21 @@ def main(argv=None) -> int:
     run("naive_w8a8", QuantizedBackend(cfg, w, naive), scale="absmax", shadow_sites=0)
     clipped = build_plan(model, calib, prune_fraction=1.0, pruned_percentile=DEFAULT_PERCENTILE, method="clipped_w8a8")
     run("clipped_w8a8", QuantizedBackend(cfg, w, clipped), scale=f"p{DEFAULT_PERCENTILE}", shadow_sites=0)
-    for method, frac, wg, pct in (("shadow_all", 0.0, "channel", DEFAULT_PERCENTILE),
-                                  ("hetero", 0.85, "channel", DEFAULT_PERCENTILE),
-                                  ("shadow_all_w8t", 0.0, "tensor", DEFAULT_PERCENTILE),
-                                  ("hetero_w8t", 0.85, "tensor", DEFAULT_PERCENTILE),
-                                  ("shadow_all_p99.5", 0.0, "channel", 99.5),
-                                  ("hetero_p99.5", 0.85, "channel", 99.5)):
-        plan = build_plan(model, calib, prune_fraction=frac, method=method, weight_granularity=wg, percentile=pct)
+    # hetero_cpu_int7w: the plan the default runtime uses on the CPU-EP lane (7-bit weights, hetero.engine)
+    for method, frac, wg, pct, qmax in (("shadow_all", 0.0, "channel", DEFAULT_PERCENTILE, 127),
+                                        ("hetero", 0.85, "channel", DEFAULT_PERCENTILE, 127),
+                                        ("hetero_cpu_int7w", 0.85, "channel", DEFAULT_PERCENTILE, 63),
+                                        ("shadow_all_w8t", 0.0, "tensor", DEFAULT_PERCENTILE, 127),
+                                        ("hetero_w8t", 0.85, "tensor", DEFAULT_PERCENTILE, 127),
+                                        ("shadow_all_p99.5", 0.0, "channel", 99.5, 127),
+                                        ("hetero_p99.5", 0.85, "channel", 99.5, 127)):
+        plan = build_plan(model, calib, prune_fraction=frac, method=method, weight_granularity=wg, percentile=pct,
+                          weight_qmax=qmax)
         be, store = plan_backend(plan, store=True)
         be.stats = {}
         be.chunk_channels = []
         run(method, be, scale=f"p{pct}", shadow_sites=len(plan.shadow_sites()), prune_fraction=frac,
-            weights=f"int8 per {'output channel' if wg == 'channel' else 'tensor'}")
+            weights=f"int{'7' if plan.weight_qmax < 64 else '8'} per {'output channel' if wg == 'channel' else 'tensor'}")
         calls = sum(v[0] for v in be.stats.values())
         chans = sum(v[1] for v in be.stats.values())
         store_info[method] = {"ram_bytes": store.ram_bytes(), "full_copy_bytes": store.full_copy_bytes(),

@@ -101,13 +101,12 @@ def _llama_cpp(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
 def _naive_npu(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
     """mllm-NPU §2.3's naive offload: one INT8 graph set built for exactly this prompt length, every time
     (prompt lengths vary, so a real engine cannot reuse it); preparation is part of each prefill."""
-    from hetero.npu.naive import naive_prefill
-    from hetero.outliers.calibrate import ensure_calibration
-    from hetero.outliers.plan import build_plan
+    from hetero.engine import quant_plan
     from hetero.loader import load_model
+    from hetero.npu.naive import naive_prefill
 
     model = load_model(model_path)
-    plan = build_plan(model, ensure_calibration(model))
+    plan = quant_plan(model, "cpu")  # the same plan as hetero's CPU-EP lane
 
     def prefill(ids: torch.Tensor) -> None:
         int(naive_prefill(model, plan, ids, lane="cpu", intra_op_threads=threads).logits.argmax())

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,18 +27,33 @@ from hetero.errors import ConfigError
 from hetero.loader import Model
 from hetero.runtime import Runtime
 
+if TYPE_CHECKING:
+    from hetero.outliers.plan import QuantPlan
+
 
 def _float(model: Model, chunk: int, threads: int | None) -> LayerBackend:
     return FloatBackend(model.config, model.weights)
 
 
+def quant_plan(model: Model, lane: str = "cpu", prune_fraction: float = 0.85) -> "QuantPlan":
+    """The quantization plan of `model` for a lane: calibrated scales, shadow sites, INT8 weights.
+
+    On the CPU EP (standing in for the NPU), 7-bit weights let ONNX Runtime use its fast u8·s8 kernel
+    exactly on AVX2 (`hetero.outliers.plan`); an NPU (QNN HTP) runs the paper's 8-bit weights.
+    """
+    from hetero.outliers.calibrate import ensure_calibration
+    from hetero.outliers.plan import build_plan
+    from hetero.outliers.quantize import W_QMAX, W_QMAX_U8S8
+
+    return build_plan(model, ensure_calibration(model, progress=True), prune_fraction=prune_fraction,
+                      weight_qmax=W_QMAX_U8S8 if lane == "cpu" else W_QMAX)
+
+
 def _npu(lane: str, prune_fraction: float = 0.85) -> Callable[[Model, int, int | None], LayerBackend]:
     def make(model: Model, chunk: int, threads: int | None) -> LayerBackend:
         from hetero.npu.backend import NpuBackend
-        from hetero.outliers.calibrate import ensure_calibration
-        from hetero.outliers.plan import build_plan
 
-        plan = build_plan(model, ensure_calibration(model, progress=True), prune_fraction=prune_fraction)
+        plan = quant_plan(model, lane, prune_fraction)
         return NpuBackend(model, plan, chunk=chunk, lane=lane, intra_op_threads=threads or 2)
 
     return make

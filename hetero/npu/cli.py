@@ -26,27 +26,6 @@ def _positive_int(text: str) -> int:
     return v
 
 
-def load_plan(model):
-    """The calibrated plan (`outliers.plan.build_plan`), else an absmax stand-in (logged as such)."""
-    try:
-        from hetero.outliers.plan import build_plan
-
-        return build_plan(model)
-    except Exception as e:  # no calibration artifact / module yet: say so, use the stand-in
-        import torch
-
-        from hetero.npu.quickplan import absmax_plan
-
-        log.warning("no calibrated quantization plan (%s); using absmax scales of one forward", e)
-        try:
-            from hetero.outliers.corpus import DEFAULT_CALIBRATION, load_corpus
-
-            ids = torch.tensor(model.tokenizer(load_corpus(DEFAULT_CALIBRATION))["input_ids"][:512])
-        except Exception:
-            ids = torch.arange(512) % model.config.vocab
-        return absmax_plan(model, ids)
-
-
 def _model(args):
     from hetero.loader import load_model
 
@@ -54,8 +33,10 @@ def _model(args):
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from hetero.engine import quant_plan
+
     model = _model(args)
-    plan = load_plan(model)
+    plan = quant_plan(model, "qnn" if args.hub else args.lane)
     if args.hub:
         from hetero.errors import ConfigError
         from hetero.npu.hub import compile_on_hub
@@ -85,7 +66,9 @@ def cmd_shapes(args: argparse.Namespace) -> int:
     from hetero.npu.shapes import profile_shapes
 
     model = _model(args)
-    table = profile_shapes(model, load_plan(model), args.chunk, make_lane(args.lane))
+    from hetero.engine import quant_plan
+
+    table = profile_shapes(model, quant_plan(model, args.lane), args.chunk, make_lane(args.lane))
     for e in table["entries"]:
         print(f"{e['lane']:8s} {e['kind']:6s} C={e['chunk_len']:4d} winner {e['winner']:6s} {e['latency_us']}")
     return 0
@@ -132,7 +115,9 @@ def run_hub_profile(args: argparse.Namespace) -> int:
     if not args.device:
         raise ConfigError("--hub needs --device NAME (an AI Hub device, e.g. 'Samsung Galaxy S24')")
     model = _model(args)
-    prof = profile_on_hub(model, load_plan(model), args.hub_chunks, args.device)
+    from hetero.engine import quant_plan
+
+    prof = profile_on_hub(model, quant_plan(model, "qnn"), args.hub_chunks, args.device)
     out = Path(args.hub_out) if args.hub_out else PROFILES_DIR / f"hub-{_slug(args.device)}.json"
     save_profile(prof, out)
     print(f"wrote {out}")

@@ -1,4 +1,5 @@
-"""What the QNN HTP backend accepts, one entry per constraint with the reason (ExecuTorch `common_defs` style).
+"""What the QNN HTP backend (and the ORT CPU EP stand-in) accepts, one entry per constraint with the reason
+(ExecuTorch `common_defs` style).
 
 Measured on the HTP *simulator* shipped in the `onnxruntime-qnn` 2.7.0 Linux x86-64 wheel
 (`session.disable_cpu_ep_fallback=1`, so a rejected node fails the session instead of silently
@@ -15,7 +16,8 @@ QNN_CONSTRAINTS: dict[str, str] = {
     "per_tensor_act": "activations are quantized per tensor (uint8, zero point 128); per-channel "
                       "activation scales have no fast HTP kernel (mllm-NPU §2.3)",
     "int8_weights_symmetric": "weights are int8 with zero point 0 (DequantizeLinear before MatMul), the "
-                              "form the QNN EP folds into a quantized MatMul",
+                              "form the QNN EP folds into a quantized MatMul; the default plan's 7-bit weights "
+                              "(weight_qmax=63, `CPU_EP_CONSTRAINTS`) are int8 values in [-63, 63], the same form",
     "no_per_axis_matmul_weight": "a per-axis DequantizeLinear feeding MatMul (or Gemm) is rejected by the "
                                  "QNN EP (onnxruntime-qnn 2.7.0, axis 0/1/-1, rank 2/3, 16-bit activations): "
                                  "per-output-channel weight scales are applied by a float Mul after the "
@@ -36,6 +38,24 @@ QNN_NOT_YET: dict[str, str] = {
     "fused_qkv_weights": "Q/K/V (and gate/up) keep separate MatMuls on HTP: their per-tensor weight "
                          "scales differ and a fused weight would need per-channel DequantizeLinear",
     "conv1x1_shape": "the 1x1 Conv2d equivalent shape (§4) is profiled only as reshaped MatMuls",
+    "per_lane_weight_range": "HTP graphs take the plan's weights, 7-bit by default because of the CPU EP "
+                             "(`CPU_EP_CONSTRAINTS`); HTP has no such saturation and could run 8-bit "
+                             "(weight_qmax=127), but one plan serves both lanes and the reference",
+}
+
+# ---- ONNX Runtime CPU EP (the NPU stand-in, and the CPU lane) -----------------------------------
+CPU_EP_CONSTRAINTS: dict[str, str] = {
+    "u8s8_saturation_avx2": "ORT's u8·s8 MatMulInteger on AVX2 without VNNI multiplies with vpmaddubsw, which "
+                            "sums two adjacent u8·s8 products into a saturating int16: with the raw u8 "
+                            "activation in [0, 255] and 8-bit weights, 2·255·127 = 64770 > 32767, so int32 "
+                            "results are wrong; with |q| <= 64, 2·255·64 = 32640 <= 32767 and u8·s8 is exact",
+    "weights_7bit_default": "the plan's weights are 7-bit by default (weight_qmax=63, ONNX Runtime's "
+                            "reduce_range): the CPU graphs run u8·s8 with s8 weights, zero point 0 "
+                            "(`export.cpu_weight_form`), 1.3-1.6x faster per layer graph than u8·u8, and "
+                            "the numpy reference uses the same weights, so they stay bit-exact",
+    "u8u8_fallback": "weights wider than 7 bits (weight_qmax=127) are stored uint8 = q + 128 with zero point "
+                     "128 and run u8·u8 (vpmaddwd, exact, slower): same int32 result",
+    "u8_activations": "activations are uint8 with zero point 128: ORT's s8·s8 GEMM is 6.6x slower on AVX2",
 }
 
 # Ops hetero puts into an HTP graph (all verified on the simulator with CPU fallback disabled).

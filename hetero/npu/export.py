@@ -14,8 +14,10 @@ so a layer without shadows has two graphs (`qkv`, `o_ffn`) and one whose `down_i
 "act", "down"; a segment's kind joins them ("o_ffn" when it holds all four).
 
 Two flavours of the same math:
-- "cpu" (ONNX Runtime CPU EP): QuantizeLinear(u8, zp 128) → MatMulInteger(u8 zp 128, weights as u8 =
-  q + 128 with zp 128 [K, N]) → Cast → Mul(s_x·s_w). (u8·s8 is not exact on AVX2: see `_linears`.)
+- "cpu" (ONNX Runtime CPU EP): QuantizeLinear(u8, zp 128) → MatMulInteger(u8 zp 128, s8 weights zp 0
+  [K, N]) → Cast → Mul(s_x·s_w). u8·s8 is exact only with |q| <= 64 (AVX2 without VNNI saturates its
+  int16 pair sums: `constraints.CPU_EP_CONSTRAINTS`), which the default 7-bit plan guarantees
+  (`weight_qmax` = 63, ORT's reduce_range); wider weights fall back to u8·u8 (stored q + 128, zp 128).
   Bit-exact with `hetero.outliers.quantize.int8_linear` (int32 accumulation, half-to-even rounding, one
   float32 scale multiply per output column). Linears sharing an input (Q/K/V, gate/up) are one
   MatMulInteger over concatenated weights, scaled per column by the same float32 products.
@@ -48,9 +50,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from hetero.errors import ConfigError
-from hetero.outliers.quantize import ACT_ZERO_POINT
+from hetero.outliers.quantize import ACT_ZERO_POINT, U8S8_SAFE_WEIGHT_ABSMAX, W_QMAX
 
-EXPORT_VERSION = 4  # 4: per-output-channel weight scales. Bump when the graphs' math or I/O change: part of every cache key
+# Bump when the graphs' math or I/O change: part of every cache key.
+# 4: per-output-channel weight scales. 5: 7-bit weights by default, u8·s8 MatMulInteger on the CPU EP.
+EXPORT_VERSION = 5
 OPSET = 21
 FLAVORS = ("cpu", "qnn")
 PIECES = ("o", "gu", "act", "down")
@@ -176,6 +180,22 @@ def _rms_norm(g: _Graph, x: str, w: np.ndarray, eps: float, flavor: str) -> str:
 QNN_PER_AXIS_DQ = False
 
 
+def cpu_weight_form(wt: np.ndarray) -> str:
+    """How the CPU EP's MatMulInteger takes int8 weights `wt`: "u8s8" when max|q| <= 64, else "u8u8".
+
+    ORT's u8·s8 GEMM on AVX2 without VNNI multiplies with vpmaddubsw: two adjacent u8·s8 products are
+    summed into a saturating int16. The stored activation is the raw u8 in [0, 255] (zero point 128 is
+    corrected afterwards), so the pair sum reaches 2·255·|q|: 2·255·127 = 64770 > 32767 (wrong int32
+    results) but 2·255·64 = 32640 <= 32767 (exact). Hence 7-bit weights (the plan's default weight_qmax
+    = 63, ORT's reduce_range) run u8·s8 with s8 weights, zero point 0. Full 8-bit weights fall back to
+    u8·u8 (weights stored q + 128 with zero point 128, vpmaddwd: exact, same int32 result), which is
+    slower: 256×576×1536 at 1 thread, 136 vs 178 GOPS; a whole C=256 layer (qkv + o_ffn) of the default
+    model 14.8 vs 11.5 ms at 1 thread, 18.8 vs 11.6 ms at 2 (this AVX2 EPYC, onnxruntime 1.31).
+    """
+    amax = int(np.abs(wt.astype(np.int16)).max()) if wt.size else 0
+    return "u8s8" if amax <= U8S8_SAFE_WEIGHT_ABSMAX else "u8u8"
+
+
 def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: bool | None = None) -> str:
     """y = concat_j(int8_linear(x, s_x, W_j) + b_j) along the last axis; all lins share x and s_x."""
     qnn_per_axis = QNN_PER_AXIS_DQ if qnn_per_axis is None else qnn_per_axis
@@ -185,13 +205,16 @@ def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: 
     xq = g.op("QuantizeLinear", [x, g.const(np.array(s_x, np.float32), "act_s"), zp], "xq")
     has_bias = any(lq.bias is not None for lq in lins)
     if flavor == "cpu":
-        # weights stored uint8 = q + 128 with zero point 128 (same int32 result): u8·s8 on AVX2 without
-        # VNNI uses vpmaddubsw, whose int16 pair sums saturate (255·127·2 > 32767) and give wrong
-        # accumulators; u8·u8 (vpmaddwd) is exact and nearly as fast (bench/graph_cache.py notes).
-        wt = np.concatenate([lq.q.T for lq in lins], axis=1)  # int8 [K, ΣN]
-        wt_u8 = (wt.astype(np.int16) + ACT_ZERO_POINT).astype(np.uint8)
+        # u8·s8 (s8 weights, zp 0) when the weights fit 7 bits, else u8·u8 (weights stored uint8 = q + 128
+        # with zero point 128, same int32 result): u8·s8 with 8-bit weights saturates on AVX2 (`cpu_weight_form`)
+        wt = np.ascontiguousarray(np.concatenate([lq.q.T for lq in lins], axis=1))  # int8 [K, ΣN]
+        if cpu_weight_form(wt) == "u8s8":
+            w, w_zp = g.const(wt, "w_q"), g.const(np.array(0, np.int8), "w_zp")
+        else:
+            w = g.const((wt.astype(np.int16) + ACT_ZERO_POINT).astype(np.uint8), "w_q")
+            w_zp = g.const(np.array(ACT_ZERO_POINT, np.uint8), "w_zp")
         scales = np.concatenate([_out_scale(s_x, lq) for lq in lins])
-        acc = g.op("MatMulInteger", [xq, g.const(wt_u8, "w_q"), zp, g.const(np.array(ACT_ZERO_POINT, np.uint8), "w_zp")], "acc")
+        acc = g.op("MatMulInteger", [xq, w, zp, w_zp], "acc")
         s = scales[:1] if np.all(scales == scales[0]) else scales
         y = g.op("Mul", [g.op("Cast", [acc], to=TensorProto.FLOAT), g.const(s, "acc_s")], "y")
     else:
@@ -252,6 +275,7 @@ class LayerQ:
     o: LinearQ
     gate_up: tuple[LinearQ, LinearQ]
     down: LinearQ
+    weight_qmax: int = W_QMAX  # the plan's weight range (63 = 7-bit: u8·s8 on the CPU EP); in the digest
 
 
 def segment_io(spec: SegmentSpec, lq: LayerQ) -> tuple[dict[str, int], dict[str, int]]:
@@ -356,6 +380,7 @@ def layer_q(cfg, lw, plan, layer: int) -> LayerQ:
         lw.attn_norm.detach().cpu().numpy().astype(np.float32), lw.ffn_norm.detach().cpu().numpy().astype(np.float32),
         (lin("wq", "attn_in", lw.bq), lin("wk", "attn_in", lw.bk), lin("wv", "attn_in", lw.bv)),
         lin("wo", "o_in"), (lin("w_gate", "ffn_in"), lin("w_up", "ffn_in")), lin("w_down", "down_in"),
+        int(getattr(plan, "weight_qmax", W_QMAX)),
     )
 
 
@@ -366,7 +391,7 @@ def layer_digest(lq: LayerQ) -> str:
     INT8 weights keeps the key cheap to compute at load time while catching a different plan/model.
     """
     h = hashlib.sha256()
-    meta = [lq.hidden, lq.q_dim, lq.kv_dim, lq.ffn, lq.eps]
+    meta = [lq.hidden, lq.q_dim, lq.kv_dim, lq.ffn, lq.eps, lq.weight_qmax]
     for lin in (*lq.qkv, lq.o, *lq.gate_up, lq.down):
         ws = np.asarray(lin.w_scale, np.float32)
         meta += [float(ws) if ws.ndim == 0 else "channel", lin.x_scale, list(lin.q.shape)]

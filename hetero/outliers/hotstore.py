@@ -46,10 +46,11 @@ class StoreStats:
 
 
 def _store_name(plan: QuantPlan) -> str:
-    # the rows are the *dequantized* weights, so the key holds the weight granularity and scales too
-    # (per-tensor and per-channel plans with the same shadow sites must not share a file)
+    # the rows are the *dequantized* weights, so the key holds the weight granularity, range and scales
+    # too (per-tensor/per-channel and 7/8-bit plans with the same shadow sites must not share a file)
     keys = ",".join(f"{l}/{s}" for l, s in plan.shadow_sites())
-    h = hashlib.sha256(f"{STORE_VERSION}|{plan.model_fingerprint}|{plan.weight_granularity}|{keys}".encode())
+    qmax = getattr(plan, "weight_qmax", 127)
+    h = hashlib.sha256(f"{STORE_VERSION}|{plan.model_fingerprint}|{plan.weight_granularity}|q{qmax}|{keys}".encode())
     for key in sorted(plan.weights):
         w = plan.weights[key]
         h.update(np.asarray(getattr(w, "scales", getattr(w, "scale", 0.0)), np.float32).tobytes())

@@ -16,6 +16,13 @@ weight scales are static, so they fold into the output dequantization (a float32
 instead of a scalar) and the NPU's INT8 MatMul stays per tensor in its activations, which is what
 mllm-NPU's constraint is about (§2.3/§3.3). weight_granularity="tensor" gives the paper's strict
 per-tensor weights (`quantize.quantize_weight`, one scale per linear) for the ablation.
+Weight range: `weight_qmax` = 127 by default (8-bit symmetric weights: the paper's W8A8, what an NPU
+runs). weight_qmax=63 gives 7-bit weights (ONNX Runtime's `reduce_range`), with which the CPU EP graphs
+run ORT's fast u8·s8 MatMulInteger exactly on AVX2 without VNNI (its vpmaddubsw int16 pair sums
+saturate with 8-bit weights: 2·255·127 > 32767, but 2·255·64 <= 32767; `quantize` module doc); with
+8-bit weights the CPU export falls back to the exact but slower u8·u8 form. `hetero.engine` asks for
+63 on the CPU-EP lane (+20% prefill speed, +0.7 points perplexity: bench/results/accuracy.md). The
+numpy reference uses the same weights, so every backend stays bit-exact.
 
 The plan is a pure function of the model and the calibration statistics (`build_plan`); on disk only
 the site table is stored (`to_dict`), the INT8 weights are recomputed deterministically (`from_dict`).
@@ -26,10 +33,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hetero.errors import ConfigError
-from hetero.outliers.quantize import QuantWeight, QuantWeightPerChannel, quantize_weight, quantize_weight_per_channel
+from hetero.outliers.quantize import (
+    W_QMAX,
+    QuantWeight,
+    QuantWeightPerChannel,
+    check_weight_qmax,
+    quantize_weight,
+    quantize_weight_per_channel,
+)
 
+# Not bumped for weight_qmax: a plan dict without the key was saved with 8-bit weights and `from_dict`
+# rebuilds exactly that (weight_qmax=127); plans are not cached on disk by hetero itself.
 PLAN_VERSION = 1
 DEFAULT_WEIGHT_GRANULARITY = "channel"  # "tensor": the paper's strict per-tensor weights (ablation)
+# 8-bit weights (the paper's W8A8); W_QMAX_U8S8 (7-bit) is the CPU-EP fast path (module docstring).
+DEFAULT_WEIGHT_QMAX = W_QMAX
 
 SITES = ("attn_in", "o_in", "ffn_in", "down_in")
 SITE_LINEARS: dict[str, tuple[str, ...]] = {
@@ -99,6 +117,10 @@ class QuantPlan:
     prune_fraction: float = 0.0
     meta: dict = field(default_factory=dict)
     weight_granularity: str = DEFAULT_WEIGHT_GRANULARITY  # "channel" | "tensor"
+    weight_qmax: int = DEFAULT_WEIGHT_QMAX  # weights q in [-weight_qmax, weight_qmax]: 63 (7-bit) or 127
+
+    def __post_init__(self) -> None:
+        check_weight_qmax(self.weight_qmax)
 
     @property
     def n_layers(self) -> int:
@@ -117,6 +139,7 @@ class QuantPlan:
             "prune_fraction": self.prune_fraction,
             "meta": self.meta,
             "weight_granularity": self.weight_granularity,
+            "weight_qmax": self.weight_qmax,
             "sites": [{"layer": layer, "site": site, **sq.to_dict()} for (layer, site), sq in sorted(self.sites.items())],
         }
 
@@ -133,8 +156,9 @@ class QuantPlan:
         sites = {(int(e["layer"]), str(e["site"])): SiteQuant.from_dict(e) for e in d["sites"]}
         _check_sites(sites, model.config.n_layers)
         wg = d.get("weight_granularity", "tensor")  # plans saved before the key existed were per tensor
-        return cls(sites, quantize_weights(model, wg), model.fingerprint, d.get("method", ""),
-                   float(d.get("prune_fraction", 0.0)), dict(d.get("meta", {})), wg)
+        qmax = int(d.get("weight_qmax", W_QMAX))  # ... and before weight_qmax existed, 8-bit
+        return cls(sites, quantize_weights(model, wg, qmax), model.fingerprint, d.get("method", ""),
+                   float(d.get("prune_fraction", 0.0)), dict(d.get("meta", {})), wg, qmax)
 
 
 def _check_sites(sites: dict[tuple[int, str], SiteQuant], n_layers: int) -> None:
@@ -144,10 +168,10 @@ def _check_sites(sites: dict[tuple[int, str], SiteQuant], n_layers: int) -> None
         raise ConfigError(f"quantization plan must cover {n_layers} layers x {SITES}; missing {missing}, extra {extra}")
 
 
-def quantize_weights(model, granularity: str = DEFAULT_WEIGHT_GRANULARITY
+def quantize_weights(model, granularity: str = DEFAULT_WEIGHT_GRANULARITY, qmax: int = DEFAULT_WEIGHT_QMAX
                      ) -> dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]:
     """INT8 weight of every linear of every layer: per output channel (`quantize.quantize_weight_per_channel`,
-    default) or per tensor (`quantize.quantize_weight`)."""
+    default) or per tensor (`quantize.quantize_weight`), q in [-qmax, qmax] (63 = 7-bit by default)."""
     if granularity not in ("tensor", "channel"):
         raise ConfigError(f"weight_granularity must be 'tensor' or 'channel', got {granularity!r}")
     fn = quantize_weight if granularity == "tensor" else quantize_weight_per_channel
@@ -155,7 +179,7 @@ def quantize_weights(model, granularity: str = DEFAULT_WEIGHT_GRANULARITY
     for layer, lw in enumerate(model.weights.layers):
         for names in SITE_LINEARS.values():
             for name in names:
-                out[(layer, name)] = fn(getattr(lw, name).detach().cpu().numpy())
+                out[(layer, name)] = fn(getattr(lw, name).detach().cpu().numpy(), qmax)
     return out
 
 
@@ -165,13 +189,14 @@ def plan_from_scales(
     shadow: dict[tuple[int, str], tuple[int, ...]] | None = None,
     method: str = "manual",
     weight_granularity: str = DEFAULT_WEIGHT_GRANULARITY,
+    weight_qmax: int = DEFAULT_WEIGHT_QMAX,
 ) -> QuantPlan:
     """A plan from explicit per-site scales (tests, baselines); `shadow` maps sites to their channels."""
     shadow = shadow or {}
     sites = {k: SiteQuant(float(s), tuple(shadow.get(k, ())), len(shadow.get(k, ()))) for k, s in scales.items()}
     _check_sites(sites, model.config.n_layers)
-    return QuantPlan(sites, quantize_weights(model, weight_granularity), model.fingerprint, method,
-                     weight_granularity=weight_granularity)
+    return QuantPlan(sites, quantize_weights(model, weight_granularity, weight_qmax), model.fingerprint, method,
+                     weight_granularity=weight_granularity, weight_qmax=weight_qmax)
 
 
 def build_plan(model, calibration=None, prune_fraction: float = 0.85, **options) -> QuantPlan:
@@ -179,7 +204,8 @@ def build_plan(model, calibration=None, prune_fraction: float = 0.85, **options)
 
     `calibration`: a `CalibrationStats`, or None to load the cached calibration of `model`
     (`hetero.outliers.calibrate.load_calibration`). prune_fraction: share of sites whose shadow is
-    dropped, least important first (§3.3: 0.85).
+    dropped, least important first (§3.3: 0.85). `weight_qmax` (an option) defaults to 63: 7-bit weights,
+    which the CPU EP runs exactly with ORT's fast u8·s8 MatMulInteger (module docstring).
     """
     from hetero.outliers.pruning import build_plan as _build
 

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from hetero.errors import ConfigError
-from hetero.outliers.plan import DEFAULT_WEIGHT_GRANULARITY, SITES, QuantPlan, SiteQuant, quantize_weights
+from hetero.outliers.plan import DEFAULT_WEIGHT_GRANULARITY, DEFAULT_WEIGHT_QMAX, SITES, QuantPlan, SiteQuant, quantize_weights
 
 DEFAULT_PRUNE_FRACTION = 0.85
 # Shadow sites: t = p99.9 of |x| maps to 127. Measured on the default model (6 windows of Austen,
@@ -99,6 +99,7 @@ def build_plan(
     method: str | None = None,
     weight_granularity: str = DEFAULT_WEIGHT_GRANULARITY,
     importance: str = "ratio",
+    weight_qmax: int = DEFAULT_WEIGHT_QMAX,
 ) -> QuantPlan:
     """The hetero quantization plan: calibrated per-tensor scales, shadow on the important sites only.
 
@@ -108,7 +109,8 @@ def build_plan(
     prune_fraction=0 is "shadow_all", prune_fraction=1 "clipped_w8a8". weight_granularity: "channel"
     (default) gives per-output-channel INT8 weights, whose static scales fold into the output
     dequantization while activations stay per tensor (`quantize` module doc); "tensor" the paper's strict
-    per-tensor weights (ablation).
+    per-tensor weights (ablation). weight_qmax: 63 (default, 7-bit weights: exact with ORT's fast u8·s8
+    MatMulInteger on AVX2, `plan` module doc) or 127 (full 8-bit).
     """
     from hetero.outliers.calibrate import ensure_calibration
 
@@ -126,5 +128,5 @@ def build_plan(
     meta = {"percentile": percentile, "pruned_percentile": pruned_percentile, "hot_coverage": hot_coverage,
             "granularity": granularity, "importance": importance, "calibration_corpus": calibration.corpus,
             "calibration_tokens": calibration.n_tokens}
-    return QuantPlan(sites, quantize_weights(model, weight_granularity), model.fingerprint,
-                     method or "w8a8-shadow", float(prune_fraction), meta, weight_granularity)
+    return QuantPlan(sites, quantize_weights(model, weight_granularity, weight_qmax), model.fingerprint,
+                     method or "w8a8-shadow", float(prune_fraction), meta, weight_granularity, weight_qmax)

@@ -4,8 +4,9 @@ mllm-NPU §3.3 keeps every NPU matmul W8A8 *per tensor in its activations* (the 
 mobile NPUs: §2.3, activations cannot be split per channel or per group without breaking the INT8
 MatMul), with max-min symmetric scales (Jacob et al. 2018): r = s·q, q = clip(round(r / s), qmin, qmax).
 
-- Weights: int8, q in [-127, 127] (zero point 0), by default one scale per *output channel*
-  s_w[o] = absmax(W[o]) / 127 (`QuantWeightPerChannel`). Weight scales are static, so per-channel
+- Weights: int8 with zero point 0, q in [-qmax, qmax], by default one scale per *output channel*
+  s_w[o] = absmax(W[o]) / qmax (`QuantWeightPerChannel`). qmax is the plan's `weight_qmax`: 63 (7-bit)
+  by default, `W_QMAX_U8S8` below, or 127 (full 8-bit, `W_QMAX`). Weight scales are static, so per-channel
   scales fold into the output dequantization: the integer MatMul (int32 accumulation of the per-tensor
   INT8 activations × INT8 weights) is unchanged and only the final multiply becomes a float32 vector
   s_x·s_w[o] instead of a scalar (on QNN/QDQ: DequantizeLinear with per-axis scales on the weight's
@@ -15,6 +16,15 @@ MatMul), with max-min symmetric scales (Jacob et al. 2018): r = s·q, q = clip(r
 - Activations: int8 values q in [-128, 127] with the calibrated scale s_x, *stored* as uint8 with zero
   point 128 (u8 = q + 128): ONNX Runtime's u8s8 GEMM is 6.6× faster than s8s8 on AVX2 (DESIGN.md),
   and the int32 result is identical.
+- Why 7-bit weights by default (ONNX Runtime's `reduce_range`): on AVX2 without VNNI, ORT's u8·s8 GEMM
+  multiplies with `vpmaddubsw`, which adds two adjacent u8·s8 products into a *saturating* int16. The
+  raw stored activation is u8 in [0, 255] (its zero point is corrected afterwards), so with 8-bit weights
+  2·255·127 = 64770 > 32767 and the int32 accumulator is silently wrong. With |q| <= 64,
+  2·255·64 = 32640 <= 32767: no pair can saturate and u8·s8 is exact. The alternative exact form, u8·u8
+  (weights stored q + 128, `vpmaddwd`), takes 1.3-1.6x the time per layer graph (numbers in
+  `hetero.npu.export.cpu_weight_form`). 7-bit symmetric weights (qmax = 63) keep the fast kernel exact,
+  at some accuracy: `bench/accuracy.py --quick`, default plan +1.33% → +2.03% perplexity vs float,
+  shadow_all +1.16% → +1.95% (per-channel weights, 8 → 7 bits).
 - Rounding is half to even (`np.rint`), as ONNX `QuantizeLinear`, so the ONNX graphs of the NPU
   backend reproduce `int8_linear` bit for bit (int32 accumulation).
 """
@@ -29,7 +39,18 @@ from hetero.errors import ConfigError
 
 ACT_ZERO_POINT = 128  # uint8 storage of int8 activations
 ACT_QMIN, ACT_QMAX = -128, 127
-W_QMAX = 127
+W_QMAX = 127  # full 8-bit symmetric weights
+# Largest |q| for which ORT's u8·s8 GEMM cannot saturate on AVX2 (vpmaddubsw int16 pair sums):
+# 2·255·64 = 32640 <= 32767, while 2·255·65 = 33150 > 32767.
+U8S8_SAFE_WEIGHT_ABSMAX = 64
+W_QMAX_U8S8 = 63  # 7-bit symmetric weights (ORT reduce_range): the plan's default `weight_qmax`
+
+
+def check_weight_qmax(qmax: int) -> int:
+    """qmax of symmetric int8 weights must be an integer in [1, 127]."""
+    if isinstance(qmax, bool) or not isinstance(qmax, (int, np.integer)) or not 1 <= int(qmax) <= W_QMAX:
+        raise ConfigError(f"weight_qmax must be an integer in [1, {W_QMAX}], got {qmax!r}")
+    return int(qmax)
 
 
 def symmetric_scale(absmax: float, qmax: int = W_QMAX) -> float:
@@ -50,11 +71,12 @@ class QuantWeight:
         return self.q.astype(np.float32) * np.float32(self.scale)
 
 
-def quantize_weight(w: np.ndarray) -> QuantWeight:
-    """Symmetric per-tensor INT8 weight: q = rint(W / s_w), s_w = absmax / 127."""
+def quantize_weight(w: np.ndarray, qmax: int = W_QMAX) -> QuantWeight:
+    """Symmetric per-tensor INT8 weight: q = rint(W / s_w), s_w = absmax / qmax (127, or 63 for 7-bit)."""
+    qmax = check_weight_qmax(qmax)
     w = np.asarray(w, dtype=np.float32)
-    s = symmetric_scale(float(np.abs(w).max()) if w.size else 0.0)
-    q = np.clip(np.rint(w / np.float32(s)), -W_QMAX, W_QMAX).astype(np.int8)
+    s = symmetric_scale(float(np.abs(w).max()) if w.size else 0.0, qmax)
+    q = np.clip(np.rint(w / np.float32(s)), -qmax, qmax).astype(np.int8)
     return QuantWeight(q, s)
 
 
@@ -94,18 +116,19 @@ class QuantWeightPerChannel:
     """An INT8 weight with one symmetric scale per output row, [out, in]."""
 
     q: np.ndarray  # int8 [out, in]
-    scales: np.ndarray  # float32 [out]: s_w[o] = absmax(W[o]) / 127
+    scales: np.ndarray  # float32 [out]: s_w[o] = absmax(W[o]) / qmax
 
     def dequantize(self) -> np.ndarray:
         return self.q.astype(np.float32) * self.scales.astype(np.float32)[:, None]
 
 
-def quantize_weight_per_channel(w: np.ndarray) -> QuantWeightPerChannel:
-    """q[o] = rint(W[o] / s_w[o]), s_w[o] = absmax(W[o]) / 127 (rows of zeros get s = 1)."""
+def quantize_weight_per_channel(w: np.ndarray, qmax: int = W_QMAX) -> QuantWeightPerChannel:
+    """q[o] = rint(W[o] / s_w[o]), s_w[o] = absmax(W[o]) / qmax (rows of zeros get s = 1)."""
+    qmax = check_weight_qmax(qmax)
     w = np.asarray(w, dtype=np.float32)
     amax = np.abs(w).max(axis=1) if w.size else np.zeros(w.shape[0], np.float32)
-    s = np.where(amax > 0, amax / np.float32(W_QMAX), 1.0).astype(np.float32)
-    q = np.clip(np.rint(w / s[:, None]), -W_QMAX, W_QMAX).astype(np.int8)
+    s = np.where(amax > 0, amax / np.float32(qmax), 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / s[:, None]), -qmax, qmax).astype(np.int8)
     return QuantWeightPerChannel(q, s)
 
 

@@ -11,6 +11,7 @@ import torch
 from hetero.npu import export
 from hetero.npu.backend import NpuBackend
 from hetero.npu.lanes import OrtCpuLane, prepare_graph
+from hetero.outliers.plan import SITES, plan_from_scales
 from hetero.outliers.quantize import int8_linear
 from hetero.outliers.shadow import QuantizedBackend
 from tests.conftest import make_tiny_model
@@ -113,3 +114,51 @@ def test_equivalent_shape_3d_equals_2d(tiny):
         spec = export.SegmentSpec(0, "o_ffn", export.PIECES, 16, "cpu", shape)
         outs.append(prepare_graph(spec, lq, tiny.fingerprint, lane)[0].run(dict(ins))["h_out"])
     assert torch.equal(outs[0], outs[1])
+
+
+def test_cpu_weight_form_saturation_bound():
+    # vpmaddubsw sums two u8·s8 products into a saturating int16: 2·255·64 = 32640 fits, 2·255·65 does not
+    assert export.cpu_weight_form(np.array([[64, -64]], np.int8)) == "u8s8"
+    assert export.cpu_weight_form(np.array([[65, 0]], np.int8)) == "u8u8"
+    assert export.cpu_weight_form(np.array([[-127, 3]], np.int8)) == "u8u8"
+
+
+@pytest.mark.parametrize("qmax", [63, 127])
+@pytest.mark.parametrize("fill", [255, 0])
+def test_cpu_graph_bit_exact_on_extreme_activations(tiny, qmax, fill):
+    # Quantized activations all 255 (or all 0) as u8 against weights at the edge of their range: the worst
+    # case of ORT's u8·s8 kernel on AVX2 (int16 pair sums 2·255·|q|). With 8-bit weights u8·s8 would
+    # saturate (2·255·127 > 32767); 7-bit weights (the CPU lane's) run u8·s8 exactly, 8-bit ones fall back
+    # to u8·u8. Either way the graph equals the numpy reference bit for bit.
+    from hetero.outliers.quantize import QuantWeightPerChannel
+
+    plan = plan_from_scales(tiny, {(l, s): 0.02 for l in range(2) for s in SITES}, weight_qmax=qmax)
+    assert plan.weight_qmax == qmax
+    w = plan.weights[(0, "wo")]
+    q = w.q.copy()  # rows of all +qmax, all -qmax, alternating, then the real weights
+    q[0], q[1], q[2, 0::2], q[2, 1::2] = qmax, -qmax, qmax, -qmax
+    plan.weights[(0, "wo")] = QuantWeightPerChannel(q, w.scales)
+    lq = export.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
+    assert lq.weight_qmax == qmax
+    spec = export.SegmentSpec(0, "o", ("o",), 16, "cpu")
+    m = export.build_segment(spec, lq)
+    inits = {t.name: t for t in m.graph.initializer}
+    mmi = next(n for n in m.graph.node if n.op_type == "MatMulInteger")
+    want_dtype = onnx.TensorProto.INT8 if qmax == 63 else onnx.TensorProto.UINT8
+    assert inits[mmi.input[1]].data_type == want_dtype and inits[mmi.input[3]].data_type == want_dtype
+    g, _ = prepare_graph(spec, lq, tiny.fingerprint, OrtCpuLane())
+    a = torch.full((16, 64), 100.0 if fill == 255 else -100.0)  # |a| / 0.02 ≫ 127: clips to u8 255 / 0
+    a[8:, ::3] = 0.0  # plus some mid-range u8 128 rows/columns
+    from hetero.outliers.quantize import quantize_act
+
+    assert (quantize_act(a[:8].numpy(), 0.02) == fill).all()
+    got = g.run({"a": a})["o"].numpy()
+    assert np.array_equal(got, int8_linear(a.numpy(), 0.02, plan.weights[(0, "wo")]))
+
+
+def test_layer_digest_depends_on_weight_qmax(tiny):
+    scales = {(l, s): 0.02 for l in range(2) for s in SITES}
+    d = {qm: export.layer_digest(export.layer_q(tiny.config, tiny.weights.layers[0],
+                                                plan_from_scales(tiny, scales, weight_qmax=qm), 0))
+         for qm in (63, 127)}
+    assert d[63] != d[127]

@@ -53,5 +53,7 @@ def test_store_file_depends_on_weight_granularity(tiny, tmp_path):
     stores = {wg: HotChannelStore(plan_from_scales(tiny, scales, shadow, weight_granularity=wg), tmp_path)
               for wg in ("channel", "tensor")}
     assert stores["channel"].data_path != stores["tensor"].data_path
+    assert HotChannelStore(plan_from_scales(tiny, scales, shadow, weight_qmax=63), tmp_path).data_path \
+        != stores["channel"].data_path  # 7-bit (the CPU lane's) vs the default 8-bit weights
     for wg, store in stores.items():
         assert torch.equal(store.rows(1, "down_in", torch.tensor([9, 0])), site_rows(store.plan, 1, "down_in")[[9, 0]])
