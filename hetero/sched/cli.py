@@ -23,8 +23,10 @@ def register(sub: Any) -> None:
     prof.add_argument("--chunks", default="32,64,128,256,512", help="chunk lengths C to profile")
     prof.add_argument("--kv-lens", default="256,1024,2048,4096", help="KV lengths for attention")
     prof.add_argument("--layer", type=int, default=0, help="which decoder layer to time (all layers share shapes)")
-    prof.add_argument("--hub", action="store_true", help="profile on a real device through Qualcomm AI Hub")
-    prof.add_argument("--device", help="AI Hub device name, e.g. 'Samsung Galaxy S24 (Family)'")
+    prof.add_argument("--threads", type=positive_int, default=None, help="threads, as for `hetero run` (default: all cores)")
+    from hetero.npu.cli import add_hub_profile_args
+
+    add_hub_profile_args(prof)  # --hub, --device, --hub-chunks, --hub-out
     prof.set_defaults(func=cmd_profile)
 
     tl = sub.add_parser("timeline", help="render a Gantt chart of a schedule (simulated, or a real run with --real)")
@@ -49,34 +51,37 @@ def _ints(text: str, name: str) -> list[int]:
     return values
 
 
-def subgraph_runner(runtime: Any, layer: int = 0) -> Callable[[str, str, int, int], None]:
-    """A `run_subgraph(kind, lane, C, kv_len)` that times the runtime's real subgraphs of one layer."""
+def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, str, int, int], None]:
+    """A `run_subgraph(kind, lane, C, kv_len)` timing the real subgraphs of one layer; `runtimes[C]` holds
+    the graphs prepared for chunk length C (static subgraphs have fixed shapes, mllm-NPU §3.2)."""
     import torch
 
     from hetero import model as ref
 
-    cfg = runtime.cfg
+    any_rt = next(iter(runtimes.values()))
+    cfg = any_rt.cfg
     k_cache = torch.zeros(cfg.n_kv_heads, cfg.context_length + 512, cfg.head_dim)
     v_cache = torch.zeros_like(k_cache)
     inputs: dict[int, tuple[torch.Tensor, ...]] = {}
-    lanes = dict(runtime.placement)
+    lanes = dict(any_rt.placement)
 
     def run(kind: str, lane: str, c: int, kv_len: int) -> None:
-        if lanes.get(kind) != lane:
-            raise NotImplementedError  # this runtime places `kind` on another lane
+        if lanes.get(kind) != lane or c not in runtimes:
+            raise NotImplementedError  # this runtime places `kind` on another lane, or has no graphs for C
+        rt = runtimes[c]
         if c not in inputs:
             g = torch.Generator().manual_seed(c)
             inputs[c] = (torch.randn(c, cfg.hidden, generator=g), torch.randn(c, cfg.q_dim, generator=g))
         h, a = inputs[c]
         with torch.inference_mode():
             if kind == "qkv":
-                runtime.backend.qkv(layer, h)
+                rt.backend.qkv(layer, h)
             elif kind == "o_ffn":
-                runtime.backend.o_ffn(layer, a, h)
+                rt.backend.o_ffn(layer, a, h)
             elif kind == "attn":
                 q, k, v = a, a[:, : cfg.kv_dim], a[:, : cfg.kv_dim]
                 start = max(0, min(kv_len, cfg.context_length) - c)
-                ref.attention(cfg, q, k, v, runtime.rope, k_cache, v_cache, start, c)
+                ref.attention(cfg, q, k, v, rt.rope, k_cache, v_cache, start, c)
             else:
                 raise NotImplementedError
 
@@ -88,22 +93,23 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from hetero.loader import load_model
     from hetero.sched.profiling import profile_command
 
+    if args.hub:
+        from hetero.npu.cli import run_hub_profile
+
+        return run_hub_profile(args)
     chunk_lens = _ints(args.chunks, "--chunks")
     kv_lens = _ints(args.kv_lens, "--kv-lens")
     model = load_model(args.model)
-    if args.hub:
-        from hetero.npu.hub import hub_profile_command
-
-        hub_profile_command(model, device=args.device, chunk_lens=chunk_lens, out_path=args.out)
-        return 0
-    runtime = make_runtime(model, args.backend, chunk=max(chunk_lens))
     if not 0 <= args.layer < model.config.n_layers:
         raise ConfigError(f"--layer must be in [0, {model.config.n_layers}), got {args.layer}")
+    runtimes = {c: make_runtime(model, args.backend, chunk=c, threads=args.threads) for c in chunk_lens}
+    placement = runtimes[chunk_lens[0]].placement
     profile_command(
-        args.out, subgraph_runner(runtime, args.layer), kinds=("qkv", "attn", "o_ffn"),
-        lanes=tuple(dict.fromkeys(lane for _, lane in runtime.placement)), chunk_lens=chunk_lens, kv_lens=kv_lens,
-        repeats=args.repeats, n_layers=model.config.n_layers, layer_subgraphs=runtime.placement,
-        metadata={"model": {"name": model.name, "fingerprint": model.fingerprint}, "runtime_backend": args.backend},
+        args.out, subgraph_runner(runtimes, args.layer), kinds=("qkv", "attn", "o_ffn"),
+        lanes=tuple(dict.fromkeys(lane for _, lane in placement)), chunk_lens=chunk_lens, kv_lens=kv_lens,
+        repeats=args.repeats, n_layers=model.config.n_layers, layer_subgraphs=placement,
+        metadata={"model": {"name": model.name, "fingerprint": model.fingerprint}, "runtime_backend": args.backend,
+                  "threads": {"npu_lane": args.threads or "all cores", "note": "as make_runtime splits them"}},
     )
     return 0
 
