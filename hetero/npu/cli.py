@@ -13,17 +13,9 @@ import argparse
 import json
 import logging
 
+from hetero.cli import positive_int
+
 log = logging.getLogger(__name__)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
 
 
 def _model(args):
@@ -80,7 +72,7 @@ def register(subparsers) -> None:
     sub = npu.add_subparsers(dest="npu_command", required=True)
     c = sub.add_parser("compile", help="export + compile every static graph into the graph cache")
     c.add_argument("--model", help="GGUF file or Hugging Face directory (default model if omitted)")
-    c.add_argument("--chunk", type=_positive_int, default=256)
+    c.add_argument("--chunk", type=positive_int, default=256)
     c.add_argument("--lane", choices=("cpu", "qnn"), default="qnn", help="qnn falls back to cpu if absent")
     c.add_argument("--shape", default="2d", help="'2d', '3d:a' or 'auto' (recorded equivalent shape)")
     c.add_argument("--budget", type=int, default=None, help="NPU memory budget in bytes (§4)")
@@ -90,7 +82,7 @@ def register(subparsers) -> None:
     c.set_defaults(func=cmd_compile)
     s = sub.add_parser("shapes", help="profile equivalent shapes and record the winners (§4)")
     s.add_argument("--model")
-    s.add_argument("--chunk", type=_positive_int, nargs="+", default=[256])
+    s.add_argument("--chunk", type=positive_int, nargs="+", default=[256])
     s.add_argument("--lane", choices=("cpu", "qnn"), default="cpu")
     s.set_defaults(func=cmd_shapes)
 
@@ -99,7 +91,7 @@ def add_hub_profile_args(p: argparse.ArgumentParser) -> None:
     """Options of `hetero profile` for AI Hub: --hub, --device, --hub-chunks, --hub-out."""
     p.add_argument("--hub", action="store_true", help="profile on a real device through Qualcomm AI Hub")
     p.add_argument("--device", help="AI Hub device name, e.g. 'Samsung Galaxy S24'")
-    p.add_argument("--hub-chunks", type=_positive_int, nargs="+", default=[128, 256])
+    p.add_argument("--hub-chunks", type=positive_int, nargs="+", default=[128, 256])
     p.add_argument("--hub-out", help="profile JSON to write (default profiles/hub-<device>.json)")
 
 

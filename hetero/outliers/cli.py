@@ -6,18 +6,9 @@ import argparse
 import json
 import time
 
+from hetero.cli import positive_int
 from hetero.outliers.calibrate import DEFAULT_TOKENS, DEFAULT_WINDOW
 from hetero.outliers.corpus import CORPORA, DEFAULT_CALIBRATION
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def register(subparsers) -> None:
@@ -26,8 +17,8 @@ def register(subparsers) -> None:
     p.add_argument("--model", help="GGUF file or Hugging Face directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--corpus", default=DEFAULT_CALIBRATION,
                    help=f"shipped corpus ({', '.join(sorted(CORPORA))}) or a UTF-8 text file (default {DEFAULT_CALIBRATION})")
-    p.add_argument("--tokens", type=_positive_int, default=DEFAULT_TOKENS, help=f"tokens to run (default {DEFAULT_TOKENS})")
-    p.add_argument("--window", type=_positive_int, default=DEFAULT_WINDOW, help=f"tokens per forward (default {DEFAULT_WINDOW})")
+    p.add_argument("--tokens", type=positive_int, default=DEFAULT_TOKENS, help=f"tokens to run (default {DEFAULT_TOKENS})")
+    p.add_argument("--window", type=positive_int, default=DEFAULT_WINDOW, help=f"tokens per forward (default {DEFAULT_WINDOW})")
     p.add_argument("--out", help="output .npz (default: next to the model's cache entry)")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.set_defaults(func=cmd_calibrate)
