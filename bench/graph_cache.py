@@ -31,7 +31,7 @@ from hetero.loader import load_model  # noqa: E402
 from hetero.npu.backend import NpuBackend  # noqa: E402
 from hetero.npu.cache import library_versions  # noqa: E402
 from hetero.npu.naive import graph_counts  # noqa: E402
-from hetero.npu.quickplan import absmax_plan  # noqa: E402
+from hetero.engine import quant_plan  # noqa: E402
 
 
 def _with_cache(tmp: str):
@@ -99,6 +99,8 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--qnn-layers", type=int, default=30, help="layers prepared on the (slow) HTP simulator")
+    ap.add_argument("--qnn-chunk", type=int, default=128,
+                    help="C on the HTP simulator (its o_ffn graph at C=256 fails with QNN_COMMON_ERROR_MEM_ALLOC)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--json", action="store_true", help="print JSON and write bench/results/graph_cache.json")
     args = ap.parse_args()
@@ -111,15 +113,14 @@ def main() -> None:
     os.environ.setdefault("HETERO_CACHE_ORIG", os.environ.get("HETERO_CACHE", str(Path.home() / ".cache" / "hetero")))
     model = load_model()
     cfg = model.config
-    text = (ROOT / "tests" / "data" / "sample.txt")
-    ids = torch.tensor(model.tokenizer(text.read_text())["input_ids"][:256]) if text.exists() else torch.arange(256)
-    plan = absmax_plan(model, ids)
+    plan = quant_plan(model, "cpu")  # the plans the runtime uses (calibrated, shadow + pruning)
 
     rows = [build_vs_load(model, plan, args.chunk, "cpu", range(cfg.n_layers), args.threads)]
     try:
         import onnxruntime_qnn  # noqa: F401
 
-        rows.append(build_vs_load(model, plan, args.chunk, "qnn", range(min(args.qnn_layers, cfg.n_layers)), args.threads))
+        rows.append(build_vs_load(model, quant_plan(model, "qnn"), args.qnn_chunk, "qnn",
+                                  range(min(args.qnn_layers, cfg.n_layers)), args.threads))
     except ImportError:
         pass
 

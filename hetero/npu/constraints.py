@@ -11,6 +11,7 @@ from __future__ import annotations
 
 # ---- can't ------------------------------------------------------------------------------------
 QNN_CONSTRAINTS: dict[str, str] = {
+    "simulator_o_ffn_c256_mem": "the onnxruntime-qnn 2.7 HTP simulator fails to finalize the o_ffn graph of SmolLM2 at C=256 with per-channel output scaling (QNN_COMMON_ERROR_MEM_ALLOC); C=64 and C=128 build. Use --chunk 128 with the qnn lane on the simulator.",
     "static_shapes": "HTP graphs are compiled for fixed tensor shapes; every dim of every input is a "
                      "constant (chunk length C), hence chunk-sharing graphs (mllm-NPU §3.2)",
     "per_tensor_act": "activations are quantized per tensor (uint8, zero point 128); per-channel "
