@@ -13,6 +13,7 @@ results of the same graph at once; pass `out=` to reuse buffers you own.
 
 from __future__ import annotations
 
+import abc
 import functools
 import logging
 import time
@@ -65,19 +66,21 @@ class Graph:
         return res
 
 
-class _Lane:
+class _Lane(abc.ABC):
+    """A place where static graphs run: how to compile a graph into a cacheable artifact and load it."""
+
     name = "lane"
     flavor = "cpu"
     lane = "cpu"
 
-    def options_key(self) -> dict:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def options_key(self) -> dict: ...
 
-    def compile(self, model_path: Path, out_path: Path) -> ort.InferenceSession:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def compile(self, model_path: Path, out_path: Path) -> ort.InferenceSession: ...
 
-    def load(self, path: Path) -> ort.InferenceSession:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def load(self, path: Path) -> ort.InferenceSession: ...
 
 
 @functools.cache

@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from hetero.sched.profiling import NotMeasured
+
 
 def _rmsnorm(nodes: list, inits: list, x: str, out: str, hidden: int, tag: str) -> None:
     from onnx import helper, numpy_helper
@@ -124,6 +126,6 @@ def make_runner(hidden: int, n_heads: int, n_kv_heads: int, ffn: int, max_kv: in
             _, xo, wo = attn_inputs(c)
             xo @ wo
         else:
-            raise NotImplementedError(f"{kind} on {lane}")
+            raise NotMeasured(f"{kind} on {lane}")
 
     return run

@@ -57,6 +57,7 @@ def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, 
     import torch
 
     from hetero import model as ref
+    from hetero.sched.profiling import NotMeasured
 
     any_rt = next(iter(runtimes.values()))
     cfg = any_rt.cfg
@@ -67,7 +68,7 @@ def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, 
 
     def run(kind: str, lane: str, c: int, kv_len: int) -> None:
         if lanes.get(kind) != lane or c not in runtimes:
-            raise NotImplementedError  # this runtime places `kind` on another lane, or has no graphs for C
+            raise NotMeasured  # this runtime places `kind` on another lane, or has no graphs for C
         rt = runtimes[c]
         if c not in inputs:
             g = torch.Generator().manual_seed(c)
@@ -83,7 +84,7 @@ def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, 
                 start = max(0, min(kv_len, cfg.context_length) - c)
                 ref.attention(cfg, q, k, v, rt.rope, k_cache, v_cache, start, c)
             else:
-                raise NotImplementedError
+                raise NotMeasured
 
     return run
 

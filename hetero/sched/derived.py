@@ -7,8 +7,8 @@ JSON; profiles/README.md repeats it. Regenerate with ``python -m hetero.sched.de
 
 from __future__ import annotations
 
-from hetero.sched.profile import CostEntry, Profile, save_profile
 from hetero.paths import PROFILES_DIR
+from hetero.sched.profile import CostEntry, Profile, save_profile
 
 # Qwen1.5-1.8B (HF config): 24 layers, hidden 2048, 16 heads x 128 (MHA: 16 KV heads), FFN 5504.
 N_LAYERS, HIDDEN, FFN = 24, 2048, 5504

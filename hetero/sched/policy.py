@@ -26,6 +26,7 @@ Policies (the registry `POLICIES`; the CLI's ``--policy`` choices come from it):
 
 from __future__ import annotations
 
+import abc
 import heapq
 import random
 from typing import Callable
@@ -34,7 +35,7 @@ from hetero.errors import ConfigError
 from hetero.sched.dag import CompiledDag
 
 
-class Policy:
+class Policy(abc.ABC):
     """Base: holds the DAG and the dispatcher's shared pending-predecessor counts."""
 
     name = "base"
@@ -43,11 +44,13 @@ class Policy:
         self.dag = dag
         self.pending = pending  # node -> unfinished predecessors (owned by the Dispatcher)
 
+    @abc.abstractmethod
     def push(self, v: int) -> None:
-        raise NotImplementedError
+        """Node v became ready."""
 
+    @abc.abstractmethod
     def pop(self, lane: int) -> int:
-        raise NotImplementedError
+        """The next node for idle `lane` (one of its ready nodes)."""
 
     def one_left(self, s: int) -> None:
         """Hook: s now waits for a single predecessor (Eq. 6 re-scores that predecessor)."""
@@ -85,8 +88,9 @@ class StaticPriority(Policy):
         self.key = self.keys(dag)
         self.heaps: list[list[tuple]] = [[] for _ in dag.lanes]
 
+    @abc.abstractmethod
     def keys(self, dag: CompiledDag) -> list[tuple]:
-        raise NotImplementedError
+        """Per-node heap keys: smaller runs first."""
 
     def push(self, v: int) -> None:
         heapq.heappush(self.heaps[self.dag.lane[v]], self.key[v])

@@ -16,12 +16,16 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from hetero.errors import ConfigError
-from hetero.sched.profile import DEFAULT_LAYER, CostEntry, Profile
 from hetero.paths import PROFILES_DIR
+from hetero.sched.profile import DEFAULT_LAYER, CostEntry, Profile
 
 CHUNK_LENS = (32, 64, 128, 256, 512)
 KV_LENS = (256, 512, 1024, 2048, 4096)
 KV_KINDS = ("attn",)  # kinds whose cost depends on the KV length
+
+class NotMeasured(Exception):
+    """Raised by a `run_subgraph` callable for a (kind, lane, C) it does not run: that entry is skipped."""
+
 RunSubgraph = Callable[[str, str, int, int], None]  # (kind, lane, C, kv_len) -> None, runs it once
 
 
@@ -32,7 +36,7 @@ def measure_profile(run_subgraph: RunSubgraph, kinds: Sequence[str], lanes: Sequ
                     metadata: Mapping[str, Any] | None = None, log: Callable[[str], None] | None = None) -> Profile:
     """Time `run_subgraph(kind, lane, C, kv_len)` for every kind × lane × C (× kv_len for attention).
 
-    A (kind, lane) pair the callable does not support raises NotImplementedError and is skipped.
+    A (kind, lane) pair the callable does not run there raises `NotMeasured` and is skipped.
     Attention is timed at kv_len in `kv_lens` that are >= C (and at kv_len = C): a chunk attends over
     at least itself. The cost is the median of `repeats` timed calls after `warmup` untimed ones.
     """
@@ -47,7 +51,7 @@ def measure_profile(run_subgraph: RunSubgraph, kinds: Sequence[str], lanes: Sequ
                 try:
                     for kv in kvs:
                         points.append((kv, _median_us(run_subgraph, kind, lane, c, kv, repeats, warmup)))
-                except NotImplementedError:
+                except NotMeasured:
                     break
                 costs.append(CostEntry(kind, lane, c, tuple(points)))
                 if log is not None:

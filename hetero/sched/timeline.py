@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from hetero.sched.schedule import Schedule
 from hetero.paths import PROFILES_DIR
+from hetero.sched.schedule import Schedule
 
 
 def draw_timeline(ax, schedule: Schedule, title: str = "") -> None:

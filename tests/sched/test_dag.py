@@ -5,7 +5,6 @@ from hetero.errors import ConfigError, ScheduleError
 from hetero.sched.dag import build_dag, compile_dag, validate_dag
 
 
-
 def test_edges_follow_eq3_and_kv_dependency(layer):
     g = build_dag(3, layer, 2)
     per_chunk = 6

@@ -3,7 +3,6 @@ import pytest
 from hetero.sched.optimal import solve_optimal
 from hetero.sched.schedule import Schedule, check_schedule
 
-
 pytest.importorskip("ortools")
 
 

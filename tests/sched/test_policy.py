@@ -5,7 +5,6 @@ from hetero.sched.policy import Dispatcher, upward_rank
 from hetero.sched.simulate import simulate
 
 
-
 def test_eq6_scores_follow_the_paper(make_dag):
     """Eq. 6: on the CPU, C = +T of the NPU subgraphs g releases; on the NPU, -T of the CPU ones."""
     d = make_dag(2)

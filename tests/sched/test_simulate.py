@@ -5,7 +5,6 @@ from hetero.sched.policy import POLICIES, InOrder
 from hetero.sched.schedule import check_schedule
 from hetero.sched.simulate import simulate
 
-
 LAYER3 = (("qkv", "npu"), ("shadow", "cpu"), ("attn", "gpu"), ("o_ffn", "npu"))
 
 
