@@ -142,12 +142,14 @@ def backends_present() -> dict[str, Any]:
         info["ort_providers"] = ort.get_available_providers()
     except ImportError:
         info["onnxruntime"] = None
-    try:
-        from hetero.npu.qnn import qnn_htp_available
+    from hetero.errors import BackendUnavailable
+    from hetero.npu.lanes import qnn_devices
 
-        info["qnn_htp"] = qnn_htp_available()
-    except ImportError:
-        info["qnn_htp"] = "unknown (hetero.npu.qnn not importable)"
+    try:
+        devices = qnn_devices()
+        info["qnn_htp"] = f"available ({len(devices)} device(s); on x86-64 Linux this is the HTP simulator)"
+    except BackendUnavailable as e:
+        info["qnn_htp"] = f"absent: {e}"
     return info
 
 

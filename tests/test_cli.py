@@ -1,0 +1,32 @@
+"""`hetero info` and `hetero run` on real inputs (the bad-input paths are in test_bad_input.py)."""
+
+from __future__ import annotations
+
+import json
+
+from hetero.cli import main
+from tests.conftest import make_tiny_model
+from tests.gguf_writer import write_gguf
+
+
+def test_info_json_lists_model_and_backends(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    path = write_gguf(make_tiny_model(), tmp_path / "tiny.gguf")
+    assert main(["info", "--model", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["n_layers"] == 2 and out["config"]["arch"] == "llama"
+    assert {"torch", "onnxruntime", "qnn_htp", "ort_providers"} <= set(out["backends"])
+
+
+def test_run_json_answers_paris_on_the_float_path(default_model, capsys) -> None:
+    assert main(["run", "What is the capital of France?", "--backend", "float", "--max-new-tokens", "12", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "Paris" in out["text"] and out["prompt_tokens"] > 0 and out["prefill_tokens_per_s"] > 0
+    assert set(out) >= {"text", "prompt_tokens", "prefill_ms", "prefill_tokens_per_s", "decode_tokens_per_s"}
+
+
+def test_run_answers_paris_on_the_default_hetero_path(default_model, capsys) -> None:
+    """INT8 graphs + shadow outliers + out-of-order dispatch (first use calibrates, ~30 s, then cached)."""
+    assert main(["run", "What is the capital of France?", "--max-new-tokens", "12", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["backend"] == "hetero" and "Paris" in out["text"]
