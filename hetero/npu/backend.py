@@ -105,12 +105,13 @@ class NpuBackend:
     def _prepare_layer(self, layer: int, use_cache: bool) -> PreparedLayer:
         shadow = frozenset(s for s in ("attn_in", "o_in", "ffn_in", "down_in") if self.plan.sites[(layer, s)].shadow)
         lq = export.layer_q(self.cfg, self.model.weights.layers[layer], self.plan, layer)
+        digest = export.layer_digest(lq)
         graphs = []
         for spec0 in export.layer_segments(layer, set(shadow), self.chunk, "cpu"):
             lane = self._lane_for(layer, "qkv" if spec0.kind == "qkv" else "o_ffn")
             spec = export.SegmentSpec(layer, spec0.kind, spec0.pieces, self.chunk, lane.flavor,
                                       self._shape_for(lane, spec0.kind), spec0.emit_x)
-            g, info = prepare_graph(spec, lq, self.model.fingerprint, lane, use_cache)
+            g, info = prepare_graph(spec, lq, self.model.fingerprint, lane, use_cache, digest)
             graphs.append(g)
             self.report.rows.append((layer, spec.kind, lane.name, info.cached, info.seconds, info.size_bytes))
         return PreparedLayer(graphs, shadow)

@@ -11,8 +11,15 @@ prepared graph is therefore a pure function of its inputs, stored once and loade
 
 `key` hashes the layer's parameters (`export.layer_digest`), the model fingerprint, the segment spec
 (C, shape, flavour), the backend options and the library versions (onnx, onnxruntime,
-onnxruntime-qnn, EXPORT_VERSION). An entry whose meta.json is missing, unreadable, of another key, or
-whose files differ in size or (sampled, `_sha`) hash, or that fails to load, is *stale or corrupt*: it is deleted and rebuilt with a warning.
+onnxruntime-qnn, EXPORT_VERSION). An entry whose meta.json is missing, unreadable or of another key, or
+whose files differ in size or sha256, or that fails to load, is *stale or corrupt*: it is deleted and
+rebuilt with a warning.
+
+Verification is git-index style: commit records each file's size, sha256 (of the whole file) and stat
+stamp (mtime_ns); a load whose files still carry their recorded stamp skips re-hashing (hashing the
+QNN context binaries, ~7 MB a graph, would cost as much as deserializing them), a file whose stamp
+moved (rewritten, copied, touched) is hashed in full and the entry is rejected if it differs, or its
+stamp refreshed if not. `read_compiled(full=True)` hashes everything regardless.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ from hetero.paths import atomic_path, cache_dir
 log = logging.getLogger(__name__)
 
 META = "meta.json"
+# 2: whole-file sha256 + stat stamps (1: sampled sha256).
+# Part of every key: entries of an older format are never read (`hetero npu cache --clear` removes them).
+FORMAT = 2
 COMPILED = "compiled.onnx"
 
 
@@ -59,31 +69,19 @@ def graphs_root() -> Path:
     return cache_dir() / "graphs"
 
 
-_FULL_HASH_MAX = 4 << 20  # files up to 4 MiB are hashed whole
-_SAMPLE = 256 << 10
-
-
 def _sha(path: Path) -> str:
-    """sha256 of a file; above 4 MiB of its size + 17 evenly spaced 256 KiB blocks (head, tail included).
-
-    Loading must stay far cheaper than building (QNN context binaries are ~9 MB a graph); a damaged
-    file the sample misses still fails to deserialize, which `prepare_graph` also treats as corrupt.
-    """
-    size = path.stat().st_size
-    h = hashlib.sha256(str(size).encode())
+    """sha256 of a whole file, read in 1 MiB blocks."""
     with path.open("rb") as f:
-        if size <= _FULL_HASH_MAX:
-            h.update(f.read())
-        else:
-            for i in range(17):
-                f.seek((size - _SAMPLE) * i // 16)
-                h.update(f.read(_SAMPLE))
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _stamp(path: Path) -> int:
+    return path.stat().st_mtime_ns
 
 
 @dataclass(frozen=True, slots=True)
 class CacheEntry:
-    """One cache directory; `valid()` checks it, `read_compiled()` returns the verified bytes."""
+    """One cache directory; `read_compiled()` verifies it and says where the compiled graph is."""
 
     root: Path  # cache_dir()/graphs/<backend>/<key>
     key: str
@@ -100,10 +98,12 @@ class CacheEntry:
     def compiled_path(self) -> Path:
         return self.root / COMPILED
 
-    def read_compiled(self) -> Path | None:
-        """The compiled graph's path if the entry is complete and intact (all files verified); None if absent.
+    def read_compiled(self, full: bool = False) -> tuple[Path, int] | None:
+        """(compiled graph's path, entry bytes) if the entry is complete and intact (all files verified);
+        None if absent.
 
-        Raises GraphCacheError (with the reason) for a stale or corrupt entry.
+        Raises GraphCacheError (with the reason) for a stale or corrupt entry. full: hash every file even
+        when its stat stamp is unchanged (module doc).
         """
         meta_path = self.root / META
         if not meta_path.exists():
@@ -119,14 +119,21 @@ class CacheEntry:
         files = meta.get("files", {})
         if COMPILED not in files:
             raise GraphCacheError(f"graph cache entry {self.root}: {META} lists no {COMPILED}")
+        restamp = False
         for name, info in files.items():
             p = self.root / name
             if not p.exists() or p.stat().st_size != info["size"]:
                 raise GraphCacheError(f"graph cache entry {self.root}: {name} missing or truncated")
         for name, info in files.items():  # the compiled model may point at model.data: verify all
-            if _sha(self.root / name) != info["sha256"]:
+            p = self.root / name
+            if not full and _stamp(p) == info.get("mtime_ns"):
+                continue
+            if _sha(p) != info["sha256"]:
                 raise GraphCacheError(f"graph cache entry {self.root}: {name} fails its sha256 (corrupt)")
-        return self.compiled_path
+            info["mtime_ns"], restamp = _stamp(p), True
+        if restamp:  # same content, new stamp (copied or touched): hash it once, not on every load
+            self._write_meta(meta)
+        return self.compiled_path, sum(info["size"] for info in files.values())
 
     def discard(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -136,13 +143,51 @@ class CacheEntry:
         files = {}
         for p in sorted(self.root.iterdir()):
             if p.is_file() and p.name != META and not p.name.startswith("."):
-                files[p.name] = {"size": p.stat().st_size, "sha256": _sha(p)}
+                files[p.name] = {"size": p.stat().st_size, "sha256": _sha(p), "mtime_ns": _stamp(p)}
         if COMPILED not in files:
             raise GraphCacheError(f"graph cache entry {self.root}: nothing compiled to commit")
-        meta = {"key": self.key, "spec": asdict(spec) if hasattr(spec, "__dataclass_fields__") else spec,
-                "files": files, "versions": library_versions(), **(extra or {})}
+        self._write_meta({"format": FORMAT, "key": self.key, "spec": asdict(spec) if hasattr(spec, "__dataclass_fields__") else spec,
+                          "files": files, "versions": library_versions(), **(extra or {})})
+
+    def _write_meta(self, meta: dict) -> None:
         with atomic_path(self.root / META) as tmp:
             tmp.write_text(json.dumps(meta, indent=1, default=str))
 
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.root.iterdir() if p.is_file()) if self.root.exists() else 0
+
+
+def cache_usage() -> dict[str, dict[str, int]]:
+    """Per backend folder: entries of the current `FORMAT`, entries of older formats or unfinished, bytes."""
+    out: dict[str, dict[str, int]] = {}
+    root = graphs_root()
+    for backend in sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []:
+        row = {"entries": 0, "other": 0, "bytes": 0}
+        for d in backend.iterdir():
+            if not d.is_dir():
+                continue
+            try:
+                current = json.loads((d / META).read_text()).get("format") == FORMAT
+            except (OSError, ValueError):
+                current = False
+            row["entries" if current else "other"] += 1
+            row["bytes"] += sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+        out[backend.name] = row
+    return out
+
+
+def clear_cache(only_stale: bool = False) -> int:
+    """Delete graph cache entries (all, or only those of older formats / unfinished); returns bytes freed."""
+    freed = 0
+    root = graphs_root()
+    for backend in [p for p in root.iterdir() if p.is_dir()] if root.exists() else []:
+        for d in [d for d in backend.iterdir() if d.is_dir()]:
+            if only_stale:
+                try:
+                    if json.loads((d / META).read_text()).get("format") == FORMAT:
+                        continue
+                except (OSError, ValueError):
+                    pass
+            freed += sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+            shutil.rmtree(d, ignore_errors=True)
+    return freed

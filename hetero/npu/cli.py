@@ -3,6 +3,7 @@
     hetero npu compile [--chunk C] [--lane cpu|qnn] [--budget BYTES]      prepare + cache every graph
     hetero npu compile --hub --device "Samsung Galaxy S24"                 compile on Qualcomm AI Hub
     hetero npu shapes [--chunk C ...] [--lane cpu|qnn]                     profile equivalent shapes (§4)
+    hetero npu cache [--clear | --clear-stale]                             what the graph cache holds
 
 `add_hub_profile_args(parser)` + `run_hub_profile(args)`: `hetero profile --hub --device NAME`.
 """
@@ -66,8 +67,24 @@ def cmd_shapes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    from hetero.npu.cache import cache_usage, clear_cache, graphs_root
+
+    if args.clear or args.clear_stale:
+        freed = clear_cache(only_stale=args.clear_stale)
+        print(f"freed {freed / 2**20:.1f} MiB under {graphs_root()}")
+    usage = cache_usage()
+    if args.json:
+        print(json.dumps({"root": str(graphs_root()), "backends": usage}, indent=1))
+        return 0
+    print(f"graph cache: {graphs_root()}")
+    for name, row in usage.items():
+        print(f"  {name:8s} {row['entries']:5d} entries  {row['other']:5d} stale/unfinished  {row['bytes'] / 2**20:9.1f} MiB")
+    return 0
+
+
 def register(subparsers) -> None:
-    """Add `npu compile` and `npu shapes` to the `hetero` CLI."""
+    """Add `npu compile`, `npu shapes` and `npu cache` to the `hetero` CLI."""
     npu = subparsers.add_parser("npu", help="prepare the NPU graphs (export, compile, cache)")
     sub = npu.add_subparsers(dest="npu_command", required=True)
     c = sub.add_parser("compile", help="export + compile every static graph into the graph cache")
@@ -85,6 +102,12 @@ def register(subparsers) -> None:
     s.add_argument("--chunk", type=positive_int, nargs="+", default=[256])
     s.add_argument("--lane", choices=("cpu", "qnn"), default="cpu")
     s.set_defaults(func=cmd_shapes)
+    k = sub.add_parser("cache", help="what the prebuilt-graph cache holds; --clear to empty it")
+    g = k.add_mutually_exclusive_group()
+    g.add_argument("--clear", action="store_true", help="delete every entry")
+    g.add_argument("--clear-stale", action="store_true", help="delete entries of older formats and unfinished builds")
+    k.add_argument("--json", action="store_true")
+    k.set_defaults(func=cmd_cache)
 
 
 def add_hub_profile_args(p: argparse.ArgumentParser) -> None:

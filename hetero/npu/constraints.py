@@ -38,7 +38,6 @@ QNN_CONSTRAINTS: dict[str, str] = {
 QNN_NOT_YET: dict[str, str] = {
     "fused_qkv_weights": "Q/K/V (and gate/up) keep separate MatMuls on HTP: their per-tensor weight "
                          "scales differ and a fused weight would need per-channel DequantizeLinear",
-    "conv1x1_shape": "the 1x1 Conv2d equivalent shape (§4) is profiled only as reshaped MatMuls",
     "per_lane_weight_range": "HTP graphs take the plan's weights, 7-bit by default because of the CPU EP "
                              "(`CPU_EP_CONSTRAINTS`); HTP has no such saturation and could run 8-bit "
                              "(weight_qmax=127), but one plan serves both lanes and the reference",

@@ -35,7 +35,10 @@ constant vector, emitted as one scalar.
   RMSNorm, residual adds and SiLU·mul stay float ops inside the graph; the simulator runs them on HTP.
 
 Equivalent shapes (§4, `shapes.py`): shape "2d" runs the graph on [C, K]; "3d:a" reshapes the input to
-[a, C/a, K] once at the graph's entry (every op is row-wise) and back at its exit.
+[a, C/a, K] once at the graph's entry (every op is row-wise) and back at its exit; "conv:a" does the same
+and runs every linear as a 1×1 Conv2d over the NCHW image [1, K, a, C/a] (weight [N, K, 1, 1];
+ConvInteger on the CPU EP, bit-identical to MatMulInteger; a QDQ Conv on HTP, whose NHWC layout makes the
+transposes around it cancel).
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ class SegmentSpec:
     pieces: tuple[str, ...]  # ("qkv",) or a contiguous run of PIECES
     chunk: int  # C: rows of every input/output
     flavor: str  # "cpu" | "qnn"
-    shape: str = "2d"  # "2d" | "3d:a" (equivalent shape, §4)
+    shape: str = "2d"  # "2d" | "3d:a" | "conv:a" (equivalent shape, §4)
     emit_x: bool = False  # also output the quantized linear's float input (for its shadow on the CPU)
 
     def __post_init__(self) -> None:
@@ -78,18 +81,22 @@ class SegmentSpec:
             raise ConfigError(f"flavor must be one of {FLAVORS}, got {self.flavor!r}")
         if self.chunk <= 0:
             raise ConfigError(f"chunk must be > 0, got {self.chunk}")
-        rows_3d(self.shape, self.chunk)  # validates
+        shape_rows(self.shape, self.chunk)  # validates
 
 
-def rows_3d(shape: str, chunk: int) -> tuple[int, int] | None:
-    """(a, b) with a·b = C for shape "3d:a", None for "2d"."""
+SHAPES = ("2d", "3d:a", "conv:a")
+
+
+def shape_rows(shape: str, chunk: int) -> tuple[int, int] | None:
+    """(a, b) with a·b = C for "3d:a" and "conv:a", None for "2d"; ConfigError for anything else."""
     if shape == "2d":
         return None
-    if shape.startswith("3d:"):
-        a = int(shape[3:])
+    form, _, a_txt = shape.partition(":")
+    if form in ("3d", "conv") and a_txt.isdigit():
+        a = int(a_txt)
         if a > 0 and chunk % a == 0:
             return a, chunk // a
-    raise ConfigError(f"shape must be '2d' or '3d:a' with a dividing C={chunk}, got {shape!r}")
+    raise ConfigError(f"shape must be '2d', '3d:a' or 'conv:a' with a dividing C={chunk}, got {shape!r}")
 
 
 def layer_segments(layer: int, shadow_sites: set[str], chunk: int, flavor: str, shape: str = "2d") -> list[SegmentSpec]:
@@ -196,8 +203,37 @@ def cpu_weight_form(wt: np.ndarray) -> str:
     return "u8s8" if amax <= U8S8_SAFE_WEIGHT_ABSMAX else "u8u8"
 
 
-def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: bool | None = None) -> str:
-    """y = concat_j(int8_linear(x, s_x, W_j) + b_j) along the last axis; all lins share x and s_x."""
+def _conv_in(g: _Graph, x: str) -> str:
+    """[a, b, K] → [1, K, a, b] (NCHW) for a 1×1 Conv (on the CPU EP the moved tensor is the u8 activation)."""
+    return g.op("Unsqueeze", [g.op("Transpose", [x], "nchw", perm=[2, 0, 1]), g.const(np.array([0], np.int64))])
+
+
+def _conv_out(g: _Graph, y: str) -> str:
+    """[1, N, a, b] → [a, b, N]."""
+    return g.op("Transpose", [g.op("Squeeze", [y, g.const(np.array([0], np.int64))])], "rows", perm=[1, 2, 0])
+
+
+def _weight(g: _Graph, w_kn: np.ndarray, conv: bool, stem: str = "w_q") -> str:
+    """A weight given as [K, N], stored for MatMul ([K, N]) or for a 1×1 Conv ([N, K, 1, 1])."""
+    return g.const(np.ascontiguousarray(w_kn.T)[:, :, None, None] if conv else np.ascontiguousarray(w_kn), stem)
+
+
+def _product(g: _Graph, op: str, x: str, w: str, extra: list[str], conv: bool) -> str:
+    """x @ W: `op` (MatMul / MatMulInteger) over rows, or its 1×1 Conv (Conv / ConvInteger) over x laid
+    out NCHW (§4 equivalent shape "conv:a"); `w` stored by `_weight`."""
+    if not conv:
+        return g.op(op, [x, w, *extra], "y")
+    conv_op = {"MatMul": "Conv", "MatMulInteger": "ConvInteger"}[op]
+    return _conv_out(g, g.op(conv_op, [_conv_in(g, x), w, *extra], "acc"))
+
+
+def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: bool | None = None,
+             conv: bool = False) -> str:
+    """y = concat_j(int8_linear(x, s_x, W_j) + b_j) along the last axis; all lins share x and s_x.
+
+    conv: x is [a, b, K] and each matmul runs as a 1×1 Conv over [1, K, a, b] (bit-identical on the CPU EP:
+    ConvInteger accumulates the same int32 products).
+    """
     qnn_per_axis = QNN_PER_AXIS_DQ if qnn_per_axis is None else qnn_per_axis
     s_x = np.float32(lins[0].x_scale)
     assert all(np.float32(lq.x_scale) == s_x for lq in lins), "fused linears must share their input site"
@@ -209,36 +245,33 @@ def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: 
         # with zero point 128, same int32 result): u8·s8 with 8-bit weights saturates on AVX2 (`cpu_weight_form`)
         wt = np.ascontiguousarray(np.concatenate([lq.q.T for lq in lins], axis=1))  # int8 [K, ΣN]
         if cpu_weight_form(wt) == "u8s8":
-            w, w_zp = g.const(wt, "w_q"), g.const(np.array(0, np.int8), "w_zp")
+            w_zp = g.const(np.array(0, np.int8), "w_zp")
         else:
-            w = g.const((wt.astype(np.int16) + ACT_ZERO_POINT).astype(np.uint8), "w_q")
+            wt = (wt.astype(np.int16) + ACT_ZERO_POINT).astype(np.uint8)
             w_zp = g.const(np.array(ACT_ZERO_POINT, np.uint8), "w_zp")
         scales = np.concatenate([_out_scale(s_x, lq) for lq in lins])
-        acc = g.op("MatMulInteger", [xq, w, zp, w_zp], "acc")
+        acc = _product(g, "MatMulInteger", xq, _weight(g, wt, conv), [zp, w_zp], conv)
         s = scales[:1] if np.all(scales == scales[0]) else scales
         y = g.op("Mul", [g.op("Cast", [acc], to=TensorProto.FLOAT), g.const(s, "acc_s")], "y")
     else:
         xd = g.op("DequantizeLinear", [xq, g.const(np.array(s_x, np.float32), "act_s"), zp], "xd")
         ys = []
         for lq in lins:
+            n = lq.q.shape[0]
+            wq = lq.q.T  # int8 [K, N]
             if np.ndim(lq.w_scale) == 0:
-                wd = g.op("DequantizeLinear", [g.const(np.ascontiguousarray(lq.q.T), "w_q"),
-                                               g.const(np.array(lq.w_scale, np.float32), "w_s"),
-                                               g.const(np.array(0, np.int8), "w_zp")], "wd")
-                ys.append(g.op("MatMul", [xd, wd], "y"))
-            elif qnn_per_axis:  # DequantizeLinear with per-axis scales, axis=1 = output dim of the [K, N] weight
-                n = lq.q.shape[0]
-                wd = g.op("DequantizeLinear", [g.const(np.ascontiguousarray(lq.q.T), "w_q"),
-                                               g.const(np.asarray(lq.w_scale, np.float32).reshape(n), "w_s"),
-                                               g.const(np.zeros(n, np.int8), "w_zp")], "wd", axis=1)
-                ys.append(g.op("MatMul", [xd, wd], "y"))
+                w_s, post = np.array(lq.w_scale, np.float32), None
+                w_zp = np.array(0, np.int8)
+            elif qnn_per_axis:  # DequantizeLinear with per-axis scales on the output dim
+                w_s, post, w_zp = np.asarray(lq.w_scale, np.float32).reshape(n), None, np.zeros(n, np.int8)
             else:  # the same scales folded after the MatMul: weight DQ with scale 1, then Mul(s_w[col])
-                n = lq.q.shape[0]
-                wd = g.op("DequantizeLinear", [g.const(np.ascontiguousarray(lq.q.T), "w_q"),
-                                               g.const(np.array(1.0, np.float32), "w_s"),
-                                               g.const(np.array(0, np.int8), "w_zp")], "wd")
-                ys.append(g.op("Mul", [g.op("MatMul", [xd, wd], "y"),
-                                       g.const(np.asarray(lq.w_scale, np.float32).reshape(n), "w_s")], "y"))
+                w_s, post = np.array(1.0, np.float32), np.asarray(lq.w_scale, np.float32).reshape(n)
+                w_zp = np.array(0, np.int8)
+            axis = {"axis": 0 if conv else 1} if w_s.ndim else {}  # the output dim of the stored weight
+            wd = g.op("DequantizeLinear", [_weight(g, wq, conv), g.const(w_s, "w_s"), g.const(w_zp, "w_zp")],
+                      "wd", **axis)
+            y = _product(g, "MatMul", xd, wd, [], conv)
+            ys.append(y if post is None else g.op("Mul", [y, g.const(post, "w_s")], "y"))
         y = ys[0] if len(ys) == 1 else g.op("Concat", ys, "y", axis=-1)
     if has_bias:
         b = np.concatenate([lq.bias if lq.bias is not None else np.zeros(lq.q.shape[0], np.float32) for lq in lins])
@@ -320,7 +353,8 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
     """The ONNX graph of one segment (pure function of its spec and parameters)."""
     g = _Graph(f"L{spec.layer}_{spec.kind}_C{spec.chunk}_{spec.flavor}")
     ins, outs = segment_io(spec, lq)
-    ab = rows_3d(spec.shape, spec.chunk)
+    ab = shape_rows(spec.shape, spec.chunk)
+    conv = spec.shape.startswith("conv:")
     env: dict[str, str] = {}
     for name, width in ins.items():
         t = g.input(name, [spec.chunk, width])
@@ -329,21 +363,21 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
     for piece in spec.pieces:
         if piece == "qkv":
             env["x"] = _rms_norm(g, env["h"], lq.attn_norm, lq.eps, f)
-            env["qkv"] = _linears(g, env["x"], list(lq.qkv), f)
+            env["qkv"] = _linears(g, env["x"], list(lq.qkv), f, conv=conv)
         elif piece == "o":
             env["x"] = env["a"]
-            env["o"] = _linears(g, env["a"], [lq.o], f)
+            env["o"] = _linears(g, env["a"], [lq.o], f, conv=conv)
         elif piece == "gu":
             env["h1"] = g.op("Add", [env["h"], env["o"]], "h1")
             env["x"] = _rms_norm(g, env["h1"], lq.ffn_norm, lq.eps, f)
-            env["gu"] = _linears(g, env["x"], list(lq.gate_up), f)
+            env["gu"] = _linears(g, env["x"], list(lq.gate_up), f, conv=conv)
         elif piece == "act":
             gate = _slice_last(g, env["gu"], 0, lq.ffn)
             up = _slice_last(g, env["gu"], lq.ffn, 2 * lq.ffn)
             silu = g.op("Mul", [gate, g.op("Sigmoid", [gate])], "silu")
             env["m"] = g.op("Mul", [silu, up], "m")
         elif piece == "down":
-            env["d"] = _linears(g, env["m"], [lq.down], f)
+            env["d"] = _linears(g, env["m"], [lq.down], f, conv=conv)
             if "h1" in env:
                 env["h_out"] = g.op("Add", [env["h1"], env["d"]], "h_out")
     for name, width in outs.items():

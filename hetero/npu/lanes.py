@@ -26,7 +26,7 @@ import torch
 
 from hetero.errors import BackendUnavailable, GraphCacheError
 from hetero.npu import export
-from hetero.npu.cache import CacheEntry, entry_key, library_versions
+from hetero.npu.cache import FORMAT, CacheEntry, entry_key, library_versions
 from hetero.paths import atomic_path
 
 log = logging.getLogger(__name__)
@@ -209,35 +209,37 @@ class PrepareInfo:
     size_bytes: int  # compiled artifact on disk
 
 
-def graph_key(spec: export.SegmentSpec, lq: export.LayerQ, model_fp: str, lane: _Lane) -> str:
-    return entry_key("hetero-graph", export.EXPORT_VERSION, spec.kind, spec.pieces, spec.chunk, spec.flavor,
-                     spec.shape, spec.emit_x, spec.layer, export.layer_digest(lq), model_fp, lane.options_key(),
+def graph_key(spec: export.SegmentSpec, layer_digest: str, model_fp: str, lane: _Lane) -> str:
+    return entry_key("hetero-graph", FORMAT, export.EXPORT_VERSION, spec.kind, spec.pieces, spec.chunk, spec.flavor,
+                     spec.shape, spec.emit_x, spec.layer, layer_digest, model_fp, lane.options_key(),
                      library_versions())
 
 
 def prepare_graph(spec: export.SegmentSpec, lq: export.LayerQ, model_fp: str, lane: _Lane,
-                  use_cache: bool = True) -> tuple[Graph, PrepareInfo]:
-    """Load one segment's compiled graph from the cache, or export, compile and cache it."""
+                  use_cache: bool = True, layer_digest: str | None = None) -> tuple[Graph, PrepareInfo]:
+    """Load one segment's compiled graph from the cache, or export, compile and cache it.
+
+    layer_digest: `export.layer_digest(lq)` when the caller already has it (one per layer, not per graph).
+    """
     t0 = time.perf_counter()
     ins, outs = export.segment_io(spec, lq)
-    key = graph_key(spec, lq, model_fp, lane)
+    key = graph_key(spec, layer_digest or export.layer_digest(lq), model_fp, lane)
     entry = CacheEntry.of(lane.name, key)
     if use_cache:
         try:
-            data = entry.read_compiled()
+            found = entry.read_compiled()
         except GraphCacheError as e:
             log.warning("%s; rebuilding it", e)
             entry.discard()
-            data = None
-        if data is not None:
+            found = None
+        if found is not None:
             try:
-                sess = lane.load(data)
-            except Exception as e:  # damage the sampled hash missed, or a library that changed underneath
+                sess = lane.load(found[0])
+            except Exception as e:  # a library that changed underneath, or damage the stat stamp hid
                 log.warning("graph cache entry %s fails to load (%s); rebuilding it", entry.root, e)
-                sess = None
-        if data is not None and sess is not None:
-            return Graph(sess, spec, ins, outs, lane.lane), PrepareInfo(key, True, time.perf_counter() - t0,
-                                                                       entry.size_bytes())
+            else:
+                return Graph(sess, spec, ins, outs, lane.lane), PrepareInfo(key, True, time.perf_counter() - t0,
+                                                                           found[1])
     entry.discard()
     entry.root.mkdir(parents=True, exist_ok=True)
     m = export.build_segment(spec, lq)

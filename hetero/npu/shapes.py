@@ -1,26 +1,32 @@
-"""Equivalent shapes (mllm-NPU §4, optimisation 1): profile [C, K] vs [a, C/a, K] per lane and C, keep the winner.
+"""Equivalent shapes (mllm-NPU §4, optimisation 1): profile [C, K] vs [a, C/a, K] vs a 1×1 Conv2d per
+lane and C, keep the winner.
 
 A linear over [C, K] gives the same result on [a, b, K] with a·b = C (every op of a static subgraph is
-row-wise); NPUs often prefer some shapes (the paper: 32×32×2048 is 1.62× faster than 1024×1×2048).
-`profile_shapes` times each candidate graph of one layer and records, per (lane, kind, C), the winner
-in `profiles/shapes/equivalent_shapes_<host>.json`; `NpuBackend(shape="auto")` reads it (`recorded_shape`).
-The 1×1 Conv2d candidate is not profiled yet (`constraints.QNN_NOT_YET`).
+row-wise), or as a 1×1 Conv2d over the image [1, K, a, b]; NPUs often prefer some shapes (the paper:
+32×32×2048 is 1.62× faster than 1024×1×2048, "as in CNN architectures"). `profile_shapes` times each
+candidate graph of one layer (`export.SegmentSpec.shape`: "2d", "3d:a", "conv:a") and records, per
+(lane, kind, C), the winner in `profiles/shapes/equivalent_shapes_<host>.json`; `NpuBackend(shape="auto")`
+reads it (`recorded_shape`).
 
 JSON (version 1): {"version": 1, "host": ..., "entries": [{"lane", "kind", "chunk_len", "winner",
-"latency_us": {shape: us}}]}
+"latency_us": {shape: us}, "simulated", "repeats", ["failed": {shape: reason}]}]}; a "simulated" entry was
+timed on the HTP simulator, whose speed says nothing about a device's.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from hetero.errors import GraphCacheError
 from hetero.npu import export
 from hetero.npu.lanes import prepare_graph
 from hetero.paths import PROFILES_DIR, atomic_path
@@ -33,38 +39,63 @@ def shapes_path(host: str | None = None) -> Path:
 
 
 def candidates(chunk: int) -> list[str]:
-    """'2d' and '3d:a' for a near √C and its neighbouring divisors (square-ish first, as §4 suggests)."""
+    """'2d'; '3d:a' for a near √C and its neighbouring divisors (square-ish first, as §4 suggests); the
+    1×1 Conv2d over a 1×C row ('conv:1') and over the squarest a×C/a image."""
     divs = [a for a in range(2, chunk) if chunk % a == 0]
     divs.sort(key=lambda a: abs(math.log(a / math.sqrt(chunk))))
-    return ["2d"] + [f"3d:{a}" for a in divs[:3]]
+    return ["2d"] + [f"3d:{a}" for a in divs[:3]] + ["conv:1"] + [f"conv:{a}" for a in divs[:1]]
 
 
-def _median_us(fn, repeats: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
+def _interleaved_medians_us(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median µs of each fn, timed round-robin (one call of each per round after a warm-up round), so
+    that drift of a shared machine hits every candidate alike."""
+    for fn in fns.values():
         fn()
-        ts.append((time.perf_counter() - t) * 1e6)
-    return statistics.median(ts)
+    ts: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            ts[k].append((time.perf_counter() - t) * 1e6)
+    return {k: round(statistics.median(v), 1) for k, v in ts.items()}
 
 
-def profile_shapes(model, plan, chunks, lane, layer: int = 0, repeats: int = 5, path: Path | None = None,
+def lane_is_simulated(lane) -> bool:
+    """The QNN HTP lane off an ARM/Hexagon host is the x86-64 simulator of the onnxruntime-qnn wheel."""
+    import platform
+
+    return lane.flavor == "qnn" and platform.machine().lower() in ("x86_64", "amd64")
+
+
+def profile_shapes(model, plan, chunks, lane, layer: int = 0, repeats: int = 9, path: Path | None = None,
                    use_cache: bool = True) -> dict:
-    """Time every candidate shape of `qkv` and `o_ffn` (no-shadow segments) on `lane`; write the table."""
+    """Time every candidate shape of `qkv` and `o_ffn` (no-shadow segments) on `lane`; write the table.
+
+    A candidate the lane cannot build (e.g. a shape the HTP simulator fails to finalize) is recorded
+    under "failed" with the reason and never wins.
+    """
     cfg = model.config
     lq = export.layer_q(cfg, model.weights.layers[layer], plan, layer)
     entries = []
     for c in chunks:
         for spec0 in export.layer_segments(layer, set(), c, lane.flavor):
-            lat = {}
+            runs, failed = {}, {}
             for shape in candidates(c):
                 spec = export.SegmentSpec(layer, spec0.kind, spec0.pieces, c, lane.flavor, shape)
-                g, _ = prepare_graph(spec, lq, model.fingerprint, lane, use_cache)
+                try:
+                    g, _ = prepare_graph(spec, lq, model.fingerprint, lane, use_cache)
+                except GraphCacheError as e:
+                    failed[shape] = str(e)[-300:]
+                    continue
                 ins = {n: torch.randn(c, w) for n, w in g.inputs.items()}
-                lat[shape] = round(_median_us(lambda: g.run(ins), repeats), 1)
-            entries.append({"lane": lane.name, "kind": spec0.kind, "chunk_len": c,
-                            "winner": min(lat, key=lat.get), "latency_us": lat})
+                runs[shape] = functools.partial(g.run, ins)
+            lat = _interleaved_medians_us(runs, repeats) if runs else {}
+            entry = {"lane": lane.name, "kind": spec0.kind, "chunk_len": c,
+                     "winner": min(lat, key=lat.get) if lat else "2d", "latency_us": lat,
+                     "simulated": lane_is_simulated(lane), "repeats": repeats}
+            if failed:
+                entry["failed"] = failed
+            entries.append(entry)
     path = path or shapes_path()
     old = json.loads(path.read_text()) if path.exists() else {"entries": []}
     keep = [e for e in old.get("entries", [])

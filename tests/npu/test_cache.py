@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
+import pytest
 import torch
 
+from hetero.errors import GraphCacheError
 from hetero.npu.backend import NpuBackend
-from hetero.npu.cache import graphs_root
+from hetero.npu.cache import CacheEntry, cache_usage, clear_cache, graphs_root
 from tests.npu.conftest import tiny_plan
 
 
@@ -59,3 +62,42 @@ def test_stale_or_interrupted_entry_is_rebuilt(tiny, caplog):
         be = NpuBackend(tiny, plan, 16, layers=[0])
     assert "stale" in caplog.text and "interrupted" in caplog.text
     assert not any(r[3] for r in be.report.rows)
+
+
+def test_touched_entry_is_rehashed_once_and_kept(tiny, caplog):
+    # same bytes, new mtime (a copied or touched cache): verified by sha256, kept, and its stamp refreshed
+    plan = tiny_plan(tiny)
+    NpuBackend(tiny, plan, 16, layers=[0])
+    entry = _entries()[0]
+    st = (entry / "compiled.onnx").stat()
+    os.utime(entry / "compiled.onnx", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    with caplog.at_level(logging.WARNING):
+        assert NpuBackend(tiny, plan, 16, layers=[0]).report.all_cached
+    assert "rebuilding" not in caplog.text
+    meta = json.loads((entry / "meta.json").read_text())
+    assert meta["files"]["compiled.onnx"]["mtime_ns"] == st.st_mtime_ns + 10**9
+
+
+def test_full_verification_catches_damage_that_kept_the_stamp(tiny):
+    # bit rot behind an unchanged mtime passes the stamp check; read_compiled(full=True) hashes everything
+    NpuBackend(tiny, tiny_plan(tiny), 16, layers=[0])
+    entry = _entries()[0]
+    p = entry / "compiled.onnx"
+    st = p.stat()
+    data = bytearray(p.read_bytes())
+    data[-10] ^= 0x01
+    p.write_bytes(bytes(data))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    ce = CacheEntry(entry, entry.name)
+    assert ce.read_compiled() is not None
+    with pytest.raises(GraphCacheError, match="corrupt"):
+        ce.read_compiled(full=True)
+
+
+def test_cache_usage_and_clear(tiny):
+    NpuBackend(tiny, tiny_plan(tiny), 16, layers=[0])
+    (graphs_root() / "ort-cpu" / ("0" * 32)).mkdir()  # an unfinished entry
+    use = cache_usage()["ort-cpu"]
+    assert use["entries"] == 2 and use["other"] == 1 and use["bytes"] > 0
+    assert clear_cache(only_stale=True) == 0 and cache_usage()["ort-cpu"]["other"] == 0
+    assert clear_cache() > 0 and cache_usage()["ort-cpu"] == {"entries": 0, "other": 0, "bytes": 0}

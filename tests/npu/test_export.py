@@ -8,6 +8,7 @@ import onnx.numpy_helper
 import pytest
 import torch
 
+from hetero.errors import ConfigError
 from hetero.npu import export
 from hetero.npu.backend import NpuBackend
 from hetero.npu.lanes import OrtCpuLane, prepare_graph
@@ -104,16 +105,28 @@ def test_layers_match_reference(shadow, arch, wg):
         torch.testing.assert_close(be.o_ffn(layer, a, h), ref.o_ffn(layer, a, h), rtol=0, atol=1e-5)
 
 
-def test_equivalent_shape_3d_equals_2d(tiny):
-    plan = tiny_plan(tiny)
+@pytest.mark.parametrize("kind", ["qkv", "o_ffn"])
+def test_equivalent_shapes_equal_2d_bit_for_bit(tiny, kind):
+    # [C, K] vs [a, b, K] vs a 1x1 ConvInteger over [1, K, a, b]: the same int32 products, the same outputs
+    plan = tiny_plan(tiny, SHADOWS)
     lq = export.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
     lane = OrtCpuLane()
-    ins = {"a": torch.randn(16, 64), "h": torch.randn(16, 64)}
+    g = torch.Generator().manual_seed(1)
+    ins = {"a": torch.randn(16, 64, generator=g), "h": torch.randn(16, 64, generator=g)}
+    pieces = ("qkv",) if kind == "qkv" else export.PIECES
     outs = []
-    for shape in ("2d", "3d:4"):
-        spec = export.SegmentSpec(0, "o_ffn", export.PIECES, 16, "cpu", shape)
-        outs.append(prepare_graph(spec, lq, tiny.fingerprint, lane)[0].run(dict(ins))["h_out"])
-    assert torch.equal(outs[0], outs[1])
+    for shape in ("2d", "3d:4", "conv:1", "conv:4", "conv:16"):
+        spec = export.SegmentSpec(0, kind, pieces, 16, "cpu", shape)
+        outs.append(prepare_graph(spec, lq, tiny.fingerprint, lane)[0].run(dict(ins)))
+    for other in outs[1:]:
+        for name, t in outs[0].items():
+            assert torch.equal(t, other[name]), name
+
+
+@pytest.mark.parametrize("shape", ["3d", "conv:5", "conv:x", "1d:2"])
+def test_bad_equivalent_shape_is_a_clear_error(shape):
+    with pytest.raises(ConfigError, match="shape must be"):
+        export.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu", shape)
 
 
 def test_cpu_weight_form_saturation_bound():
@@ -162,3 +175,16 @@ def test_layer_digest_depends_on_weight_qmax(tiny):
                                                 plan_from_scales(tiny, scales, weight_qmax=qm), 0))
          for qm in (63, 127)}
     assert d[63] != d[127]
+
+
+def test_profile_shapes_records_a_winner_among_the_candidates(tiny, tmp_path):
+    from hetero.npu.shapes import candidates, profile_shapes, recorded_shape
+
+    path = tmp_path / "shapes.json"
+    table = profile_shapes(tiny, tiny_plan(tiny), [16], OrtCpuLane(1), repeats=2, path=path)
+    assert {"conv:1", "conv:4", "3d:4", "2d"} <= set(candidates(16))
+    for e in table["entries"]:
+        assert set(e["latency_us"]) == set(candidates(16)) and all(v > 0 for v in e["latency_us"].values())
+        assert e["winner"] == min(e["latency_us"], key=e["latency_us"].get) and e["simulated"] is False
+        assert recorded_shape("ort-cpu", e["kind"], 16, path) == e["winner"]
+    assert recorded_shape("ort-cpu", "qkv", 32, path) == "2d"  # nothing recorded: the plain shape
