@@ -11,7 +11,14 @@ from __future__ import annotations
 
 # ---- can't ------------------------------------------------------------------------------------
 QNN_CONSTRAINTS: dict[str, str] = {
-    "simulator_o_ffn_c256_mem": "the onnxruntime-qnn 2.7 HTP simulator fails to finalize the o_ffn graph of SmolLM2 at C=256 with per-channel output scaling (QNN_COMMON_ERROR_MEM_ALLOC); C=64 and C=128 build. Use --chunk 128 with the qnn lane on the simulator.",
+    "simulator_o_ffn_c256_mem": "the onnxruntime-qnn 2.7 HTP simulator fails to finalize the o_ffn graph of "
+                                "SmolLM2 at C=256 (QNN_COMMON_ERROR_MEM_ALLOC; also with vtcm_mb=8, "
+                                "htp_graph_finalization_optimization_mode=3, htp_arch=75, "
+                                "enable_htp_spill_fill_buffer=1, shape 3d:4, or split into o+gu / act+down: "
+                                "act+down builds, o+gu does not); C=64 and C=128 build. Use --chunk 128 with "
+                                "the qnn lane on the simulator",
+    "simulator_shapes_mem": "the same MEM_ALLOC for the 3d:8/16/32 and conv:16 equivalent shapes at C=64/128 "
+                            "(recorded as failed candidates in profiles/shapes/)",
     "static_shapes": "HTP graphs are compiled for fixed tensor shapes; every dim of every input is a "
                      "constant (chunk length C), hence chunk-sharing graphs (mllm-NPU §3.2)",
     "per_tensor_act": "activations are quantized per tensor (uint8, zero point 128); per-channel "
@@ -23,6 +30,24 @@ QNN_CONSTRAINTS: dict[str, str] = {
                                  "QNN EP (onnxruntime-qnn 2.7.0, axis 0/1/-1, rank 2/3, 16-bit activations): "
                                  "per-output-channel weight scales are applied by a float Mul after the "
                                  "MatMul (weight DequantizeLinear with scale 1), `export.QNN_PER_AXIS_DQ`",
+    "qdq_act_folded": "a QuantizeLinear→DequantizeLinear pair on an activation that feeds a float MatMul is "
+                      "made standalone Quantize/Dequantize ops, which HTP (simulator) folds into a no-op: x reaches "
+                      "the MatMul unrounded, 1.6-3.0 output steps from the INT8 reference on SmolLM2 layer 0 "
+                      "(C=64). A second pair re-expressing the u8 grid in u16 becomes a u8→u16 Convert and keeps "
+                      "the rounding (`export._linears`): q/k/v then within 0.6-0.7 steps",
+    "no_int32_matmul_output": "the QNN EP forms a quantized FullyConnected (int32 accumulation) only for u8 in/u8 "
+                              "out or u16 in/u16 out: the raw MatMul output is requantized to the activation's "
+                              "width. u8 out at a calibrated per-tensor scale (true W8A8, 5x faster on the "
+                              "simulator) costs 1.2-1.7 output steps on q/k/v and 8.7 on o_ffn vs the INT8 "
+                              "reference (per-channel weight scales are folded after the MatMul, so one per-tensor "
+                              "output scale serves columns of different weight scales); the simulator's a16w8 "
+                              "FullyConnected is off by 1.4-4.3 steps. Hence the float MatMul on integer operands",
+    "simulator_float_ops": "HTP's RMSNorm/SiLU round a few values differently from torch: ~37 of 36,864 qkv "
+                           "activations land one INT8 step away (the error left on q/k/v), and through "
+                           "RMSNorm→gate/up→SiLU·mul→down they leave o_ffn 1.9 output steps from the reference "
+                           "(SmolLM2 layer 0, C=64)",
+    "soc_model_fp16": "setting soc_model (e.g. 60, 8 Gen 3) makes the C=256 o_ffn and C=32 graphs build on the "
+                      "simulator but runs its float ops at reduced precision (o_ffn 188 steps off): not set",
     "no_matmulinteger": "MatMulInteger/ConvInteger are not QNN ops: on HTP the linear is written as "
                         "QuantizeLinear/DequantizeLinear pairs around a float MatMul (QDQ)",
     "no_fp16_without_soc": "enable_htp_fp16_precision=1 requires soc_model; without it the float ops "

@@ -21,8 +21,14 @@ Two flavours of the same math:
   Bit-exact with `hetero.outliers.quantize.int8_linear` (int32 accumulation, half-to-even rounding, one
   float32 scale multiply per output column). Linears sharing an input (Q/K/V, gate/up) are one
   MatMulInteger over concatenated weights, scaled per column by the same float32 products.
-- "qnn" (HTP): QuantizeLinear/DequantizeLinear(u8, zp 128) on the activation and DequantizeLinear(s8,
-  zp 0) on each weight around a float MatMul (QDQ), one MatMul per linear (`constraints.QNN_NOT_YET`).
+- "qnn" (HTP): QuantizeLinear/DequantizeLinear(u8, zp 128) on the activation, then the same grid in u16
+  (QuantizeLinear/DequantizeLinear u16, zp 32768: a u8→u16 Convert on HTP), and DequantizeLinear(s8, zp 0)
+  on each weight around a MatMul, one MatMul per linear (`constraints.QNN_NOT_YET`). The QNN EP of
+  onnxruntime-qnn 2.7 keeps that MatMul in float (it fuses a quantized FullyConnected only when a
+  QuantizeLinear of the activation's bit width follows the MatMul, which would requantize the output to
+  8 bits: `constraints.QNN_CONSTRAINTS["no_int32_matmul_output"]`): the simulator computes the INT8
+  reference's products exactly (integer-valued operands, fp32), a device would run them at its float
+  precision.
 
 Weights are per output channel by default (`quantize` module doc): their scales are static, so they fold
 into the output dequantization. The integer MatMul is the same as per tensor; only the multiply after
@@ -57,7 +63,9 @@ from hetero.outliers.quantize import ACT_ZERO_POINT, U8S8_SAFE_WEIGHT_ABSMAX, W_
 
 # Bump when the graphs' math or I/O change: part of every cache key.
 # 4: per-output-channel weight scales. 5: 7-bit weights by default, u8·s8 MatMulInteger on the CPU EP.
-EXPORT_VERSION = 5
+# 6: qnn flavour: u8→u16 Convert in front of the MatMul, so HTP really rounds the activation.
+EXPORT_VERSION = 6
+ACT_ZERO_POINT_U16 = 32768
 OPSET = 21
 FLAVORS = ("cpu", "qnn")
 PIECES = ("o", "gu", "act", "down")
@@ -254,7 +262,13 @@ def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: 
         s = scales[:1] if np.all(scales == scales[0]) else scales
         y = g.op("Mul", [g.op("Cast", [acc], to=TensorProto.FLOAT), g.const(s, "acc_s")], "y")
     else:
-        xd = g.op("DequantizeLinear", [xq, g.const(np.array(s_x, np.float32), "act_s"), zp], "xd")
+        s_xc = g.const(np.array(s_x, np.float32), "act_s")
+        xd = g.op("DequantizeLinear", [xq, s_xc, zp], "xd")
+        # The u8 grid re-expressed in u16 (same scale, zp 32768): the QNN EP turns this DQ→Q pair into a u8→u16
+        # Convert, which keeps the u8 Quantize a real rounding op; without it the EP makes the Q→DQ pair on x
+        # standalone ops that HTP folds away, and x reaches the MatMul unrounded (`constraints.QNN_CONSTRAINTS`).
+        zp16 = g.const(np.array(ACT_ZERO_POINT_U16, np.uint16), "act_zp16")
+        xd = g.op("DequantizeLinear", [g.op("QuantizeLinear", [xd, s_xc, zp16], "xq16"), s_xc, zp16], "xd")
         ys = []
         for lq in lins:
             n = lq.q.shape[0]

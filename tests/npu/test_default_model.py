@@ -49,11 +49,11 @@ def test_real_layer_on_htp_within_one_step(real):
     be = NpuBackend(model, plan, 64, lane=QnnHtpLane(), layers=[0])  # C=32 fails on the simulator (constraints)
     ref = QuantizedBackend(model.config, model.weights, plan)
     h, a = _inputs(model, ids, 64)
-    # HTP runs RMSNorm/SiLU in its own (reduced) float precision, so a few activations land one INT8 step
-    # away from the reference's before the matmul. Measured on layer 0 (C=64): q 1.6, k 1.6, v 3.0,
-    # o_ffn 3.3 output steps (absmax/127). KNOWN GAP vs the 1-step goal (the tiny-model test holds 1
-    # step); bound here: 4 output steps, so a regression beyond the measured error still fails.
+    # The activations reach HTP's MatMul on the INT8 grid (export: the u8→u16 Convert), so what is left is
+    # HTP's own RMSNorm/SiLU rounding moving a few activations by one INT8 step (constraints
+    # "simulator_float_ops"). Measured on layer 0 (C=64): q 0.59, k 0.57, v 0.69 output steps (absmax/127);
+    # o_ffn 1.86, the flips compounding through RMSNorm → gate/up → SiLU·mul → down (KNOWN GAP vs 1 step).
     for got, want in zip(be.qkv(0, h), ref.qkv(0, h)):
-        assert float((got - want).abs().max()) <= 4 * float(want.abs().max()) / 127
+        assert float((got - want).abs().max()) <= float(want.abs().max()) / 127
     want = ref.o_ffn(0, a, h)
-    assert float((be.o_ffn(0, a, h) - want).abs().max()) <= 4 * float(want.abs().max()) / 127
+    assert float((be.o_ffn(0, a, h) - want).abs().max()) <= 2 * float(want.abs().max()) / 127
