@@ -32,6 +32,7 @@ from hetero.npu.backend import NpuBackend  # noqa: E402
 from hetero.npu.cache import library_versions  # noqa: E402
 from hetero.npu.naive import graph_counts  # noqa: E402
 from hetero.engine import quant_plan  # noqa: E402
+from hetero.paths import atomic_path  # noqa: E402
 
 
 def _with_cache(tmp: str):
@@ -145,15 +146,16 @@ def main() -> None:
         "bench": "graph_cache", "model": model.name, "chunk": args.chunk, "threads": args.threads,
         "host": platform.node(), "cpu": platform.processor() or platform.machine(), "versions": library_versions(),
         "note": "QNN rows run the HTP *simulator* of the onnxruntime-qnn x86-64 wheel (simulated, not a device). "
-                "build = export + compile + store into an empty cache; load = median of 3 loads from the cache "
-                "(files verified by sha256). The machine is shared: ratios, not absolute times, are meaningful.",
+                "build = export + compile + store into an empty cache (sha256 of every file recorded); load = median "
+                "of 3 loads from the cache (files checked against their recorded size and stat stamp, re-hashed "
+                "when the stamp moved). The machine is shared: ratios, not absolute times, are meaningful.",
         "cache": rows, "naive_prompt_graph_prepare": naive, "graph_counts": counts, "layer_latency_C": lat,
     }
     if args.json:
         json_out.write(json.dumps(result, indent=1) + "\n")
         json_out.flush()
-        out = ROOT / "bench" / "results" / "graph_cache.json"
-        out.write_text(json.dumps(result, indent=1) + "\n")
+        with atomic_path(ROOT / "bench" / "results" / "graph_cache.json") as tmp:
+            tmp.write_text(json.dumps(result, indent=1) + "\n")
     else:
         for r in rows:
             print(f"{r['backend']:8s} graphs={r['n_graphs']:3d} build {r['build_s']:.3f}s load {r['load_s']:.3f}s ×{r['speedup']}")

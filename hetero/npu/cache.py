@@ -5,8 +5,8 @@ prepared graph is therefore a pure function of its inputs, stored once and loade
 
     cache_dir()/graphs/<backend>/<key>/
         model.onnx [+ model.data]   the exported QDQ/INT8 graph (external data when large)
-        compiled.onnx               ORT CPU EP: the optimized model; QNN: the EP context model with
-                                    the QNN context binary embedded (ep.context_embed_mode=1)
+        compiled.onnx               ORT CPU EP: the optimized model; QNN: the EP context model, whose
+        [qnn_ctx_qnn.bin]           QNN context binary sits beside it (ep.context_embed_mode=0)
         meta.json                   written last: key, spec, size and sha256 of every file
 
 `key` hashes the layer's parameters (`export.layer_digest`), the model fingerprint, the segment spec

@@ -33,3 +33,21 @@ def test_tiny_layer_on_htp_within_one_step(tiny, shadow):
             assert float((got - want).abs().max()) <= _step(want)
         want = ref.o_ffn(layer, a, h)
         assert float((be.o_ffn(layer, a, h) - want).abs().max()) <= _step(want)
+
+
+@pytest.mark.slow
+def test_htp_context_binary_is_cached_beside_its_model(tiny):
+    # embed mode 0: the context binary is its own file, listed (size + sha256) in the entry's meta.json
+    import json
+
+    from hetero.npu.cache import graphs_root
+    from hetero.npu.lanes import QNN_CONTEXT_BIN
+
+    plan = tiny_plan(tiny)
+    first = NpuBackend(tiny, plan, 16, lane=QnnHtpLane(), layers=[0])
+    again = NpuBackend(tiny, plan, 16, lane=QnnHtpLane(), layers=[0])
+    assert not any(r[3] for r in first.report.rows) and again.report.all_cached
+    for entry in (graphs_root() / "qnn-htp").iterdir():
+        assert QNN_CONTEXT_BIN in json.loads((entry / "meta.json").read_text())["files"]
+    h = torch.randn(16, 64)
+    assert torch.equal(first.qkv(0, h)[0], again.qkv(0, h)[0])
