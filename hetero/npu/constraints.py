@@ -11,21 +11,20 @@ from __future__ import annotations
 
 # ---- can't ------------------------------------------------------------------------------------
 QNN_CONSTRAINTS: dict[str, str] = {
-    "simulator_o_ffn_c256_mem": "the onnxruntime-qnn 2.7 HTP simulator fails to finalize the o_ffn graph of "
-                                "SmolLM2 at C=256 (QNN_COMMON_ERROR_MEM_ALLOC; also with vtcm_mb=8, "
-                                "htp_graph_finalization_optimization_mode=3, htp_arch=75, "
-                                "enable_htp_spill_fill_buffer=1, shape 3d:4, or split into o+gu / act+down: "
-                                "act+down builds, o+gu does not); C=64 and C=128 build. Use --chunk 128 with "
-                                "the qnn lane on the simulator",
-    "simulator_shapes_mem": "the same MEM_ALLOC for the 3d:8/16/32 and conv:16 equivalent shapes at C=64/128 "
-                            "(recorded as failed candidates in profiles/shapes/)",
+    "simulator_generic_soc_mem": "without soc_model the simulator models a generic HTP that fails to finalize the "
+                                 "SmolLM2 o_ffn graph at C=256 and both graphs at C=32 "
+                                 "(QNN_COMMON_ERROR_MEM_ALLOC; also with vtcm_mb=8, "
+                                 "htp_graph_finalization_optimization_mode=3, htp_arch=75, "
+                                 "enable_htp_spill_fill_buffer=1, shape 3d:4, or split into o+gu / act+down), and "
+                                 "the 3d:8/16/32 and conv:16 shapes at C=64/128: hence soc_model=60 by default "
+                                 "(`lanes.QNN_DEFAULT_OPTIONS`), with which C=32...512 build",
     "static_shapes": "HTP graphs are compiled for fixed tensor shapes; every dim of every input is a "
                      "constant (chunk length C), hence chunk-sharing graphs (mllm-NPU §3.2)",
     "per_tensor_act": "activations are quantized per tensor (uint8, zero point 128); per-channel "
                       "activation scales have no fast HTP kernel (mllm-NPU §2.3)",
-    "int8_weights_symmetric": "weights are int8 with zero point 0 (DequantizeLinear before MatMul), the "
-                              "form the QNN EP folds into a quantized MatMul; the default plan's 7-bit weights "
-                              "(weight_qmax=63, `CPU_EP_CONSTRAINTS`) are int8 values in [-63, 63], the same form",
+    "int8_weights_symmetric": "weights are int8 with zero point 0 (DequantizeLinear before MatMul); the QNN "
+                              "lane's plan has 8-bit weights (`engine.quant_plan(model, 'qnn')`, weight_qmax=127), "
+                              "the CPU EP lane's 7-bit ones ([-63, 63], `CPU_EP_CONSTRAINTS`) are the same form",
     "no_per_axis_matmul_weight": "a per-axis DequantizeLinear feeding MatMul (or Gemm) is rejected by the "
                                  "QNN EP (onnxruntime-qnn 2.7.0, axis 0/1/-1, rank 2/3, 16-bit activations): "
                                  "per-output-channel weight scales are applied by a float Mul after the "
@@ -46,14 +45,13 @@ QNN_CONSTRAINTS: dict[str, str] = {
                            "activations land one INT8 step away (the error left on q/k/v), and through "
                            "RMSNorm→gate/up→SiLU·mul→down they leave o_ffn 1.9 output steps from the reference "
                            "(SmolLM2 layer 0, C=64)",
-    "soc_model_fp16": "setting soc_model (e.g. 60, 8 Gen 3) makes the C=256 o_ffn and C=32 graphs build on the "
-                      "simulator but runs its float ops at reduced precision (o_ffn 188 steps off): not set",
+    "soc_model_fp16": "with soc_model set (60 = 8 Gen 3, the default) the simulator runs float ops at the device's "
+                      "fp16 precision: a weight DequantizeLinear at scale 1 (integer-valued weights, per-channel "
+                      "scales after the MatMul) then overflows (o_ffn 188 steps off), so the weight is dequantized at "
+                      "its largest channel scale and only the ratio s_w[col]/max s_w is applied after "
+                      "(`export._linears`): layer 0 q/k/v 0.5-0.7, o_ffn 1.7 steps at C=64",
     "no_matmulinteger": "MatMulInteger/ConvInteger are not QNN ops: on HTP the linear is written as "
                         "QuantizeLinear/DequantizeLinear pairs around a float MatMul (QDQ)",
-    "no_fp16_without_soc": "enable_htp_fp16_precision=1 requires soc_model; without it the float ops "
-                           "(RMSNorm, SiLU, residual adds) still compile with the default settings",
-    "min_rows_hidden576": "the simulator fails to finalize a [32, 576]×[576, 960] QDQ graph "
-                          "(QNN_COMMON_ERROR_MEM_ALLOC, onnxruntime-qnn 2.7.0); C=64 and C=256 compile",
     "no_dynamic_attention": "attention depends on the chunk's position (KV length): dynamic, so it stays "
                             "on the CPU (mllm-NPU §3.2, Fig. 7c)",
     "no_shadow": "the beyond-scale outlier part is a sparse, data-dependent float matmul: CPU only (§3.3)",
@@ -63,9 +61,6 @@ QNN_CONSTRAINTS: dict[str, str] = {
 QNN_NOT_YET: dict[str, str] = {
     "fused_qkv_weights": "Q/K/V (and gate/up) keep separate MatMuls on HTP: their per-tensor weight "
                          "scales differ and a fused weight would need per-channel DequantizeLinear",
-    "per_lane_weight_range": "HTP graphs take the plan's weights, 7-bit by default because of the CPU EP "
-                             "(`CPU_EP_CONSTRAINTS`); HTP has no such saturation and could run 8-bit "
-                             "(weight_qmax=127), but one plan serves both lanes and the reference",
 }
 
 # ---- ONNX Runtime CPU EP (the NPU stand-in, and the CPU lane) -----------------------------------

@@ -34,8 +34,8 @@ Weights are per output channel by default (`quantize` module doc): their scales 
 into the output dequantization. The integer MatMul is the same as per tensor; only the multiply after
 it takes a float32 vector s_x·s_w[col] [N] instead of a scalar (on the QDQ form: DequantizeLinear of
 the weight with per-axis scales, axis=1 = the output dim of the [K, N] weight, `QNN_PER_AXIS_DQ`; the
-onnxruntime-qnn 2.7.0 simulator rejects that node, so by default the weight is dequantized with scale 1
-and the MatMul is followed by Mul(s_w[col])). The activations, the NPU's constraint (§2.3/§3.3), stay
+onnxruntime-qnn 2.7.0 simulator rejects that node, so by default the weight is dequantized per tensor at
+its largest channel scale and the MatMul is followed by Mul(s_w[col] / max s_w)). The activations, the NPU's constraint (§2.3/§3.3), stay
 per tensor. Per-tensor weights (the paper's strict variant) give a
 constant vector, emitted as one scalar.
   RMSNorm, residual adds and SiLU·mul stay float ops inside the graph; the simulator runs them on HTP.
@@ -63,7 +63,8 @@ from hetero.outliers.quantize import ACT_ZERO_POINT, U8S8_SAFE_WEIGHT_ABSMAX, W_
 
 # Bump when the graphs' math or I/O change: part of every cache key.
 # 4: per-output-channel weight scales. 5: 7-bit weights by default, u8·s8 MatMulInteger on the CPU EP.
-# 6: qnn flavour: u8→u16 Convert in front of the MatMul, so HTP really rounds the activation.
+# 6: qnn flavour: u8→u16 Convert in front of the MatMul, so HTP really rounds the activation; weights
+#    dequantized at their largest channel scale (fp16-safe magnitudes).
 EXPORT_VERSION = 6
 ACT_ZERO_POINT_U16 = 32768
 OPSET = 21
@@ -190,8 +191,9 @@ def _rms_norm(g: _Graph, x: str, w: np.ndarray, eps: float, flavor: str) -> str:
 # QDQ form of per-channel weights. The standard one is DequantizeLinear with per-axis scales on the weight's
 # output dim (axis=1 of [K, N]); the QNN EP of onnxruntime-qnn 2.7.0 (HTP simulator) rejects a per-axis
 # DequantizeLinear feeding MatMul (tried axis 0/1/-1, rank-2/3 input, 16-bit activations, Gemm), so by
-# default the same static scales are folded *after* the MatMul: DequantizeLinear(scale 1) on the int8
-# weight, MatMul, Mul by the float32 vector s_w[col] -- the CPU form's per-column output multiply.
+# default the weight is dequantized per tensor at its largest channel scale and the rest is folded *after*
+# the MatMul: Mul by the float32 vector s_w[col] / max s_w (<= 1). Not scale 1 with Mul(s_w[col]): the
+# integer-valued weights would make the MatMul's outputs ~1/s_w too large for HTP's fp16 (overflow).
 QNN_PER_AXIS_DQ = False
 
 
@@ -278,9 +280,10 @@ def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: 
                 w_zp = np.array(0, np.int8)
             elif qnn_per_axis:  # DequantizeLinear with per-axis scales on the output dim
                 w_s, post, w_zp = np.asarray(lq.w_scale, np.float32).reshape(n), None, np.zeros(n, np.int8)
-            else:  # the same scales folded after the MatMul: weight DQ with scale 1, then Mul(s_w[col])
-                w_s, post = np.array(1.0, np.float32), np.asarray(lq.w_scale, np.float32).reshape(n)
-                w_zp = np.array(0, np.int8)
+            else:  # per-tensor DQ at the largest channel scale, the rest folded after: Mul(s_w[col] / max s_w)
+                sw = np.asarray(lq.w_scale, np.float32).reshape(n)
+                w_s = np.array(sw.max(), np.float32)
+                post, w_zp = (sw / w_s).astype(np.float32), np.array(0, np.int8)
             axis = {"axis": 0 if conv else 1} if w_s.ndim else {}  # the output dim of the stored weight
             wd = g.op("DequantizeLinear", [_weight(g, wq, conv), g.const(w_s, "w_s"), g.const(w_zp, "w_zp")],
                       "wd", **axis)

@@ -154,6 +154,13 @@ QNN_CONTEXT_STEM = "qnn_ctx"
 QNN_CONTEXT_BIN = QNN_CONTEXT_STEM + "_qnn.bin"  # the name the QNN EP gives the binary of `<stem>.onnx`
 
 
+# soc_model 60 = Snapdragon 8 Gen 3 (SM8650, Hexagon v75), the paper's Xiaomi 14 (mllm-NPU §4.1). Without a
+# SoC the simulator models a generic HTP whose graph finalization fails for the C=256 o_ffn and C=32 graphs
+# (QNN_COMMON_ERROR_MEM_ALLOC); with it they build, and its float ops run at the device's fp16 precision
+# (`constraints.QNN_CONSTRAINTS["soc_model_fp16"]`).
+QNN_DEFAULT_OPTIONS = {"backend_type": "htp", "soc_model": "60"}
+
+
 class QnnHtpLane(_Lane):
     """QNN EP with the HTP backend (on x86 Linux: the simulator); artifact = an EP context model and its
     QNN context binary. CPU fallback is disabled: a graph HTP cannot take fails loudly."""
@@ -162,7 +169,7 @@ class QnnHtpLane(_Lane):
 
     def __init__(self, provider_options: dict[str, str] | None = None):
         self.devices = qnn_devices()
-        self.provider_options = {"backend_type": "htp", **(provider_options or {})}
+        self.provider_options = {**QNN_DEFAULT_OPTIONS, **(provider_options or {})}
 
     def options_key(self) -> dict:
         return {"lane": self.name, "context_embed_mode": 0, **self.provider_options}

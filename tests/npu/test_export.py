@@ -57,12 +57,16 @@ def test_per_channel_weights_fold_into_output_scale(tiny, monkeypatch):
     assert len(set(by["tensor"][1].tolist())) <= 3  # per tensor: one value per linear (q, k, v)
     assert ops_c == by["tensor"][2]  # same graph structure: MatMulInteger → Cast → Mul
     assert np.ndim(lq_c.qkv[0].w_scale) == 1 and len(set(lq_c.qkv[0].w_scale.tolist())) > 1
-    # the QDQ form, default: weight DQ with scale 1, MatMul, Mul by the per-column vector s_w[col]
+    # the QDQ form, default: weight DQ per tensor at max s_w, MatMul, Mul by the per-column ratio s_w[col] / max s_w
     spec_q = export.SegmentSpec(0, "qkv", ("qkv",), 16, "qnn")
     mq = export.build_segment(spec_q, lq_c)
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in mq.graph.initializer}
     muls = [n for n in mq.graph.node if n.op_type == "Mul" and n.input[1].startswith("w_s")]
-    assert [inits[n.input[1]].tolist() for n in muls] == [lin.w_scale.tolist() for lin in lq_c.qkv]
+    wdq = [n for n in mq.graph.node if n.op_type == "DequantizeLinear" and n.input[0].startswith("w_q")]
+    for mul, dq, lin in zip(muls, wdq, lq_c.qkv, strict=True):
+        w_s = inits[dq.input[1]]
+        assert w_s.size == 1 and float(w_s[0]) == lin.w_scale.max()  # one per-tensor scale
+        np.testing.assert_allclose(inits[mul.input[1]] * w_s, lin.w_scale, rtol=1e-6)
     # ... or per-axis DequantizeLinear on the weight's output dim (axis=1 of [K, N]), where the EP takes it
     monkeypatch.setattr(export, "QNN_PER_AXIS_DQ", True)
     mq = export.build_segment(spec_q, lq_c)
