@@ -61,7 +61,7 @@ def cmd_shapes(args: argparse.Namespace) -> int:
     model = _model(args)
     from hetero.engine import quant_plan
 
-    table = profile_shapes(model, quant_plan(model, args.lane), args.chunk, make_lane(args.lane))
+    table = profile_shapes(model, quant_plan(model, args.lane), args.chunk, make_lane(args.lane), repeats=args.repeats)
     for e in table["entries"]:
         print(f"{e['lane']:8s} {e['kind']:6s} C={e['chunk_len']:4d} winner {e['winner']:6s} {e['latency_us']}")
     return 0
@@ -101,6 +101,7 @@ def register(subparsers) -> None:
     s.add_argument("--model")
     s.add_argument("--chunk", type=positive_int, nargs="+", default=[256])
     s.add_argument("--lane", choices=("cpu", "qnn"), default="cpu")
+    s.add_argument("--repeats", type=positive_int, default=9, help="timed rounds (interleaved) per candidate")
     s.set_defaults(func=cmd_shapes)
     k = sub.add_parser("cache", help="what the prebuilt-graph cache holds; --clear to empty it")
     g = k.add_mutually_exclusive_group()
