@@ -61,13 +61,14 @@ class NpuBackend:
 
     plan: a `hetero.outliers.plan.QuantPlan`. lane: "cpu", "qnn" (falls back to CPU with a warning) or a
     lane object. placement: optional `placement.Placement`; its "cpu" decisions run on an INT8 CPU lane.
-    shapes: "2d", "3d:a", or "auto" (the recorded winner in `shapes.py`'s table, else "2d").
+    shape: "auto" (default: the winner `hetero npu shapes` recorded for this host, lane, kind and C; "2d"
+    when none is recorded), or "2d", "3d:a", "conv:a" for every graph (§4, optimisation 1).
     layers: prepare only these layers (e.g. range(2) for a quick test); the others raise on use.
     """
 
     name = "npu"
 
-    def __init__(self, model: Model, plan, chunk: int, lane="cpu", *, placement=None, shape: str = "2d",
+    def __init__(self, model: Model, plan, chunk: int, lane="cpu", *, placement=None, shape: str = "auto",
                  layers=None, intra_op_threads: int = 2, use_cache: bool = True, rows=None):
         from hetero.outliers.shadow import QuantizedBackend
 

@@ -91,7 +91,8 @@ def register(subparsers) -> None:
     c.add_argument("--model", help="GGUF file or Hugging Face directory (default model if omitted)")
     c.add_argument("--chunk", type=positive_int, default=256)
     c.add_argument("--lane", choices=("cpu", "qnn"), default="qnn", help="qnn falls back to cpu if absent")
-    c.add_argument("--shape", default="2d", help="'2d', '3d:a' or 'auto' (recorded equivalent shape)")
+    c.add_argument("--shape", default="auto",
+                   help="'auto' (the equivalent shape recorded by 'npu shapes'), '2d', '3d:a' or 'conv:a'")
     c.add_argument("--budget", type=int, default=None, help="NPU memory budget in bytes (§4)")
     c.add_argument("--hub", action="store_true", help="compile on Qualcomm AI Hub instead")
     c.add_argument("--device", help="AI Hub device name (with --hub)")

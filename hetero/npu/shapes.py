@@ -107,15 +107,20 @@ def profile_shapes(model, plan, chunks, lane, layer: int = 0, repeats: int = 9, 
     return table
 
 
+@functools.lru_cache(maxsize=8)
+def _read_table(path: str, mtime_ns: int) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def recorded_shape(lane_name: str, kind: str, chunk: int, path: Path | None = None) -> str:
     """The recorded winner for (lane, kind, C); '2d' when none is recorded. Cut segments use o_ffn's."""
     path = path or shapes_path()
     if not path.exists():
         return "2d"
-    try:
-        table = json.loads(path.read_text())
-    except ValueError:
-        return "2d"
+    table = _read_table(str(path), path.stat().st_mtime_ns)  # read once per version of the file
     kind = "qkv" if kind == "qkv" else "o_ffn"
     for e in table.get("entries", []):
         if (e["lane"], e["kind"], e["chunk_len"]) == (lane_name, kind, chunk):

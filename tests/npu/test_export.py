@@ -192,3 +192,22 @@ def test_profile_shapes_records_a_winner_among_the_candidates(tiny, tmp_path):
         assert e["winner"] == min(e["latency_us"], key=e["latency_us"].get) and e["simulated"] is False
         assert recorded_shape("ort-cpu", e["kind"], 16, path) == e["winner"]
     assert recorded_shape("ort-cpu", "qkv", 32, path) == "2d"  # nothing recorded: the plain shape
+
+
+def test_backend_uses_the_recorded_shape_by_default(tiny, tmp_path, monkeypatch):
+    import json
+
+    from hetero.npu import shapes
+
+    table = {"version": 1, "host": "test", "entries": [
+        {"lane": "ort-cpu", "kind": "qkv", "chunk_len": 16, "winner": "conv:4", "latency_us": {}},
+        {"lane": "ort-cpu", "kind": "o_ffn", "chunk_len": 16, "winner": "3d:2", "latency_us": {}}]}
+    (tmp_path / "t.json").write_text(json.dumps(table))
+    monkeypatch.setattr(shapes, "shapes_path", lambda host=None: tmp_path / "t.json")
+    plan = tiny_plan(tiny, SHADOWS)
+    be = NpuBackend(tiny, plan, 16)  # shape="auto"
+    got = {g.spec.kind: g.spec.shape for pl in be.layers.values() for g in pl.graphs}
+    assert got["qkv"] == "conv:4" and all(v == "3d:2" for k, v in got.items() if k != "qkv")
+    ref = QuantizedBackend(tiny.config, tiny.weights, plan)
+    h, a = torch.randn(16, 64), torch.randn(16, 64) * 0.5
+    torch.testing.assert_close(be.o_ffn(0, a, h), ref.o_ffn(0, a, h), rtol=0, atol=1e-5)
