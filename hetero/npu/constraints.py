@@ -11,13 +11,14 @@ from __future__ import annotations
 
 # ---- can't ------------------------------------------------------------------------------------
 QNN_CONSTRAINTS: dict[str, str] = {
-    "simulator_generic_soc_mem": "without soc_model the simulator models a generic HTP that fails to finalize the "
-                                 "SmolLM2 o_ffn graph at C=256 and both graphs at C=32 "
-                                 "(QNN_COMMON_ERROR_MEM_ALLOC; also with vtcm_mb=8, "
+    "simulator_generic_soc_mem": "without soc_model (the default, `lanes.QNN_DEFAULT_OPTIONS`) the simulator models a "
+                                 "generic HTP that fails to finalize the SmolLM2 o_ffn graph at C=256 and both "
+                                 "graphs at C=32 (QNN_COMMON_ERROR_MEM_ALLOC; also with vtcm_mb=8, "
                                  "htp_graph_finalization_optimization_mode=3, htp_arch=75, "
                                  "enable_htp_spill_fill_buffer=1, shape 3d:4, or split into o+gu / act+down), and "
-                                 "the 3d:8/16/32 and conv:16 shapes at C=64/128: hence soc_model=60 by default "
-                                 "(`lanes.QNN_DEFAULT_OPTIONS`), with which C=32...512 build",
+                                 "the 3d:8/16/32 and conv:16 shapes at C=64/128; C=64 and C=128 build. With "
+                                 "soc_model=60 C=32...512 all build, but see soc_model_fp16. Use --chunk 128 with "
+                                 "the qnn lane on the simulator",
     "static_shapes": "HTP graphs are compiled for fixed tensor shapes; every dim of every input is a "
                      "constant (chunk length C), hence chunk-sharing graphs (mllm-NPU §3.2)",
     "per_tensor_act": "activations are quantized per tensor (uint8, zero point 128); per-channel "
@@ -45,11 +46,14 @@ QNN_CONSTRAINTS: dict[str, str] = {
                            "activations land one INT8 step away (the error left on q/k/v), and through "
                            "RMSNorm→gate/up→SiLU·mul→down they leave o_ffn 1.9 output steps from the reference "
                            "(SmolLM2 layer 0, C=64)",
-    "soc_model_fp16": "with soc_model set (60 = 8 Gen 3, the default) the simulator runs float ops at the device's "
-                      "fp16 precision: a weight DequantizeLinear at scale 1 (integer-valued weights, per-channel "
-                      "scales after the MatMul) then overflows (o_ffn 188 steps off), so the weight is dequantized at "
-                      "its largest channel scale and only the ratio s_w[col]/max s_w is applied after "
-                      "(`export._linears`): layer 0 q/k/v 0.5-0.7, o_ffn 1.7 steps at C=64",
+    "soc_model_fp16": "with soc_model set (60 = 8 Gen 3) the simulator runs float ops in fp16, as a device does: "
+                      "RMSNorm's x² overflows fp16 (max 65,504) once |h| > 256, and SmolLM2's residual stream "
+                      "reaches 274 after layer 1 and 24,886 after layer 11, so a 30-layer prefill decodes garbage. "
+                      "On HTP the norms of this model belong on the CPU (as the paper places them) or need fp32; "
+                      "layers 0-1 alone are fine (q/k/v 0.5-0.7, o_ffn 1.7 steps at C=64). fp16 also made the "
+                      "old weight form (DequantizeLinear at scale 1, integer-valued weights) overflow (o_ffn 188 "
+                      "steps off): weights are now dequantized at their largest channel scale "
+                      "(`export._linears`)",
     "no_matmulinteger": "MatMulInteger/ConvInteger are not QNN ops: on HTP the linear is written as "
                         "QuantizeLinear/DequantizeLinear pairs around a float MatMul (QDQ)",
     "no_dynamic_attention": "attention depends on the chunk's position (KV length): dynamic, so it stays "

@@ -154,11 +154,13 @@ QNN_CONTEXT_STEM = "qnn_ctx"
 QNN_CONTEXT_BIN = QNN_CONTEXT_STEM + "_qnn.bin"  # the name the QNN EP gives the binary of `<stem>.onnx`
 
 
-# soc_model 60 = Snapdragon 8 Gen 3 (SM8650, Hexagon v75), the paper's Xiaomi 14 (mllm-NPU §4.1). Without a
-# SoC the simulator models a generic HTP whose graph finalization fails for the C=256 o_ffn and C=32 graphs
-# (QNN_COMMON_ERROR_MEM_ALLOC); with it they build, and its float ops run at the device's fp16 precision
-# (`constraints.QNN_CONSTRAINTS["soc_model_fp16"]`).
-QNN_DEFAULT_OPTIONS = {"backend_type": "htp", "soc_model": "60"}
+# No soc_model: the simulator then models a generic HTP whose float ops (RMSNorm, SiLU, residual adds) run
+# in fp32. With soc_model 60 (Snapdragon 8 Gen 3, the paper's Xiaomi 14) more graphs build (C=32 and C=256,
+# which fail here with QNN_COMMON_ERROR_MEM_ALLOC) but float ops run in fp16, where RMSNorm's x² overflows
+# on SmolLM2's massive residual activations (|h| 274 after layer 1, 24,886 after layer 11): a 30-layer
+# prefill then decodes garbage (`constraints.QNN_CONSTRAINTS["soc_model_fp16"]`). Opt in with
+# provider_options={"soc_model": "60"}.
+QNN_DEFAULT_OPTIONS = {"backend_type": "htp"}
 
 
 class QnnHtpLane(_Lane):
