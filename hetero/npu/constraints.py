@@ -46,14 +46,15 @@ QNN_CONSTRAINTS: dict[str, str] = {
                            "activations land one INT8 step away (the error left on q/k/v), and through "
                            "RMSNorm→gate/up→SiLU·mul→down they leave o_ffn 1.9 output steps from the reference "
                            "(SmolLM2 layer 0, C=64)",
-    "soc_model_fp16": "with soc_model set (60 = 8 Gen 3) the simulator runs float ops in fp16, as a device does: "
-                      "RMSNorm's x² overflows fp16 (max 65,504) once |h| > 256, and SmolLM2's residual stream "
-                      "reaches 274 after layer 1 and 24,886 after layer 11, so a 30-layer prefill decodes garbage. "
-                      "On HTP the norms of this model belong on the CPU (as the paper places them) or need fp32; "
-                      "layers 0-1 alone are fine (q/k/v 0.5-0.7, o_ffn 1.7 steps at C=64). fp16 also made the "
-                      "old weight form (DequantizeLinear at scale 1, integer-valued weights) overflow (o_ffn 188 "
-                      "steps off): weights are now dequantized at their largest channel scale "
-                      "(`export._linears`)",
+    "soc_model_fp16": "with soc_model set (60 = 8 Gen 3) the simulator runs float ops in fp16, as a device does. "
+                      "SmolLM2's residual stream reaches |h| = 274 after layer 1 and 24,886 after layer 11: the "
+                      "textbook RMSNorm's x² overflows fp16 (max 65,504) and a 30-layer prefill decoded garbage; "
+                      "the qnn graphs therefore normalise x / max|x| first (`export._rms_norm`), after which the "
+                      "same prefill answers 'The capital of France is called The Red' (fp32 float ops: '... is "
+                      "Paris.'): usable, less accurate. fp16 also made the old weight form (DequantizeLinear at "
+                      "scale 1, integer-valued weights) overflow (o_ffn 188 steps off): weights are dequantized at "
+                      "their largest channel scale (`export._linears`). Layers 0-1 at C=64: q/k/v 0.4-1.0, o_ffn "
+                      "0.9-1.7 steps",
     "no_matmulinteger": "MatMulInteger/ConvInteger are not QNN ops: on HTP the linear is written as "
                         "QuantizeLinear/DequantizeLinear pairs around a float MatMul (QDQ)",
     "no_dynamic_attention": "attention depends on the chunk's position (KV length): dynamic, so it stays "
@@ -83,5 +84,6 @@ CPU_EP_CONSTRAINTS: dict[str, str] = {
 }
 
 # Ops hetero puts into an HTP graph (all verified on the simulator with CPU fallback disabled).
-QNN_GRAPH_OPS = ("QuantizeLinear", "DequantizeLinear", "MatMul", "Mul", "Add", "Pow", "ReduceMean", "Sqrt",
-                 "Div", "Sigmoid", "Slice", "Concat", "Reshape")
+QNN_GRAPH_OPS = ("QuantizeLinear", "DequantizeLinear", "MatMul", "Conv", "Mul", "Add", "Pow", "ReduceMean",
+                 "ReduceMax", "Abs", "Sqrt", "Div", "Sigmoid", "Slice", "Concat", "Reshape", "Transpose", "Squeeze",
+                 "Unsqueeze")

@@ -64,7 +64,7 @@ from hetero.outliers.quantize import ACT_ZERO_POINT, U8S8_SAFE_WEIGHT_ABSMAX, W_
 # Bump when the graphs' math or I/O change: part of every cache key.
 # 4: per-output-channel weight scales. 5: 7-bit weights by default, u8·s8 MatMulInteger on the CPU EP.
 # 6: qnn flavour: u8→u16 Convert in front of the MatMul, so HTP really rounds the activation; weights
-#    dequantized at their largest channel scale (fp16-safe magnitudes).
+#    dequantized at their largest channel scale and RMSNorm on x / max|x| (fp16-safe magnitudes).
 EXPORT_VERSION = 6
 ACT_ZERO_POINT_U16 = 32768
 OPSET = 21
@@ -180,11 +180,24 @@ class LinearQ:
 
 
 def _rms_norm(g: _Graph, x: str, w: np.ndarray, eps: float, flavor: str) -> str:
-    # x * 1/sqrt(mean(x²) + eps) * w: the Pow→ReduceMean→Add→Sqrt→Div→Mul pattern ORT fuses into
-    # SimplifiedLayerNormalization on the CPU EP (and the simulator accepts as is).
+    """x / sqrt(mean(x²) + eps) * w.
+
+    cpu: the Pow→ReduceMean→Add→Sqrt→Div→Mul pattern ORT fuses into SimplifiedLayerNormalization.
+    qnn: the same value computed on x/m with m = max|x| per row, i.e. (x/m) / sqrt(mean((x/m)²) + (√eps/m)²):
+    HTP runs float ops in fp16 on a device (and on the simulator with a soc_model), where x² overflows
+    once |x| > 256, and SmolLM2's residual stream reaches 24,886 (`constraints` "soc_model_fp16");
+    (x/m)² <= 1 never overflows and its mean is >= 1/K, so it cannot vanish either.
+    """
+    if flavor == "qnn":
+        m = g.op("ReduceMax", [g.op("Abs", [x]), g.const(np.array([-1], np.int64))], "rowmax", keepdims=1)
+        x = g.op("Div", [x, m], "xn")
+        e = g.op("Div", [g.const(np.array(np.sqrt(eps), np.float32), "eps_sqrt"), m])
+        eps_t = g.op("Mul", [e, e], "eps_n")
+    else:
+        eps_t = g.const(np.array(eps, np.float32))
     sq = g.op("Pow", [x, g.const(np.array(2.0, np.float32))])
     ms = g.op("ReduceMean", [sq, g.const(np.array([-1], np.int64))], keepdims=1)
-    rs = g.op("Sqrt", [g.op("Add", [ms, g.const(np.array(eps, np.float32))])])
+    rs = g.op("Sqrt", [g.op("Add", [ms, eps_t])])
     return g.op("Mul", [g.op("Div", [x, rs]), g.const(w.astype(np.float32), "norm_w")])
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import functools
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from hetero.errors import BackendUnavailable, GraphCacheError
+from hetero.errors import BackendUnavailable, ConfigError, GraphCacheError
 from hetero.npu import export
 from hetero.npu.cache import FORMAT, CacheEntry, entry_key, library_versions
 from hetero.paths import atomic_path
@@ -155,12 +156,24 @@ QNN_CONTEXT_BIN = QNN_CONTEXT_STEM + "_qnn.bin"  # the name the QNN EP gives the
 
 
 # No soc_model: the simulator then models a generic HTP whose float ops (RMSNorm, SiLU, residual adds) run
-# in fp32. With soc_model 60 (Snapdragon 8 Gen 3, the paper's Xiaomi 14) more graphs build (C=32 and C=256,
-# which fail here with QNN_COMMON_ERROR_MEM_ALLOC) but float ops run in fp16, where RMSNorm's x² overflows
-# on SmolLM2's massive residual activations (|h| 274 after layer 1, 24,886 after layer 11): a 30-layer
-# prefill then decodes garbage (`constraints.QNN_CONSTRAINTS["soc_model_fp16"]`). Opt in with
-# provider_options={"soc_model": "60"}.
+# in fp32, and a 30-layer prefill answers like the CPU path. With soc_model 60 (Snapdragon 8 Gen 3, the
+# paper's Xiaomi 14) more graphs build (C=32 and C=256, which fail here with QNN_COMMON_ERROR_MEM_ALLOC) but
+# float ops run in fp16, as on a device, and drift further (`constraints.QNN_CONSTRAINTS["soc_model_fp16"]`).
+# Opt in with provider_options={"soc_model": "60"} or HETERO_QNN_OPTIONS=soc_model=60.
 QNN_DEFAULT_OPTIONS = {"backend_type": "htp"}
+
+
+def env_qnn_options() -> dict[str, str]:
+    """QNN EP provider options from $HETERO_QNN_OPTIONS, "key=value,key=value" (e.g. "soc_model=60"): how a
+    CLI run (`hetero run --backend hetero-qnn`, `hetero bench`) reaches the lane without new flags."""
+    text = os.environ.get("HETERO_QNN_OPTIONS", "").strip()
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ConfigError(f"HETERO_QNN_OPTIONS must be 'key=value,key=value' (e.g. 'soc_model=60'), got {text!r}")
+        out[key.strip()] = value.strip()
+    return out
 
 
 class QnnHtpLane(_Lane):
@@ -171,7 +184,7 @@ class QnnHtpLane(_Lane):
 
     def __init__(self, provider_options: dict[str, str] | None = None):
         self.devices = qnn_devices()
-        self.provider_options = {**QNN_DEFAULT_OPTIONS, **(provider_options or {})}
+        self.provider_options = {**QNN_DEFAULT_OPTIONS, **env_qnn_options(), **(provider_options or {})}
 
     def options_key(self) -> dict:
         return {"lane": self.name, "context_embed_mode": 0, **self.provider_options}
@@ -216,8 +229,6 @@ def make_lane(kind: str = "cpu", intra_op_threads: int = 2, **options) -> _Lane:
                 _WARNED.add("qnn")
                 log.warning("%s; falling back to the ONNX Runtime CPU EP", e)
             return OrtCpuLane(intra_op_threads)
-    from hetero.errors import ConfigError
-
     raise ConfigError(f"lane kind must be 'cpu' or 'qnn', got {kind!r}")
 
 

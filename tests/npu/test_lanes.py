@@ -1,10 +1,12 @@
-"""Lane selection: QNN requested but absent → one warning, CPU EP."""
+"""Lane selection: QNN requested but absent → one warning, CPU EP; QNN options from the environment."""
 
 from __future__ import annotations
 
 import logging
 
-from hetero.errors import BackendUnavailable
+import pytest
+
+from hetero.errors import BackendUnavailable, ConfigError
 from hetero.npu import lanes
 
 
@@ -18,3 +20,14 @@ def test_qnn_absent_falls_back_to_cpu_with_one_warning(monkeypatch, caplog):
         first, second = lanes.make_lane("qnn"), lanes.make_lane("qnn")
     assert isinstance(first, lanes.OrtCpuLane) and isinstance(second, lanes.OrtCpuLane)
     assert caplog.text.count("falling back to the ONNX Runtime CPU EP") == 1
+
+
+def test_qnn_options_from_the_environment(monkeypatch):
+    env_qnn_options = lanes.env_qnn_options
+    monkeypatch.setenv("HETERO_QNN_OPTIONS", " soc_model=60, htp_performance_mode=burst ")
+    assert env_qnn_options() == {"soc_model": "60", "htp_performance_mode": "burst"}
+    monkeypatch.setenv("HETERO_QNN_OPTIONS", "")
+    assert env_qnn_options() == {}
+    monkeypatch.setenv("HETERO_QNN_OPTIONS", "soc_model")
+    with pytest.raises(ConfigError, match="HETERO_QNN_OPTIONS"):
+        env_qnn_options()
