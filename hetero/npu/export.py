@@ -21,7 +21,8 @@ Two flavours of the same math:
   Bit-exact with `hetero.outliers.quantize.int8_linear` (int32 accumulation, half-to-even rounding, one
   float32 scale multiply per output column). Linears sharing an input (Q/K/V, gate/up) are one
   MatMulInteger over concatenated weights, scaled per column by the same float32 products.
-- "qnn" (HTP): QuantizeLinear/DequantizeLinear(u8, zp 128) on the activation, then the same grid in u16
+- "qnn" / "qnn-fp16" (HTP; the latter where HTP runs float ops in fp16, `_rms_norm`):
+  QuantizeLinear/DequantizeLinear(u8, zp 128) on the activation, then the same grid in u16
   (QuantizeLinear/DequantizeLinear u16, zp 32768: a u8→u16 Convert on HTP), and DequantizeLinear(s8, zp 0)
   on each weight around a MatMul, one MatMul per linear (`constraints.QNN_NOT_YET`). The QNN EP of
   onnxruntime-qnn 2.7 keeps that MatMul in float (it fuses a quantized FullyConnected only when a
@@ -63,12 +64,12 @@ from hetero.outliers.quantize import ACT_ZERO_POINT, U8S8_SAFE_WEIGHT_ABSMAX, W_
 
 # Bump when the graphs' math or I/O change: part of every cache key.
 # 4: per-output-channel weight scales. 5: 7-bit weights by default, u8·s8 MatMulInteger on the CPU EP.
-# 6: qnn flavour: u8→u16 Convert in front of the MatMul, so HTP really rounds the activation; weights
-#    dequantized at their largest channel scale and RMSNorm on x / max|x| (fp16-safe magnitudes).
-EXPORT_VERSION = 6
+# 6: qnn flavour: u8→u16 Convert in front of the MatMul, so HTP really rounds the activation.
+# 7: qnn weights dequantized at their largest channel scale; the qnn-fp16 flavour (RMSNorm on x / max|x|).
+EXPORT_VERSION = 7
 ACT_ZERO_POINT_U16 = 32768
 OPSET = 21
-FLAVORS = ("cpu", "qnn")
+FLAVORS = ("cpu", "qnn", "qnn-fp16")
 PIECES = ("o", "gu", "act", "down")
 CUT_AFTER = {"o_in": "o", "ffn_in": "gu", "down_in": "act"}  # shadow site → piece after which we cut
 
@@ -81,7 +82,7 @@ class SegmentSpec:
     kind: str  # "qkv" | "o_ffn" | a join of PIECES ("o", "gu+act+down", ...)
     pieces: tuple[str, ...]  # ("qkv",) or a contiguous run of PIECES
     chunk: int  # C: rows of every input/output
-    flavor: str  # "cpu" | "qnn"
+    flavor: str  # "cpu" | "qnn" | "qnn-fp16"
     shape: str = "2d"  # "2d" | "3d:a" | "conv:a" (equivalent shape, §4)
     emit_x: bool = False  # also output the quantized linear's float input (for its shadow on the CPU)
 
@@ -183,12 +184,13 @@ def _rms_norm(g: _Graph, x: str, w: np.ndarray, eps: float, flavor: str) -> str:
     """x / sqrt(mean(x²) + eps) * w.
 
     cpu: the Pow→ReduceMean→Add→Sqrt→Div→Mul pattern ORT fuses into SimplifiedLayerNormalization.
-    qnn: the same value computed on x/m with m = max|x| per row, i.e. (x/m) / sqrt(mean((x/m)²) + (√eps/m)²):
-    HTP runs float ops in fp16 on a device (and on the simulator with a soc_model), where x² overflows
+    qnn: the same pattern (the generic HTP simulator fails to finalize graphs with more float ops).
+    qnn-fp16 (HTP running float ops in fp16: a device, or the simulator with a soc_model): the same value
+    computed on x/m with m = max|x| per row, i.e. (x/m) / sqrt(mean((x/m)²) + (√eps/m)²). x² overflows fp16
     once |x| > 256, and SmolLM2's residual stream reaches 24,886 (`constraints` "soc_model_fp16");
     (x/m)² <= 1 never overflows and its mean is >= 1/K, so it cannot vanish either.
     """
-    if flavor == "qnn":
+    if flavor == "qnn-fp16":
         m = g.op("ReduceMax", [g.op("Abs", [x]), g.const(np.array([-1], np.int64))], "rowmax", keepdims=1)
         x = g.op("Div", [x, m], "xn")
         e = g.op("Div", [g.const(np.array(np.sqrt(eps), np.float32), "eps_sqrt"), m])

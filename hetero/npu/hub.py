@@ -83,7 +83,8 @@ def _upload_dir(spec: export.SegmentSpec, lq: export.LayerQ, tmp: Path) -> Path:
 
 
 def compile_on_hub(model, plan, chunk: int, device: str, layers=None, kinds=("qkv", "o_ffn")) -> list[HubGraph]:
-    """Upload each static graph (QDQ "qnn" flavour), compile it for `device`, store the context binary."""
+    """Upload each static graph (QDQ "qnn-fp16" flavour: a device runs HTP float ops in fp16), compile it for
+    `device`, store the context binary."""
     hub = _hub()
     dev = hub.Device(device)
     out = []
@@ -92,7 +93,7 @@ def compile_on_hub(model, plan, chunk: int, device: str, layers=None, kinds=("qk
         for layer in (range(cfg.n_layers) if layers is None else layers):
             lq = export.layer_q(cfg, model.weights.layers[layer], plan, layer)
             shadow = {s for s in ("attn_in", "o_in", "ffn_in", "down_in") if plan.sites[(layer, s)].shadow}
-            for spec in export.layer_segments(layer, shadow, chunk, "qnn"):
+            for spec in export.layer_segments(layer, shadow, chunk, "qnn-fp16"):
                 if spec.kind not in kinds and not (spec.kind != "qkv" and "o_ffn" in kinds):
                     continue
                 key = entry_key("hub", export.EXPORT_VERSION, device, spec.kind, spec.pieces, chunk, spec.shape,

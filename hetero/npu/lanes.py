@@ -185,6 +185,11 @@ class QnnHtpLane(_Lane):
     def __init__(self, provider_options: dict[str, str] | None = None):
         self.devices = qnn_devices()
         self.provider_options = {**QNN_DEFAULT_OPTIONS, **env_qnn_options(), **(provider_options or {})}
+        soc = self.provider_options.get("soc_model")
+        # a SoC model is another HTP (its graph cache, its recorded equivalent shapes) whose float ops run in
+        # fp16, as on the device: graphs of the fp16-safe flavour (`export._rms_norm`)
+        self.name = f"qnn-htp-soc{soc}" if soc else "qnn-htp"
+        self.flavor = "qnn-fp16" if soc else "qnn"
 
     def options_key(self) -> dict:
         return {"lane": self.name, "context_embed_mode": 0, **self.provider_options}

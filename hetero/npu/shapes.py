@@ -64,7 +64,7 @@ def lane_is_simulated(lane) -> bool:
     """The QNN HTP lane off an ARM/Hexagon host is the x86-64 simulator of the onnxruntime-qnn wheel."""
     import platform
 
-    return lane.flavor == "qnn" and platform.machine().lower() in ("x86_64", "amd64")
+    return lane.flavor.startswith("qnn") and platform.machine().lower() in ("x86_64", "amd64")
 
 
 def profile_shapes(model, plan, chunks, lane, layer: int = 0, repeats: int = 9, path: Path | None = None,

@@ -74,20 +74,27 @@ def test_per_channel_weights_fold_into_output_scale(tiny, monkeypatch):
     assert len(wdq) == 3 and all(a.name == "axis" and a.i == 1 for n in wdq for a in n.attribute)
 
 
+@pytest.mark.parametrize("flavor", ["qnn", "qnn-fp16"])
 @pytest.mark.parametrize("wg", ["channel", "tensor"])
-def test_qdq_form_matches_reference(tiny, wg):
-    # the "qnn" flavour run on the CPU EP: float MatMul of dequantized values, so equal to the INT8
-    # reference up to float32 rounding (per-channel scales folded after the MatMul or per tensor)
-    plan = tiny_plan(tiny, weight_granularity=wg)
-    lq = export.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
-    m = export.build_segment(export.SegmentSpec(0, "qkv", ("qkv",), 16, "qnn", emit_x=True), lq)
+def test_qdq_form_matches_reference(tiny, wg, flavor):
+    # the QDQ flavours run on the CPU EP: float MatMul of dequantized values, so equal to the INT8
+    # reference up to float32 rounding (per-channel scales folded after the MatMul or per tensor); the
+    # fp16-safe RMSNorm of "qnn-fp16" (on x / max|x|) equals the textbook one up to rounding
     import onnxruntime as ort
 
+    from hetero import model as ref
+
+    plan = tiny_plan(tiny, weight_granularity=wg)
+    lq = export.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
+    m = export.build_segment(export.SegmentSpec(0, "qkv", ("qkv",), 16, flavor, emit_x=True), lq)
     so = ort.SessionOptions()  # no QDQ fusion: the CPU EP would run it as u8·s8 (saturating on AVX2)
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     h = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32) * 3
+    h[3] *= 1e4  # a massive-activation row: x² beyond fp16's range, harmless in either form here
     qkv, x = sess.run(["qkv", "x"], {"h": h})
+    want_x = ref.rms_norm(torch.from_numpy(h), tiny.weights.layers[0].attn_norm, tiny.config.rms_eps).numpy()
+    np.testing.assert_allclose(x, want_x, rtol=1e-5, atol=1e-5)
     want = np.concatenate([int8_linear(x, 0.02, plan.weights[(0, n)]) for n in ("wq", "wk", "wv")], axis=1)
     np.testing.assert_allclose(qkv, want, rtol=1e-5, atol=1e-5)
 

@@ -51,3 +51,14 @@ def test_htp_context_binary_is_cached_beside_its_model(tiny):
         assert QNN_CONTEXT_BIN in json.loads((entry / "meta.json").read_text())["files"]
     h = torch.randn(16, 64)
     assert torch.equal(first.qkv(0, h)[0], again.qkv(0, h)[0])
+
+
+def test_a_soc_model_is_its_own_lane(monkeypatch):
+    # another HTP: its own graph cache folder and its own recorded equivalent shapes
+    monkeypatch.delenv("HETERO_QNN_OPTIONS", raising=False)
+    assert QnnHtpLane().name == "qnn-htp"
+    assert QnnHtpLane({"soc_model": "60"}).name == "qnn-htp-soc60"
+    monkeypatch.setenv("HETERO_QNN_OPTIONS", "soc_model=69")
+    lane = QnnHtpLane()
+    assert lane.name == "qnn-htp-soc69" and lane.options_key()["soc_model"] == "69"
+    assert lane.flavor == "qnn-fp16"
