@@ -218,3 +218,12 @@ def test_backend_uses_the_recorded_shape_by_default(tiny, tmp_path, monkeypatch)
     ref = QuantizedBackend(tiny.config, tiny.weights, plan)
     h, a = torch.randn(16, 64), torch.randn(16, 64) * 0.5
     torch.testing.assert_close(be.o_ffn(0, a, h), ref.o_ffn(0, a, h), rtol=0, atol=1e-5)
+
+
+def test_winner_must_fit_the_build_budget():
+    from hetero.npu.shapes import pick_winner
+
+    lat = {"2d": 100.0, "3d:4": 90.0, "conv:1": 50.0}
+    assert pick_winner(lat, {}) == "conv:1"  # build times unknown (cached): fastest
+    assert pick_winner(lat, {"2d": 0.2, "3d:4": 0.3, "conv:1": 30.0}) == "3d:4"  # conv:1 builds 150x slower
+    assert pick_winner({}, {}) == "2d"
