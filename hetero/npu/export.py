@@ -94,9 +94,6 @@ class SegmentSpec:
         shape_rows(self.shape, self.chunk)  # validates
 
 
-SHAPES = ("2d", "3d:a", "conv:a")
-
-
 def shape_rows(shape: str, chunk: int) -> tuple[int, int] | None:
     """(a, b) with a·b = C for "3d:a" and "conv:a", None for "2d"; ConfigError for anything else."""
     if shape == "2d":
