@@ -157,37 +157,37 @@ class CacheEntry:
         return sum(p.stat().st_size for p in self.root.iterdir() if p.is_file()) if self.root.exists() else 0
 
 
-def cache_usage() -> dict[str, dict[str, int]]:
-    """Per backend folder: entries of the current `FORMAT`, entries of older formats or unfinished, bytes."""
-    out: dict[str, dict[str, int]] = {}
+def _all_entries() -> list[tuple[str, CacheEntry, bool]]:
+    """(backend folder, entry, of the current FORMAT and finished) for every entry on disk."""
     root = graphs_root()
+    out = []
     for backend in sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []:
-        row = {"entries": 0, "other": 0, "bytes": 0}
-        for d in backend.iterdir():
-            if not d.is_dir():
-                continue
+        for d in sorted(d for d in backend.iterdir() if d.is_dir()):
             try:
                 current = json.loads((d / META).read_text()).get("format") == FORMAT
             except (OSError, ValueError):
                 current = False
-            row["entries" if current else "other"] += 1
-            row["bytes"] += sum(f.stat().st_size for f in d.iterdir() if f.is_file())
-        out[backend.name] = row
+            out.append((backend.name, CacheEntry(d, d.name), current))
+    return out
+
+
+def cache_usage() -> dict[str, dict[str, int]]:
+    """Per backend folder: entries of the current `FORMAT`, entries of older formats or unfinished, bytes."""
+    root = graphs_root()
+    out = {p.name: {"entries": 0, "other": 0, "bytes": 0}
+           for p in (sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else [])}
+    for backend, entry, current in _all_entries():
+        row = out[backend]
+        row["entries" if current else "other"] += 1
+        row["bytes"] += entry.size_bytes()
     return out
 
 
 def clear_cache(only_stale: bool = False) -> int:
     """Delete graph cache entries (all, or only those of older formats / unfinished); returns bytes freed."""
     freed = 0
-    root = graphs_root()
-    for backend in [p for p in root.iterdir() if p.is_dir()] if root.exists() else []:
-        for d in [d for d in backend.iterdir() if d.is_dir()]:
-            if only_stale:
-                try:
-                    if json.loads((d / META).read_text()).get("format") == FORMAT:
-                        continue
-                except (OSError, ValueError):
-                    pass
-            freed += sum(f.stat().st_size for f in d.iterdir() if f.is_file())
-            shutil.rmtree(d, ignore_errors=True)
+    for _, entry, current in _all_entries():
+        if not (only_stale and current):
+            freed += entry.size_bytes()
+            entry.discard()
     return freed

@@ -79,7 +79,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return 0
     print(f"graph cache: {graphs_root()}")
     for name, row in usage.items():
-        print(f"  {name:8s} {row['entries']:5d} entries  {row['other']:5d} stale/unfinished  {row['bytes'] / 2**20:9.1f} MiB")
+        print(f"  {name:14s} {row['entries']:5d} entries  {row['other']:5d} stale/unfinished  {row['bytes'] / 2**20:9.1f} MiB")
     return 0
 
 

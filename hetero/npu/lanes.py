@@ -287,9 +287,10 @@ def prepare_graph(spec: export.SegmentSpec, lq: export.LayerQ, model_fp: str, la
             sess = lane.compile(entry.model_path, tmp)
             if not tmp.exists() or tmp.stat().st_size == 0:
                 raise GraphCacheError(f"{lane.name} wrote no compiled graph for layer {spec.layer} {spec.kind}")
-    except GraphCacheError:
-        raise
     except Exception as e:
+        entry.discard()  # nothing half-built stays on disk
+        if isinstance(e, GraphCacheError):
+            raise
         raise GraphCacheError(f"{lane.name} failed to compile layer {spec.layer} {spec.kind} "
                               f"(C={spec.chunk}, shape {spec.shape}): {e}") from e
     if use_cache:

@@ -101,3 +101,18 @@ def test_cache_usage_and_clear(tiny):
     assert use["entries"] == 2 and use["other"] == 1 and use["bytes"] > 0
     assert clear_cache(only_stale=True) == 0 and cache_usage()["ort-cpu"]["other"] == 0
     assert clear_cache() > 0 and cache_usage()["ort-cpu"] == {"entries": 0, "other": 0, "bytes": 0}
+
+
+def test_failed_compile_leaves_nothing_on_disk(tiny):
+    from hetero.npu import export
+    from hetero.npu.lanes import OrtCpuLane, prepare_graph
+
+    class Failing(OrtCpuLane):
+        def compile(self, model_path, out_path):
+            raise RuntimeError("QNN_COMMON_ERROR_MEM_ALLOC (test)")
+
+    lq = export.layer_q(tiny.config, tiny.weights.layers[0], tiny_plan(tiny), 0)
+    spec = export.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu")
+    with pytest.raises(GraphCacheError, match="failed to compile layer 0 qkv"):
+        prepare_graph(spec, lq, tiny.fingerprint, Failing())
+    assert not (graphs_root() / "ort-cpu").exists() or not any((graphs_root() / "ort-cpu").iterdir())
