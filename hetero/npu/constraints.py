@@ -48,13 +48,14 @@ QNN_CONSTRAINTS: dict[str, str] = {
                            "(SmolLM2 layer 0, C=64)",
     "soc_model_fp16": "with soc_model set (60 = 8 Gen 3) the simulator runs float ops in fp16, as a device does. "
                       "SmolLM2's residual stream reaches |h| = 274 after layer 1 and 24,886 after layer 11: the "
-                      "textbook RMSNorm's x² overflows fp16 (max 65,504) and a 30-layer prefill decoded garbage; "
-                      "the qnn graphs therefore normalise x / max|x| first (`export._rms_norm`), after which the "
-                      "same prefill answers 'The capital of France is called The Red' (fp32 float ops: '... is "
-                      "Paris.'): usable, less accurate. fp16 also made the old weight form (DequantizeLinear at "
-                      "scale 1, integer-valued weights) overflow (o_ffn 188 steps off): weights are dequantized at "
-                      "their largest channel scale (`export._linears`). Layers 0-1 at C=64: q/k/v 0.4-1.0, o_ffn "
-                      "0.9-1.7 steps",
+                      "textbook RMSNorm's x² overflows fp16 (max 65,504) and a 30-layer prefill decoded garbage. "
+                      "The qnn-fp16 graphs normalise x / max|x| first (`export._rms_norm`); the 30-layer prefill "
+                      "then answers 'The capital of France is indeed called Paris' (C=256), but layer 1's qkv "
+                      "is thousands of steps off at C=64: on one row (max|h| 34.7) HTP's RMSNorm returns 19,952 "
+                      "instead of 4.17, as if mean((x/m)²) = 0.0053 came out ~0; not yet understood "
+                      "(bench/results/htp_accuracy.json). fp16 also made the old weight form (DequantizeLinear "
+                      "at scale 1, integer-valued weights) overflow (o_ffn 188 steps off): weights are "
+                      "dequantized at their largest channel scale (`export._linears`)",
     "no_matmulinteger": "MatMulInteger/ConvInteger are not QNN ops: on HTP the linear is written as "
                         "QuantizeLinear/DequantizeLinear pairs around a float MatMul (QDQ)",
     "no_dynamic_attention": "attention depends on the chunk's position (KV length): dynamic, so it stays "
