@@ -20,17 +20,30 @@ stamp (mtime_ns); a load whose files still carry their recorded stamp skips re-h
 QNN context binaries, ~7 MB a graph, would cost as much as deserializing them), a file whose stamp
 moved (rewritten, copied, touched) is hashed in full and the entry is rejected if it differs, or its
 stamp refreshed if not. `read_compiled(full=True)` hashes everything regardless.
+
+Concurrency: processes sharing a cache build an entry under its lock (`.<key>.lock`, `filelock`) in a
+private staging folder (`.build-<key>-*`) that is renamed into place whole, so a reader sees an entry
+complete or not at all; a process that waited for the lock reuses the winner's entry. Staging folders
+left by a killed build are removed by the next builder of that key (it holds the lock, so none is live).
+A cache that cannot be written (read-only, another user's) costs a warning: the graph is built uncached.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import logging
+import os
 import shutil
+import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from filelock import FileLock
 
 from hetero.errors import GraphCacheError
 from hetero.paths import atomic_path, cache_dir
@@ -132,11 +145,33 @@ class CacheEntry:
                 raise GraphCacheError(f"graph cache entry {self.root}: {name} fails its sha256 (corrupt)")
             info["mtime_ns"], restamp = _stamp(p), True
         if restamp:  # same content, new stamp (copied or touched): hash it once, not on every load
-            self._write_meta(meta)
+            try:
+                self._write_meta(meta)
+            except OSError as e:  # a read-only cache: verified all the same, hashed again next time
+                log.debug("cannot refresh the stamps of %s: %s", self.root, e)
         return self.compiled_path, sum(info["size"] for info in files.values())
 
     def discard(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def lock(self, timeout_s: float = 600.0) -> FileLock:
+        """The entry's inter-process lock (a file beside it); hold it to build, repair or replace the entry."""
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.root.parent / f".{self.key}.lock"), timeout=timeout_s)
+
+    @contextlib.contextmanager
+    def staging(self) -> Iterator["CacheEntry"]:
+        """A private folder to build this entry in (call under `lock()`); on success it replaces the entry
+        whole (`os.rename`), on failure it is deleted. Folders of killed builds of this key are removed."""
+        for stale in self.root.parent.glob(f".build-{self.key}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".build-{self.key}-", dir=self.root.parent))
+        try:
+            yield CacheEntry(tmp, self.key)
+            self.discard()
+            os.rename(tmp, self.root)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def commit(self, spec: object, extra: dict | None = None) -> None:
         """Write meta.json last (atomically): from now on the entry counts as built."""
@@ -157,12 +192,25 @@ class CacheEntry:
         return sum(p.stat().st_size for p in self.root.iterdir() if p.is_file()) if self.root.exists() else 0
 
 
+STALE_STAGING_S = 3600.0  # a staging folder older than this belongs to a killed build
+
+
+def _live_staging(d: Path) -> bool:
+    """A `.build-*` folder young enough to belong to a build in progress (listed by no one)."""
+    if not d.name.startswith(".build-"):
+        return False
+    try:
+        return time.time() - d.stat().st_mtime < STALE_STAGING_S
+    except OSError:
+        return True
+
+
 def _all_entries() -> list[tuple[str, CacheEntry, bool]]:
     """(backend folder, entry, of the current FORMAT and finished) for every entry on disk."""
     root = graphs_root()
     out = []
     for backend in sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []:
-        for d in sorted(d for d in backend.iterdir() if d.is_dir()):
+        for d in sorted(d for d in backend.iterdir() if d.is_dir() and not _live_staging(d)):
             try:
                 current = json.loads((d / META).read_text()).get("format") == FORMAT
             except (OSError, ValueError):
