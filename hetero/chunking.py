@@ -20,6 +20,16 @@ class Chunk:
     n_valid: int  # 1..C; < C only for the last chunk, whose tail is padding
 
 
+def check_chunk(chunk_len: object, context_length: int) -> int:
+    """The chunk length C, validated: a positive integer no longer than the model's context (a longer C
+    only pads every prompt, and its graphs' buffers grow with C)."""
+    if not isinstance(chunk_len, int) or isinstance(chunk_len, bool) or chunk_len <= 0:
+        raise ConfigError(f"chunk must be a positive integer, got {chunk_len!r}")
+    if chunk_len > context_length:
+        raise ConfigError(f"chunk must be at most the model's context length {context_length}, got {chunk_len}")
+    return chunk_len
+
+
 def plan_chunks(n_tokens: int, chunk_len: int, start: int = 0) -> list[Chunk]:
     """Chunks covering `n_tokens` new tokens that begin at absolute position `start`."""
     if chunk_len <= 0:

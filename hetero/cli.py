@@ -81,21 +81,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     from hetero.engine import make_runtime
     from hetero.loader import load_model
 
+    from hetero.prompt import check_text, encode_prompt, new_token_budget
+
     if args.max_new_tokens < 0:
         raise ConfigError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
-    if not args.prompt.strip():
-        raise ConfigError("prompt is empty: give the text to answer, e.g. hetero run \"What is the capital of France?\"")
+    check_text(args.prompt)
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model)
     tok = model.tokenizer
     if tok is None:
         raise ConfigError(f"model {model.path} has no tokenizer: `hetero run` needs one to encode the prompt")
-    if args.raw or not getattr(tok, "chat_template", None):
-        ids = tok(args.prompt)["input_ids"]
-    else:
-        text = tok.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=False)
-        ids = tok(text, add_special_tokens=False)["input_ids"]
+    ids = encode_prompt(tok, args.prompt, raw=args.raw)
     runtime = make_runtime(model, args.backend, chunk=args.chunk, threads=args.threads)
     prompt = runtime.check_ids(ids)
     runtime.prefill(prompt[: min(prompt.numel(), args.chunk)])  # warm-up: first-call allocations, lazy inits
@@ -103,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     hf = to_hf_model(model)
     torch.set_num_threads(args.threads or os.cpu_count() or 1)  # the runtime may have split cores between lanes
     t0 = time.perf_counter()
-    new = generate(hf, prompt, result, args.max_new_tokens)
+    new = generate(hf, prompt, result, new_token_budget(prompt.numel(), args.max_new_tokens, runtime.max_context))
     decode_s = time.perf_counter() - t0
     text = tok.decode(new, skip_special_tokens=True).strip()
     out: dict[str, Any] = {

@@ -16,7 +16,7 @@ import torch
 
 from hetero import model as ref
 from hetero.backend import FloatBackend, LayerBackend
-from hetero.chunking import Chunk, padded_ids, plan_chunks
+from hetero.chunking import Chunk, check_chunk, padded_ids, plan_chunks
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
 from hetero.loader import Model
@@ -87,9 +87,7 @@ class Runtime:
         `hetero.sched.policy.POLICIES` runs them out of order on one worker per lane (mllm-NPU §3.4),
         dispatching on the costs of `profile` (default: this host's measured profile).
         """
-        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk <= 0:
-            raise ConfigError(f"chunk must be a positive integer, got {chunk!r}")
-        self.model, self.cfg, self.chunk = model, model.config, chunk
+        self.model, self.cfg, self.chunk = model, model.config, check_chunk(chunk, model.config.context_length)
         ctx = self.cfg.context_length
         if max_context is not None and not 0 < max_context <= ctx:
             raise ConfigError(f"max_context must be in [1, {ctx}], got {max_context}")

@@ -46,7 +46,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from hetero.errors import GraphCacheError
-from hetero.paths import atomic_path, cache_dir
+from hetero.paths import atomic_path, cache_dir, check_files, file_record
 
 log = logging.getLogger(__name__)
 
@@ -80,16 +80,6 @@ def entry_key(*parts: object) -> str:
 
 def graphs_root() -> Path:
     return cache_dir() / "graphs"
-
-
-def _sha(path: Path) -> str:
-    """sha256 of a whole file, read in 1 MiB blocks."""
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _stamp(path: Path) -> int:
-    return path.stat().st_mtime_ns
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,18 +122,9 @@ class CacheEntry:
         files = meta.get("files", {})
         if COMPILED not in files:
             raise GraphCacheError(f"graph cache entry {self.root}: {META} lists no {COMPILED}")
-        restamp = False
-        for name, info in files.items():
-            p = self.root / name
-            if not p.exists() or p.stat().st_size != info["size"]:
-                raise GraphCacheError(f"graph cache entry {self.root}: {name} missing or truncated")
-        for name, info in files.items():  # the compiled model may point at model.data: verify all
-            p = self.root / name
-            if not full and _stamp(p) == info.get("mtime_ns"):
-                continue
-            if _sha(p) != info["sha256"]:
-                raise GraphCacheError(f"graph cache entry {self.root}: {name} fails its sha256 (corrupt)")
-            info["mtime_ns"], restamp = _stamp(p), True
+        reason, restamp = check_files(self.root, files, full)
+        if reason is not None:
+            raise GraphCacheError(f"graph cache entry {self.root}: {reason}")
         if restamp:  # same content, new stamp (copied or touched): hash it once, not on every load
             try:
                 self._write_meta(meta)
@@ -178,7 +159,7 @@ class CacheEntry:
         files = {}
         for p in sorted(self.root.iterdir()):
             if p.is_file() and p.name != META and not p.name.startswith("."):
-                files[p.name] = {"size": p.stat().st_size, "sha256": _sha(p), "mtime_ns": _stamp(p)}
+                files[p.name] = file_record(p)
         if COMPILED not in files:
             raise GraphCacheError(f"graph cache entry {self.root}: nothing compiled to commit")
         self._write_meta({"format": FORMAT, "key": self.key, "spec": asdict(spec) if hasattr(spec, "__dataclass_fields__") else spec,
