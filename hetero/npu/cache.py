@@ -21,7 +21,7 @@ QNN context binaries, ~7 MB a graph, would cost as much as deserializing them), 
 moved (rewritten, copied, touched) is hashed in full and the entry is rejected if it differs, or its
 stamp refreshed if not. `read_compiled(full=True)` hashes everything regardless.
 
-Concurrency: processes sharing a cache build an entry under its lock (`.<key>.lock`, `filelock`) in a
+Concurrency: processes sharing a cache build an entry under its lock (`graphs/.locks/<backend>-<key>.lock`, `filelock`) in a
 private staging folder (`.build-<key>-*`) that is renamed into place whole, so a reader sees an entry
 complete or not at all; a process that waited for the lock reuses the winner's entry. Staging folders
 left by a killed build are removed by the next builder of that key (it holds the lock, so none is live).
@@ -137,8 +137,9 @@ class CacheEntry:
 
     def lock(self, timeout_s: float = 600.0) -> FileLock:
         """The entry's inter-process lock (a file beside it); hold it to build, repair or replace the entry."""
-        self.root.parent.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.root.parent / f".{self.key}.lock"), timeout=timeout_s)
+        locks = self.root.parent.parent / ".locks"  # apart from the entries, so listings see none
+        locks.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(locks / f"{self.root.parent.name}-{self.key}.lock"), timeout=timeout_s)
 
     @contextlib.contextmanager
     def staging(self) -> Iterator["CacheEntry"]:
@@ -190,7 +191,7 @@ def _all_entries() -> list[tuple[str, CacheEntry, bool]]:
     """(backend folder, entry, of the current FORMAT and finished) for every entry on disk."""
     root = graphs_root()
     out = []
-    for backend in sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []:
+    for backend in sorted(p for p in root.iterdir() if p.is_dir() and p.name != ".locks") if root.exists() else []:
         for d in sorted(d for d in backend.iterdir() if d.is_dir() and not _live_staging(d)):
             try:
                 current = json.loads((d / META).read_text()).get("format") == FORMAT
@@ -204,7 +205,7 @@ def cache_usage() -> dict[str, dict[str, int]]:
     """Per backend folder: entries of the current `FORMAT`, entries of older formats or unfinished, bytes."""
     root = graphs_root()
     out = {p.name: {"entries": 0, "other": 0, "bytes": 0}
-           for p in (sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else [])}
+           for p in (sorted(p for p in root.iterdir() if p.is_dir() and p.name != ".locks") if root.exists() else [])}
     for backend, entry, current in _all_entries():
         row = out[backend]
         row["entries" if current else "other"] += 1

@@ -16,7 +16,7 @@ from tests.npu.conftest import tiny_plan
 
 
 def _entries(backend="ort-cpu"):
-    return sorted(p for p in (graphs_root() / backend).iterdir() if not p.name.startswith("."))  # not the locks
+    return sorted((graphs_root() / backend).iterdir())
 
 
 def test_second_prepare_loads_from_cache(tiny):
@@ -115,5 +115,4 @@ def test_failed_compile_leaves_nothing_on_disk(tiny):
     spec = export.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu")
     with pytest.raises(GraphCacheError, match="failed to compile layer 0 qkv"):
         prepare_graph(spec, lq, tiny.fingerprint, Failing())
-    left = [p.name for p in (graphs_root() / "ort-cpu").iterdir()] if (graphs_root() / "ort-cpu").exists() else []
-    assert all(n.endswith(".lock") for n in left), left  # the entry's lock file may stay; no entry, no staging
+    assert not (graphs_root() / "ort-cpu").exists() or not any((graphs_root() / "ort-cpu").iterdir())
