@@ -136,7 +136,7 @@ class CacheEntry:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def lock(self, timeout_s: float = 600.0) -> FileLock:
-        """The entry's inter-process lock (a file beside it); hold it to build, repair or replace the entry."""
+        """The entry's inter-process lock (a file under graphs/.locks); hold it to build, repair or replace the entry."""
         locks = self.root.parent.parent / ".locks"  # apart from the entries, so listings see none
         locks.mkdir(parents=True, exist_ok=True)
         return FileLock(str(locks / f"{self.root.parent.name}-{self.key}.lock"), timeout=timeout_s)
@@ -145,6 +145,7 @@ class CacheEntry:
     def staging(self) -> Iterator["CacheEntry"]:
         """A private folder to build this entry in (call under `lock()`); on success it replaces the entry
         whole (`os.rename`), on failure it is deleted. Folders of killed builds of this key are removed."""
+        self.root.parent.mkdir(parents=True, exist_ok=True)
         for stale in self.root.parent.glob(f".build-{self.key}-*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".build-{self.key}-", dir=self.root.parent))
