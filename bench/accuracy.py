@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hetero.extras import require  # noqa: E402
 from hetero.loader import load_model  # noqa: E402
 from hetero.model import forward  # noqa: E402
 from hetero.outliers.baselines import LLMInt8Backend, PerGroupBackend, SmoothQuantBackend  # noqa: E402
@@ -232,6 +233,7 @@ def to_markdown(r: dict) -> str:
 
 
 def plot(r: dict, path: Path) -> None:
+    require("plots", "the accuracy figure")
     import matplotlib
 
     matplotlib.use("Agg")

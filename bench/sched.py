@@ -31,14 +31,14 @@ from hetero.sched.timeline import plot_timeline  # noqa: E402
 
 POLICIES = ("in_order", "chunk_first", "eq6", "rank")
 PROMPT_LENS = (64, 256, 1024, 2048, 4096)
-DERIVED = ROOT / "profiles" / "snapdragon_8gen3_qwen1.5-1.8b.json"
+DERIVED = ROOT / "hetero" / "profiles" / "snapdragon_8gen3_qwen1.5-1.8b.json"
 
 
 def host_profile_path() -> Path | None:
-    own = ROOT / "profiles" / f"{host_slug()}.json"
+    own = ROOT / "hetero" / "profiles" / f"{host_slug()}.json"
     if own.exists():
         return own
-    measured = [p for p in sorted((ROOT / "profiles").glob("*.json")) if load_profile(p).method == "measured"]
+    measured = [p for p in sorted((ROOT / "hetero" / "profiles").glob("*.json")) if load_profile(p).method == "measured"]
     return measured[0] if measured else None
 
 

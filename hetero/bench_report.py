@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero.benchmark import ABLATION, Row, run_e2e, run_engines, simulated_ablation, simulated_rows
+from hetero.extras import require
 
 REAL_ENGINES = ("hetero", "hetero_in_order", "naive_npu", "torch_float", "llama_cpp")
 
@@ -119,6 +120,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def plot_speed(result: dict[str, Any], path: Path) -> None:
+    require("plots", "the benchmark's figures")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,6 +146,7 @@ def plot_speed(result: dict[str, Any], path: Path) -> None:
 
 
 def plot_ablation(result: dict[str, Any], path: Path) -> None:
+    require("plots", "the benchmark's figures")
     import matplotlib
 
     matplotlib.use("Agg")

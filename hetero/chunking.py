@@ -40,7 +40,7 @@ def token_ids(ids: object, vocab: int) -> torch.Tensor:
         kind = ids.dtype.kind if isinstance(ids, np.ndarray) else \
             ("b" if ids.dtype == torch.bool else "f" if ids.dtype.is_floating_point or ids.dtype.is_complex else "i")
         if kind not in "iu":
-            raise ConfigError(f"{what}, got an array of dtype {ids.dtype}")
+            raise ConfigError(f"{what}, got an array of dtype {ids.dtype}: token ids are integers")
         a = ids.numpy(force=True) if isinstance(ids, torch.Tensor) and ids.dtype != torch.int64 else ids
         if isinstance(a, np.ndarray):
             a = np.asarray(a)

@@ -13,9 +13,10 @@ from pathlib import Path
 from hetero.errors import ConfigError
 
 
-# Device profiles shipped with the source tree (DESIGN.md: `profiles/`); tables of equivalent shapes
-# (§4, optimisation 1) sit in its `shapes/` subfolder.
-PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
+# Device profiles shipped with the package (read-only package data, `hetero/profiles/`); tables of
+# equivalent shapes (§4, optimisation 1) sit in its `shapes/` subfolder. What a user measures on their
+# host goes to `user_profiles_dir()`, never into the installed package.
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 
 
 def cache_dir() -> Path:
@@ -90,6 +91,16 @@ def remove_stale_temps(folder: Path, older_than_s: float = STALE_TEMP_S) -> int:
         except OSError:
             continue
     return freed
+
+
+def user_profiles_dir() -> Path:
+    """Where profiles measured on this host are written (and read first): `cache_dir()/profiles`."""
+    return cache_dir() / "profiles"
+
+
+def profile_search_path() -> list[Path]:
+    """Folders holding profiles, the user's measured ones first, then those shipped with the package."""
+    return [user_profiles_dir(), PROFILES_DIR]
 
 
 _SAMPLE = 64 << 20

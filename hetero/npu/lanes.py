@@ -138,7 +138,7 @@ def qnn_devices() -> list:
     try:
         import onnxruntime_qnn
     except ImportError as e:
-        raise BackendUnavailable("QNN EP unavailable: the onnxruntime-qnn package is not installed") from e
+        raise BackendUnavailable("QNN EP unavailable: onnxruntime-qnn is not installed (pip install 'hetero[qnn]')") from e
     if not _QNN_REGISTERED:
         try:
             ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())

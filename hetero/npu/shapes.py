@@ -5,7 +5,7 @@ A linear over [C, K] gives the same result on [a, b, K] with a·b = C (every op 
 row-wise), or as a 1×1 Conv2d over the image [1, K, a, b]; NPUs often prefer some shapes (the paper:
 32×32×2048 is 1.62× faster than 1024×1×2048, "as in CNN architectures"). `profile_shapes` times each
 candidate graph of one layer (`export.SegmentSpec.shape`: "2d", "3d:a", "conv:a") and records, per
-(lane, kind, C), the winner in `profiles/shapes/equivalent_shapes_<host>.json`; `NpuBackend(shape="auto")`
+(lane, kind, C), the winner in `<cache>/profiles/shapes/equivalent_shapes_<host>.json` (else the shipped `hetero/profiles/shapes/`); `NpuBackend(shape="auto")`
 reads it (`recorded_shape`).
 
 JSON (version 1): {"version": 1, "host": ..., "entries": [{"lane", "kind", "chunk_len", "winner",
@@ -30,13 +30,16 @@ import torch
 from hetero.errors import GraphCacheError
 from hetero.npu import export
 from hetero.npu.lanes import prepare_graph
-from hetero.paths import PROFILES_DIR, atomic_path
+from hetero.paths import PROFILES_DIR, atomic_path, user_profiles_dir
 
 SHAPES_VERSION = 1
 
 
-def shapes_path(host: str | None = None) -> Path:
-    return PROFILES_DIR / "shapes" / f"equivalent_shapes_{host or socket.gethostname()}.json"
+def shapes_path(host: str | None = None, shipped: bool = False) -> Path:
+    """This host's table of equivalent shapes: measured by the user (`user_profiles_dir()`, where
+    `hetero npu shapes` writes), or `shipped` with the package (read-only)."""
+    folder = PROFILES_DIR if shipped else user_profiles_dir()
+    return folder / "shapes" / f"equivalent_shapes_{host or socket.gethostname()}.json"
 
 
 def candidates(chunk: int) -> list[str]:
@@ -131,8 +134,8 @@ def _read_table(path: str, mtime_ns: int) -> dict:
 
 def recorded_shape(lane_name: str, kind: str, chunk: int, path: Path | None = None) -> str:
     """The recorded winner for (lane, kind, C); '2d' when none is recorded. Cut segments use o_ffn's."""
-    path = path or shapes_path()
-    if not path.exists():
+    path = path or next((p for p in (shapes_path(), shapes_path(shipped=True)) if p.exists()), None)
+    if path is None or not path.exists():
         return "2d"
     table = _read_table(str(path), path.stat().st_mtime_ns)  # read once per version of the file
     kind = "qkv" if kind == "qkv" else "o_ffn"

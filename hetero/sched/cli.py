@@ -15,10 +15,10 @@ CLI_POLICIES = sorted(p for p in POLICIES if p != "random")  # random exists for
 def register(sub: Any) -> None:
     from hetero.cli import add_backend_args, add_model_arg, positive_int
 
-    prof = sub.add_parser("profile", help="measure every subgraph kind on the lanes present; write profiles/<host>.json")
+    prof = sub.add_parser("profile", help="measure every subgraph kind on the lanes present; write <cache>/profiles/<host>.json")
     add_model_arg(prof)
     add_backend_args(prof)
-    prof.add_argument("--out", help="output path (default profiles/<host>.json)")
+    prof.add_argument("--out", help="output path (default: $HETERO_CACHE or ~/.cache/hetero, profiles/<host>.json)")
     prof.add_argument("--repeats", type=positive_int, default=5)
     prof.add_argument("--chunks", default="32,64,128,256,512", help="chunk lengths C to profile")
     prof.add_argument("--kv-lens", default="256,1024,2048,4096", help="KV lengths for attention")

@@ -6,7 +6,7 @@ instances we can solve it: one interval per subgraph on its lane, `AddNoOverlap`
 inequality per DAG edge, minimise the latest end. Costs are rounded to integer nanoseconds. The best
 policy's schedule is given as a hint (so the result is never worse than it) and the lower bound
 max(lane work, critical path) is posted, so an instance a policy already solves to the bound is proven
-at once. OR-Tools is optional: `solve_optimal` raises ConfigError if it is missing.
+at once. OR-Tools is optional (extra `optimal`): `solve_optimal` raises MissingExtra if it is missing.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from hetero.errors import ConfigError
+from hetero.extras import require
 from hetero.sched.dag import CompiledDag
 from hetero.sched.schedule import Schedule
 
@@ -40,10 +40,9 @@ class OptimalResult:
 def solve_optimal(dag: CompiledDag, time_limit_s: float = 10.0, hint: Schedule | None = None,
                   workers: int = 2) -> OptimalResult:
     """Minimise the makespan of `dag` exactly (CP-SAT) within `time_limit_s`."""
-    try:
-        from ortools.sat.python import cp_model
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ConfigError("solve_optimal needs OR-Tools: pip install ortools") from e
+    require("optimal", "the optimal schedule (solve_optimal)")
+    from ortools.sat.python import cp_model
+
     t0 = time.perf_counter()
     dur = [max(0, round(c * NS_PER_US)) for c in dag.cost_us]
     horizon = sum(dur)

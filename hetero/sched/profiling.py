@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from hetero.errors import ConfigError
-from hetero.paths import PROFILES_DIR
+from hetero.paths import user_profiles_dir
 from hetero.sched.profile import DEFAULT_LAYER, CostEntry, Profile
 
 CHUNK_LENS = (32, 64, 128, 256, 512)
@@ -123,7 +123,7 @@ def profile_command(out_path: str | None = None, run_subgraph: RunSubgraph | Non
                     chunk_lens: Sequence[int] = CHUNK_LENS, kv_lens: Sequence[int] = KV_LENS, repeats: int = 5,
                     n_layers: int = 30, layer_subgraphs: Sequence[tuple[str, str]] = DEFAULT_LAYER,
                     metadata: Mapping[str, Any] | None = None, log: Callable[[str], None] | None = print) -> Profile:
-    """`hetero profile`: measure and write ``profiles/<host>.json`` (or `out_path`); returns the Profile.
+    """`hetero profile`: measure and write ``<cache>/profiles/<host>.json`` (or `out_path`); returns the Profile.
 
     Without `run_subgraph`, times the bare-op stand-ins of `standin_runner` with SmolLM2-135M shapes
     and records that in the profile's ``backend`` and ``notes``.
@@ -146,7 +146,7 @@ def profile_command(out_path: str | None = None, run_subgraph: RunSubgraph | Non
     name = Path(out_path).stem if out_path else host_slug()
     prof = measure_profile(run_subgraph, kinds, lanes, chunk_lens, kv_lens, repeats, name=name, n_layers=n_layers,
                            layer_subgraphs=layer_subgraphs, metadata=meta, log=log)
-    out = Path(out_path) if out_path else PROFILES_DIR / f"{name}.json"
+    out = Path(out_path) if out_path else user_profiles_dir() / f"{name}.json"
     save_profile(prof, out)
     if log is not None:
         log(f"wrote {out}")

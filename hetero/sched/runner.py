@@ -12,7 +12,7 @@ from typing import Any
 import networkx as nx
 
 from hetero.errors import ConfigError
-from hetero.paths import PROFILES_DIR
+from hetero.paths import profile_search_path
 from hetero.sched.dag import CompiledDag, build_dag, compile_dag
 from hetero.sched.executor import Executor
 from hetero.sched.policy import POLICIES
@@ -23,13 +23,15 @@ log = logging.getLogger(__name__)
 
 
 def host_profile() -> Profile:
-    """This host's measured profile (`profiles/<host>.json`), else any measured profile in `profiles/`."""
+    """This host's measured profile (`<host>.json`: the user's, else a shipped one), else any measured
+    profile (`paths.profile_search_path`)."""
     from hetero.sched.profiling import host_slug
 
-    own = PROFILES_DIR / f"{host_slug()}.json"
-    if own.is_file():
-        return load_profile(own)
-    for path in sorted(PROFILES_DIR.glob("*.json")):
+    folders = profile_search_path()
+    for own in (d / f"{host_slug()}.json" for d in folders):
+        if own.is_file():
+            return load_profile(own)
+    for path in (p for d in folders for p in sorted(d.glob("*.json"))):
         try:
             p = load_profile(path)
         except Exception:  # not a sched profile (e.g. an equivalent-shapes table)
@@ -37,7 +39,7 @@ def host_profile() -> Profile:
         if p.method == "measured":
             log.info("no profile for this host; dispatching on the costs of %s", path.name)
             return p
-    raise ConfigError(f"no measured profile in {PROFILES_DIR}: run `hetero profile` first")
+    raise ConfigError(f"no measured profile in {' or '.join(map(str, folders))}: run `hetero profile` first")
 
 
 class OutOfOrderRunner:

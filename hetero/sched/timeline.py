@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Sequence
 
 from hetero.paths import PROFILES_DIR
+from hetero.extras import require
 from hetero.sched.schedule import Schedule
 
 
 def draw_timeline(ax, schedule: Schedule, title: str = "") -> None:
     """Draw `schedule` on a matplotlib Axes: lanes as rows, chunks as colours, idle time blank."""
+    require("plots", "drawing a timeline")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
@@ -49,6 +51,7 @@ def draw_timeline(ax, schedule: Schedule, title: str = "") -> None:
 def plot_timeline(schedule: Schedule | Sequence[Schedule], path: str | os.PathLike,
                   title: str | Sequence[str] = "") -> Path:
     """Render one schedule (or several, stacked on a shared time axis) as a PNG (matplotlib Agg)."""
+    require("plots", "drawing a timeline")
     import matplotlib
 
     matplotlib.use("Agg", force=False)
