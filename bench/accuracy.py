@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     run("naive_w8a8", QuantizedBackend(cfg, w, naive), scale="absmax", shadow_sites=0)
     clipped = build_plan(model, calib, prune_fraction=1.0, pruned_percentile=DEFAULT_PERCENTILE, method="clipped_w8a8")
     run("clipped_w8a8", QuantizedBackend(cfg, w, clipped), scale=f"p{DEFAULT_PERCENTILE}", shadow_sites=0)
-    # hetero_cpu_int7w: the plan the default runtime uses on the CPU-EP lane (7-bit weights, hetero.engine)
+    # hetero_cpu_int7w: the plan the default runtime uses on the CPU-EP lane (7-bit weights, hetero.methods)
     for method, frac, wg, pct, qmax in (("shadow_all", 0.0, "channel", DEFAULT_PERCENTILE, 127),
                                         ("hetero", 0.85, "channel", DEFAULT_PERCENTILE, 127),
                                         ("hetero_cpu_int7w", 0.85, "channel", DEFAULT_PERCENTILE, 63),

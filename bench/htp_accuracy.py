@@ -3,7 +3,7 @@
 1. Per output of layers 0-1 (q, k, v of `qkv`; the `o_ffn` output), the largest difference between the
    HTP graph and `QuantizedBackend` in output quantization steps (absmax of the reference / 127), at
    C=64, on the real default model: the setup of `tests/npu/test_default_model.py`.
-2. `--e2e`: a whole greedy answer from a 30-layer prefill on HTP (`hetero run --backend hetero-qnn`).
+2. `--e2e`: a whole greedy answer from a 30-layer prefill on HTP (`hetero run --method hetero-qnn`).
 
 Each HTP configuration runs in its own process: the simulator keeps state across sessions of one process
 (a session built with a soc_model changes what later sessions without one accept). Configurations: the
@@ -70,7 +70,7 @@ def _child(config: str, what: str) -> dict:
     if what == "steps":
         cmd = [sys.executable, __file__, "--child-steps"]
     else:
-        cmd = [sys.executable, "-m", "hetero.cli", "run", PROMPT, "--backend", "hetero-qnn", "--chunk",
+        cmd = [sys.executable, "-m", "hetero", "run", PROMPT, "--method", "hetero-qnn", "--chunk",
                str(E2E[config]), "--max-new-tokens", "8", "--json"]
     t0 = time.perf_counter()
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)

@@ -1,0 +1,18 @@
+"""`hetero bench NAME`: each benchmark of `hetero.bench` as a subcommand, with the arguments of `bench/NAME.py`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hetero.bench import graph_cache, prefill
+
+BENCHMARKS = {"prefill": prefill, "graph_cache": graph_cache}  # name -> module with HELP, add_args(parser), run(args)
+
+
+def register(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="benchmarks (the same runs as bench/*.py)")
+    bsub = bench.add_subparsers(dest="bench_command", required=True)
+    for name, module in BENCHMARKS.items():
+        p = bsub.add_parser(name, help=module.HELP)
+        module.add_args(p)
+        p.set_defaults(func=module.run)
