@@ -1,14 +1,9 @@
-"""Qualcomm AI Hub client: compile hetero's exported graphs to QNN context binaries and profile them on
-real Snapdragon devices (`qai_hub`: upload_model → submit_compile_job → submit_profile_job).
+"""Qualcomm AI Hub client: compile hetero's exported graphs to QNN context binaries and measure them on real
+Snapdragon devices (`qai_hub`: upload_model → submit_compile_job → submit_profile_job).
 
-The service boundary is the `qai_hub` module's functions; nothing else here talks to the network.
-Without a configured token (`~/.qai_hub/client.ini`, or `QAI_HUB_API_TOKEN` in the environment) the
-first call fails with one clear `BackendUnavailable`.
-
-Compiled binaries are stored in the graph cache beside the local entries:
-`cache_dir()/graphs/hub-<device>/<key>/compiled.bin` (+ meta.json), keyed like local graphs plus the
-device name. Profile jobs give one latency per (kind, C): the median of the job's on-device inference
-times (`hetero profile --hub` turns them into a device profile).
+Only the `qai_hub` calls here talk to the network; without a token (`~/.qai_hub/client.ini` or
+`QAI_HUB_API_TOKEN`) the first call fails with one `BackendUnavailable`. Binaries are cached beside the
+local graphs (`graphs/hub-<device>/<key>/`); a measurement is the median on-device time per (kind, C).
 """
 
 from __future__ import annotations
