@@ -96,7 +96,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    root = PROFILES_DIR.parent
+    root = PROFILES_DIR.parents[1]
     paths = args.profile or [p for p in (host_profile_path(), DERIVED) if p is not None]
     prompt_lens = (256, 1024) if args.quick else PROMPT_LENS
     limit = 2.0 if args.quick else args.opt_limit_s
