@@ -5,7 +5,9 @@ tokens bounded by the context, so that a user learns what happened instead of me
 from __future__ import annotations
 
 import logging
-from typing import Any
+import sys
+from pathlib import Path
+from typing import Any, BinaryIO
 
 from hetero.errors import ConfigError
 
@@ -24,6 +26,33 @@ def check_text(text: str, what: str = "prompt") -> str:
     if not text.strip():
         raise ConfigError(f"{what} is empty: give the text to answer, e.g. hetero run \"What is the capital of France?\"")
     return text
+
+
+def _utf8(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+
+
+def read_prompt(arg: str | None, file: str | None = None, stdin: BinaryIO | None = None) -> str:
+    """The prompt text: the argument itself, standard input when the argument is `-`, or the contents of
+    `file` (`-f`); exactly one of them. Checked as `check_text` does."""
+    if file is not None:
+        if arg is not None:
+            raise ConfigError(f"give the prompt either as an argument or with -f FILE, not both (got {arg!r} and -f {file!r})")
+        p = Path(file).expanduser()
+        try:
+            data = p.read_bytes()
+        except OSError as e:
+            raise ConfigError(f"-f {file!r}: cannot read the prompt file: {e.strerror or e}") from None
+        return check_text(_utf8(data, f"prompt file {file!r}"), f"prompt file {file!r}")
+    if arg is None:
+        raise ConfigError("no prompt: give it as an argument, `-` to read standard input, or -f FILE")
+    if arg == "-":
+        data = (stdin or sys.stdin.buffer).read()
+        return check_text(_utf8(data, "prompt on standard input"), "prompt on standard input")
+    return check_text(arg)
 
 
 def encode_prompt(tokenizer: Any, prompt: str, system: str | None = None, raw: bool = False) -> list[int]:

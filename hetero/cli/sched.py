@@ -102,11 +102,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:
-    from hetero.sched.timeline import plot_timeline, timeline_command
+    from hetero.sched.timeline import plot_timeline, summary_text, timeline_command
 
     if not args.real:
         s = timeline_command(args.profile, args.prompt_len, args.chunk, args.policy, args.out)
-        print(f"{args.out}: simulated, profile {s.profile_name}: {s.summary()}")
+        print(f"wrote {args.out}: {args.prompt_len} tokens, {summary_text(s)}")
         return 0
     from hetero.bench.harness import prompt_ids
     from hetero.loader import load_model
@@ -120,5 +120,6 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     if result.schedule is None:
         raise ConfigError(f"method {args.method!r} ran without the out-of-order executor: nothing to draw")
     plot_timeline(result.schedule, args.out, f"real run: {model.name}, {args.prompt_len} tokens, C={args.chunk}, {args.policy}")
-    print(f"{args.out}: real run, {result.total_ms:.0f} ms, {result.tokens_per_s:.0f} tokens/s")
+    print(f"wrote {args.out}: {args.prompt_len} tokens in {result.total_ms:.0f} ms ({result.tokens_per_s:.0f} tokens/s), "
+          f"{summary_text(result.schedule)}")
     return 0
