@@ -42,10 +42,10 @@ def quant_plan(model: Model, lane: str = "cpu", prune_fraction: float = 0.85) ->
     exactly on AVX2 (`hetero.outliers.plan`); an NPU (QNN HTP) runs the paper's 8-bit weights.
     """
     from hetero.outliers.calibrate import ensure_calibration
-    from hetero.outliers.plan import build_plan
+    from hetero.outliers.pruning import plan_from_calibration
     from hetero.outliers.quantize import W_QMAX, W_QMAX_U8S8
 
-    return build_plan(model, ensure_calibration(model, progress=True), prune_fraction=prune_fraction,
+    return plan_from_calibration(model, ensure_calibration(model, progress=True), prune_fraction=prune_fraction,
                       weight_qmax=W_QMAX_U8S8 if lane == "cpu" else W_QMAX)
 
 

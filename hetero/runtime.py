@@ -20,11 +20,11 @@ from hetero.chunking import Chunk, padded_ids, plan_chunks
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
 from hetero.loader import Model
+from hetero.model import SUBGRAPH_KINDS
 
 if TYPE_CHECKING:
     from hetero.sched.profile import Profile
 
-SUBGRAPH_KINDS = ("qkv", "attn", "o_ffn")  # one decoder layer, in execution order (DESIGN.md)
 
 
 @dataclass(slots=True)

@@ -12,7 +12,8 @@ from hetero.errors import ConfigError
 from hetero.npu import export
 from hetero.npu.backend import NpuBackend
 from hetero.npu.lanes import OrtCpuLane, prepare_graph
-from hetero.outliers.plan import SITES, plan_from_scales
+from hetero.model import SITES
+from hetero.outliers.plan import plan_from_scales
 from hetero.outliers.quantize import int8_linear
 from hetero.outliers.shadow import QuantizedBackend
 from tests.conftest import make_tiny_model
