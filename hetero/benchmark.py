@@ -270,7 +270,7 @@ def simulated_ablation(profile_path: str | None, n: int = 512, chunk: int = 256)
 
 def _profile(path: str | None):
     from hetero.sched.profile import load_profile
-    from hetero.sched.runner import PROFILES_DIR
+    from hetero.paths import PROFILES_DIR
 
     return load_profile(path or PROFILES_DIR / "snapdragon_8gen3_qwen1.5-1.8b.json")
 

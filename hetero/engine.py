@@ -93,4 +93,9 @@ def make_runtime(model: Model, backend: str = DEFAULT_BACKEND, chunk: int = 256,
     policy = policy or spec.policy
     overlapped = policy is not None and spec.make is not _float
     torch.set_num_threads(max(1, threads // 2) if overlapped else threads)
-    return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads), policy=policy)
+    executor = None
+    if policy is not None:
+        from hetero.sched.executor import OutOfOrderExecutor
+
+        executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy)
+    return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads), executor=executor)

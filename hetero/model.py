@@ -18,8 +18,6 @@ import torch.nn.functional as F
 
 from hetero.config import ModelConfig
 
-SUBGRAPH_KINDS = ("qkv", "attn", "o_ffn")  # one decoder layer, in execution order
-
 # Activation sites of a layer: the input shared by one group of linears (it is quantized once).
 #   h ─► RMSNorm ─► [attn_in] ─► wq, wk, wv                                    (qkv)
 #   a ─► [o_in] ─► wo ─► +h ─► RMSNorm ─► [ffn_in] ─► w_gate, w_up

@@ -124,36 +124,41 @@ class NpuBackend:
         return pl
 
     # --------------------------------------------------------------------------- LayerBackend
-    def qkv(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, layer: int, h: torch.Tensor, out: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         pl = self._layer(layer)
-        out = pl.graphs[0].run({"h": h})
-        qkv = out["qkv"]  # [C, q_dim + 2·kv_dim], one buffer; q/k/v are views
-        qd, kd = self.cfg.q_dim, self.cfg.kv_dim
+        if out is None:
+            out = torch.empty(self.chunk, self.cfg.q_dim + 2 * self.cfg.kv_dim)
+        res = pl.graphs[0].run({"h": h}, {"qkv": out})  # [C, q_dim + 2·kv_dim]; q/k/v are views
         if "attn_in" in pl.shadow_sites:
-            extra = self.reference.shadow_correction(layer, "attn_in", out["x"])
+            extra = self.reference.shadow_delta(layer, "attn_in", res["x"])
             if extra is not None:
-                qkv += torch.cat(extra, dim=1)
-        return qkv[:, :qd], qkv[:, qd : qd + kd], qkv[:, qd + kd :]
+                out += extra
+        qd, kd = self.cfg.q_dim, self.cfg.kv_dim
+        return out[:, :qd], out[:, qd : qd + kd], out[:, qd + kd :]
 
-    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         pl = self._layer(layer)
+        if out is None:
+            out = torch.empty(self.chunk, self.cfg.hidden)
         env = {"a": a, "h": h}
+        d_extra = None
         for g in pl.graphs[1:]:
-            env.update(g.run(env))
+            env.update(g.run(env, {"h_out": out}))
             last = g.spec.pieces[-1]
             if last == "down":
                 continue
             site = _CUT_SITE[last]
             x = env["a"] if site == "o_in" else env["x"] if site == "ffn_in" else env["m"]
-            extra = self.reference.shadow_correction(layer, site, x)
+            extra = self.reference.shadow_delta(layer, site, x)
             if extra is not None:
                 if site == "o_in":
-                    env["o"] = env["o"] + extra[0]
+                    env["o"] += extra
                 elif site == "ffn_in":
-                    env["gu"] = env["gu"] + torch.cat(extra, dim=1)
+                    env["gu"] += extra
                 else:
-                    env["d_extra"] = extra[0]
+                    d_extra = extra
         if "d" in env:  # a separate down graph: h1 + (d + shadow), the reference's order
-            d = env["d"] + env["d_extra"] if "d_extra" in env else env["d"]
-            return env["h1"] + d
-        return env["h_out"]
+            d = env["d"] if d_extra is None else env["d"].add_(d_extra)
+            return torch.add(env["h1"], d, out=out)
+        return out

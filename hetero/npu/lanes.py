@@ -6,9 +6,7 @@ by content hash in `cache.py`), *session* (`Graph`: load once, bind buffers, run
 ties them together: load from the cache, else export + compile + commit.
 
 Hot path (`Graph.run`): inputs are bound by pointer (no copy), outputs are written by ORT straight into
-torch tensors that the caller receives (IOBinding), so a chunk moves no data it need not. Output
-tensors are fresh per call by default, because the out-of-order scheduler can hold several chunks'
-results of the same graph at once; pass `out=` to reuse buffers you own.
+preallocated torch tensors (IOBinding): the caller's per-chunk buffers, or the graph's own.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ _WARNED: set[str] = set()
 
 @dataclass(slots=True)
 class Graph:
-    """A loaded session of one segment with its IOBinding."""
+    """A loaded session of one segment with its IOBinding and its own output buffers."""
 
     session: ort.InferenceSession
     spec: export.SegmentSpec
@@ -46,12 +44,18 @@ class Graph:
     outputs: dict[str, int]
     lane: str  # "cpu" | "npu"
     binding: ort.IOBinding = field(init=False)
+    buffers: dict[str, torch.Tensor] = field(init=False)  # outputs not given by the caller, made once
 
     def __post_init__(self) -> None:
         self.binding = self.session.io_binding()
+        self.buffers = {}
 
     def run(self, inputs: dict[str, torch.Tensor], out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """Run on float32 [C, width] tensors (made contiguous if they are not); returns the outputs."""
+        """Run on float32 [C, width] tensors (made contiguous if they are not); returns the outputs.
+
+        ORT writes each output into `out[name]` when given, else into this graph's own buffer, which the
+        next run of this graph overwrites: callers keep only what they passed in `out`.
+        """
         b, c = self.binding, self.spec.chunk
         for name, width in self.inputs.items():
             t = inputs[name]
@@ -60,7 +64,11 @@ class Graph:
             b.bind_input(name, "cpu", 0, np.float32, (c, width), t.data_ptr())
         res = {}
         for name, width in self.outputs.items():
-            o = out[name] if out and name in out else torch.empty((c, width), dtype=torch.float32)
+            o = out.get(name) if out else None
+            if o is None:
+                o = self.buffers.get(name)
+                if o is None:
+                    o = self.buffers[name] = torch.empty((c, width), dtype=torch.float32)
             b.bind_output(name, "cpu", 0, np.float32, (c, width), o.data_ptr())
             res[name] = o
         self.session.run_with_iobinding(b)

@@ -8,15 +8,19 @@ the real prebuilt subgraphs.
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import platform
 import socket
 import statistics
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from hetero.dag import DEFAULT_PLACEMENT
 from hetero.errors import ConfigError
 from hetero.paths import PROFILES_DIR
-from hetero.sched.profile import DEFAULT_LAYER, CostEntry, Profile
+from hetero.sched.profile import CostEntry, Profile, load_profile
+
+log = logging.getLogger(__name__)
 
 CHUNK_LENS = (32, 64, 128, 256, 512)
 KV_LENS = (256, 512, 1024, 2048, 4096)
@@ -31,7 +35,7 @@ RunSubgraph = Callable[[str, str, int, int], None]  # (kind, lane, C, kv_len) ->
 def measure_profile(run_subgraph: RunSubgraph, kinds: Sequence[str], lanes: Sequence[str],
                     chunk_lens: Sequence[int] = CHUNK_LENS, kv_lens: Sequence[int] = KV_LENS,
                     repeats: int = 5, warmup: int = 1, *, name: str, n_layers: int,
-                    layer_subgraphs: Sequence[tuple[str, str]] = DEFAULT_LAYER,
+                    layer_subgraphs: Sequence[tuple[str, str]] = DEFAULT_PLACEMENT,
                     metadata: Mapping[str, Any] | None = None, log: Callable[[str], None] | None = None) -> Profile:
     """Time `run_subgraph(kind, lane, C, kv_len)` for every kind × lane × C (× kv_len for attention).
 
@@ -106,7 +110,7 @@ def host_slug() -> str:
 def profile_command(out_path: str | None, run_subgraph: RunSubgraph, *,
                     kinds: Sequence[str] = ("qkv", "attn", "o_ffn", "shadow"), lanes: Sequence[str] = ("npu", "cpu"),
                     chunk_lens: Sequence[int] = CHUNK_LENS, kv_lens: Sequence[int] = KV_LENS, repeats: int = 5,
-                    n_layers: int = 30, layer_subgraphs: Sequence[tuple[str, str]] = DEFAULT_LAYER,
+                    n_layers: int = 30, layer_subgraphs: Sequence[tuple[str, str]] = DEFAULT_PLACEMENT,
                     metadata: Mapping[str, Any] | None = None, log: Callable[[str], None] | None = print) -> Profile:
     """`hetero profile`: measure and write ``profiles/<host>.json`` (or `out_path`); returns the Profile."""
     from pathlib import Path
@@ -123,3 +127,18 @@ def profile_command(out_path: str | None, run_subgraph: RunSubgraph, *,
         log(f"wrote {out}")
     return prof
 
+
+def host_profile() -> Profile:
+    """This host's measured profile (`profiles/<host>.json`), else any measured profile in `profiles/`."""
+    own = PROFILES_DIR / f"{host_slug()}.json"
+    if own.is_file():
+        return load_profile(own)
+    for path in sorted(PROFILES_DIR.glob("*.json")):
+        try:
+            p = load_profile(path)
+        except Exception:  # not a sched profile (e.g. an equivalent-shapes table)
+            continue
+        if p.method == "measured":
+            log.info("no profile for this host; dispatching on the costs of %s", path.name)
+            return p
+    raise ConfigError(f"no measured profile in {PROFILES_DIR}: run `hetero profile` first")
