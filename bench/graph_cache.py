@@ -63,16 +63,16 @@ def _empty_graph_cache():
 def build_vs_load(model, plan, chunk: int, lane: str, layers, threads: int) -> dict:
     with _empty_graph_cache():
         t0 = time.perf_counter()
-        be = NpuBackend(model, plan, chunk, lane=lane, layers=layers, intra_op_threads=threads, shape=SHAPE)
+        be = NpuBackend(model, plan, chunk, provider=lane, layers=layers, intra_op_threads=threads, shape=SHAPE)
         build_s = time.perf_counter() - t0
         assert not any(r[3] for r in be.report.rows)
         n, size = len(be.report.rows), be.report.size_bytes
-        lane_name = be.lane.name
+        lane_name = be.provider.name
         del be
         loads = []
         for _ in range(3):
             t0 = time.perf_counter()
-            be = NpuBackend(model, plan, chunk, lane=lane, layers=layers, intra_op_threads=threads, shape=SHAPE)
+            be = NpuBackend(model, plan, chunk, provider=lane, layers=layers, intra_op_threads=threads, shape=SHAPE)
             loads.append(time.perf_counter() - t0)
             assert be.report.all_cached
             del be
@@ -95,7 +95,7 @@ def _median_ms(fn, n: int) -> float:
 @torch.inference_mode()
 def layer_latency(model, plan, chunk: int, threads: int, repeats: int) -> dict:
     cfg, lw = model.config, model.weights.layers[0]
-    be = NpuBackend(model, plan, chunk, lane="cpu", layers=[0], intra_op_threads=threads, shape=SHAPE)
+    be = NpuBackend(model, plan, chunk, provider="cpu", layers=[0], intra_op_threads=threads, shape=SHAPE)
     torch.set_num_threads(threads)
     h = torch.randn(chunk, cfg.hidden)
     a = torch.randn(chunk, cfg.q_dim) * 0.3
@@ -147,7 +147,7 @@ def main() -> None:
     for t in (300, 1024):
         with _empty_graph_cache():
             t0 = time.perf_counter()
-            NpuBackend(model, plan, t, lane="cpu", intra_op_threads=args.threads, use_cache=False, shape=SHAPE)
+            NpuBackend(model, plan, t, provider="cpu", intra_op_threads=args.threads, use_cache=False, shape=SHAPE)
             naive.append({"prompt_len": t, "prepare_s": round(time.perf_counter() - t0, 3)})
 
     counts = []

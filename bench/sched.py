@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from hetero.sched.dag import compiled_prefill_dag  # noqa: E402
 from hetero.sched.optimal import solve_optimal  # noqa: E402
 from hetero.sched.profile import load_profile  # noqa: E402
-from hetero.sched.profiling import host_slug  # noqa: E402
+from hetero.sched.measure import host_slug  # noqa: E402
 from hetero.sched.simulate import simulate  # noqa: E402
 from hetero.sched.timeline import plot_timeline  # noqa: E402
 

@@ -143,7 +143,7 @@ def backends_present() -> dict[str, Any]:
     except ImportError:
         info["onnxruntime"] = None
     from hetero.errors import BackendUnavailable
-    from hetero.npu.lanes import qnn_devices
+    from hetero.npu.providers import qnn_devices
 
     try:
         devices = qnn_devices()

@@ -35,8 +35,8 @@ def _float(model: Model, chunk: int, threads: int | None) -> LayerBackend:
     return FloatBackend(model.config, model.weights)
 
 
-def quant_plan(model: Model, lane: str = "cpu", prune_fraction: float = 0.85) -> "QuantPlan":
-    """The quantization plan of `model` for a lane: calibrated scales, shadow sites, INT8 weights.
+def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float = 0.85) -> "QuantPlan":
+    """The quantization plan of `model` for a provider ("cpu" or "qnn"): calibrated scales, shadow sites, INT8 weights.
 
     On the CPU EP (standing in for the NPU), 7-bit weights let ONNX Runtime use its fast u8·s8 kernel
     exactly on AVX2 (`hetero.outliers.plan`); an NPU (QNN HTP) runs the paper's 8-bit weights.
@@ -46,15 +46,15 @@ def quant_plan(model: Model, lane: str = "cpu", prune_fraction: float = 0.85) ->
     from hetero.outliers.quantize import W_QMAX, W_QMAX_U8S8
 
     return plan_from_calibration(model, ensure_calibration(model, progress=True), prune_fraction=prune_fraction,
-                      weight_qmax=W_QMAX_U8S8 if lane == "cpu" else W_QMAX)
+                      weight_qmax=W_QMAX_U8S8 if provider == "cpu" else W_QMAX)
 
 
-def _npu(lane: str, prune_fraction: float = 0.85) -> Callable[[Model, int, int | None], LayerBackend]:
+def _npu(provider: str, prune_fraction: float = 0.85) -> Callable[[Model, int, int | None], LayerBackend]:
     def make(model: Model, chunk: int, threads: int | None) -> LayerBackend:
         from hetero.npu.backend import NpuBackend
 
-        plan = quant_plan(model, lane, prune_fraction)
-        return NpuBackend(model, plan, chunk=chunk, lane=lane, intra_op_threads=threads or 2)
+        plan = quant_plan(model, provider, prune_fraction)
+        return NpuBackend(model, plan, chunk=chunk, provider=provider, intra_op_threads=threads or 2)
 
     return make
 

@@ -1,4 +1,4 @@
-"""`NpuBackend`: the static subgraphs of every layer as prebuilt INT8 graphs on lanes, shadows on the CPU.
+"""`NpuBackend`: the static subgraphs of every layer as prebuilt INT8 graphs on a provider, shadows on the CPU.
 
 mllm-NPU §3.2 + §3.3: each layer's static subgraphs are fixed-shape graphs of chunk length C, built
 once (or loaded from the graph cache) and shared by every chunk; where the quantization plan keeps a
@@ -9,8 +9,8 @@ outlier correction (`QuantizedBackend.shadow_correction`, the outliers reference
     o_ffn(a, h) : [o_ffn graph]                                               no shadow in the layer
                   [o_up graph] ─► m, h1 ─► [down graph] ─► h1 + (d + shadow(m))   down_in kept
 
-Which lane runs which graph comes from a `Placement` (`placement.py`, NPU memory budget, §4);
-by default every graph runs on the given lane.
+Which device runs which graph comes from a `Placement` (`placement.py`, NPU memory budget, §4);
+by default every graph runs on the given provider.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from hetero.errors import ConfigError
 from hetero.loader import Model
 from hetero.npu import export
-from hetero.npu.lanes import Graph, OrtCpuLane, make_lane, prepare_graph
+from hetero.npu.providers import Graph, OrtCpuProvider, Provider, make_provider, prepare_graph
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class PreparedLayer:
 
 @dataclass(slots=True)
 class PrepareReport:
-    """How the graph set was obtained: per graph (layer, kind, lane, cached, seconds, bytes)."""
+    """How the graph set was obtained: per graph (layer, kind, provider, cached, seconds, bytes)."""
 
     rows: list[tuple[int, str, str, bool, float, int]] = field(default_factory=list)
 
@@ -59,27 +59,28 @@ class PrepareReport:
 class NpuBackend:
     """A `LayerBackend` running prebuilt chunk-sharing INT8 graphs (`Runtime(model, chunk=C, backend=...)`).
 
-    plan: a `hetero.outliers.plan.QuantPlan`. lane: "cpu", "qnn" (falls back to CPU with a warning) or a
-    lane object. placement: optional `placement.Placement`; its "cpu" decisions run on an INT8 CPU lane.
-    shape: "auto" (default: the winner `hetero npu shapes` recorded for this host, lane, kind and C; "2d"
+    plan: a `hetero.outliers.plan.QuantPlan`. provider: "cpu", "qnn" (falls back to CPU with a warning) or a
+    `providers.Provider`. placement: optional `placement.Placement`; its "cpu" decisions run on the CPU EP.
+    shape: "auto" (default: the winner `hetero npu shapes` recorded for this host, provider, kind and C; "2d"
     when none is recorded), or "2d", "3d:a", "conv:a" for every graph (§4, optimisation 1).
     layers: prepare only these layers (e.g. range(2) for a quick test); the others raise on use.
     """
 
     name = "npu"
 
-    def __init__(self, model: Model, plan, chunk: int, lane="cpu", *, placement=None, shape: str = "auto",
+    def __init__(self, model: Model, plan, chunk: int, provider: "str | Provider" = "cpu", *, placement=None,
+                 shape: str = "auto",
                  layers=None, intra_op_threads: int = 2, use_cache: bool = True, rows=None):
         from hetero.outliers.shadow import QuantizedBackend
 
         if not isinstance(chunk, int) or chunk <= 0:
             raise ConfigError(f"chunk must be a positive integer, got {chunk!r}")
         self.model, self.cfg, self.plan, self.chunk = model, model.config, plan, chunk
-        self.lane = make_lane(lane, intra_op_threads) if isinstance(lane, str) else lane
-        self.name = f"npu[{self.lane.name}]"
+        self.provider = make_provider(provider, intra_op_threads) if isinstance(provider, str) else provider
+        self.name = f"npu[{self.provider.name}]"
         self.reference = QuantizedBackend(self.cfg, model.weights, plan, rows)  # its shadow_correction
         self.placement = placement
-        self._cpu_lane = self.lane if isinstance(self.lane, OrtCpuLane) else None
+        self._cpu_provider = self.provider if isinstance(self.provider, OrtCpuProvider) else None
         self._intra = intra_op_threads
         self.shape = shape
         self.layers: dict[int, PreparedLayer] = {}
@@ -89,19 +90,19 @@ class NpuBackend:
             self.layers[layer] = self._prepare_layer(layer, use_cache)
         self.prepare_s = time.perf_counter() - t0
 
-    def _lane_for(self, layer: int, kind: str):
-        if self.placement is None or self.placement.lane_of(layer, kind) == "npu":
-            return self.lane
-        if self._cpu_lane is None:
-            self._cpu_lane = OrtCpuLane(self._intra)
-        return self._cpu_lane
+    def _provider_for(self, layer: int, kind: str) -> Provider:
+        if self.placement is None or self.placement.device_of(layer, kind) == "npu":
+            return self.provider
+        if self._cpu_provider is None:
+            self._cpu_provider = OrtCpuProvider(self._intra)
+        return self._cpu_provider
 
-    def _shape_for(self, lane, kind: str) -> str:
+    def _shape_for(self, provider: Provider, kind: str) -> str:
         if self.shape != "auto":
             return self.shape
         from hetero.npu.shapes import recorded_shape
 
-        return recorded_shape(lane.name, kind, self.chunk)
+        return recorded_shape(provider.name, kind, self.chunk)
 
     def _prepare_layer(self, layer: int, use_cache: bool) -> PreparedLayer:
         shadow = frozenset(s for s in ("attn_in", "o_in", "ffn_in", "down_in") if self.plan.sites[(layer, s)].shadow)
@@ -109,12 +110,12 @@ class NpuBackend:
         digest = export.layer_digest(lq)
         graphs = []
         for spec0 in export.layer_segments(layer, set(shadow), self.chunk, "cpu"):
-            lane = self._lane_for(layer, "qkv" if spec0.kind == "qkv" else "o_ffn")
-            spec = export.SegmentSpec(layer, spec0.kind, spec0.pieces, self.chunk, lane.flavor,
-                                      self._shape_for(lane, spec0.kind), spec0.emit_x)
-            g, info = prepare_graph(spec, lq, self.model.fingerprint, lane, use_cache, digest)
+            provider = self._provider_for(layer, "qkv" if spec0.kind == "qkv" else "o_ffn")
+            spec = export.SegmentSpec(layer, spec0.kind, spec0.pieces, self.chunk, provider.flavor,
+                                      self._shape_for(provider, spec0.kind), spec0.emit_x)
+            g, info = prepare_graph(spec, lq, self.model.fingerprint, provider, use_cache, digest)
             graphs.append(g)
-            self.report.rows.append((layer, spec.kind, lane.name, info.cached, info.seconds, info.size_bytes))
+            self.report.rows.append((layer, spec.kind, provider.name, info.cached, info.seconds, info.size_bytes))
         return PreparedLayer(graphs, shadow)
 
     def _layer(self, layer: int) -> PreparedLayer:

@@ -32,7 +32,7 @@ class NaiveResult:
     size_bytes: int
 
 
-def naive_prefill(model: Model, plan, ids: torch.Tensor, lane="cpu", intra_op_threads: int = 2) -> NaiveResult:
+def naive_prefill(model: Model, plan, ids: torch.Tensor, provider="cpu", intra_op_threads: int = 2) -> NaiveResult:
     """Prefill `ids` through a graph set built for exactly T = len(ids) rows (no cache: a new T is new work)."""
     import os
 
@@ -45,7 +45,7 @@ def naive_prefill(model: Model, plan, ids: torch.Tensor, lane="cpu", intra_op_th
         os.environ["HETERO_CACHE"] = tmp  # built fresh, as an engine without a graph cache would
         try:
             t0 = time.perf_counter()
-            be = NpuBackend(model, plan, t, lane=lane, intra_op_threads=intra_op_threads, use_cache=False)
+            be = NpuBackend(model, plan, t, provider=provider, intra_op_threads=intra_op_threads, use_cache=False)
             prepare_s = time.perf_counter() - t0
         finally:
             if old is None:

@@ -57,7 +57,7 @@ def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, 
     import torch
 
     from hetero import model as ref
-    from hetero.sched.profiling import NotMeasured
+    from hetero.sched.measure import NotMeasured
 
     any_rt = next(iter(runtimes.values()))
     cfg = any_rt.cfg
@@ -92,7 +92,7 @@ def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, 
 def cmd_profile(args: argparse.Namespace) -> int:
     from hetero.engine import make_runtime
     from hetero.loader import load_model
-    from hetero.sched.profiling import profile_command
+    from hetero.sched.measure import profile_command
 
     if args.hub:
         from hetero.npu.cli import run_hub_profile

@@ -31,7 +31,7 @@ from hetero.errors import ConfigError, ScheduleError
 from hetero.sched.dag import CompiledDag, build_dag, compile_dag
 from hetero.sched.policy import POLICIES, Dispatcher, PolicyFactory
 from hetero.sched.profile import Profile
-from hetero.sched.profiling import host_profile
+from hetero.sched.measure import host_profile
 from hetero.schedule import Schedule
 
 NodeFn = Callable[[int], None]  # runs the subgraph of node id v (see CompiledDag.node_info)

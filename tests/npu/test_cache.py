@@ -105,9 +105,9 @@ def test_cache_usage_and_clear(tiny):
 
 def test_failed_compile_leaves_nothing_on_disk(tiny):
     from hetero.npu import export
-    from hetero.npu.lanes import OrtCpuLane, prepare_graph
+    from hetero.npu.providers import OrtCpuProvider, prepare_graph
 
-    class Failing(OrtCpuLane):
+    class Failing(OrtCpuProvider):
         def compile(self, model_path, out_path):
             raise RuntimeError("QNN_COMMON_ERROR_MEM_ALLOC (test)")
 

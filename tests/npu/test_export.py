@@ -1,4 +1,4 @@
-"""Export + CPU EP lane vs the INT8 reference (`hetero.outliers.shadow.QuantizedBackend`)."""
+"""Export + CPU EP provider vs the INT8 reference (`hetero.outliers.shadow.QuantizedBackend`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from hetero.errors import ConfigError
 from hetero.npu import export
 from hetero.npu.backend import NpuBackend
-from hetero.npu.lanes import OrtCpuLane, prepare_graph
+from hetero.npu.providers import OrtCpuProvider, prepare_graph
 from hetero.model import SITES
 from hetero.outliers.plan import plan_from_scales
 from hetero.outliers.quantize import int8_linear
@@ -35,7 +35,7 @@ def test_linear_outputs_bit_exact_same_float_input(tiny, wg):
     plan = tiny_plan(tiny, weight_granularity=wg)
     lq = export.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
     spec = export.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu", emit_x=True)
-    g, _ = prepare_graph(spec, lq, tiny.fingerprint, OrtCpuLane())
+    g, _ = prepare_graph(spec, lq, tiny.fingerprint, OrtCpuProvider())
     h = torch.randn(16, 64) * 3
     out = g.run({"h": h})
     x = out["x"].numpy()
@@ -108,7 +108,7 @@ def test_layers_match_reference(shadow, arch, wg):
     # instead of torch, which may differ by float32 rounding (a few ulps of |h| ≲ 10 → 1e-5 absolute).
     m = make_tiny_model(arch)
     plan = tiny_plan(m, shadow, weight_granularity=wg)
-    ref, be = QuantizedBackend(m.config, m.weights, plan), NpuBackend(m, plan, 16, lane="cpu")
+    ref, be = QuantizedBackend(m.config, m.weights, plan), NpuBackend(m, plan, 16, provider="cpu")
     g = torch.Generator().manual_seed(1)
     h, a = torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g) * 0.5
     for layer in range(2):
@@ -122,14 +122,14 @@ def test_equivalent_shapes_equal_2d_bit_for_bit(tiny, kind):
     # [C, K] vs [a, b, K] vs a 1x1 ConvInteger over [1, K, a, b]: the same int32 products, the same outputs
     plan = tiny_plan(tiny, SHADOWS)
     lq = export.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
-    lane = OrtCpuLane()
+    provider = OrtCpuProvider()
     g = torch.Generator().manual_seed(1)
     ins = {"a": torch.randn(16, 64, generator=g), "h": torch.randn(16, 64, generator=g)}
     pieces = ("qkv",) if kind == "qkv" else export.PIECES
     outs = []
     for shape in ("2d", "3d:4", "conv:1", "conv:4", "conv:16"):
         spec = export.SegmentSpec(0, kind, pieces, 16, "cpu", shape)
-        outs.append(prepare_graph(spec, lq, tiny.fingerprint, lane)[0].run(dict(ins)))
+        outs.append(prepare_graph(spec, lq, tiny.fingerprint, provider)[0].run(dict(ins)))
     for other in outs[1:]:
         for name, t in outs[0].items():
             assert torch.equal(t, other[name]), name
@@ -153,7 +153,7 @@ def test_cpu_weight_form_saturation_bound():
 def test_cpu_graph_bit_exact_on_extreme_activations(tiny, qmax, fill):
     # Quantized activations all 255 (or all 0) as u8 against weights at the edge of their range: the worst
     # case of ORT's u8·s8 kernel on AVX2 (int16 pair sums 2·255·|q|). With 8-bit weights u8·s8 would
-    # saturate (2·255·127 > 32767); 7-bit weights (the CPU lane's) run u8·s8 exactly, 8-bit ones fall back
+    # saturate (2·255·127 > 32767); 7-bit weights (the CPU EP's) run u8·s8 exactly, 8-bit ones fall back
     # to u8·u8. Either way the graph equals the numpy reference bit for bit.
     from hetero.outliers.quantize import QuantWeightPerChannel
 
@@ -171,7 +171,7 @@ def test_cpu_graph_bit_exact_on_extreme_activations(tiny, qmax, fill):
     mmi = next(n for n in m.graph.node if n.op_type == "MatMulInteger")
     want_dtype = onnx.TensorProto.INT8 if qmax == 63 else onnx.TensorProto.UINT8
     assert inits[mmi.input[1]].data_type == want_dtype and inits[mmi.input[3]].data_type == want_dtype
-    g, _ = prepare_graph(spec, lq, tiny.fingerprint, OrtCpuLane())
+    g, _ = prepare_graph(spec, lq, tiny.fingerprint, OrtCpuProvider())
     a = torch.full((16, 64), 100.0 if fill == 255 else -100.0)  # |a| / 0.02 ≫ 127: clips to u8 255 / 0
     a[8:, ::3] = 0.0  # plus some mid-range u8 128 rows/columns
     from hetero.outliers.quantize import quantize_act
@@ -193,7 +193,7 @@ def test_profile_shapes_records_a_winner_among_the_candidates(tiny, tmp_path):
     from hetero.npu.shapes import candidates, profile_shapes, recorded_shape
 
     path = tmp_path / "shapes.json"
-    table = profile_shapes(tiny, tiny_plan(tiny), [16], OrtCpuLane(1), repeats=2, path=path)
+    table = profile_shapes(tiny, tiny_plan(tiny), [16], OrtCpuProvider(1), repeats=2, path=path)
     assert {"conv:1", "conv:4", "3d:4", "2d"} <= set(candidates(16))
     for e in table["entries"]:
         assert set(e["latency_us"]) == set(candidates(16)) and all(v > 0 for v in e["latency_us"].values())
@@ -208,8 +208,8 @@ def test_backend_uses_the_recorded_shape_by_default(tiny, tmp_path, monkeypatch)
     from hetero.npu import shapes
 
     table = {"version": 1, "host": "test", "entries": [
-        {"lane": "ort-cpu", "kind": "qkv", "chunk_len": 16, "winner": "conv:4", "latency_us": {}},
-        {"lane": "ort-cpu", "kind": "o_ffn", "chunk_len": 16, "winner": "3d:2", "latency_us": {}}]}
+        {"provider": "ort-cpu", "kind": "qkv", "chunk_len": 16, "winner": "conv:4", "latency_us": {}},
+        {"provider": "ort-cpu", "kind": "o_ffn", "chunk_len": 16, "winner": "3d:2", "latency_us": {}}]}
     (tmp_path / "t.json").write_text(json.dumps(table))
     monkeypatch.setattr(shapes, "shapes_path", lambda host=None: tmp_path / "t.json")
     plan = tiny_plan(tiny, SHADOWS)
