@@ -2,7 +2,7 @@
 
 mllm-NPU §3.2 + §3.3: each layer's static subgraphs are fixed-shape graphs of chunk length C, built
 once (or loaded from the graph cache) and shared by every chunk; where the quantization plan keeps a
-shadow (Eq. 1), the graph is cut right after that linear (`export.layer_segments`) and the float
+shadow (Eq. 1), the graph is cut right after that linear (`segments.layer_segments`) and the float
 outlier correction (`QuantizedBackend.shadow_correction`, the outliers reference) is added on the CPU.
 
     qkv(h)      : [qkv graph] ─► q|k|v (+ shadow(x_attn))                     views of one buffer
@@ -23,7 +23,7 @@ import torch
 
 from hetero.errors import ConfigError
 from hetero.loader import Model
-from hetero.npu import export
+from hetero.npu import segments
 from hetero.npu.providers import Graph, OrtCpuProvider, Provider, make_provider, prepare_graph
 
 log = logging.getLogger(__name__)
@@ -106,12 +106,12 @@ class NpuBackend:
 
     def _prepare_layer(self, layer: int, use_cache: bool) -> PreparedLayer:
         shadow = frozenset(s for s in ("attn_in", "o_in", "ffn_in", "down_in") if self.plan.sites[(layer, s)].shadow)
-        lq = export.layer_q(self.cfg, self.model.weights.layers[layer], self.plan, layer)
-        digest = export.layer_digest(lq)
+        lq = segments.layer_q(self.cfg, self.model.weights.layers[layer], self.plan, layer)
+        digest = segments.layer_digest(lq)
         graphs = []
-        for spec0 in export.layer_segments(layer, set(shadow), self.chunk, "cpu"):
+        for spec0 in segments.layer_segments(layer, set(shadow), self.chunk, "cpu"):
             provider = self._provider_for(layer, "qkv" if spec0.kind == "qkv" else "o_ffn")
-            spec = export.SegmentSpec(layer, spec0.kind, spec0.pieces, self.chunk, provider.flavor,
+            spec = segments.SegmentSpec(layer, spec0.kind, spec0.pieces, self.chunk, provider.flavor,
                                       self._shape_for(provider, spec0.kind), spec0.emit_x)
             g, info = prepare_graph(spec, lq, self.model.fingerprint, provider, use_cache, digest)
             graphs.append(g)

@@ -24,7 +24,7 @@ import onnxruntime as ort
 import torch
 
 from hetero.errors import BackendUnavailable, ConfigError, GraphCacheError
-from hetero.npu import export
+from hetero.npu import export, segments
 from hetero.npu.cache import FORMAT, CacheEntry, entry_key, library_versions
 from hetero.paths import atomic_path
 
@@ -39,7 +39,7 @@ class Graph:
     """A loaded session of one segment with its IOBinding and its own output buffers."""
 
     session: ort.InferenceSession
-    spec: export.SegmentSpec
+    spec: segments.SegmentSpec
     inputs: dict[str, int]  # name → width ([C, width] float32)
     outputs: dict[str, int]
     device: str  # "cpu" | "npu": the hardware its provider runs on
@@ -257,21 +257,21 @@ class PrepareInfo:
     size_bytes: int  # compiled artifact on disk
 
 
-def graph_key(spec: export.SegmentSpec, layer_digest: str, model_fp: str, provider: Provider) -> str:
+def graph_key(spec: segments.SegmentSpec, layer_digest: str, model_fp: str, provider: Provider) -> str:
     return entry_key("hetero-graph", FORMAT, export.EXPORT_VERSION, spec.kind, spec.pieces, spec.chunk, spec.flavor,
                      spec.shape, spec.emit_x, spec.layer, layer_digest, model_fp, provider.options_key(),
                      library_versions())
 
 
-def prepare_graph(spec: export.SegmentSpec, lq: export.LayerQ, model_fp: str, provider: Provider,
+def prepare_graph(spec: segments.SegmentSpec, lq: segments.LayerQ, model_fp: str, provider: Provider,
                   use_cache: bool = True, layer_digest: str | None = None) -> tuple[Graph, PrepareInfo]:
     """Load one segment's compiled graph from the cache, or export, compile and cache it.
 
-    layer_digest: `export.layer_digest(lq)` when the caller already has it (one per layer, not per graph).
+    layer_digest: `segments.layer_digest(lq)` when the caller already has it (one per layer, not per graph).
     """
     t0 = time.perf_counter()
-    ins, outs = export.segment_io(spec, lq)
-    key = graph_key(spec, layer_digest or export.layer_digest(lq), model_fp, provider)
+    ins, outs = segments.segment_io(spec, lq)
+    key = graph_key(spec, layer_digest or segments.layer_digest(lq), model_fp, provider)
     entry = CacheEntry.of(provider.name, key)
     if use_cache:
         try:

@@ -4,7 +4,7 @@ provider and C, keep the winner.
 A linear over [C, K] gives the same result on [a, b, K] with a·b = C (every op of a static subgraph is
 row-wise), or as a 1×1 Conv2d over the image [1, K, a, b]; NPUs often prefer some shapes (the paper:
 32×32×2048 is 1.62× faster than 1024×1×2048, "as in CNN architectures"). `profile_shapes` times each
-candidate graph of one layer (`export.SegmentSpec.shape`: "2d", "3d:a", "conv:a") and records, per
+candidate graph of one layer (`segments.SegmentSpec.shape`: "2d", "3d:a", "conv:a") and records, per
 (provider, kind, C), the winner in `profiles/shapes/equivalent_shapes_<host>.json`; `NpuBackend(shape="auto")`
 reads it (`recorded_shape`).
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from hetero.errors import GraphCacheError
-from hetero.npu import export
+from hetero.npu import segments
 from hetero.npu.providers import prepare_graph
 from hetero.paths import PROFILES_DIR, atomic_path
 
@@ -88,13 +88,13 @@ def profile_shapes(model, plan, chunks, provider, layer: int = 0, repeats: int =
     under "failed" with the reason and never wins.
     """
     cfg = model.config
-    lq = export.layer_q(cfg, model.weights.layers[layer], plan, layer)
+    lq = segments.layer_q(cfg, model.weights.layers[layer], plan, layer)
     entries = []
     for c in chunks:
-        for spec0 in export.layer_segments(layer, set(), c, provider.flavor):
+        for spec0 in segments.layer_segments(layer, set(), c, provider.flavor):
             runs, failed, build_s = {}, {}, {}
             for shape in candidates(c):
-                spec = export.SegmentSpec(layer, spec0.kind, spec0.pieces, c, provider.flavor, shape)
+                spec = segments.SegmentSpec(layer, spec0.kind, spec0.pieces, c, provider.flavor, shape)
                 try:
                     g, info = prepare_graph(spec, lq, model.fingerprint, provider, use_cache)
                 except GraphCacheError as e:

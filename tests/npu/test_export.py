@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hetero.errors import ConfigError
-from hetero.npu import export
+from hetero.npu import export, segments
 from hetero.npu.backend import NpuBackend
 from hetero.npu.providers import OrtCpuProvider, prepare_graph
 from hetero.model import SITES
@@ -21,11 +21,11 @@ from tests.npu.conftest import SHADOWS, tiny_plan
 
 
 def test_layer_segments_follow_shadow_sites():
-    kinds = lambda sh: [s.kind for s in export.layer_segments(0, sh, 16, "cpu")]  # noqa: E731
+    kinds = lambda sh: [s.kind for s in segments.layer_segments(0, sh, 16, "cpu")]  # noqa: E731
     assert kinds(set()) == ["qkv", "o_ffn"]
     assert kinds({"down_in"}) == ["qkv", "o_up", "down"]
     assert kinds({"o_in", "ffn_in", "down_in"}) == ["qkv", "o", "gu", "act", "down"]
-    assert kinds({"attn_in"}) == ["qkv", "o_ffn"] and export.layer_segments(0, {"attn_in"}, 16, "cpu")[0].emit_x
+    assert kinds({"attn_in"}) == ["qkv", "o_ffn"] and segments.layer_segments(0, {"attn_in"}, 16, "cpu")[0].emit_x
 
 
 @pytest.mark.parametrize("wg", ["channel", "tensor"])
@@ -33,8 +33,8 @@ def test_linear_outputs_bit_exact_same_float_input(tiny, wg):
     # The dequantized linear outputs of the graph equal quantize.int8_linear bit for bit when fed the
     # same float input (int32 accumulation, half-to-even rounding, one float32 scale multiply per column).
     plan = tiny_plan(tiny, weight_granularity=wg)
-    lq = export.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
-    spec = export.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu", emit_x=True)
+    lq = segments.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
+    spec = segments.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu", emit_x=True)
     g, _ = prepare_graph(spec, lq, tiny.fingerprint, OrtCpuProvider())
     h = torch.randn(16, 64) * 3
     out = g.run({"h": h})
@@ -48,8 +48,8 @@ def test_per_channel_weights_fold_into_output_scale(tiny, monkeypatch):
     # multiply is a per-column float32 vector s_x·s_w[col]; per tensor it stays one scalar.
     by = {}
     for wg in ("channel", "tensor"):
-        lq = export.layer_q(tiny.config, tiny.weights.layers[0], tiny_plan(tiny, weight_granularity=wg), 0)
-        m = export.build_segment(export.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu"), lq)
+        lq = segments.layer_q(tiny.config, tiny.weights.layers[0], tiny_plan(tiny, weight_granularity=wg), 0)
+        m = export.build_segment(segments.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu"), lq)
         inits = {t.name: t for t in m.graph.initializer}
         mul = next(n for n in m.graph.node if n.op_type == "Mul" and n.input[1].startswith("acc_s"))
         by[wg] = (lq, onnx.numpy_helper.to_array(inits[mul.input[1]]), [n.op_type for n in m.graph.node])
@@ -59,7 +59,7 @@ def test_per_channel_weights_fold_into_output_scale(tiny, monkeypatch):
     assert ops_c == by["tensor"][2]  # same graph structure: MatMulInteger → Cast → Mul
     assert np.ndim(lq_c.qkv[0].w_scale) == 1 and len(set(lq_c.qkv[0].w_scale.tolist())) > 1
     # the QDQ form, default: weight DQ per tensor at max s_w, MatMul, Mul by the per-column ratio s_w[col] / max s_w
-    spec_q = export.SegmentSpec(0, "qkv", ("qkv",), 16, "qnn")
+    spec_q = segments.SegmentSpec(0, "qkv", ("qkv",), 16, "qnn")
     mq = export.build_segment(spec_q, lq_c)
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in mq.graph.initializer}
     muls = [n for n in mq.graph.node if n.op_type == "Mul" and n.input[1].startswith("w_s")]
@@ -86,8 +86,8 @@ def test_qdq_form_matches_reference(tiny, wg, flavor):
     from hetero import model as ref
 
     plan = tiny_plan(tiny, weight_granularity=wg)
-    lq = export.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
-    m = export.build_segment(export.SegmentSpec(0, "qkv", ("qkv",), 16, flavor, emit_x=True), lq)
+    lq = segments.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
+    m = export.build_segment(segments.SegmentSpec(0, "qkv", ("qkv",), 16, flavor, emit_x=True), lq)
     so = ort.SessionOptions()  # no QDQ fusion: the CPU EP would run it as u8·s8 (saturating on AVX2)
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -121,14 +121,14 @@ def test_layers_match_reference(shadow, arch, wg):
 def test_equivalent_shapes_equal_2d_bit_for_bit(tiny, kind):
     # [C, K] vs [a, b, K] vs a 1x1 ConvInteger over [1, K, a, b]: the same int32 products, the same outputs
     plan = tiny_plan(tiny, SHADOWS)
-    lq = export.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
+    lq = segments.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
     provider = OrtCpuProvider()
     g = torch.Generator().manual_seed(1)
     ins = {"a": torch.randn(16, 64, generator=g), "h": torch.randn(16, 64, generator=g)}
-    pieces = ("qkv",) if kind == "qkv" else export.PIECES
+    pieces = ("qkv",) if kind == "qkv" else segments.PIECES
     outs = []
     for shape in ("2d", "3d:4", "conv:1", "conv:4", "conv:16"):
-        spec = export.SegmentSpec(0, kind, pieces, 16, "cpu", shape)
+        spec = segments.SegmentSpec(0, kind, pieces, 16, "cpu", shape)
         outs.append(prepare_graph(spec, lq, tiny.fingerprint, provider)[0].run(dict(ins)))
     for other in outs[1:]:
         for name, t in outs[0].items():
@@ -138,7 +138,7 @@ def test_equivalent_shapes_equal_2d_bit_for_bit(tiny, kind):
 @pytest.mark.parametrize("shape", ["3d", "conv:5", "conv:x", "1d:2"])
 def test_bad_equivalent_shape_is_a_clear_error(shape):
     with pytest.raises(ConfigError, match="shape must be"):
-        export.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu", shape)
+        segments.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu", shape)
 
 
 def test_cpu_weight_form_saturation_bound():
@@ -163,9 +163,9 @@ def test_cpu_graph_bit_exact_on_extreme_activations(tiny, qmax, fill):
     q = w.q.copy()  # rows of all +qmax, all -qmax, alternating, then the real weights
     q[0], q[1], q[2, 0::2], q[2, 1::2] = qmax, -qmax, qmax, -qmax
     plan.weights[(0, "wo")] = QuantWeightPerChannel(q, w.scales)
-    lq = export.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
+    lq = segments.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
     assert lq.weight_qmax == qmax
-    spec = export.SegmentSpec(0, "o", ("o",), 16, "cpu")
+    spec = segments.SegmentSpec(0, "o", ("o",), 16, "cpu")
     m = export.build_segment(spec, lq)
     inits = {t.name: t for t in m.graph.initializer}
     mmi = next(n for n in m.graph.node if n.op_type == "MatMulInteger")
@@ -183,7 +183,7 @@ def test_cpu_graph_bit_exact_on_extreme_activations(tiny, qmax, fill):
 
 def test_layer_digest_depends_on_weight_qmax(tiny):
     scales = {(l, s): 0.02 for l in range(2) for s in SITES}
-    d = {qm: export.layer_digest(export.layer_q(tiny.config, tiny.weights.layers[0],
+    d = {qm: segments.layer_digest(segments.layer_q(tiny.config, tiny.weights.layers[0],
                                                 plan_from_scales(tiny, scales, weight_qmax=qm), 0))
          for qm in (63, 127)}
     assert d[63] != d[127]
