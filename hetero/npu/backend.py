@@ -64,13 +64,14 @@ class NpuBackend:
     shape: "auto" (default: the winner `hetero npu shapes` recorded for this host, provider, kind and C; "2d"
     when none is recorded), or "2d", "3d:a", "conv:a" for every graph (§4, optimisation 1).
     layers: prepare only these layers (e.g. range(2) for a quick test); the others raise on use.
+    graphs_root: the graph cache folder (default: under the user cache).
     """
 
     name = "npu"
 
     def __init__(self, model: Model, plan, chunk: int, provider: "str | Provider" = "cpu", *, placement=None,
-                 shape: str = "auto",
-                 layers=None, intra_op_threads: int = 2, use_cache: bool = True, rows=None):
+                 shape: str = "auto", layers=None, intra_op_threads: int = 2, use_cache: bool = True, rows=None,
+                 graphs_root=None):
         from hetero.outliers.shadow import QuantizedBackend
 
         if not isinstance(chunk, int) or chunk <= 0:
@@ -83,6 +84,7 @@ class NpuBackend:
         self._cpu_provider = self.provider if isinstance(self.provider, OrtCpuProvider) else None
         self._intra = intra_op_threads
         self.shape = shape
+        self._graphs_root = graphs_root
         self.layers: dict[int, PreparedLayer] = {}
         self.report = PrepareReport()
         t0 = time.perf_counter()
@@ -112,8 +114,8 @@ class NpuBackend:
         for spec0 in segments.layer_segments(layer, set(shadow), self.chunk, "cpu"):
             provider = self._provider_for(layer, "qkv" if spec0.kind == "qkv" else "o_ffn")
             spec = segments.SegmentSpec(layer, spec0.kind, spec0.pieces, self.chunk, provider.flavor,
-                                      self._shape_for(provider, spec0.kind), spec0.emit_x)
-            g, info = prepare_graph(spec, lq, self.model.fingerprint, provider, use_cache, digest)
+                                        self._shape_for(provider, spec0.kind), spec0.emit_x)
+            g, info = prepare_graph(spec, lq, self.model.fingerprint, provider, use_cache, digest, self._graphs_root)
             graphs.append(g)
             self.report.rows.append((layer, spec.kind, provider.name, info.cached, info.seconds, info.size_bytes))
         return PreparedLayer(graphs, shadow)
