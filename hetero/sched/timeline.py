@@ -13,7 +13,7 @@ from typing import Sequence
 
 from hetero.paths import PROFILES_DIR
 from hetero.extras import require
-from hetero.sched.schedule import Schedule
+from hetero.schedule import Schedule
 
 
 def draw_timeline(ax, schedule: Schedule, title: str = "") -> None:

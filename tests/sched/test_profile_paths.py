@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 
 from hetero.paths import PROFILES_DIR, profile_search_path, user_profiles_dir
-from hetero.sched.profiling import host_slug
-from hetero.sched.runner import host_profile
+from hetero.sched.measure import host_profile, host_slug
 
 
 def test_shipped_profiles_are_inside_the_package():
