@@ -1,12 +1,10 @@
 """Read a Llama-family model from its real file: a GGUF file or a Hugging Face safetensors directory.
 
-GGUF tensors (Q4_0/Q4_1/Q8_0/F16/F32, ...) are dequantized to float32 with the `gguf` package. GGUF
-stores Llama's Q and K projections permuted for llama.cpp's RoPE layout; `_unpermute` undoes that (as
-transformers' GGUF loader does). Dequantizing and building the tokenizer take seconds, so the float
-weights (safetensors), config and tokenizer are cached under `cache_dir()/models/<fingerprint>/`.
-The cached copy is verified as the graph cache verifies its entries (size, sha256 recorded at write,
-re-hashed when a file's stat stamp moved; the config by its own hash): a damaged or edited copy is rebuilt
-from the GGUF with a warning. Writers hold the entry's lock; a cache that cannot be written costs a warning.
+GGUF tensors are dequantized to float32 (`gguf`); Llama's Q/K rows, permuted for llama.cpp's RoPE, are
+un-permuted (`_unpermute`, as transformers does). Float weights, config and tokenizer are cached under
+`cache_dir()/models/<fingerprint>/`, verified like the graph cache (size + sha256 at write, re-hashed when a
+stat stamp moved; the config by its hash): a damaged or edited copy is rebuilt from the GGUF with a
+warning. Writers hold the entry's lock; an unwritable cache costs a warning.
 """
 
 from __future__ import annotations
