@@ -7,7 +7,7 @@ CPU-NPU synchronisation. We rank *sites* (the input of one MatMul group, the pap
 Fig. 12 are MatMul operators) by default; granularity="layer" ranks decoder layers by the largest
 importance of their four sites and keeps or prunes all four together.
 
-`build_plan` turns `CalibrationStats` into the `QuantPlan` the backends run.
+`plan_from_calibration` turns `CalibrationStats` into the `QuantPlan` the backends run.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import math
 import numpy as np
 
 from hetero.errors import ConfigError
-from hetero.outliers.plan import DEFAULT_WEIGHT_GRANULARITY, DEFAULT_WEIGHT_QMAX, SITES, QuantPlan, SiteQuant, quantize_weights
+from hetero.model import SITES
+from hetero.outliers.calibrate import ensure_calibration
+from hetero.outliers.plan import DEFAULT_WEIGHT_GRANULARITY, DEFAULT_WEIGHT_QMAX, QuantPlan, SiteQuant, quantize_weights
 
 DEFAULT_PRUNE_FRACTION = 0.85
 # Shadow sites: t = p99.9 of |x| maps to 127. Measured on the default model (6 windows of Austen,
@@ -88,7 +90,7 @@ def hot_channels(counts: np.ndarray, coverage: float = DEFAULT_HOT_COVERAGE) -> 
     return tuple(int(c) for c in order), min(n_hot, order.size)
 
 
-def build_plan(
+def plan_from_calibration(
     model,
     calibration=None,
     prune_fraction: float = DEFAULT_PRUNE_FRACTION,
@@ -112,8 +114,6 @@ def build_plan(
     per-tensor weights (ablation). weight_qmax: 63 (default, 7-bit weights: exact with ORT's fast u8·s8
     MatMulInteger on AVX2, `plan` module doc) or 127 (full 8-bit).
     """
-    from hetero.outliers.calibrate import ensure_calibration
-
     if calibration is None:
         calibration = ensure_calibration(model)
     calibration.validate_for(model)
