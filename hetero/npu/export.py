@@ -115,8 +115,7 @@ def cpu_weight_form(wt: np.ndarray) -> str:
     results) but 2·255·64 = 32640 <= 32767 (exact). Hence 7-bit weights (the plan's default weight_qmax
     = 63, ORT's reduce_range) run u8·s8 with s8 weights, zero point 0. Full 8-bit weights fall back to
     u8·u8 (weights stored q + 128 with zero point 128, vpmaddwd: exact, same int32 result), which is
-    slower: 256×576×1536 at 1 thread, 136 vs 178 GOPS; a whole C=256 layer (qkv + o_ffn) of the default
-    model 14.8 vs 11.5 ms at 1 thread, 18.8 vs 11.6 ms at 2 (this AVX2 EPYC, onnxruntime 1.31).
+    slower (docs/design.md, "NPU graphs").
     """
     amax = int(np.abs(wt.astype(np.int16)).max()) if wt.size else 0
     return "u8s8" if amax <= U8S8_SAFE_WEIGHT_ABSMAX else "u8u8"
