@@ -17,7 +17,7 @@ from typing import Any
 from hetero.errors import ConfigError, HeteroError
 
 # Subpackages add their own subcommands: module path -> `register(subparsers)`.
-_PLUGINS = ("hetero.outliers.cli", "hetero.npu.cli", "hetero.sched.cli", "hetero.bench_cli")
+_PLUGINS = ("hetero.outliers.cli", "hetero.npu.cli", "hetero.sched.cli", "hetero.bench_cli", "hetero.serve.cli")
 
 
 def positive_int(text: str) -> int:
