@@ -63,7 +63,8 @@ class Engine:
         with self._cv:
             if self._stop:
                 raise QueueFull("the server is shutting down", retry_after=1.0)
-            waiting = sum(j.bounded for j in self._pending)
+            # requests the loop will admit at its next turn (free active slots) are not waiting
+            waiting = sum(j.bounded for j in self._pending) - max(0, self.max_active - len(self._active))
             if job.bounded and waiting >= self.max_queue:
                 raise QueueFull(f"request queue full ({waiting} waiting, limit {self.max_queue})",
                                 retry_after=max(1.0, round(self.step_s * 64, 1)))

@@ -35,6 +35,8 @@ def sampling_params(body: dict, default_max: int) -> SamplingParams:
         raise ConfigError(f"n must be 1 (one choice per request), got {n}")
     max_new = body.get("max_completion_tokens", body.get("max_tokens"))
     max_new = default_max if max_new is None else _number({"max_tokens": max_new}, "max_tokens", default_max, int)
+    if max_new < 0:
+        raise ConfigError(f"max_tokens must be >= 0, got {max_new}")
     stop = body.get("stop") or ()
     if isinstance(stop, str):
         stop = (stop,)
