@@ -57,3 +57,33 @@ def serve(service: Service, port: int, grace_s: float = 5.0, log_level: str = "w
     bound_malloc()
     server = make_server(service, port, grace_s, log_level)
     server.run()
+
+
+class BackgroundServer:
+    """The HTTP service in a thread of this process (tests, benchmarks); `stop()` shuts it down cleanly."""
+
+    def __init__(self, service: Service, port: int, grace_s: float = 2.0, timeout_s: float = 60.0):
+        import threading
+        import time
+
+        self.service, self.port, self.url = service, port, f"http://{HOST}:{port}"
+        self.server = make_server(service, port, grace_s)
+        self.thread = threading.Thread(target=self.server.run, name="hetero-serve-http", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"the HTTP server did not start on {self.url}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]

@@ -38,6 +38,7 @@ class StoreConfig:
     disk_budget_bytes: int | None = None  # None = unbounded
     kv_dir: Path | None = None  # parent of the private swap directory (default: the system temp dir)
     restore: str = "auto"  # "auto": per-block cheaper of swap-in / recompute, pipelined; "swap"; "recompute"
+    reuse: bool = True  # False: never match a cached prefix (the stateless baseline that re-prefills everything)
 
     def __post_init__(self) -> None:
         if self.block <= 0:
@@ -78,7 +79,7 @@ class ChunkStore:
 
     # --- lookup and pins -------------------------------------------------------------------------
     def match(self, ids: list[int], limit: int | None = None) -> Match:
-        return self.index.match(ids, limit)
+        return self.index.match(ids, limit) if self.config.reuse else Match((), None, 0)
 
     @staticmethod
     def pin(nodes: list[Node] | tuple[Node, ...], delta: int = 1) -> None:

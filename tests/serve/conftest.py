@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -12,28 +9,12 @@ import pytest
 
 import hetero
 from hetero.serve import Service, StoreConfig
-from hetero.serve.server import make_server
+from hetero.serve.server import BackgroundServer, free_port
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RunningServer:
+class RunningServer(BackgroundServer):
     def __init__(self, service: Service):
-        self.service = service
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = make_server(service, self.port, grace_s=2.0)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.05)
+        super().__init__(service, free_port())
 
     def openai(self, **kw: object) -> "object":
         from openai import OpenAI
@@ -42,10 +23,6 @@ class RunningServer:
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=120)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
 
 
 @pytest.fixture(scope="module")

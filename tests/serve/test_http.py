@@ -31,6 +31,7 @@ def test_chat_and_stream_agree(server: RunningServer) -> None:
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1  # all but the last
 
 
+@pytest.mark.slow
 def test_five_turn_conversation_reuses_earlier_turns(server: RunningServer) -> None:
     client = server.openai()
     messages = [{"role": "system", "content": "Answer in one short sentence."}]
@@ -93,6 +94,7 @@ def test_bad_requests_get_4xx_and_the_server_lives(server: RunningServer) -> Non
     assert client.chat.completions.create(model="any", messages=QUESTION, max_tokens=2).choices[0].message.content
 
 
+@pytest.mark.slow
 def test_queue_bound_429_and_disconnect_frees_work(server: RunningServer) -> None:
     """max_active=2, max_queue=2: two streams run, two wait, the fifth gets 429; closing streams frees them."""
     client = server.openai()
