@@ -38,7 +38,7 @@ def register(sub: Any) -> None:
     p.add_argument("--kv-tolerance", type=float, default=0.1, help="attention-output error allowed for INT4 (default 0.1)")
     p.add_argument("--kv-reserve", type=float, default=0.1, help="fraction of the budget kept free ahead of time")
     p.add_argument("--no-kv-disk", dest="kv_disk", action="store_false", help="never swap to disk (drop + recompute)")
-    p.add_argument("--kv-disk-budget", default="none", help="disk for swapped K/V (default none = unbounded)")
+    p.add_argument("--kv-disk-budget", default="4G", help="disk for swapped K/V; beyond it blocks are dropped (default 4G)")
     p.add_argument("--kv-dir", type=Path, default=None, help="where the private swap directory goes (default: temp)")
     p.add_argument("--kv-restore", choices=("auto", "swap", "recompute"), default="auto",
                    help="restoring a swapped block: the cheaper per block, pipelined (auto), or always one way")

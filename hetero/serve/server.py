@@ -49,11 +49,22 @@ def make_server(service: Service, port: int, grace_s: float = 5.0, log_level: st
     app.router.lifespan_context = lifespan
     config = uvicorn.Config(app, host=HOST, port=port, log_level=log_level, timeout_graceful_shutdown=grace_s,
                             access_log=False)
-    return uvicorn.Server(config)
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):  # noqa: ANN202
+            with super().capture_signals():
+                yield
+                getattr(self, "_captured_signals", []).clear()  # shut down gracefully: do not die of the signal
+
+    return Server(config)
 
 
 def serve(service: Service, port: int, grace_s: float = 5.0, log_level: str = "warning") -> None:
-    """Serve until SIGINT/SIGTERM."""
+    """Serve until SIGINT/SIGTERM, then return normally (exit status 0).
+
+    uvicorn re-raises the signal after its graceful shutdown (so the process dies of it, status 128+n);
+    here the graceful shutdown is the end of the story, so the captured signals are forgotten.
+    """
     bound_malloc()
     server = make_server(service, port, grace_s, log_level)
     server.run()

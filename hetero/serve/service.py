@@ -150,6 +150,8 @@ class Service:
         ctx = self.context(context_id, client)
 
         def start(job: Job) -> Generator[None, None, None]:  # built when admitted: sees the previous turn
+            if self._contexts.get(ctx.id) is not ctx:
+                raise UnknownContext(f"context {ctx.id!r} was deleted before this request ran")
             convo = ctx.messages + messages
             ids = self.encode_chat(convo)
 
