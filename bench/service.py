@@ -185,6 +185,32 @@ def compression_accuracy(model: hetero.Model, text_ids: list[int], args: argpars
     return results
 
 
+def exactness(model: hetero.Model, text_ids: list[int], args: argparse.Namespace) -> dict:
+    """Logits of a prefill that reuses a cached prefix vs prefilling everything, per backend.
+
+    Reuse at a multiple of C keeps every chunk on the from-scratch grid (same rows, same key lengths);
+    elsewhere the chunks move, attention sums in another order and the logits differ by rounding.
+    """
+    from hetero.engine import make_runtime
+
+    out = {}
+    ids = text_ids[: 3 * args.chunk + 17]
+    for backend in ("float", "hetero"):
+        rt = make_runtime(model, backend, chunk=args.chunk)
+        scratch = rt.prefill(ids).logits
+        for name, cut in (("aligned", 2 * args.chunk), ("unaligned", 2 * args.chunk - 23)):
+            cache = rt.new_cache(len(ids) + 1)
+            rt.prefill(ids[:cut], cache=cache)
+            reuse = rt.prefill(ids[cut:], cache=cache).logits
+            out[f"{backend}_{name}"] = {
+                "reused_tokens": cut, "bitwise_equal": bool(torch.equal(reuse, scratch)),
+                "max_abs_diff": float((reuse - scratch).abs().max()),
+                "rel_l2": float((reuse - scratch).norm() / scratch.norm()),
+                "same_top1": int(reuse.argmax()) == int(scratch.argmax())}
+        rt.close()
+    return out
+
+
 def rss_run(args: argparse.Namespace, convs: list[list[str]]) -> dict:
     """A `hetero serve` subprocess; 8 clients send short chats; RSS after warm-up vs at the end."""
     import psutil
@@ -276,6 +302,13 @@ def write_md(r: dict, path: Path) -> None:
             lines.append(f"| {k} | {v['ppl']} | {v['top1_agreement_vs_float']} | {v['int8_blocks']} / "
                          f"{v['int4_blocks']} | {v['mean_attention_error']} |")
         lines.append("")
+    if "exactness" in r:
+        lines += ["## Reuse vs prefilling everything (logits of the last token)", "",
+                  "| backend, reuse boundary | reused tokens | bitwise equal | max abs diff | relative L2 | same top-1 |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        lines += [f"| {k} | {v['reused_tokens']} | {v['bitwise_equal']} | {v['max_abs_diff']:.3g} | {v['rel_l2']:.3g} | "
+                  f"{v['same_top1']} |" for k, v in r["exactness"].items()]
+        lines.append("")
     if "rss" in r:
         v = r["rss"]
         lines += ["## Memory under load (`hetero serve` subprocess, --kv-budget 8M)", "",
@@ -301,7 +334,7 @@ def main() -> None:
     p.add_argument("--eval-tokens", type=int, default=64)
     p.add_argument("--rss-requests", type=int, default=200)
     p.add_argument("--rss-warmup", type=int, default=40)
-    p.add_argument("--phases", default="workload,switch,accuracy,rss")
+    p.add_argument("--phases", default="workload,exactness,switch,accuracy,rss")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "service")
     p.add_argument("--md-only", action="store_true", help="rewrite the .md from the committed .json")
     args = p.parse_args()
@@ -340,6 +373,8 @@ def main() -> None:
         result["turn5_ttft_ratio_reprefill_over_reuse"] = round(
             summary["reprefill"]["ttft_ms_per_turn"][last] / summary["reuse_all_fit"]["ttft_ms_per_turn"][last], 2)
         result["workload_turns"] = {k: v["turns"] for k, v in runs.items()}
+    if "exactness" in phases:
+        result["exactness"] = exactness(model, text_ids, args)
     if "switch" in phases:
         result["switch_latency"] = restore_paths(model, text_ids, args)
     if "accuracy" in phases:
