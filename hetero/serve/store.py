@@ -233,8 +233,13 @@ class ChunkStore:
         self.index.remove(node)
 
     def release(self, path: list[Node]) -> None:
-        """A context let go of `path`: unreferenced nodes stay as kept prefixes until evicted."""
+        """A context let go of `path`: unreferenced nodes stay as kept prefixes until evicted, except a
+        partial tail that a longer sibling now covers (the same K/V, kept once)."""
         self.hold(path, -1)
+        for n in path:
+            if n.refs == 0 and n.pins == 0 and not n.children and len(n.ids) < self.config.block and any(
+                    n in self.index.subsumed(s) for s in n.parent.children.get(n.ids[0], ()) if s is not n):
+                self.delete(n)
 
     # --- stats ---------------------------------------------------------------------------------
     def stats(self) -> dict:

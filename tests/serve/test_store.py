@@ -136,3 +136,17 @@ def test_bad_store_config() -> None:
         StoreConfig(block=0)
     with pytest.raises(ConfigError, match="compress"):
         StoreConfig(compress="int3")
+
+
+def test_a_growing_context_keeps_one_copy_of_its_tail(rt: hetero.Runtime) -> None:
+    store = ChunkStore(StoreConfig(block=4, disk=False))
+    held: list = []
+    for prompt in conversation():
+        cache = rt.new_cache(len(prompt) + 1)
+        rt.prefill(prompt, cache=cache)
+        path = store.commit(prompt, cache)
+        store.hold(path)
+        store.release(held)
+        held = path
+    nodes = store.index.walk()
+    assert len(nodes) == len(held) == -(-52 // 4)  # 13 blocks: no stale partial tails left behind
