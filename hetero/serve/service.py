@@ -16,12 +16,16 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hetero.errors import ConfigError, HeteroError
 from hetero.runtime import Runtime
 from hetero.serve.engine import Engine, Job, Sink
 from hetero.serve.restore import CostModel, RestoreReport, restore
 from hetero.serve.store import ChunkStore, StoreConfig
+
+if TYPE_CHECKING:
+    from hetero.decode import SamplingParams, TokenEvent
 
 
 class UnknownContext(HeteroError, KeyError):
@@ -140,7 +144,7 @@ class Service:
             raise ConfigError("this model has no tokenizer: give the prompt as a list of token ids")
         return list(self.tokenizer(prompt)["input_ids"])
 
-    def submit_chat(self, messages: list[dict], params: object, sink: Sink, context_id: str | None = None,
+    def submit_chat(self, messages: list[dict], params: "SamplingParams", sink: Sink, context_id: str | None = None,
                     client: str | None = None) -> Job:
         """Append `messages` to a context (or run them stateless) and generate; events go to `sink`."""
         _check_messages(messages)
@@ -162,15 +166,15 @@ class Service:
 
         return self.engine.submit(Job(start, sink, key=ctx.id))
 
-    def submit_completion(self, prompt: str | list[int], params: object, sink: Sink) -> Job:
+    def submit_completion(self, prompt: str | list[int], params: "SamplingParams", sink: Sink) -> Job:
         return self._submit(None, self.encode_text(prompt), params, sink, on_done=None)
 
-    def _submit(self, ctx: Context | None, ids: list[int], params: object, sink: Sink,
+    def _submit(self, ctx: Context | None, ids: list[int], params: "SamplingParams", sink: Sink,
                 on_done: Callable[[Reply], None] | None) -> Job:
         self.runtime.check_ids(ids)
         return self.engine.submit(Job(lambda job: self._turn(job, ctx, ids, params, on_done), sink))
 
-    def _turn(self, job: Job, ctx: Context | None, ids: list[int], params: object,
+    def _turn(self, job: Job, ctx: Context | None, ids: list[int], params: "SamplingParams",
               on_done: Callable[[Reply], None] | None) -> Generator[None, None, None]:
         rt, store = self.runtime, self.store
         t_admit = time.perf_counter()
@@ -233,11 +237,12 @@ class Service:
         job.sink("done", reply)
 
     # --- blocking convenience API (Python, no HTTP) ---------------------------------------------
-    def chat(self, messages: list[dict] | str, params: object = None, context_id: str | None = None) -> Reply:
+    def chat(self, messages: list[dict] | str, params: "SamplingParams | None" = None,
+             context_id: str | None = None) -> Reply:
         return _last(self.chat_stream(messages, params, context_id))
 
-    def chat_stream(self, messages: list[dict] | str, params: object = None,
-                    context_id: str | None = None) -> Iterator[object]:
+    def chat_stream(self, messages: list[dict] | str, params: "SamplingParams | None" = None,
+                    context_id: str | None = None) -> Iterator["TokenEvent | Reply"]:
         """Token events, then the `Reply`."""
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
@@ -245,7 +250,7 @@ class Service:
         job = self.submit_chat(messages, _params(params), lambda k, p: q.put((k, p)), context_id)
         return _drain(q, job)
 
-    def complete(self, prompt: str | list[int], params: object = None) -> Reply:
+    def complete(self, prompt: str | list[int], params: "SamplingParams | None" = None) -> Reply:
         q: queue.Queue = queue.Queue()
         job = self.submit_completion(prompt, _params(params), lambda k, p: q.put((k, p)))
         return _last(_drain(q, job))
@@ -269,13 +274,13 @@ class Service:
         self.close()
 
 
-def _params(params: object):
+def _params(params: "SamplingParams | None") -> "SamplingParams":
     from hetero.decode import SamplingParams
 
     return SamplingParams() if params is None else params
 
 
-def _with_max(params: object, max_new: int):
+def _with_max(params: "SamplingParams", max_new: int) -> "SamplingParams":
     import dataclasses
 
     return params if params.max_new_tokens == max_new else dataclasses.replace(params, max_new_tokens=max_new)
