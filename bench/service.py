@@ -191,7 +191,7 @@ def exactness(model: hetero.Model, text_ids: list[int], args: argparse.Namespace
     Reuse at a multiple of C keeps every chunk on the from-scratch grid (same rows, same key lengths);
     elsewhere the chunks move, attention sums in another order and the logits differ by rounding.
     """
-    from hetero.engine import make_runtime
+    from hetero.methods import make_runtime
 
     out = {}
     ids = text_ids[: 3 * args.chunk + 17]
@@ -218,7 +218,7 @@ def rss_run(args: argparse.Namespace, convs: list[list[str]]) -> dict:
 
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "hetero", "serve", "--backend", "float", "--chunk", str(args.chunk), "--port", str(port),
+    cmd = [sys.executable, "-m", "hetero", "serve", "--method", "float", "--chunk", str(args.chunk), "--port", str(port),
            "--kv-budget", "8M", "--max-active", "8", "--max-queue", "64"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

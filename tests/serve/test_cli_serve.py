@@ -14,7 +14,7 @@ import pytest
 
 from hetero.cli import main
 from hetero.errors import ConfigError
-from hetero.serve.cli import parse_bytes
+from hetero.cli.serve import parse_bytes
 from hetero.serve.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +37,7 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture) -> None:
 def test_serve_process_answers_and_stops_on_sigterm() -> None:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "hetero", "serve", "--backend", "float", "--chunk", "32",
+    proc = subprocess.Popen([sys.executable, "-m", "hetero", "serve", "--method", "float", "--chunk", "32",
                              "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120

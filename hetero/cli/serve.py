@@ -1,4 +1,4 @@
-"""`hetero serve`: the OpenAI-compatible service on 127.0.0.1 (registered into the CLI by `hetero.cli`)."""
+"""`hetero serve`: the OpenAI-compatible service (`hetero.serve`) on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from hetero.cli.args import add_method_arg, add_model_arg, positive_int
 from hetero.errors import ConfigError
 
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
@@ -23,12 +24,10 @@ def parse_bytes(text: str, name: str = "--kv-budget") -> int | None:
 
 
 def register(sub: Any) -> None:
-    from hetero.cli import add_backend_args, add_model_arg, positive_int
-
     p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API on 127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="TCP port on 127.0.0.1 (default 8000; 0 = any free port)")
     add_model_arg(p)
-    add_backend_args(p)
+    add_method_arg(p)
     p.add_argument("--chunk", type=positive_int, default=256, help="prefill chunk length C (default 256)")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--kv-budget", default="512M", help="RAM for kept K/V across contexts, e.g. 256M, 2G, none (default 512M)")
@@ -49,10 +48,9 @@ def register(sub: Any) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from hetero.engine import make_runtime
     from hetero.loader import load_model
+    from hetero.methods import make_service
     from hetero.serve.server import serve
-    from hetero.serve.service import Service
     from hetero.serve.store import StoreConfig
 
     if not 0 <= args.port <= 65535:
@@ -62,10 +60,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         disk_budget_bytes=parse_bytes(args.kv_disk_budget, "--kv-disk-budget"), kv_dir=args.kv_dir,
                         restore=args.kv_restore)
     model = load_model(args.model)
-    runtime = make_runtime(model, args.backend, chunk=args.chunk, threads=args.threads)
-    service = Service(runtime, store, max_contexts_per_client=args.max_contexts_per_client,
-                      max_active=args.max_active, max_queue=args.max_queue)
-    print(f"hetero: serving {service.model_name} ({args.backend}, C={args.chunk}) on http://127.0.0.1:{args.port}/v1",
+    service = make_service(model, args.method, args.chunk, args.threads, store,
+                           max_contexts_per_client=args.max_contexts_per_client, max_active=args.max_active,
+                           max_queue=args.max_queue)
+    print(f"hetero: serving {service.model_name} ({args.method}, C={args.chunk}) on http://127.0.0.1:{args.port}/v1",
           flush=True)
     serve(service, args.port)
     return 0
