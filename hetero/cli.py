@@ -70,8 +70,12 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     """Backend selection shared by `run` and the benchmarks (see `hetero.engine`)."""
     from hetero.engine import BACKENDS, DEFAULT_BACKEND
 
+    from hetero.outliers.quantize import WEIGHT_FORMS
+
     p.add_argument("--backend", choices=sorted(BACKENDS), default=DEFAULT_BACKEND,
                    help=f"how static subgraphs run (default {DEFAULT_BACKEND})")
+    p.add_argument("--weight-form", choices=["auto", *WEIGHT_FORMS], default="auto",
+                   help="INT8 weight form on the CPU EP (default auto: w8-u8s8 with VNNI, w8-u8u8 on AVX2)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -96,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         text = tok.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=False)
         ids = tok(text, add_special_tokens=False)["input_ids"]
-    runtime = make_runtime(model, args.backend, chunk=args.chunk, threads=args.threads)
+    runtime = make_runtime(model, args.backend, chunk=args.chunk, threads=args.threads, weight_form=args.weight_form)
     prompt = runtime.check_ids(ids)
     runtime.prefill(prompt[: min(prompt.numel(), args.chunk)])  # warm-up: first-call allocations, lazy inits
     result = runtime.prefill(prompt)
@@ -114,6 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "decode_tokens_per_s": round(len(new) / decode_s, 1) if new and decode_s > 0 else 0.0,
         "new_tokens": len(new),
         "backend": args.backend,
+        "weight_form": getattr(getattr(runtime.backend, "plan", None), "weight_form", None),
         "chunk": args.chunk,
         "model": model.name,
     }

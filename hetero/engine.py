@@ -31,29 +31,32 @@ if TYPE_CHECKING:
     from hetero.outliers.plan import QuantPlan
 
 
-def _float(model: Model, chunk: int, threads: int | None) -> LayerBackend:
+def _float(model: Model, chunk: int, threads: int | None, weight_form: str | None) -> LayerBackend:
     return FloatBackend(model.config, model.weights)
 
 
-def quant_plan(model: Model, lane: str = "cpu", prune_fraction: float = 0.85) -> "QuantPlan":
+def quant_plan(model: Model, lane: str = "cpu", prune_fraction: float = 0.85,
+               weight_form: str | None = None) -> "QuantPlan":
     """The quantization plan of `model` for a lane: calibrated scales, shadow sites, INT8 weights.
 
-    On the CPU EP (standing in for the NPU), 7-bit weights let ONNX Runtime use its fast u8·s8 kernel
-    exactly on AVX2 (`hetero.outliers.plan`); an NPU (QNN HTP) runs the paper's 8-bit weights.
+    weight_form (`hetero.outliers.quantize.WEIGHT_FORMS`): None picks this CPU's exact and fast form on the
+    CPU EP (`hetero.npu.isa`: 8-bit weights u8·s8 with VNNI, u8·u8 on AVX2); an NPU (QNN HTP) runs the
+    paper's 8-bit weights.
     """
+    from hetero.npu.isa import resolve_weight_form
     from hetero.outliers.calibrate import ensure_calibration
     from hetero.outliers.plan import build_plan
-    from hetero.outliers.quantize import W_QMAX, W_QMAX_U8S8
 
+    form = resolve_weight_form(weight_form) if lane == "cpu" else (weight_form or "w8-u8u8")
     return build_plan(model, ensure_calibration(model, progress=True), prune_fraction=prune_fraction,
-                      weight_qmax=W_QMAX_U8S8 if lane == "cpu" else W_QMAX)
+                      weight_form=form)
 
 
-def _npu(lane: str, prune_fraction: float = 0.85) -> Callable[[Model, int, int | None], LayerBackend]:
-    def make(model: Model, chunk: int, threads: int | None) -> LayerBackend:
+def _npu(lane: str, prune_fraction: float = 0.85) -> Callable[[Model, int, int | None, str | None], LayerBackend]:
+    def make(model: Model, chunk: int, threads: int | None, weight_form: str | None) -> LayerBackend:
         from hetero.npu.backend import NpuBackend
 
-        plan = quant_plan(model, lane, prune_fraction)
+        plan = quant_plan(model, lane, prune_fraction, weight_form)
         return NpuBackend(model, plan, chunk=chunk, lane=lane, intra_op_threads=threads or 2)
 
     return make
@@ -61,7 +64,8 @@ def _npu(lane: str, prune_fraction: float = 0.85) -> Callable[[Model, int, int |
 
 @dataclass(frozen=True, slots=True)
 class BackendSpec:
-    make: Callable[[Model, int, int | None], LayerBackend]  # (model, chunk, threads) -> layer backend
+    # (model, chunk, threads, weight_form) -> layer backend
+    make: Callable[[Model, int, int | None, str | None], LayerBackend]
     policy: str | None  # default dispatch policy; None = in program order on the calling thread
     doc: str
 
@@ -78,8 +82,9 @@ DEFAULT_BACKEND = "hetero"
 
 
 def make_runtime(model: Model, backend: str = DEFAULT_BACKEND, chunk: int = 256, threads: int | None = None,
-                 policy: str | None = None) -> Runtime:
-    """A runtime for `backend`; `policy` overrides the backend's default dispatch policy.
+                 policy: str | None = None, weight_form: str | None = None) -> Runtime:
+    """A runtime for `backend`; `policy` overrides the backend's default dispatch policy; `weight_form`
+    forces the INT8 weight form of the quantized backends (None: this CPU's, `hetero.npu.isa`).
 
     Threads: the NPU lane's ONNX Runtime sessions get `threads` (default: all cores). When lanes run
     concurrently, torch (the CPU lane: attention, shadow outliers) gets half of them, so the two lanes
@@ -93,4 +98,5 @@ def make_runtime(model: Model, backend: str = DEFAULT_BACKEND, chunk: int = 256,
     policy = policy or spec.policy
     overlapped = policy is not None and spec.make is not _float
     torch.set_num_threads(max(1, threads // 2) if overlapped else threads)
-    return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads), policy=policy)
+    return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads, weight_form),
+                   policy=policy)

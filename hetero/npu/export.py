@@ -15,9 +15,9 @@ so a layer without shadows has two graphs (`qkv`, `o_ffn`) and one whose `down_i
 
 Two flavours of the same math:
 - "cpu" (ONNX Runtime CPU EP): QuantizeLinear(u8, zp 128) → MatMulInteger(u8 zp 128, s8 weights zp 0
-  [K, N]) → Cast → Mul(s_x·s_w). u8·s8 is exact only with |q| <= 64 (AVX2 without VNNI saturates its
-  int16 pair sums: `constraints.CPU_EP_CONSTRAINTS`), which the default 7-bit plan guarantees
-  (`weight_qmax` = 63, ORT's reduce_range); wider weights fall back to u8·u8 (stored q + 128, zp 128).
+  [K, N]) → Cast → Mul(s_x·s_w), or u8·u8 (weights stored q + 128, zp 128), as the plan's weight form
+  says (`cpu_kernel`, `hetero.npu.isa`): u8·s8 with 8-bit weights is exact only with VNNI (AVX2 without
+  VNNI saturates its int16 pair sums unless |q| <= 64: `constraints.CPU_EP_CONSTRAINTS`).
   Bit-exact with `hetero.outliers.quantize.int8_linear` (int32 accumulation, half-to-even rounding, one
   float32 scale multiply per output column). Linears sharing an input (Q/K/V, gate/up) are one
   MatMulInteger over concatenated weights, scaled per column by the same float32 products.
@@ -60,13 +60,14 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from hetero.errors import ConfigError
-from hetero.outliers.quantize import ACT_ZERO_POINT, U8S8_SAFE_WEIGHT_ABSMAX, W_QMAX
+from hetero.outliers.quantize import ACT_ZERO_POINT, W_QMAX, WEIGHT_FORMS, check_weight_form
 
 # Bump when the graphs' math or I/O change: part of every cache key.
 # 4: per-output-channel weight scales. 5: 7-bit weights by default, u8·s8 MatMulInteger on the CPU EP.
 # 6: qnn flavour: u8→u16 Convert in front of the MatMul, so HTP really rounds the activation.
 # 7: qnn weights dequantized at their largest channel scale; the qnn-fp16 flavour (RMSNorm on x / max|x|).
-EXPORT_VERSION = 7
+# 8: the plan's weight form (not the weights' range) picks the CPU EP's kernel (w8-u8s8 with VNNI).
+EXPORT_VERSION = 8
 ACT_ZERO_POINT_U16 = 32768
 OPSET = 21
 FLAVORS = ("cpu", "qnn", "qnn-fp16")
@@ -210,20 +211,20 @@ def _rms_norm(g: _Graph, x: str, w: np.ndarray, eps: float, flavor: str) -> str:
 QNN_PER_AXIS_DQ = False
 
 
-def cpu_weight_form(wt: np.ndarray) -> str:
-    """How the CPU EP's MatMulInteger takes int8 weights `wt`: "u8s8" when max|q| <= 64, else "u8u8".
+def cpu_kernel(weight_form: str) -> str:
+    """How the CPU EP's MatMulInteger takes the weights of a plan of `weight_form` ("u8s8" | "u8u8").
 
     ORT's u8·s8 GEMM on AVX2 without VNNI multiplies with vpmaddubsw: two adjacent u8·s8 products are
     summed into a saturating int16. The stored activation is the raw u8 in [0, 255] (zero point 128 is
     corrected afterwards), so the pair sum reaches 2·255·|q|: 2·255·127 = 64770 > 32767 (wrong int32
-    results) but 2·255·64 = 32640 <= 32767 (exact). Hence 7-bit weights (the plan's default weight_qmax
-    = 63, ORT's reduce_range) run u8·s8 with s8 weights, zero point 0. Full 8-bit weights fall back to
-    u8·u8 (weights stored q + 128 with zero point 128, vpmaddwd: exact, same int32 result), which is
-    slower: 256×576×1536 at 1 thread, 136 vs 178 GOPS; a whole C=256 layer (qkv + o_ffn) of the default
-    model 14.8 vs 11.5 ms at 1 thread, 18.8 vs 11.6 ms at 2 (this AVX2 EPYC, onnxruntime 1.31).
+    results) but 2·255·64 = 32640 <= 32767 (exact). With a VNNI dot product (`hetero.npu.isa`) u8·s8 is
+    exact for 8-bit weights too ("w8-u8s8"). 7-bit weights ("w7-u8s8", ORT's reduce_range) run u8·s8
+    everywhere; 8-bit weights on AVX2 run u8·u8 ("w8-u8u8": stored q + 128 with zero point 128, vpmaddwd:
+    exact, same int32 result), slower there: 256×576×1536 at 1 thread, 136 vs 178 GOPS; a whole C=256
+    layer (qkv + o_ffn) of the default model 14.8 vs 11.5 ms at 1 thread, 18.8 vs 11.6 ms at 2 (an AVX2
+    EPYC, onnxruntime 1.31). The saturation reproduces only on AVX2 without VNNI.
     """
-    amax = int(np.abs(wt.astype(np.int16)).max()) if wt.size else 0
-    return "u8s8" if amax <= U8S8_SAFE_WEIGHT_ABSMAX else "u8u8"
+    return WEIGHT_FORMS[check_weight_form(weight_form)].kernel
 
 
 def _conv_in(g: _Graph, x: str) -> str:
@@ -251,11 +252,11 @@ def _product(g: _Graph, op: str, x: str, w: str, extra: list[str], conv: bool) -
 
 
 def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: bool | None = None,
-             conv: bool = False) -> str:
+             conv: bool = False, kernel: str = "u8s8") -> str:
     """y = concat_j(int8_linear(x, s_x, W_j) + b_j) along the last axis; all lins share x and s_x.
 
     conv: x is [a, b, K] and each matmul runs as a 1×1 Conv over [1, K, a, b] (bit-identical on the CPU EP:
-    ConvInteger accumulates the same int32 products).
+    ConvInteger accumulates the same int32 products). kernel: the CPU EP's `cpu_kernel` of the plan.
     """
     qnn_per_axis = QNN_PER_AXIS_DQ if qnn_per_axis is None else qnn_per_axis
     s_x = np.float32(lins[0].x_scale)
@@ -264,10 +265,10 @@ def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: 
     xq = g.op("QuantizeLinear", [x, g.const(np.array(s_x, np.float32), "act_s"), zp], "xq")
     has_bias = any(lq.bias is not None for lq in lins)
     if flavor == "cpu":
-        # u8·s8 (s8 weights, zp 0) when the weights fit 7 bits, else u8·u8 (weights stored uint8 = q + 128
-        # with zero point 128, same int32 result): u8·s8 with 8-bit weights saturates on AVX2 (`cpu_weight_form`)
+        # u8·s8 (s8 weights, zp 0) or u8·u8 (weights stored uint8 = q + 128 with zero point 128, same int32
+        # result), as the plan's weight form says (`cpu_kernel`)
         wt = np.ascontiguousarray(np.concatenate([lq.q.T for lq in lins], axis=1))  # int8 [K, ΣN]
-        if cpu_weight_form(wt) == "u8s8":
+        if kernel == "u8s8":
             w_zp = g.const(np.array(0, np.int8), "w_zp")
         else:
             wt = (wt.astype(np.int16) + ACT_ZERO_POINT).astype(np.uint8)
@@ -338,7 +339,8 @@ class LayerQ:
     o: LinearQ
     gate_up: tuple[LinearQ, LinearQ]
     down: LinearQ
-    weight_qmax: int = W_QMAX  # the plan's weight range (63 = 7-bit: u8·s8 on the CPU EP); in the digest
+    weight_qmax: int = W_QMAX  # the plan's weight range (63 = 7-bit); in the digest
+    weight_form: str = "w8-u8u8"  # the plan's weight form: the CPU EP's kernel (`cpu_kernel`); in the digest
 
 
 def segment_io(spec: SegmentSpec, lq: LayerQ) -> tuple[dict[str, int], dict[str, int]]:
@@ -389,25 +391,25 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
     for name, width in ins.items():
         t = g.input(name, [spec.chunk, width])
         env[name] = g.op("Reshape", [t, g.const(np.array([ab[0], ab[1], width], np.int64))]) if ab else t
-    f = spec.flavor
+    f, k = spec.flavor, cpu_kernel(lq.weight_form)
     for piece in spec.pieces:
         if piece == "qkv":
             env["x"] = _rms_norm(g, env["h"], lq.attn_norm, lq.eps, f)
-            env["qkv"] = _linears(g, env["x"], list(lq.qkv), f, conv=conv)
+            env["qkv"] = _linears(g, env["x"], list(lq.qkv), f, conv=conv, kernel=k)
         elif piece == "o":
             env["x"] = env["a"]
-            env["o"] = _linears(g, env["a"], [lq.o], f, conv=conv)
+            env["o"] = _linears(g, env["a"], [lq.o], f, conv=conv, kernel=k)
         elif piece == "gu":
             env["h1"] = g.op("Add", [env["h"], env["o"]], "h1")
             env["x"] = _rms_norm(g, env["h1"], lq.ffn_norm, lq.eps, f)
-            env["gu"] = _linears(g, env["x"], list(lq.gate_up), f, conv=conv)
+            env["gu"] = _linears(g, env["x"], list(lq.gate_up), f, conv=conv, kernel=k)
         elif piece == "act":
             gate = _slice_last(g, env["gu"], 0, lq.ffn)
             up = _slice_last(g, env["gu"], lq.ffn, 2 * lq.ffn)
             silu = g.op("Mul", [gate, g.op("Sigmoid", [gate])], "silu")
             env["m"] = g.op("Mul", [silu, up], "m")
         elif piece == "down":
-            env["d"] = _linears(g, env["m"], [lq.down], f, conv=conv)
+            env["d"] = _linears(g, env["m"], [lq.down], f, conv=conv, kernel=k)
             if "h1" in env:
                 env["h_out"] = g.op("Add", [env["h1"], env["d"]], "h_out")
     for name, width in outs.items():
@@ -444,7 +446,7 @@ def layer_q(cfg, lw, plan, layer: int) -> LayerQ:
         lw.attn_norm.detach().cpu().numpy().astype(np.float32), lw.ffn_norm.detach().cpu().numpy().astype(np.float32),
         (lin("wq", "attn_in", lw.bq), lin("wk", "attn_in", lw.bk), lin("wv", "attn_in", lw.bv)),
         lin("wo", "o_in"), (lin("w_gate", "ffn_in"), lin("w_up", "ffn_in")), lin("w_down", "down_in"),
-        int(getattr(plan, "weight_qmax", W_QMAX)),
+        int(plan.weight_qmax), plan.weight_form,
     )
 
 
@@ -455,7 +457,7 @@ def layer_digest(lq: LayerQ) -> str:
     INT8 weights keeps the key cheap to compute at load time while catching a different plan/model.
     """
     h = hashlib.sha256()
-    meta = [lq.hidden, lq.q_dim, lq.kv_dim, lq.ffn, lq.eps, lq.weight_qmax]
+    meta = [lq.hidden, lq.q_dim, lq.kv_dim, lq.ffn, lq.eps, lq.weight_qmax, lq.weight_form]
     for lin in (*lq.qkv, lq.o, *lq.gate_up, lq.down):
         ws = np.asarray(lin.w_scale, np.float32)
         meta += [float(ws) if ws.ndim == 0 else "channel", lin.x_scale, list(lin.q.shape)]

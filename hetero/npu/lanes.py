@@ -14,7 +14,6 @@ results of the same graph at once; pass `out=` to reuse buffers you own.
 from __future__ import annotations
 
 import abc
-import functools
 import logging
 import os
 import time
@@ -26,7 +25,7 @@ import onnxruntime as ort
 import torch
 
 from hetero.errors import BackendUnavailable, ConfigError, GraphCacheError
-from hetero.npu import export
+from hetero.npu import export, isa
 from hetero.npu.cache import FORMAT, CacheEntry, entry_key, library_versions
 from hetero.paths import atomic_path
 
@@ -84,20 +83,6 @@ class _Lane(abc.ABC):
     def load(self, path: Path) -> ort.InferenceSession: ...
 
 
-@functools.cache
-def _machine() -> dict:
-    import platform
-
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((ln for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        pass
-    isa = sorted(x for x in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8") if f" {x}" in flags)
-    return {"machine": platform.machine(), "isa": isa}
-
-
 class OrtCpuLane(_Lane):
     """ONNX Runtime CPU EP; compiled artifact = the ORT-optimized model (level ALL, this machine)."""
 
@@ -108,7 +93,7 @@ class OrtCpuLane(_Lane):
 
     def options_key(self) -> dict:
         # the level-ALL optimized model may hold CPU-specific kernels: key it to the machine
-        return {"lane": self.name, "opt": "all", **_machine()}
+        return {"lane": self.name, "opt": "all", **isa.machine()}
 
     def _options(self) -> ort.SessionOptions:
         so = ort.SessionOptions()

@@ -16,8 +16,8 @@ from hetero.outliers.quantize import symmetric_scale
 
 
 @torch.inference_mode()
-def absmax_plan(model, ids: torch.Tensor, shadow: dict | None = None):
-    """`QuantPlan` with per-site absmax scales measured on one float forward of `ids`."""
+def absmax_plan(model, ids: torch.Tensor, shadow: dict | None = None, weight_form: str | None = None):
+    """`QuantPlan` with per-site absmax scales measured on one float forward of `ids` (weights: `weight_form`)."""
     cfg, w = model.config, model.weights
     ids = torch.as_tensor(ids).long().flatten()
     t = ids.numel()
@@ -40,4 +40,4 @@ def absmax_plan(model, ids: torch.Tensor, shadow: dict | None = None):
         put(layer, "ffn_in", x)
         put(layer, "down_in", F.silu(F.linear(x, lw.w_gate)) * F.linear(x, lw.w_up))
         h = ref.o_ffn(cfg, lw, a, h)
-    return plan_from_scales(model, scales, shadow, method="absmax-standin")
+    return plan_from_scales(model, scales, shadow, method="absmax-standin", weight_form=weight_form)

@@ -19,10 +19,10 @@ per-tensor weights (`quantize.quantize_weight`, one scale per linear) for the ab
 Weight range: `weight_qmax` = 127 by default (8-bit symmetric weights: the paper's W8A8, what an NPU
 runs). weight_qmax=63 gives 7-bit weights (ONNX Runtime's `reduce_range`), with which the CPU EP graphs
 run ORT's fast u8·s8 MatMulInteger exactly on AVX2 without VNNI (its vpmaddubsw int16 pair sums
-saturate with 8-bit weights: 2·255·127 > 32767, but 2·255·64 <= 32767; `quantize` module doc); with
-8-bit weights the CPU export falls back to the exact but slower u8·u8 form. `hetero.engine` asks for
-63 on the CPU-EP lane (+20% prefill speed, +0.7 points perplexity: bench/results/accuracy.md). The
-numpy reference uses the same weights, so every backend stays bit-exact.
+saturate with 8-bit weights: 2·255·127 > 32767, but 2·255·64 <= 32767; `quantize` module doc). The
+plan records its `weight_form` (`quantize.WEIGHT_FORMS`), which picks the CPU EP's kernel; `hetero.engine`
+asks `hetero.npu.isa` for this CPU's (8-bit u8·s8 with VNNI, 8-bit u8·u8 on AVX2). The numpy reference
+uses the same weights, so every backend stays bit-exact.
 
 The plan is a pure function of the model and the calibration statistics (`build_plan`); on disk only
 the site table is stored (`to_dict`), the INT8 weights are recomputed deterministically (`from_dict`).
@@ -34,10 +34,14 @@ from dataclasses import dataclass, field
 
 from hetero.errors import ConfigError
 from hetero.outliers.quantize import (
+    U8S8_SAFE_WEIGHT_ABSMAX,
     W_QMAX,
+    WEIGHT_FORMS,
     QuantWeight,
     QuantWeightPerChannel,
+    check_weight_form,
     check_weight_qmax,
+    form_for_qmax,
     quantize_weight,
     quantize_weight_per_channel,
 )
@@ -118,9 +122,17 @@ class QuantPlan:
     meta: dict = field(default_factory=dict)
     weight_granularity: str = DEFAULT_WEIGHT_GRANULARITY  # "channel" | "tensor"
     weight_qmax: int = DEFAULT_WEIGHT_QMAX  # weights q in [-weight_qmax, weight_qmax]: 63 (7-bit) or 127
+    # how the CPU EP multiplies the weights (`quantize.WEIGHT_FORMS`); "" = `form_for_qmax(weight_qmax)`
+    weight_form: str = ""
 
     def __post_init__(self) -> None:
         check_weight_qmax(self.weight_qmax)
+        if not self.weight_form:
+            object.__setattr__(self, "weight_form", form_for_qmax(self.weight_qmax))
+        check_weight_form(self.weight_form)
+        if self.weight_form == "w7-u8s8" and self.weight_qmax > U8S8_SAFE_WEIGHT_ABSMAX:
+            raise ConfigError(f"weight form w7-u8s8 needs weight_qmax <= {U8S8_SAFE_WEIGHT_ABSMAX}, "
+                              f"got {self.weight_qmax}")
 
     @property
     def n_layers(self) -> int:
@@ -140,6 +152,7 @@ class QuantPlan:
             "meta": self.meta,
             "weight_granularity": self.weight_granularity,
             "weight_qmax": self.weight_qmax,
+            "weight_form": self.weight_form,
             "sites": [{"layer": layer, "site": site, **sq.to_dict()} for (layer, site), sq in sorted(self.sites.items())],
         }
 
@@ -158,7 +171,7 @@ class QuantPlan:
         wg = d.get("weight_granularity", "tensor")  # plans saved before the key existed were per tensor
         qmax = int(d.get("weight_qmax", W_QMAX))  # ... and before weight_qmax existed, 8-bit
         return cls(sites, quantize_weights(model, wg, qmax), model.fingerprint, d.get("method", ""),
-                   float(d.get("prune_fraction", 0.0)), dict(d.get("meta", {})), wg, qmax)
+                   float(d.get("prune_fraction", 0.0)), dict(d.get("meta", {})), wg, qmax, d.get("weight_form", ""))
 
 
 def _check_sites(sites: dict[tuple[int, str], SiteQuant], n_layers: int) -> None:
@@ -190,13 +203,24 @@ def plan_from_scales(
     method: str = "manual",
     weight_granularity: str = DEFAULT_WEIGHT_GRANULARITY,
     weight_qmax: int = DEFAULT_WEIGHT_QMAX,
+    weight_form: str | None = None,
 ) -> QuantPlan:
-    """A plan from explicit per-site scales (tests, baselines); `shadow` maps sites to their channels."""
+    """A plan from explicit per-site scales (tests, baselines); `shadow` maps sites to their channels.
+
+    weight_form (`quantize.WEIGHT_FORMS`), when given, sets the weights' range instead of weight_qmax."""
+    weight_qmax, weight_form = weight_range(weight_qmax, weight_form)
     shadow = shadow or {}
     sites = {k: SiteQuant(float(s), tuple(shadow.get(k, ())), len(shadow.get(k, ()))) for k, s in scales.items()}
     _check_sites(sites, model.config.n_layers)
     return QuantPlan(sites, quantize_weights(model, weight_granularity, weight_qmax), model.fingerprint, method,
-                     weight_granularity=weight_granularity, weight_qmax=weight_qmax)
+                     weight_granularity=weight_granularity, weight_qmax=weight_qmax, weight_form=weight_form)
+
+
+def weight_range(weight_qmax: int, weight_form: str | None) -> tuple[int, str]:
+    """(qmax, form) of a plan: the form's qmax when a form is given, else `form_for_qmax(weight_qmax)`."""
+    if weight_form is None:
+        return weight_qmax, form_for_qmax(check_weight_qmax(weight_qmax))
+    return WEIGHT_FORMS[check_weight_form(weight_form)].qmax, weight_form
 
 
 def build_plan(model, calibration=None, prune_fraction: float = 0.85, **options) -> QuantPlan:

@@ -5,8 +5,8 @@ mobile NPUs: §2.3, activations cannot be split per channel or per group without
 MatMul), with max-min symmetric scales (Jacob et al. 2018): r = s·q, q = clip(round(r / s), qmin, qmax).
 
 - Weights: int8 with zero point 0, q in [-qmax, qmax], by default one scale per *output channel*
-  s_w[o] = absmax(W[o]) / qmax (`QuantWeightPerChannel`). qmax is the plan's `weight_qmax`: 63 (7-bit)
-  by default, `W_QMAX_U8S8` below, or 127 (full 8-bit, `W_QMAX`). Weight scales are static, so per-channel
+  s_w[o] = absmax(W[o]) / qmax (`QuantWeightPerChannel`). qmax is the plan's `weight_qmax`: 127 (full
+  8-bit, `W_QMAX`) or 63 (7-bit, `W_QMAX_U8S8`). Weight scales are static, so per-channel
   scales fold into the output dequantization: the integer MatMul (int32 accumulation of the per-tensor
   INT8 activations × INT8 weights) is unchanged and only the final multiply becomes a float32 vector
   s_x·s_w[o] instead of a scalar (on QNN/QDQ: DequantizeLinear with per-axis scales on the weight's
@@ -16,15 +16,12 @@ MatMul), with max-min symmetric scales (Jacob et al. 2018): r = s·q, q = clip(r
 - Activations: int8 values q in [-128, 127] with the calibrated scale s_x, *stored* as uint8 with zero
   point 128 (u8 = q + 128): ONNX Runtime's u8s8 GEMM is 6.6× faster than s8s8 on AVX2 (DESIGN.md),
   and the int32 result is identical.
-- Why 7-bit weights by default (ONNX Runtime's `reduce_range`): on AVX2 without VNNI, ORT's u8·s8 GEMM
-  multiplies with `vpmaddubsw`, which adds two adjacent u8·s8 products into a *saturating* int16. The
-  raw stored activation is u8 in [0, 255] (its zero point is corrected afterwards), so with 8-bit weights
-  2·255·127 = 64770 > 32767 and the int32 accumulator is silently wrong. With |q| <= 64,
-  2·255·64 = 32640 <= 32767: no pair can saturate and u8·s8 is exact. The alternative exact form, u8·u8
-  (weights stored q + 128, `vpmaddwd`), takes 1.3-1.6x the time per layer graph (numbers in
-  `hetero.npu.export.cpu_weight_form`). 7-bit symmetric weights (qmax = 63) keep the fast kernel exact,
-  at some accuracy: `bench/accuracy.py --quick`, default plan +1.33% → +2.03% perplexity vs float,
-  shadow_all +1.16% → +1.95% (per-channel weights, 8 → 7 bits).
+- Weight forms (`WEIGHT_FORMS`, chosen per CPU by `hetero.npu.isa`, recorded in the plan): on AVX2
+  without VNNI, ORT's u8·s8 GEMM multiplies with `vpmaddubsw`, which adds two adjacent u8·s8 products
+  into a *saturating* int16: with the raw u8 activation in [0, 255] and 8-bit weights 2·255·127 = 64770
+  > 32767 and the int32 result is silently wrong; with |q| <= 64 (7-bit, ORT's reduce_range) it is exact.
+  With VNNI (int32 dot products) u8·s8 is exact for 8-bit weights ("w8-u8s8", the fastest). The other
+  exact form for 8-bit weights is u8·u8 ("w8-u8u8": weights stored q + 128, `vpmaddwd`), slower on AVX2.
 - Rounding is half to even (`np.rint`), as ONNX `QuantizeLinear`, so the ONNX graphs of the NPU
   backend reproduce `int8_linear` bit for bit (int32 accumulation).
 """
@@ -43,7 +40,35 @@ W_QMAX = 127  # full 8-bit symmetric weights
 # Largest |q| for which ORT's u8·s8 GEMM cannot saturate on AVX2 (vpmaddubsw int16 pair sums):
 # 2·255·64 = 32640 <= 32767, while 2·255·65 = 33150 > 32767.
 U8S8_SAFE_WEIGHT_ABSMAX = 64
-W_QMAX_U8S8 = 63  # 7-bit symmetric weights (ORT reduce_range): the plan's default `weight_qmax`
+W_QMAX_U8S8 = 63  # 7-bit symmetric weights (ORT reduce_range)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightForm:
+    """How a plan's INT8 weights are stored and multiplied on the ONNX Runtime CPU EP."""
+
+    qmax: int  # weights q in [-qmax, qmax]
+    kernel: str  # "u8s8" (s8 weights, zero point 0) | "u8u8" (weights stored q + 128, zero point 128)
+    needs_vnni: bool  # exact only with a VNNI dot product (`hetero.npu.isa`)
+
+
+WEIGHT_FORMS: dict[str, WeightForm] = {
+    "w8-u8s8": WeightForm(W_QMAX, "u8s8", True),  # VNNI: exact and fastest
+    "w7-u8s8": WeightForm(W_QMAX_U8S8, "u8s8", False),  # exact everywhere (ORT reduce_range), 7-bit
+    "w8-u8u8": WeightForm(W_QMAX, "u8u8", False),  # exact everywhere, 8-bit; slower on AVX2
+}
+
+
+def check_weight_form(form: str) -> str:
+    """`form` must name one of `WEIGHT_FORMS`."""
+    if form not in WEIGHT_FORMS:
+        raise ConfigError(f"weight form must be one of {sorted(WEIGHT_FORMS)}, got {form!r}")
+    return form
+
+
+def form_for_qmax(qmax: int) -> str:
+    """The form a plan given only `qmax` gets: u8·s8 where it is exact on every x86 CPU, else u8·u8."""
+    return "w7-u8s8" if qmax <= U8S8_SAFE_WEIGHT_ABSMAX else "w8-u8u8"
 
 
 def check_weight_qmax(qmax: int) -> int:
