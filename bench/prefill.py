@@ -1,13 +1,16 @@
-"""Prefill benchmark: hetero vs hetero in-order vs naive NPU vs torch float vs llama.cpp (issue 6).
+"""Prefill benchmark: hetero vs hetero in-order vs naive NPU vs torch float vs llama.cpp (mllm-NPU §4.2-4.3).
 
     python bench/prefill.py [--quick] [--json] [--lens 64,256,1024,2048] [--repeats 3] [--threads 2]
 
-Same as `hetero bench prefill`; writes bench/results/prefill.{json,md} and prefill_*.png.
+Writes bench/results/prefill.{json,md} and prefill_*.png (the same run as `hetero bench prefill`).
 """
 
 import sys
+from pathlib import Path
 
-from hetero.cli import main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hetero.bench.prefill import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["bench", "prefill", *sys.argv[1:]]))
+    sys.exit(main(sys.argv[1:]))

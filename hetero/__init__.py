@@ -5,7 +5,9 @@ from hetero.config import ModelConfig
 from hetero.errors import HeteroError
 from hetero.kv_cache import KVCache
 from hetero.loader import Model, load_model
+from hetero.methods import METHODS, make_runtime
 from hetero.runtime import PrefillResult, Runtime
 
-__all__ = ["HeteroError", "KVCache", "Model", "ModelConfig", "PrefillResult", "Runtime", "load_model"]
+__all__ = ["METHODS", "HeteroError", "KVCache", "Model", "ModelConfig", "PrefillResult", "Runtime", "load_model",
+           "make_runtime"]
 __version__ = "0.1.0"

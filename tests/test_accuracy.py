@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hetero import model as ref
-from hetero.engine import quant_plan
+from hetero.methods import quant_plan
 from hetero.npu import isa
 from hetero.npu.backend import NpuBackend
 from hetero.outliers.calibrate import token_windows

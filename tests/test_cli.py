@@ -9,17 +9,17 @@ from tests.conftest import make_tiny_model
 from tests.gguf_writer import write_gguf
 
 
-def test_info_json_lists_model_and_backends(tmp_path, monkeypatch, capsys) -> None:
+def test_info_json_lists_model_and_platform(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
     path = write_gguf(make_tiny_model(), tmp_path / "tiny.gguf")
     assert main(["info", "--model", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["config"]["n_layers"] == 2 and out["config"]["arch"] == "llama"
-    assert {"torch", "onnxruntime", "qnn_htp", "ort_providers"} <= set(out["backends"])
+    assert {"torch", "onnxruntime", "qnn_htp", "ort_providers"} <= set(out["platform"])
 
 
 def test_run_json_answers_paris_on_the_float_path(default_model, capsys) -> None:
-    assert main(["run", "What is the capital of France?", "--backend", "float", "--max-new-tokens", "12", "--json"]) == 0
+    assert main(["run", "What is the capital of France?", "--method", "float", "--max-new-tokens", "12", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert "Paris" in out["text"] and out["prompt_tokens"] > 0
     assert isinstance(out["prefill_tokens_per_s"], float)  # a number; speed itself is measured in bench/
@@ -36,4 +36,4 @@ def test_run_on_the_default_hetero_path_uses_this_cpus_weight_form(default_model
 
     assert main(["run", "What is the capital of France?", "--max-new-tokens", "12", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["backend"] == "hetero" and out["weight_form"] == default_weight_form() and out["new_tokens"] > 0
+    assert out["method"] == "hetero" and out["weight_form"] == default_weight_form() and out["new_tokens"] > 0

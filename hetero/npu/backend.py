@@ -64,12 +64,13 @@ class NpuBackend:
     shape: "auto" (default: the winner `hetero npu shapes` recorded for this host, lane, kind and C; "2d"
     when none is recorded), or "2d", "3d:a", "conv:a" for every graph (§4, optimisation 1).
     layers: prepare only these layers (e.g. range(2) for a quick test); the others raise on use.
+    graphs_root: the graph cache folder (default: under the user cache).
     """
 
     name = "npu"
 
     def __init__(self, model: Model, plan, chunk: int, lane="cpu", *, placement=None, shape: str = "auto",
-                 layers=None, intra_op_threads: int = 2, use_cache: bool = True, rows=None):
+                 layers=None, intra_op_threads: int = 2, use_cache: bool = True, rows=None, graphs_root=None):
         from hetero.outliers.shadow import QuantizedBackend
 
         if not isinstance(chunk, int) or chunk <= 0:
@@ -82,6 +83,7 @@ class NpuBackend:
         self._cpu_lane = self.lane if isinstance(self.lane, OrtCpuLane) else None
         self._intra = intra_op_threads
         self.shape = shape
+        self._graphs_root = graphs_root
         self.layers: dict[int, PreparedLayer] = {}
         self.report = PrepareReport()
         t0 = time.perf_counter()
@@ -112,7 +114,7 @@ class NpuBackend:
             lane = self._lane_for(layer, "qkv" if spec0.kind == "qkv" else "o_ffn")
             spec = export.SegmentSpec(layer, spec0.kind, spec0.pieces, self.chunk, lane.flavor,
                                       self._shape_for(lane, spec0.kind), spec0.emit_x)
-            g, info = prepare_graph(spec, lq, self.model.fingerprint, lane, use_cache, digest)
+            g, info = prepare_graph(spec, lq, self.model.fingerprint, lane, use_cache, digest, self._graphs_root)
             graphs.append(g)
             self.report.rows.append((layer, spec.kind, lane.name, info.cached, info.seconds, info.size_bytes))
         return PreparedLayer(graphs, shadow)

@@ -65,8 +65,9 @@ def entry_key(*parts: object) -> str:
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
-def graphs_root() -> Path:
-    return cache_dir() / "graphs"
+def graphs_root(cache: Path | None = None) -> Path:
+    """Where compiled graphs live: `<cache>/graphs`, `cache` defaulting to the user cache (`paths.cache_dir`)."""
+    return (cache or cache_dir()) / "graphs"
 
 
 def _sha(path: Path) -> str:
@@ -87,8 +88,9 @@ class CacheEntry:
     key: str
 
     @classmethod
-    def of(cls, backend: str, key: str) -> "CacheEntry":
-        return cls(graphs_root() / backend / key, key)
+    def of(cls, backend: str, key: str, root: Path | None = None) -> "CacheEntry":
+        """The entry of `key` under `root` (default `graphs_root()`)."""
+        return cls((root or graphs_root()) / backend / key, key)
 
     @property
     def model_path(self) -> Path:

@@ -24,7 +24,7 @@ QNN_CONSTRAINTS: dict[str, str] = {
     "per_tensor_act": "activations are quantized per tensor (uint8, zero point 128); per-channel "
                       "activation scales have no fast HTP kernel (mllm-NPU §2.3)",
     "int8_weights_symmetric": "weights are int8 with zero point 0 (DequantizeLinear before MatMul); the QNN "
-                              "lane's plan has 8-bit weights (`engine.quant_plan(model, 'qnn')`, weight_qmax=127), "
+                              "lane's plan has 8-bit weights (`methods.quant_plan(model, 'qnn')`, weight_qmax=127), "
                               "the CPU EP lane's 7-bit ones ([-63, 63], `CPU_EP_CONSTRAINTS`) are the same form",
     "no_per_axis_matmul_weight": "a per-axis DequantizeLinear feeding MatMul (or Gemm) is rejected by the "
                                  "QNN EP (onnxruntime-qnn 2.7.0, axis 0/1/-1, rank 2/3, 16-bit activations): "

@@ -1,15 +1,9 @@
-"""Qualcomm AI Hub client: compile hetero's exported graphs to QNN context binaries and profile them on
-real Snapdragon devices (`qai_hub`: upload_model → submit_compile_job → submit_profile_job).
+"""Qualcomm AI Hub client: compile hetero's exported graphs to QNN context binaries and measure them on real
+Snapdragon devices (`qai_hub`: upload_model → submit_compile_job → submit_profile_job).
 
-The service boundary is the `qai_hub` module's functions; nothing else here talks to the network.
-Without a configured token (`~/.qai_hub/client.ini`, or `QAI_HUB_API_TOKEN` in the environment) the
-first call fails with one clear `BackendUnavailable`.
-
-Compiled binaries are stored in the graph cache beside the local entries:
-`cache_dir()/graphs/hub-<device>/<key>/compiled.bin` (+ meta.json), keyed like local graphs plus the
-device name. Profiles become a `hetero.sched.profile.Profile` (method "measured", simulated False,
-device = the Hub device name) with one cost point per (kind, lane "npu", C): the median of the
-job's on-device inference times.
+Only the `qai_hub` calls here talk to the network; without a token (`~/.qai_hub/client.ini` or
+`QAI_HUB_API_TOKEN`) the first call fails with one `BackendUnavailable`. Binaries are cached beside the
+local graphs (`graphs/hub-<device>/<key>/`); a measurement is the median on-device time per (kind, C).
 """
 
 from __future__ import annotations
@@ -136,13 +130,22 @@ def _profile_us(prof: dict) -> float:
     return float(summ["estimated_inference_time"])
 
 
-def profile_on_hub(model, plan, chunks, device: str, layer: int = 0, name: str | None = None):
-    """Compile + profile layer `layer`'s `qkv` and `o_ffn` at each C on `device`; return a sched `Profile`."""
-    from hetero.sched.profile import CostEntry, Profile
+@dataclass(frozen=True, slots=True)
+class HubMeasurement:
+    """On-device latencies of one layer's static graphs: (kind, C) -> µs on the NPU, plus conditions."""
 
+    name: str
+    device: str
+    costs_us: dict[tuple[str, int], float]
+    n_layers: int
+    metadata: dict
+
+
+def measure_on_hub(model, plan, chunks, device: str, layer: int = 0, name: str | None = None) -> HubMeasurement:
+    """Compile + profile layer `layer`'s `qkv` and `o_ffn` at each C on `device` (median inference times)."""
     hub = _hub()
     dev = hub.Device(device)
-    costs = []
+    costs: dict[tuple[str, int], float] = {}
     for c in chunks:
         for g in compile_on_hub(model, plan, c, device, layers=[layer]):
             uploaded = _call("upload_model", hub.upload_model, str(g.binary))
@@ -150,15 +153,9 @@ def profile_on_hub(model, plan, chunks, device: str, layer: int = 0, name: str |
                         name=f"hetero L{layer} {g.kind} C{c}")
             prof = _call("profile job", job.download_profile)
             kind = "qkv" if g.kind == "qkv" else "o_ffn"
-            us = _profile_us(prof)
-            prev = next((e for e in costs if (e.kind, e.chunk_len) == (kind, c)), None)
-            if prev is not None:  # a shadow-cut o_ffn: its segments add up
-                costs.remove(prev)
-                us += prev.points[0][1]
-            costs.append(CostEntry(kind, "npu", c, ((0, us),)))
+            costs[(kind, c)] = costs.get((kind, c), 0.0) + _profile_us(prof)  # a shadow-cut o_ffn: segments add up
     cfg = model.config
     meta = {"device": device, "backend": {"npu": "qnn-htp (Qualcomm AI Hub)"}, "versions": library_versions(),
             "model": {"name": model.name, "hidden": cfg.hidden, "ffn": cfg.ffn},
             "notes": f"AI Hub profile jobs of layer {layer}'s static graphs; attention is not profiled on the NPU"}
-    return Profile(name=name or f"hub-{_slug(device)}-{model.name}", method="measured", simulated=False,
-                   costs=tuple(costs), n_layers=cfg.n_layers, metadata=meta)
+    return HubMeasurement(name or f"hub-{_slug(device)}-{model.name}", device, costs, cfg.n_layers, meta)

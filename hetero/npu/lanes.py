@@ -151,7 +151,7 @@ QNN_DEFAULT_OPTIONS = {"backend_type": "htp"}
 
 def env_qnn_options() -> dict[str, str]:
     """QNN EP provider options from $HETERO_QNN_OPTIONS, "key=value,key=value" (e.g. "soc_model=60"): how a
-    CLI run (`hetero run --backend hetero-qnn`, `hetero bench`) reaches the lane without new flags."""
+    CLI run (`hetero run --method hetero-qnn`, `hetero bench`) reaches the lane without new flags."""
     text = os.environ.get("HETERO_QNN_OPTIONS", "").strip()
     out = {}
     for item in filter(None, (t.strip() for t in text.split(","))):
@@ -240,15 +240,17 @@ def graph_key(spec: export.SegmentSpec, layer_digest: str, model_fp: str, lane: 
 
 
 def prepare_graph(spec: export.SegmentSpec, lq: export.LayerQ, model_fp: str, lane: _Lane,
-                  use_cache: bool = True, layer_digest: str | None = None) -> tuple[Graph, PrepareInfo]:
+                  use_cache: bool = True, layer_digest: str | None = None,
+                  graphs_root: Path | None = None) -> tuple[Graph, PrepareInfo]:
     """Load one segment's compiled graph from the cache, or export, compile and cache it.
 
     layer_digest: `export.layer_digest(lq)` when the caller already has it (one per layer, not per graph).
+    graphs_root: the graph cache folder (default `cache.graphs_root()`).
     """
     t0 = time.perf_counter()
     ins, outs = export.segment_io(spec, lq)
     key = graph_key(spec, layer_digest or export.layer_digest(lq), model_fp, lane)
-    entry = CacheEntry.of(lane.name, key)
+    entry = CacheEntry.of(lane.name, key, graphs_root)
     if use_cache:
         try:
             found = entry.read_compiled()

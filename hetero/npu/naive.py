@@ -1,14 +1,9 @@
 """The naive alternatives to chunk-sharing graphs (mllm-NPU §3.2, Fig. 7a/b), kept runnable for comparison.
 
-(a) *prompt graph*: one graph set built for the exact prompt length T, re-exported and re-compiled for
-    every new length (nothing is reusable across prompts; §2.3: building/optimizing dominates);
-(b) *chunk graphs*: per chunk i a separate graph set of chunk length C (what an engine without the
-    static/dynamic split would hold: the attention of chunk i has its own shape, so the whole chunk
-    graph differs per i and every one keeps its own copy of the weights);
+(a) prompt graph: one graph set for the exact prompt length T, rebuilt for every new T (§2.3);
+(b) chunk graphs: a graph set per chunk position, each with its own weights;
 (c) hetero: the static subgraphs of chunk length C, one set shared by every chunk.
-
-`naive_prefill` runs (a) end to end: export + load a graph set for T rows, then one unchunked forward
-(the attention is the float reference over the whole prompt, as in `hetero.model.forward`).
+`naive_prefill` runs (a) end to end: build a T-row graph set in a fresh folder, then one unchunked forward.
 """
 
 from __future__ import annotations
@@ -16,6 +11,7 @@ from __future__ import annotations
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -34,24 +30,15 @@ class NaiveResult:
 
 def naive_prefill(model: Model, plan, ids: torch.Tensor, lane="cpu", intra_op_threads: int = 2) -> NaiveResult:
     """Prefill `ids` through a graph set built for exactly T = len(ids) rows (no cache: a new T is new work)."""
-    import os
-
     from hetero.npu.backend import NpuBackend
 
     ids = torch.as_tensor(ids).long().flatten()
     t = int(ids.numel())
-    old = os.environ.get("HETERO_CACHE")
-    with tempfile.TemporaryDirectory(prefix="hetero-naive-") as tmp:
-        os.environ["HETERO_CACHE"] = tmp  # built fresh, as an engine without a graph cache would
-        try:
-            t0 = time.perf_counter()
-            be = NpuBackend(model, plan, t, lane=lane, intra_op_threads=intra_op_threads, use_cache=False)
-            prepare_s = time.perf_counter() - t0
-        finally:
-            if old is None:
-                os.environ.pop("HETERO_CACHE", None)
-            else:
-                os.environ["HETERO_CACHE"] = old
+    with tempfile.TemporaryDirectory(prefix="hetero-naive-") as tmp:  # built fresh, as without a graph cache
+        t0 = time.perf_counter()
+        be = NpuBackend(model, plan, t, lane=lane, intra_op_threads=intra_op_threads, use_cache=False,
+                        graphs_root=Path(tmp))
+        prepare_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         logits, _, _ = ref.forward(model.config, model.weights, ids, backend=be)
         run_s = time.perf_counter() - t1

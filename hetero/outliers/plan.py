@@ -20,7 +20,7 @@ Weight range: `weight_qmax` = 127 by default (8-bit symmetric weights: the paper
 runs). weight_qmax=63 gives 7-bit weights (ONNX Runtime's `reduce_range`), with which the CPU EP graphs
 run ORT's fast u8·s8 MatMulInteger exactly on AVX2 without VNNI (its vpmaddubsw int16 pair sums
 saturate with 8-bit weights: 2·255·127 > 32767, but 2·255·64 <= 32767; `quantize` module doc). The
-plan records its `weight_form` (`quantize.WEIGHT_FORMS`), which picks the CPU EP's kernel; `hetero.engine`
+plan records its `weight_form` (`quantize.WEIGHT_FORMS`), which picks the CPU EP's kernel; `hetero.methods`
 asks `hetero.npu.isa` for this CPU's (8-bit u8·s8 with VNNI, 8-bit u8·u8 on AVX2). The numpy reference
 uses the same weights, so every backend stays bit-exact.
 

@@ -9,6 +9,7 @@ import pytest
 qai_hub = pytest.importorskip("qai_hub")
 
 from hetero.errors import BackendUnavailable  # noqa: E402
+from hetero.cli.npu import hub_profile  # noqa: E402
 from hetero.npu import hub  # noqa: E402
 from tests.npu.conftest import tiny_plan  # noqa: E402
 
@@ -41,7 +42,9 @@ def test_compile_and_profile_with_fake_service(tiny, monkeypatch):
     n = len(calls)
     hub.compile_on_hub(tiny, plan, 16, "Samsung Galaxy S24", layers=[0])  # cached: no new job
     assert len(calls) == n
-    prof = hub.profile_on_hub(tiny, plan, [16], "Samsung Galaxy S24")
+    measured = hub.measure_on_hub(tiny, plan, [16], "Samsung Galaxy S24")
+    assert set(measured.costs_us) == {("qkv", 16), ("o_ffn", 16)}
+    prof = hub_profile(measured)
     assert prof.cost_us("o_ffn", "npu", 16) == 1100 and not prof.simulated
 
 

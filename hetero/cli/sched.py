@@ -1,4 +1,4 @@
-"""`hetero profile` and `hetero timeline` (registered into the CLI by `hetero.cli`)."""
+"""`hetero profile` (time every subgraph kind on the lanes present) and `hetero timeline` (a Gantt chart)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from hetero.cli.args import add_method_arg, add_model_arg, int_list, positive_int
+from hetero.cli.npu import add_hub_profile_args, run_hub_profile
 from hetero.errors import ConfigError
 from hetero.sched.policy import POLICIES
 
@@ -13,19 +15,15 @@ CLI_POLICIES = sorted(p for p in POLICIES if p != "random")  # random exists for
 
 
 def register(sub: Any) -> None:
-    from hetero.cli import add_backend_args, add_model_arg, positive_int
-
     prof = sub.add_parser("profile", help="measure every subgraph kind on the lanes present; write profiles/<host>.json")
     add_model_arg(prof)
-    add_backend_args(prof)
+    add_method_arg(prof)
     prof.add_argument("--out", help="output path (default profiles/<host>.json)")
     prof.add_argument("--repeats", type=positive_int, default=5)
     prof.add_argument("--chunks", default="32,64,128,256,512", help="chunk lengths C to profile")
     prof.add_argument("--kv-lens", default="256,1024,2048,4096", help="KV lengths for attention")
     prof.add_argument("--layer", type=int, default=0, help="which decoder layer to time (all layers share shapes)")
     prof.add_argument("--threads", type=positive_int, default=None, help="threads, as for `hetero run` (default: all cores)")
-    from hetero.npu.cli import add_hub_profile_args
-
     add_hub_profile_args(prof)  # --hub, --device, --hub-chunks, --hub-out
     prof.set_defaults(func=cmd_profile)
 
@@ -37,18 +35,8 @@ def register(sub: Any) -> None:
     tl.add_argument("--out", default="timeline.png")
     tl.add_argument("--real", action="store_true", help="run a real prefill of the default model and draw it")
     add_model_arg(tl)
-    add_backend_args(tl)
+    add_method_arg(tl)
     tl.set_defaults(func=cmd_timeline)
-
-
-def _ints(text: str, name: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{name} must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) <= 0:
-        raise ConfigError(f"{name} must list positive integers, got {text!r}")
-    return values
 
 
 def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, str, int, int], None]:
@@ -90,27 +78,25 @@ def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, 
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from hetero.engine import make_runtime
     from hetero.loader import load_model
+    from hetero.methods import make_runtime
     from hetero.sched.profiling import profile_command
 
     if args.hub:
-        from hetero.npu.cli import run_hub_profile
-
         return run_hub_profile(args)
-    chunk_lens = _ints(args.chunks, "--chunks")
-    kv_lens = _ints(args.kv_lens, "--kv-lens")
+    chunk_lens = int_list(args.chunks, "--chunks")
+    kv_lens = int_list(args.kv_lens, "--kv-lens")
     model = load_model(args.model)
     if not 0 <= args.layer < model.config.n_layers:
         raise ConfigError(f"--layer must be in [0, {model.config.n_layers}), got {args.layer}")
-    runtimes = {c: make_runtime(model, args.backend, chunk=c, threads=args.threads, weight_form=args.weight_form)
-                for c in chunk_lens}
+    runtimes = {c: make_runtime(model, args.method, chunk=c, threads=args.threads,
+                                weight_form=args.weight_form) for c in chunk_lens}
     placement = runtimes[chunk_lens[0]].placement
     profile_command(
         args.out, subgraph_runner(runtimes, args.layer), kinds=("qkv", "attn", "o_ffn"),
         lanes=tuple(dict.fromkeys(lane for _, lane in placement)), chunk_lens=chunk_lens, kv_lens=kv_lens,
         repeats=args.repeats, n_layers=model.config.n_layers, layer_subgraphs=placement,
-        metadata={"model": {"name": model.name, "fingerprint": model.fingerprint}, "runtime_backend": args.backend,
+        metadata={"model": {"name": model.name, "fingerprint": model.fingerprint}, "method": args.method,
                   "threads": {"npu_lane": args.threads or "all cores", "note": "as make_runtime splits them"}},
     )
     return 0
@@ -123,18 +109,18 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         s = timeline_command(args.profile, args.prompt_len, args.chunk, args.policy, args.out)
         print(f"{args.out}: simulated, profile {s.profile_name}: {s.summary()}")
         return 0
-    from hetero.benchmark import prompt_ids
-    from hetero.engine import make_runtime
+    from hetero.bench.harness import prompt_ids
     from hetero.loader import load_model
+    from hetero.methods import make_runtime
 
     model = load_model(args.model)
-    runtime = make_runtime(model, args.backend, chunk=args.chunk, policy=args.policy,
+    runtime = make_runtime(model, args.method, chunk=args.chunk, policy=args.policy,
                            weight_form=args.weight_form)
     ids = prompt_ids(args.model, args.prompt_len)
     runtime.prefill(ids)  # warm-up
     result = runtime.prefill(ids)
     if result.schedule is None:
-        raise ConfigError(f"backend {args.backend!r} ran without the out-of-order executor: nothing to draw")
+        raise ConfigError(f"method {args.method!r} ran without the out-of-order executor: nothing to draw")
     plot_timeline(result.schedule, args.out, f"real run: {model.name}, {args.prompt_len} tokens, C={args.chunk}, {args.policy}")
     print(f"{args.out}: real run, {result.total_ms:.0f} ms, {result.tokens_per_s:.0f} tokens/s")
     return 0

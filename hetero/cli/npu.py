@@ -1,37 +1,28 @@
-"""`hetero npu ...` subcommands, and the AI Hub options of `hetero profile` (for the lead's CLI to call).
-
-    hetero npu compile [--chunk C] [--lane cpu|qnn] [--budget BYTES]      prepare + cache every graph
-    hetero npu compile --hub --device "Samsung Galaxy S24"                 compile on Qualcomm AI Hub
-    hetero npu shapes [--chunk C ...] [--lane cpu|qnn]                     profile equivalent shapes (§4)
-    hetero npu cache [--clear | --clear-stale]                             what the graph cache holds
-
-`add_hub_profile_args(parser)` + `run_hub_profile(args)`: `hetero profile --hub --device NAME`.
-"""
+"""`hetero npu compile|shapes|cache`: prepare, profile and inspect the NPU graphs; the AI Hub options of
+`hetero profile` (`add_hub_profile_args`, `run_hub_profile`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
+from typing import Any
 
-from hetero.cli import positive_int
+from hetero.cli.args import add_model_arg, positive_int
+from hetero.errors import ConfigError
 
-log = logging.getLogger(__name__)
 
-
-def _model(args):
+def _model(args: argparse.Namespace) -> Any:
     from hetero.loader import load_model
 
     return load_model(getattr(args, "model", None))
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from hetero.engine import quant_plan
+    from hetero.methods import quant_plan
 
     model = _model(args)
     plan = quant_plan(model, "qnn" if args.hub else args.lane)
     if args.hub:
-        from hetero.errors import ConfigError
         from hetero.npu.hub import compile_on_hub
 
         if not args.device:
@@ -55,12 +46,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_shapes(args: argparse.Namespace) -> int:
+    from hetero.methods import quant_plan
     from hetero.npu.lanes import make_lane
     from hetero.npu.shapes import profile_shapes
 
     model = _model(args)
-    from hetero.engine import quant_plan
-
     table = profile_shapes(model, quant_plan(model, args.lane), args.chunk, make_lane(args.lane), repeats=args.repeats)
     for e in table["entries"]:
         print(f"{e['lane']:8s} {e['kind']:6s} C={e['chunk_len']:4d} winner {e['winner']:6s} {e['latency_us']}")
@@ -75,7 +65,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"freed {freed / 2**20:.1f} MiB under {graphs_root()}")
     usage = cache_usage()
     if args.json:
-        print(json.dumps({"root": str(graphs_root()), "backends": usage}, indent=1))
+        print(json.dumps({"root": str(graphs_root()), "lanes": usage}, indent=1))
         return 0
     print(f"graph cache: {graphs_root()}")
     for name, row in usage.items():
@@ -83,12 +73,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers) -> None:
-    """Add `npu compile`, `npu shapes` and `npu cache` to the `hetero` CLI."""
+def register(subparsers: Any) -> None:
     npu = subparsers.add_parser("npu", help="prepare the NPU graphs (export, compile, cache)")
     sub = npu.add_subparsers(dest="npu_command", required=True)
     c = sub.add_parser("compile", help="export + compile every static graph into the graph cache")
-    c.add_argument("--model", help="GGUF file or Hugging Face directory (default model if omitted)")
+    add_model_arg(c)
     c.add_argument("--chunk", type=positive_int, default=256)
     c.add_argument("--lane", choices=("cpu", "qnn"), default="qnn", help="qnn falls back to cpu if absent")
     c.add_argument("--shape", default="auto",
@@ -99,7 +88,7 @@ def register(subparsers) -> None:
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_compile)
     s = sub.add_parser("shapes", help="profile equivalent shapes and record the winners (§4)")
-    s.add_argument("--model")
+    add_model_arg(s)
     s.add_argument("--chunk", type=positive_int, nargs="+", default=[256])
     s.add_argument("--lane", choices=("cpu", "qnn"), default="cpu")
     s.add_argument("--repeats", type=positive_int, default=9, help="timed rounds (interleaved) per candidate")
@@ -124,18 +113,25 @@ def run_hub_profile(args: argparse.Namespace) -> int:
     """`hetero profile --hub --device NAME`: profile jobs → a sched Profile JSON; returns the exit code."""
     from pathlib import Path
 
-    from hetero.errors import ConfigError
-    from hetero.npu.hub import _slug, profile_on_hub
+    from hetero.methods import quant_plan
+    from hetero.npu.hub import _slug, measure_on_hub
     from hetero.paths import PROFILES_DIR
     from hetero.sched.profile import save_profile
 
     if not args.device:
         raise ConfigError("--hub needs --device NAME (an AI Hub device, e.g. 'Samsung Galaxy S24')")
     model = _model(args)
-    from hetero.engine import quant_plan
-
-    prof = profile_on_hub(model, quant_plan(model, "qnn"), args.hub_chunks, args.device)
+    prof = hub_profile(measure_on_hub(model, quant_plan(model, "qnn"), args.hub_chunks, args.device))
     out = Path(args.hub_out) if args.hub_out else PROFILES_DIR / f"hub-{_slug(args.device)}.json"
     save_profile(prof, out)
     print(f"wrote {out}")
     return 0
+
+
+def hub_profile(m: Any) -> Any:
+    """A measured `hetero.sched.profile.Profile` from a `hetero.npu.hub.HubMeasurement` (lane "npu")."""
+    from hetero.sched.profile import CostEntry, Profile
+
+    costs = tuple(CostEntry(kind, "npu", c, ((0, us),)) for (kind, c), us in m.costs_us.items())
+    return Profile(name=m.name, method="measured", simulated=False, costs=costs, n_layers=m.n_layers,
+                   metadata=m.metadata)

@@ -6,15 +6,14 @@ import argparse
 import json
 import time
 
-from hetero.cli import positive_int
+from hetero.cli.args import add_model_arg, positive_int
 from hetero.outliers.calibrate import DEFAULT_TOKENS, DEFAULT_WINDOW
 from hetero.outliers.corpus import CORPORA, DEFAULT_CALIBRATION
 
 
 def register(subparsers) -> None:
-    """Add the `calibrate` subcommand to the `hetero` CLI."""
     p = subparsers.add_parser("calibrate", help="record activation statistics (scales, outliers, importance)")
-    p.add_argument("--model", help="GGUF file or Hugging Face directory (default: SmolLM2-135M-Instruct)")
+    add_model_arg(p)
     p.add_argument("--corpus", default=DEFAULT_CALIBRATION,
                    help=f"shipped corpus ({', '.join(sorted(CORPORA))}) or a UTF-8 text file (default {DEFAULT_CALIBRATION})")
     p.add_argument("--tokens", type=positive_int, default=DEFAULT_TOKENS, help=f"tokens to run (default {DEFAULT_TOKENS})")

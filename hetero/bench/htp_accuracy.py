@@ -1,0 +1,115 @@
+"""The QNN HTP path against the INT8 reference (mllm-NPU §3.2-§3.3): `bench/htp_accuracy.py`.
+
+Per output of layers 0-1 at C=64, the largest HTP - `QuantizedBackend` difference in output quantization
+steps; with `--e2e`, a greedy answer from a 30-layer HTP prefill. Each QNN configuration (generic simulator,
+soc_model 60) runs in its own process: the simulator keeps state across sessions of one process.
+All numbers are *simulated* (the x86-64 HTP simulator of onnxruntime-qnn).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hetero.bench.entry import bench_main
+from hetero.errors import HeteroError
+from hetero.npu.cache import library_versions
+from hetero.paths import atomic_path
+
+ROOT = Path(__file__).resolve().parents[2]  # the source checkout: tests/data/sample.txt is the prompt text
+HELP = "QNN HTP graphs vs the INT8 reference in quantization steps (simulated); --e2e: a 30-layer answer"
+
+CONFIGS = {"generic": "", "soc60": "soc_model=60"}  # HETERO_QNN_OPTIONS of each configuration
+E2E = {"generic": 128, "soc60": 256}  # chunk: the generic simulator cannot finalize C=256 (constraints)
+PROMPT = "What is the capital of France?"
+
+
+def layer_steps() -> dict:
+    """In this process (lane from $HETERO_QNN_OPTIONS): steps per output of layers 0-1 at C=64."""
+    import torch
+
+    from hetero import model as ref
+    from hetero.loader import load_model
+    from hetero.npu.backend import NpuBackend
+    from hetero.npu.lanes import QnnHtpLane
+    from hetero.npu.quickplan import absmax_plan
+    from hetero.outliers.shadow import QuantizedBackend
+
+    model = load_model()
+    ids = torch.tensor(model.tokenizer((ROOT / "tests" / "data" / "sample.txt").read_text())["input_ids"])
+    plan = absmax_plan(model, ids[:128])
+    lane = QnnHtpLane()
+    be = NpuBackend(model, plan, 64, lane=lane, layers=[0, 1], shape="2d")
+    rb = QuantizedBackend(model.config, model.weights, plan)
+    h = ref.embed(model.weights, ids[:64])
+    a = torch.randn(64, model.config.q_dim, generator=torch.Generator().manual_seed(0)) * 0.2
+
+    def steps(got, want) -> float:
+        return round(float((got - want).abs().max()) / (float(want.abs().max()) / 127), 2)
+
+    out = {"lane": lane.name, "flavor": lane.flavor, "layers": {}}
+    for layer in (0, 1):
+        q, k, v = (steps(g, w) for g, w in zip(be.qkv(layer, h), rb.qkv(layer, h)))
+        out["layers"][str(layer)] = {"q": q, "k": k, "v": v, "o_ffn": steps(be.o_ffn(layer, a, h), rb.o_ffn(layer, a, h))}
+        h = rb.o_ffn(layer, a, h)
+    return out
+
+
+def _child(config: str, what: str) -> dict:
+    env = {**os.environ, "HETERO_QNN_OPTIONS": CONFIGS[config]}
+    if what == "steps":
+        cmd = [sys.executable, "-m", "hetero.bench.htp_accuracy", "--child-steps"]
+    else:
+        cmd = [sys.executable, "-m", "hetero", "run", PROMPT, "--method", "hetero-qnn", "--chunk",
+               str(E2E[config]), "--max-new-tokens", "8", "--json"]
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    if res.returncode != 0:
+        raise HeteroError(f"{config} {what} failed:\n{res.stderr[-2000:]}")
+    obj = json.loads(res.stdout[res.stdout.index("{"):])  # the simulator prints banners before the JSON
+    obj["wall_s"] = round(time.perf_counter() - t0, 1)
+    return obj
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--e2e", action="store_true", help="also a greedy answer from a 30-layer HTP prefill (minutes)")
+    ap.add_argument("--out", default="bench/results", help="directory for htp_accuracy.json (with --json)")
+    ap.add_argument("--json", action="store_true", help="print JSON and write <out>/htp_accuracy.json")
+    ap.add_argument("--child-steps", action="store_true", help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.child_steps:
+        print(json.dumps(layer_steps()))
+        return 0
+    result = {"bench": "htp_accuracy", "simulated": True, "versions": library_versions(),
+              "note": "x86-64 HTP simulator of onnxruntime-qnn (simulated, not a device). steps = max |HTP - "
+                      "INT8 reference| / (absmax(reference) / 127), layers 0-1 at C=64; the goal is <= 1.",
+              "configs": {}}
+    for config in CONFIGS:
+        row = {"qnn_options": CONFIGS[config], "steps": _child(config, "steps")}
+        if args.e2e:
+            r = _child(config, "e2e")
+            row["e2e"] = {"prompt": PROMPT, "chunk": E2E[config], "text": r["text"],
+                          "prefill_ms": r["prefill_ms"], "wall_s": r["wall_s"]}
+        result["configs"][config] = row
+        print(f"{config}: {row['steps']['layers']}" + (f" | {row['e2e']['text']!r}" if args.e2e else ""),
+              file=sys.stderr)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        with atomic_path(Path(args.out) / "htp_accuracy.json") as tmp:
+            tmp.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main("htp_accuracy", HELP, add_args, run, argv)
+
+
+if __name__ == "__main__":  # the per-configuration child process (--child-steps)
+    sys.exit(main())

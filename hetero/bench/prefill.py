@@ -1,0 +1,96 @@
+"""`hetero bench prefill` / `bench/prefill.py`: engines side by side, Fig. 17's ablation, simulated rows and
+end-to-end workloads in one run; real rows are measured here, simulated rows name their profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+from dataclasses import asdict
+from pathlib import Path
+from datetime import datetime, timezone
+from typing import Any
+
+from hetero.bench.e2e import run_e2e
+from hetero.bench.engines import ABLATION
+from hetero.bench.harness import run_engines
+from hetero.bench.entry import bench_main
+from hetero.bench.report import ratios, write_outputs
+from hetero.bench.simulated import simulated_ablation, simulated_rows
+from hetero.cli.args import add_model_arg, int_list, positive_int
+
+HELP = "prefill speed, memory, ablation and end-to-end runs against other engines"
+
+REAL_ENGINES = ("hetero", "hetero_in_order", "naive_npu", "torch_float", "llama_cpp")
+
+
+def run_prefill_bench(lens: list[int], repeats: int, threads: int, model_path: str | None = None,
+                      engines: tuple[str, ...] = REAL_ENGINES, ablation_len: int = 512, e2e: bool = True,
+                      profile_path: str | None = None, progress: bool = True) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(engines) + len(ABLATION) + 2, desc="hetero bench", disable=not progress)
+
+    def step(name: str) -> None:
+        bar.set_postfix_str(name)
+        bar.update(1)
+
+    rows, skipped = run_engines(list(engines), lens, repeats, threads, model_path, progress=step)
+    ablation_engines = [e for _, e in ABLATION]
+    ab_rows, ab_skipped = run_engines(ablation_engines, [ablation_len], repeats, threads, model_path, progress=step)
+    by_engine = {r.engine: r for r in ab_rows}
+    ablation_real = [{"step": label, "engine": e, "prompt_len": ablation_len, "prefill_ms": by_engine[e].ttft_ms,
+                      "tokens_per_s": by_engine[e].tokens_per_s, "simulated": False}
+                     for label, e in ABLATION if e in by_engine]
+    sim = simulated_rows(profile_path, lens)
+    ablation_sim = simulated_ablation(profile_path, ablation_len)
+    step("simulated")
+    e2e_rows = run_e2e(model_path, threads) if e2e else []
+    step("end-to-end")
+    bar.close()
+    return {
+        "conditions": {"model": model_path or "SmolLM2-135M-Instruct (Q4_1 GGUF, default)", "threads": threads,
+                       "repeats": repeats, "statistic": "median after 1 warm-up", "chunk": 256,
+                       "machine": f"{platform.processor() or platform.machine()}, {(os.cpu_count() or 0)} CPUs",
+                       "loadavg_1m": round(os.getloadavg()[0], 2),
+                       "date": datetime.now(timezone.utc).isoformat(timespec="seconds")},
+        "rows": [asdict(r) for r in rows + sim],
+        "ratios": ratios(rows),
+        "ablation": {"real": ablation_real, "simulated": ablation_sim},
+        "e2e": e2e_rows,
+        "skipped": {**skipped, **ab_skipped},
+    }
+
+
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    add_model_arg(p)
+    p.add_argument("--lens", default="64,256,1024,2048", help="prompt lengths")
+    p.add_argument("--repeats", type=positive_int, default=3)
+    p.add_argument("--threads", type=positive_int, default=2)
+    p.add_argument("--quick", action="store_true", help="prompt lengths 64,256, one repeat, no end-to-end runs")
+    p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end workloads")
+    p.add_argument("--out", default="bench/results", help="directory for prefill.json/.md/.png")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    lens = int_list(args.lens, "--lens")
+    if args.quick:
+        lens, args.repeats = [64, 256], 1
+    result = run_prefill_bench(lens, args.repeats, args.threads, args.model,
+                               e2e=not (args.quick or args.no_e2e), ablation_len=256 if args.quick else 512)
+    paths = write_outputs(result, Path(args.out))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(paths[1].read_text())
+        print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main("prefill", HELP, add_args, run, argv)

@@ -1,0 +1,72 @@
+"""The prefill benchmark's outputs: side-by-side ratios, the markdown table, JSON + MD + PNG files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hetero.bench.harness import Row
+from hetero.bench.plots import plot_ablation, plot_speed
+from hetero.paths import atomic_path
+
+
+def ratios(rows: list[Row]) -> list[dict[str, Any]]:
+    """hetero's tokens/s over each other engine's, per prompt length (side by side, same run)."""
+    idx = {(r.engine, r.prompt_len): r for r in rows if not r.simulated}
+    out = []
+    for (engine, n), r in sorted(idx.items(), key=lambda x: (x[0][1], x[0][0])):
+        ours = idx.get(("hetero", n))
+        if ours is None or engine == "hetero":
+            continue
+        out.append({"prompt_len": n, "vs": engine, "hetero_over": round(ours.tokens_per_s / r.tokens_per_s, 3)})
+    return out
+
+
+def write_outputs(result: dict[str, Any], out_dir: Path, name: str = "prefill") -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.json", out_dir / f"{name}.md", out_dir / f"{name}_speed.png", out_dir / f"{name}_ablation.png"]
+    with atomic_path(paths[0]) as tmp:
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+    with atomic_path(paths[1]) as tmp:
+        tmp.write_text(markdown(result))
+    plot_speed(result, paths[2])
+    plot_ablation(result, paths[3])
+    return paths
+
+
+def markdown(result: dict[str, Any]) -> str:
+    c = result["conditions"]
+    lines = [f"# Prefill benchmark ({c['model']}, {c['threads']} threads, {c['statistic']} of {c['repeats']}, "
+             f"C={c['chunk']}, {c['machine']}, {c['date']})", "",
+             "| engine | prompt | tokens/s | TTFT ms | peak RSS MB | where |", "|---|---:|---:|---:|---:|---|"]
+    for r in sorted(result["rows"], key=lambda r: (r["simulated"], r["prompt_len"], -r["tokens_per_s"])):
+        where = r["note"] if r["simulated"] else "real, this machine"
+        rss = "" if r["simulated"] else f"{r['peak_rss_mb']:.0f}"
+        lines.append(f"| {r['engine']} | {r['prompt_len']} | {r['tokens_per_s']:.1f} | {r['ttft_ms']:.1f} | {rss} | {where} |")
+    if result["ratios"]:
+        lines += ["", "## hetero's speed over each engine (real, same run)", "", "| prompt | vs | × |", "|---:|---|---:|"]
+        lines += [f"| {r['prompt_len']} | {r['vs']} | {r['hetero_over']:.2f} |" for r in result["ratios"]]
+    lines += ["", "## Ablation (mllm-NPU Fig. 17 steps)", "", "| step | real ms | real tokens/s | simulated ms | simulated tokens/s |",
+              "|---|---:|---:|---:|---:|"]
+    real = {a["step"]: a for a in result["ablation"]["real"]}
+    for a in result["ablation"]["simulated"]:
+        r = real.get(a["step"], {})
+        lines.append(f"| {a['step']} | {r.get('prefill_ms', '—')} | {r.get('tokens_per_s', '—')} | {a['prefill_ms']} | {a['tokens_per_s']} |")
+    if result["ablation"]["simulated"]:
+        lines.append(f"\nSimulated: profile {result['ablation']['simulated'][0]['profile']} (derived from the paper), "
+                     f"prompt {result['ablation']['simulated'][0]['prompt_len']} tokens.")
+    if result["e2e"]:
+        lines += ["", "## End to end: prefill + 32 decoded tokens (real)", "",
+                  "| workload | engine | prompt | prefill ms | decode ms | total ms | answer |", "|---|---|---:|---:|---:|---:|---|"]
+        for e in result["e2e"]:
+            if "skipped" in e:
+                lines.append(f"| {e['workload']} | {e['engine']} | skipped: {e['skipped']} | | | | |")
+                continue
+            ans = e["answer"].replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| {e['workload']} | {e['engine']} | {e['prompt_len']} | {e['prefill_ms']} | {e['decode_ms']} | "
+                         f"{e['total_ms']} | {ans} |")
+    if result["skipped"]:
+        lines += ["", "Skipped: " + "; ".join(f"{k}: {v}" for k, v in result["skipped"].items())]
+    return "\n".join(lines) + "\n"
+

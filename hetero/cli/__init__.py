@@ -1,0 +1,48 @@
+"""The `hetero` command line: one module per command group, `main` here.
+
+Every deliberate error (`HeteroError`) becomes one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from hetero.cli.args import add_method_arg, add_model_arg, int_list, positive_int
+from hetero.errors import HeteroError
+
+__all__ = ["add_method_arg", "add_model_arg", "build_parser", "int_list", "main", "positive_int"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hetero", description="Fast LLM prefill on NPU + CPU/GPU (mllm-NPU).")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what hetero decides")
+    sub = parser.add_subparsers(dest="command", required=True)
+    from hetero.cli import bench, calibrate, npu, run, sched  # here: hetero.bench imports hetero.cli.args
+
+    for group in (run, calibrate, npu, sched, bench):
+        group.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+    except ImportError:
+        pass
+    try:
+        return int(args.func(args) or 0)
+    except HeteroError as e:
+        print(f"hetero: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

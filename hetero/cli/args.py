@@ -1,0 +1,44 @@
+"""Argument helpers shared by the command modules of `hetero.cli`."""
+
+from __future__ import annotations
+
+import argparse
+
+from hetero.errors import ConfigError
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def int_list(text: str, name: str) -> list[int]:
+    """Comma-separated positive integers, e.g. `--lens 64,256`; ConfigError naming `name` otherwise."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{name} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise ConfigError(f"{name} must list positive integers, got {text!r}")
+    return values
+
+
+def add_model_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="GGUF file or Hugging Face directory (default: $HETERO_MODEL or SmolLM2-135M-Instruct)")
+
+
+def add_method_arg(p: argparse.ArgumentParser) -> None:
+    """`--method`: a named way to run (`hetero.methods.METHODS`)."""
+    from hetero.methods import DEFAULT_METHOD, METHODS
+
+    from hetero.outliers.quantize import WEIGHT_FORMS
+
+    p.add_argument("--method", choices=sorted(METHODS), default=DEFAULT_METHOD,
+                   help=f"how to run: layer ops + dispatch policy (default {DEFAULT_METHOD})")
+    p.add_argument("--weight-form", choices=["auto", *WEIGHT_FORMS], default="auto",
+                   help="INT8 weight form on the CPU EP (default auto: w8-u8s8 with VNNI, w8-u8u8 on AVX2)")
