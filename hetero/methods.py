@@ -31,9 +31,9 @@ def use_threads(threads: int | None) -> int:
     return n
 
 
-def quant_plan(model: Model, lane: str = "cpu", prune_fraction: float = 0.85,
+def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float = 0.85,
                weight_form: str | None = None) -> "QuantPlan":
-    """The quantization plan of `model` for a lane: calibrated scales, shadow sites, INT8 weights.
+    """The quantization plan of `model` for a provider ("cpu" or "qnn"): calibrated scales, shadow sites, INT8 weights.
 
     weight_form (`hetero.outliers.quantize.WEIGHT_FORMS`): None picks this CPU's exact and fast form on the
     CPU EP (`hetero.npu.isa`: 8-bit weights u8·s8 with VNNI, u8·u8 on AVX2); an NPU (QNN HTP) runs the
@@ -41,23 +41,23 @@ def quant_plan(model: Model, lane: str = "cpu", prune_fraction: float = 0.85,
     """
     from hetero.npu.isa import resolve_weight_form
     from hetero.outliers.calibrate import ensure_calibration
-    from hetero.outliers.plan import build_plan
+    from hetero.outliers.pruning import plan_from_calibration
 
-    form = resolve_weight_form(weight_form) if lane == "cpu" else (weight_form or "w8-u8u8")
-    return build_plan(model, ensure_calibration(model, progress=True), prune_fraction=prune_fraction,
-                      weight_form=form)
+    form = resolve_weight_form(weight_form) if provider == "cpu" else (weight_form or "w8-u8u8")
+    return plan_from_calibration(model, ensure_calibration(model, progress=True), prune_fraction=prune_fraction,
+                                 weight_form=form)
 
 
 def _float(model: Model, chunk: int, threads: int | None, weight_form: str | None) -> LayerBackend:
     return FloatBackend(model.config, model.weights)
 
 
-def _npu(lane: str, prune_fraction: float = 0.85) -> Callable[[Model, int, int | None, str | None], LayerBackend]:
+def _npu(provider: str, prune_fraction: float = 0.85) -> Callable[[Model, int, int | None, str | None], LayerBackend]:
     def make(model: Model, chunk: int, threads: int | None, weight_form: str | None) -> LayerBackend:
         from hetero.npu.backend import NpuBackend
 
-        plan = quant_plan(model, lane, prune_fraction, weight_form)
-        return NpuBackend(model, plan, chunk=chunk, lane=lane, intra_op_threads=threads or 2)
+        plan = quant_plan(model, provider, prune_fraction, weight_form)
+        return NpuBackend(model, plan, chunk=chunk, provider=provider, intra_op_threads=threads or 2)
 
     return make
 
@@ -96,5 +96,10 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     policy = policy or spec.policy
     overlapped = policy is not None and spec.make is not _float
     use_threads(max(1, threads // 2) if overlapped else threads)
+    executor = None
+    if policy is not None:
+        from hetero.sched.executor import OutOfOrderExecutor
+
+        executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy)
     return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads, weight_form),
-                   policy=policy)
+                   executor=executor)

@@ -9,7 +9,7 @@ prepared graph is therefore a pure function of its inputs, stored once and loade
         [qnn_ctx_qnn.bin]           QNN context binary sits beside it (ep.context_embed_mode=0)
         meta.json                   written last: key, spec, size and sha256 of every file
 
-`key` hashes the layer's parameters (`export.layer_digest`), the model fingerprint, the segment spec
+`key` hashes the layer's parameters (`segments.layer_digest`), the model fingerprint, the segment spec
 (C, shape, flavour), the backend options and the library versions (onnx, onnxruntime,
 onnxruntime-qnn, EXPORT_VERSION). An entry whose meta.json is missing, unreadable or of another key, or
 whose files differ in size or sha256, or that fails to load, is *stale or corrupt*: it is deleted and

@@ -1,8 +1,8 @@
 """Baseline quantizers of mllm-NPU Table 5 (§4.4), as `LayerBackend`s for the accuracy benchmark.
 
 These are *fake-quantized* in float32 torch (quantize → dequantize → float matmul): they measure
-accuracy only and have no INT8 kernel behind them. Each replaces `site_linear` of `QuantizedBackend`,
-so the float operations between linears stay those of `hetero.model`.
+accuracy only and have no INT8 kernel behind them. Each is `hetero.model`'s layer with its own
+`site_linear`, so the float operations between linears stay those of the model.
 
 - `SmoothQuantBackend` (Xiao et al. 2023, α = 0.5): per input channel j, s_j = max|X_j|^α / max|W_j|^(1-α)
   from calibration; x/s and W·s are quantized W8A8 per tensor (static activation scale = calibrated
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from hetero.outliers.plan import SITE_BIASES, SITE_LINEARS
-from hetero.outliers.shadow import QuantizedBackend
+from hetero.backend import TorchBackend
+from hetero.model import SITE_BIASES, SITE_LINEARS
 
 
 def _fq(x: torch.Tensor, scale: torch.Tensor, qmin: int = -127, qmax: int = 127) -> torch.Tensor:
@@ -30,11 +30,11 @@ def _absmax_scale(x: torch.Tensor, dim) -> torch.Tensor:
     return (x.abs().amax(dim=dim, keepdim=True) / 127.0).clamp_min(1e-12)
 
 
-class _FakeQuantBackend(QuantizedBackend):
-    """Shares QuantizedBackend's layer composition; subclasses give `site_linear`."""
+class _FakeQuantBackend(TorchBackend):
+    """`hetero.model`'s layer; subclasses give `site_linear`."""
 
     def __init__(self, cfg, weights):
-        self.cfg, self.weights = cfg, weights
+        super().__init__(cfg, weights, self.site_linear)
         self._w: dict[tuple[int, str], torch.Tensor] = {}  # concatenated float weights [Σout, in]
         self._split: dict[tuple[int, str], list[int]] = {}
         for layer, lw in enumerate(weights.layers):

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hetero import model as ref
+from hetero.backend import TorchBackend
+from hetero.model import SITES, FloatLinear, Observer, observed
 from hetero.errors import ConfigError, ModelFormatError
 from hetero.outliers.corpus import DEFAULT_CALIBRATION, corpus_id, load_corpus
-from hetero.outliers.plan import SITES
 from hetero.paths import atomic_path, cache_dir
 
 log = logging.getLogger(__name__)
@@ -215,25 +215,9 @@ def token_windows(tokenizer, text: str, n_tokens: int, window: int) -> list[torc
     return [w for w in torch.split(ids, window) if w.numel() > 1]
 
 
-def run_sites(cfg, w, ids: torch.Tensor, observe) -> None:
+def run_sites(cfg, w, ids: torch.Tensor, observe: Observer) -> None:
     """The float layers over `ids` (no logits), calling observe(layer, site, x) on every site input."""
-    t = ids.shape[0]
-    rope = ref.RopeTable(cfg, t)
-    k_cache = torch.empty(cfg.n_kv_heads, t, cfg.head_dim)
-    v_cache = torch.empty_like(k_cache)
-    h = ref.embed(w, ids)
-    for layer, lw in enumerate(w.layers):
-        x = ref.rms_norm(h, lw.attn_norm, cfg.rms_eps)
-        observe(layer, "attn_in", x)
-        q, k, v = F.linear(x, lw.wq, lw.bq), F.linear(x, lw.wk, lw.bk), F.linear(x, lw.wv, lw.bv)
-        a = ref.attention(cfg, q, k, v, rope, k_cache, v_cache, 0, t)
-        observe(layer, "o_in", a)
-        h = h + F.linear(a, lw.wo)
-        x = ref.rms_norm(h, lw.ffn_norm, cfg.rms_eps)
-        observe(layer, "ffn_in", x)
-        m = F.silu(F.linear(x, lw.w_gate)) * F.linear(x, lw.w_up)
-        observe(layer, "down_in", m)
-        h = h + F.linear(m, lw.w_down)
+    ref.run_layers(cfg, w, ids, TorchBackend(cfg, w, observed(FloatLinear(w), observe)))
 
 
 def _hist(v: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ plan records its `weight_form` (`quantize.WEIGHT_FORMS`), which picks the CPU EP
 asks `hetero.npu.isa` for this CPU's (8-bit u8·s8 with VNNI, 8-bit u8·u8 on AVX2). The numpy reference
 uses the same weights, so every backend stays bit-exact.
 
-The plan is a pure function of the model and the calibration statistics (`build_plan`); on disk only
+The plan is a pure function of the model and the calibration statistics (`pruning.plan_from_calibration`); on disk only
 the site table is stored (`to_dict`), the INT8 weights are recomputed deterministically (`from_dict`).
 """
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hetero.errors import ConfigError
+from hetero.model import SITE_LINEARS, SITES
 from hetero.outliers.quantize import (
     U8S8_SAFE_WEIGHT_ABSMAX,
     W_QMAX,
@@ -52,21 +53,6 @@ PLAN_VERSION = 1
 DEFAULT_WEIGHT_GRANULARITY = "channel"  # "tensor": the paper's strict per-tensor weights (ablation)
 # 8-bit weights (the paper's W8A8); W_QMAX_U8S8 (7-bit) is the CPU-EP fast path (module docstring).
 DEFAULT_WEIGHT_QMAX = W_QMAX
-
-SITES = ("attn_in", "o_in", "ffn_in", "down_in")
-SITE_LINEARS: dict[str, tuple[str, ...]] = {
-    "attn_in": ("wq", "wk", "wv"),
-    "o_in": ("wo",),
-    "ffn_in": ("w_gate", "w_up"),
-    "down_in": ("w_down",),
-}
-SITE_BIASES: dict[str, tuple[str | None, ...]] = {  # LayerWeights field of each linear's bias (Qwen2 q/k/v)
-    "attn_in": ("bq", "bk", "bv"),
-    "o_in": (None,),
-    "ffn_in": (None, None),
-    "down_in": (None,),
-}
-
 
 @dataclass(frozen=True, slots=True)
 class SiteQuant:
@@ -221,16 +207,3 @@ def weight_range(weight_qmax: int, weight_form: str | None) -> tuple[int, str]:
     if weight_form is None:
         return weight_qmax, form_for_qmax(check_weight_qmax(weight_qmax))
     return WEIGHT_FORMS[check_weight_form(weight_form)].qmax, weight_form
-
-
-def build_plan(model, calibration=None, prune_fraction: float = 0.85, **options) -> QuantPlan:
-    """The default hetero plan from calibration statistics (see `hetero.outliers.pruning.build_plan`).
-
-    `calibration`: a `CalibrationStats`, or None to load the cached calibration of `model`
-    (`hetero.outliers.calibrate.load_calibration`). prune_fraction: share of sites whose shadow is
-    dropped, least important first (§3.3: 0.85). `weight_qmax` (an option) defaults to 63: 7-bit weights,
-    which the CPU EP runs exactly with ORT's fast u8·s8 MatMulInteger (module docstring).
-    """
-    from hetero.outliers.pruning import build_plan as _build
-
-    return _build(model, calibration, prune_fraction=prune_fraction, **options)

@@ -7,7 +7,7 @@ CPU-NPU synchronisation. We rank *sites* (the input of one MatMul group, the pap
 Fig. 12 are MatMul operators) by default; granularity="layer" ranks decoder layers by the largest
 importance of their four sites and keeps or prunes all four together.
 
-`build_plan` turns `CalibrationStats` into the `QuantPlan` the backends run.
+`plan_from_calibration` turns `CalibrationStats` into the `QuantPlan` the backends run.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import math
 import numpy as np
 
 from hetero.errors import ConfigError
+from hetero.model import SITES
+from hetero.outliers.calibrate import ensure_calibration
 from hetero.outliers.plan import (
     DEFAULT_WEIGHT_GRANULARITY,
     DEFAULT_WEIGHT_QMAX,
-    SITES,
     QuantPlan,
     SiteQuant,
     quantize_weights,
@@ -96,7 +97,7 @@ def hot_channels(counts: np.ndarray, coverage: float = DEFAULT_HOT_COVERAGE) -> 
     return tuple(int(c) for c in order), min(n_hot, order.size)
 
 
-def build_plan(
+def plan_from_calibration(
     model,
     calibration=None,
     prune_fraction: float = DEFAULT_PRUNE_FRACTION,
@@ -122,8 +123,6 @@ def build_plan(
     MatMulInteger on AVX2, `plan` module doc) or 127 (full 8-bit). weight_form (`quantize.WEIGHT_FORMS`),
     when given, sets the range instead and is recorded in the plan (it picks the CPU EP's kernel).
     """
-    from hetero.outliers.calibrate import ensure_calibration
-
     weight_qmax, weight_form = weight_range(weight_qmax, weight_form)
     if calibration is None:
         calibration = ensure_calibration(model)

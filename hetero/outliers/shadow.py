@@ -27,12 +27,11 @@ from typing import Protocol
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from hetero import model as ref
+from hetero.backend import TorchBackend
 from hetero.config import ModelConfig
-from hetero.model import Weights
-from hetero.outliers.plan import SITE_BIASES, SITE_LINEARS, QuantPlan, SiteQuant
+from hetero.model import SITE_BIASES, SITE_LINEARS, Weights
+from hetero.outliers.plan import QuantPlan, SiteQuant
 from hetero.outliers.quantize import (
     ACT_QMAX,
     ACT_QMIN,
@@ -149,23 +148,23 @@ def shadow_part(x: torch.Tensor, sq: SiteQuant, w_rows) -> torch.Tensor | None:
     return r @ rows
 
 
-class QuantizedBackend:
+class QuantizedBackend(TorchBackend):
     """W8A8 per-tensor static subgraphs with shadow outliers: the reference the NPU graphs match.
 
-    Per site: `linear_int8` (the NPU part, `npu_part`) + `shadow_correction` (the CPU part,
-    `shadow_part`); the float operations between linears are those of `hetero.model`. `rows` supplies
-    the float weight rows of outlier channels (default: all in RAM; `hotstore.HotChannelStore` keeps
-    only hot rows in RAM). `stats`, if given, is a dict that counts shadow work per site.
+    `hetero.model`'s layer with `site_linear` = `linear_int8` (the NPU part, `npu_part`) +
+    `shadow_correction` (the CPU part, `shadow_part`). `rows` supplies the float weight rows of outlier
+    channels (default: all in RAM; `hotstore.HotChannelStore` keeps only hot rows in RAM). `stats`, if
+    set to a dict, counts shadow work per site.
     """
 
     name = "w8a8-shadow"
 
     def __init__(self, cfg: ModelConfig, weights: Weights, plan: QuantPlan, rows: ShadowRows | None = None):
-        self.cfg, self.weights, self.plan = cfg, weights, plan
+        super().__init__(cfg, weights, self.site_linear)
+        self.plan = plan
         self.rows = rows if rows is not None else DenseRows(plan)
         self.stats: dict[tuple[int, str], list[int]] | None = None  # (layer, site) -> [calls, channels]
 
-    # ----------------------------------------------------------------- per site: NPU part + CPU part
     def linear_int8(self, layer: int, site: str, x: torch.Tensor) -> list[torch.Tensor]:
         """NPU part: the INT8 linears of `site` on x [T, in] (bias included), one [T, out] per linear."""
         lw = self.weights.layers[layer]
@@ -173,14 +172,19 @@ class QuantizedBackend:
         bs = [getattr(lw, b) if b else None for b in SITE_BIASES[site]]
         return npu_part(x, self.plan.sites[(layer, site)].scale, ws, bs)
 
-    def shadow_correction(self, layer: int, site: str, x: torch.Tensor) -> list[torch.Tensor] | None:
-        """CPU part: the float outlier matmul of `site`, split per linear, or None (pruned / no outlier)."""
+    def shadow_delta(self, layer: int, site: str, x: torch.Tensor) -> torch.Tensor | None:
+        """CPU part: the float outlier matmul of `site`, [T, Σ out] over its linears, or None."""
         sq = self.plan.sites[(layer, site)]
         y = shadow_part(x, sq, lambda c: self.rows.rows(layer, site, c))
         if self.stats is not None and sq.shadow:
             st = self.stats.setdefault((layer, site), [0, 0])
             st[0] += 1
             st[1] += 0 if y is None else int((x.abs() > sq.scale * ACT_QMAX).any(0).sum())
+        return y
+
+    def shadow_correction(self, layer: int, site: str, x: torch.Tensor) -> list[torch.Tensor] | None:
+        """`shadow_delta` split per linear of the site, or None (pruned / no outlier)."""
+        y = self.shadow_delta(layer, site, x)
         if y is None:
             return None
         return list(torch.split(y, [self.plan.weights[(layer, n)].q.shape[0] for n in SITE_LINEARS[site]], dim=1))
@@ -189,18 +193,3 @@ class QuantizedBackend:
         ys = self.linear_int8(layer, site, x)
         extra = self.shadow_correction(layer, site, x)
         return ys if extra is None else [y + e for y, e in zip(ys, extra)]
-
-    # ------------------------------------------------------------------------ LayerBackend
-    def qkv(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        x = ref.rms_norm(h, self.weights.layers[layer].attn_norm, self.cfg.rms_eps)
-        q, k, v = self.site_linear(layer, "attn_in", x)
-        return q, k, v
-
-    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        lw = self.weights.layers[layer]
-        (o,) = self.site_linear(layer, "o_in", a)
-        h = h + o
-        x = ref.rms_norm(h, lw.ffn_norm, self.cfg.rms_eps)
-        gate, up = self.site_linear(layer, "ffn_in", x)
-        (down,) = self.site_linear(layer, "down_in", F.silu(gate) * up)
-        return h + down

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from hetero.errors import ConfigError
 from hetero.sched.dag import CompiledDag
-from hetero.sched.schedule import Schedule
+from hetero.schedule import Schedule
 
 NS_PER_US = 1000
 

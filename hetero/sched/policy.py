@@ -238,6 +238,17 @@ class Dispatcher:
             self.n_started += 1
         return v
 
+    def fill(self, idle: list[bool]) -> list[tuple[int, int]]:
+        """Ask the policy for a node for every idle lane; mark those lanes busy; return (lane, node)s."""
+        out = []
+        for ln, free in enumerate(idle):
+            if free:
+                v = self.next_for(ln)
+                if v >= 0:
+                    idle[ln] = False
+                    out.append((ln, v))
+        return out
+
     def complete(self, v: int) -> None:
         dag, pending, policy = self.dag, self.pending, self.policy
         self.n_done += 1

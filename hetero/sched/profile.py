@@ -28,13 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from hetero.dag import DEFAULT_PLACEMENT, LANES, SUBGRAPH_KINDS
 from hetero.errors import ConfigError
 
 PROFILE_VERSION = 1
-LANES = ("npu", "cpu", "gpu")  # lane ids; a lane runs one subgraph at a time (Eq. 4)
-KINDS = ("qkv", "attn", "o_ffn", "shadow")  # subgraph kinds of one decoder layer (DESIGN.md)
+KINDS = (*SUBGRAPH_KINDS, "shadow")  # kinds a profile may cost: a layer's, and the CPU side of Eq. 1
 METHODS = ("measured", "derived")
-DEFAULT_LAYER = (("qkv", "npu"), ("attn", "cpu"), ("o_ffn", "npu"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +76,7 @@ class Profile:
     method: str  # "measured" | "derived"
     simulated: bool  # True when no run on the named device produced these numbers
     costs: tuple[CostEntry, ...]
-    layer_subgraphs: tuple[tuple[str, str], ...] = DEFAULT_LAYER  # the placement profiled
+    layer_subgraphs: tuple[tuple[str, str], ...] = DEFAULT_PLACEMENT  # the placement profiled
     n_layers: int = 1  # decoder layers of the profiled model
     metadata: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
     _index: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
@@ -176,3 +175,4 @@ def save_profile(profile: Profile, path: str | os.PathLike) -> Path:
         f.write("\n")
     os.replace(tmp, path)
     return path
+

@@ -32,7 +32,7 @@ def test_real_layers_cpu_ep_match_reference(real, form):
     model, _, ids = real
     plan = absmax_plan(model, ids[:128], weight_form=form)
     assert plan.weight_form == form
-    be = NpuBackend(model, plan, 64, lane="cpu", layers=[0, 1])
+    be = NpuBackend(model, plan, 64, provider="cpu", layers=[0, 1])
     ref = QuantizedBackend(model.config, model.weights, plan)
     h, a = _inputs(model, ids, 64)
     for layer in (0, 1):
@@ -51,10 +51,10 @@ def test_real_layers_cpu_ep_match_reference(real, form):
 @pytest.mark.slow
 def test_real_layer_on_htp_within_one_step(real):
     pytest.importorskip("onnxruntime_qnn")
-    from hetero.npu.lanes import QnnHtpLane
+    from hetero.npu.providers import QnnHtpProvider
 
     model, plan, ids = real
-    be = NpuBackend(model, plan, 64, lane=QnnHtpLane(), layers=[0])
+    be = NpuBackend(model, plan, 64, provider=QnnHtpProvider(), layers=[0])
     ref = QuantizedBackend(model.config, model.weights, plan)
     h, a = _inputs(model, ids, 64)
     # The activations reach HTP's MatMul on the INT8 grid (export: the u8→u16 Convert), so what is left is
