@@ -86,8 +86,8 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     """A runtime for `method`; `policy` overrides the method's default dispatch policy; `weight_form` forces
     the INT8 weight form of the quantized methods (None or "auto": this CPU's, `hetero.npu.isa`).
 
-    Threads: the NPU lane's ONNX Runtime sessions get `threads` (default: all cores); when lanes overlap,
-    torch (the CPU lane) gets half of them so the lanes do not oversubscribe the cores.
+    Threads: the provider's ONNX Runtime sessions (the npu lane) get `threads` (default: all cores); when
+    lanes overlap, torch (the cpu lane) gets half of them so the lanes do not oversubscribe the cores.
     """
     spec = METHODS.get(method)
     if spec is None:
