@@ -80,7 +80,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError(f"model {model.path} has no tokenizer: `hetero run` needs one to encode the prompt")
     ids = encode_prompt(tok, text_in, system=args.system, raw=args.raw)
     with timing("calibrate + build"):
-        runtime = make_runtime(model, args.method, chunk=args.chunk, threads=args.threads)
+        runtime = make_runtime(model, args.method, chunk=args.chunk, threads=args.threads,
+                               weight_form=args.weight_form)
     timing.split("calibrate + build", "calibrate", "build", getattr(runtime.backend, "prepare_s", 0.0))
     prompt = runtime.check_ids(ids)
     with timing("warm-up"):
@@ -101,6 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "decode_tokens_per_s": round(len(new) / decode_s, 1) if new and decode_s > 0 else 0.0,
         "new_tokens": len(new),
         "method": args.method,
+        "weight_form": getattr(getattr(runtime.backend, "plan", None), "weight_form", None),
         "chunk": args.chunk,
         "model": model.name,
     }
