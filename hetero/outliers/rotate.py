@@ -111,6 +111,11 @@ def _load(path: Path, w):
     return dataclasses.replace(w, tok_emb=state["tok_emb"], layers=layers, norm=state["norm"], lm_head=state["lm_head"])
 
 
+def is_rotated(model) -> bool:
+    """True for a model made by `rotate_model` (its fingerprint names the rotation)."""
+    return "-rot" in model.fingerprint
+
+
 def rotate_model(model, seed: int = 0, cache: bool = True):
     """The rotated copy of a loaded `Model`, with its own fingerprint (calibrations and graphs are its own);
     its weights are cached beside the model's (`cache_dir()/models/<fingerprint>/weights.safetensors`)."""
