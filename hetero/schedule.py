@@ -1,9 +1,8 @@
 """`Schedule`: what a simulated or real prefill did, subgraph by subgraph (mllm-NPU §3.4, Fig. 13).
 
-Bubble rate (§3.4 reports "37% bubble rate in critical path" for in-order overlap): the idle fraction
-of the *critical lane*, the lane with the most work (the NPU in the paper's setting):
-``bubble_rate = 1 - busy(critical lane) / makespan``. Since the lower bound is at least that lane's
-work, ``makespan / lower_bound <= 1 / (1 - bubble_rate)``.
+Per node start/end, lane busy times, the lower bound and the bubble rate of the critical lane (the lane
+with the most work): ``1 - busy(critical lane) / makespan``, so ``makespan / lower_bound <= 1 / (1 -
+bubble_rate)``. Core, because every prefill returns one (`PrefillResult.schedule`).
 """
 
 from __future__ import annotations

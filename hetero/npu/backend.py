@@ -1,16 +1,9 @@
-"""`NpuBackend`: the static subgraphs of every layer as prebuilt INT8 graphs on a provider, shadows on the CPU.
+"""`NpuBackend`: the static subgraphs of every layer as prebuilt INT8 graphs on a provider (mllm-NPU §3.2).
 
-mllm-NPU §3.2 + §3.3: each layer's static subgraphs are fixed-shape graphs of chunk length C, built
-once (or loaded from the graph cache) and shared by every chunk; where the quantization plan keeps a
-shadow (Eq. 1), the graph is cut right after that linear (`segments.layer_segments`) and the float
-outlier correction (`QuantizedBackend.shadow_correction`, the outliers reference) is added on the CPU.
-
-    qkv(h)      : [qkv graph] ─► q|k|v (+ shadow(x_attn))                     views of one buffer
-    o_ffn(a, h) : [o_ffn graph]                                               no shadow in the layer
-                  [o_up graph] ─► m, h1 ─► [down graph] ─► h1 + (d + shadow(m))   down_in kept
-
-Which device runs which graph comes from a `Placement` (`placement.py`, NPU memory budget, §4);
-by default every graph runs on the given provider.
+Each layer's segments (`segments.layer_segments`) are fixed-shape graphs of chunk length C, built once or
+loaded from the graph cache and shared by every chunk; where the plan keeps a shadow (Eq. 1) the graph is
+cut after that linear and `QuantizedBackend.shadow_delta` is added in place on the CPU. Which device runs
+which graph comes from a `Placement` (NPU memory budget, §4); by default the given provider runs all.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Export one segment (`segments.SegmentSpec`) as a fixed-shape INT8 ONNX graph (mllm-NPU §3.2).
 
-Flavours of the same math: "cpu" (ONNX Runtime CPU EP: QuantizeLinear u8 → MatMulInteger with s8
-weights → Cast → Mul by the float32 output scales, equal to `outliers.quantize.int8_linear`, the test
-checks it) and "qnn" / "qnn-fp16" (QDQ around a float MatMul for HTP). RMSNorm, residual adds and
+Flavours of the same math: "cpu" (ONNX Runtime CPU EP: QuantizeLinear u8 → MatMulInteger with s8 or u8
+weights (the plan's weight form, `cpu_kernel`) → Cast → Mul by the float32 output scales, equal to
+`outliers.quantize.int8_linear`, the test checks it) and "qnn" / "qnn-fp16" (QDQ around a float MatMul for HTP). RMSNorm, residual adds and
 SiLU·mul stay float ops inside the graph. Equivalent shapes "3d:a" / "conv:a" (§4) reshape once at entry
 and exit. Derivations and the HTP constraints behind each choice: docs/design.md, "NPU graphs".
 """
@@ -113,11 +113,12 @@ def cpu_kernel(weight_form: str) -> str:
     """How the CPU EP's MatMulInteger takes the weights of a plan of `weight_form` ("u8s8" | "u8u8").
 
     ORT's u8·s8 GEMM on AVX2 without VNNI multiplies with vpmaddubsw: two adjacent u8·s8 products are
-    summed into a saturating int16; with the raw u8 activation in [0, 255] the pair sum reaches 2·255·|q|:
-    2·255·127 = 64770 > 32767 (wrong int32 results), 2·255·64 = 32640 <= 32767 (exact). With a VNNI dot
-    product (`hetero.npu.isa`) u8·s8 is exact for 8-bit weights too ("w8-u8s8"). 7-bit weights ("w7-u8s8")
-    run u8·s8 everywhere; 8-bit weights on AVX2 run u8·u8 ("w8-u8u8": stored q + 128 with zero point 128,
-    exact, slower there). The saturation reproduces only on AVX2 without VNNI. Numbers: docs/design.md.
+    summed into a saturating int16. The stored activation is the raw u8 in [0, 255] (zero point 128 is
+    corrected afterwards), so the pair sum reaches 2·255·|q|: 2·255·127 = 64770 > 32767 (wrong int32
+    results) but 2·255·64 = 32640 <= 32767 (exact). Hence 7-bit weights (the plan's default weight_qmax
+    = 63, ORT's reduce_range) run u8·s8 with s8 weights, zero point 0. Full 8-bit weights fall back to
+    u8·u8 (weights stored q + 128 with zero point 128, vpmaddwd: exact, same int32 result), which is
+    slower (docs/design.md, "NPU graphs").
     """
     return WEIGHT_FORMS[check_weight_form(weight_form)].kernel
 

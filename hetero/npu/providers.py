@@ -1,12 +1,9 @@
 """Providers: the ONNX Runtime execution providers a static graph runs on (CPU EP, or QNN EP with HTP).
 
-ExecuTorch's split, in three steps: *export* (`export.build_segment`, pure), *compile* (a provider turns an
-exported ONNX graph into a compiled artifact: the ORT-optimized model, or a QNN context binary; cached
-by content hash in `cache.py`), *session* (`Graph`: load once, bind buffers, run many). `prepare_graph`
-ties them together: load from the cache, else export + compile + commit.
-
-Hot path (`Graph.run`): inputs are bound by pointer (no copy), outputs are written by ORT straight into
-preallocated torch tensors (IOBinding): the caller's per-chunk buffers, or the graph's own.
+ExecuTorch's split: *export* (`export.build_segment`, pure), *compile* (a provider turns the ONNX graph
+into a cached artifact: the ORT-optimized model or a QNN context binary), *session* (`Graph`: load once,
+bind buffers, run many); `prepare_graph` ties them together. `Graph.run` binds inputs by pointer and has
+ORT write outputs into preallocated tensors (IOBinding): the caller's buffers, or the graph's own.
 """
 
 from __future__ import annotations

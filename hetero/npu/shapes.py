@@ -1,17 +1,8 @@
-"""Equivalent shapes (mllm-NPU §4, optimisation 1): profile [C, K] vs [a, C/a, K] vs a 1×1 Conv2d per
-provider and C, keep the winner.
+"""Equivalent shapes (mllm-NPU §4, optimisation 1): [C, K] vs [a, C/a, K] vs a 1×1 Conv2d, per provider and C.
 
-A linear over [C, K] gives the same result on [a, b, K] with a·b = C (every op of a static subgraph is
-row-wise), or as a 1×1 Conv2d over the image [1, K, a, b]; NPUs often prefer some shapes (the paper:
-32×32×2048 is 1.62× faster than 1024×1×2048, "as in CNN architectures"). `profile_shapes` times each
-candidate graph of one layer (`segments.SegmentSpec.shape`: "2d", "3d:a", "conv:a") and records, per
-(provider, kind, C), the winner in `profiles/shapes/equivalent_shapes_<host>.json`; `NpuBackend(shape="auto")`
-reads it (`recorded_shape`).
-
-JSON (version 1): {"version": 1, "host": ..., "entries": [{"provider", "kind", "chunk_len", "winner",
-"latency_us": {shape: us}, "build_s": {shape: s, for graphs built by this run}, "simulated", "repeats",
-["failed": {shape: reason}]}]}; a "simulated" entry was timed on the HTP simulator, whose speed says
-nothing about a device's. The winner is the fastest within the build budget (`pick_winner`).
+`profile_shapes` times each candidate graph of one layer and records the winner per (provider, kind, C) in
+`profiles/shapes/equivalent_shapes_<host>.json`; `NpuBackend(shape="auto")` reads it (`recorded_shape`).
+A "simulated" entry (HTP simulator) says nothing about a device's speed. Format: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""Baseline quantizers of mllm-NPU Table 5 (§4.4), as `LayerBackend`s for the accuracy benchmark.
+"""Baseline quantizers of mllm-NPU Table 5 (§4.4) as `LayerBackend`s, for the accuracy benchmark.
 
-These are *fake-quantized* in float32 torch (quantize → dequantize → float matmul): they measure
-accuracy only and have no INT8 kernel behind them. Each is `hetero.model`'s layer with its own
-`site_linear`, so the float operations between linears stay those of the model.
-
-- `SmoothQuantBackend` (Xiao et al. 2023, α = 0.5): per input channel j, s_j = max|X_j|^α / max|W_j|^(1-α)
-  from calibration; x/s and W·s are quantized W8A8 per tensor (static activation scale = calibrated
-  absmax of x/s). Applied at all four sites (the original folds s into the preceding norm / linear).
-- `LLMInt8Backend` (Dettmers et al. 2022, threshold 6.0): input channels where any |x| > 6 run in float
-  with float weights; the rest vector-wise INT8 (activation per token, weight per output row).
-- `PerGroupBackend` (group 32, like llama.cpp's Q8_0 / K-quant blocks): weights per output row and per
-  group of 32 inputs, activations per token and group, symmetric INT8.
+Fake-quantized in float32 torch (accuracy only, no INT8 kernel): SmoothQuant (α = 0.5), LLM.int8()
+(threshold 6.0), per-group INT8 (group 32). Each is `hetero.model`'s layer with its own `site_linear`.
 """
 
 from __future__ import annotations

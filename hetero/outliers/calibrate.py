@@ -1,20 +1,9 @@
-"""Calibration: activation statistics of every linear's input on real text (mllm-NPU §3.3, offline profiling).
+"""Calibration (mllm-NPU §3.3, offline profiling): activation statistics of every site on real text.
 
-The float model runs over a corpus in fixed windows; for each (layer, site) (`plan.SITES`) we record
-
-- absmax, median |x|, and high percentiles of |x| and of both tails of x (`PERCENTILES`), from a
-  log-spaced histogram (1/64 octave, ≈1% resolution) filled in a first pass;
-- per channel: max |x|, and how often |x| exceeds each candidate threshold t_p = percentile p of |x|
-  (second pass, since t_p is only known after the first): these are the outlier counts of Fig. 11 and
-  the source of hot channels;
-- importance_p = absmax / s_p with s_p = t_p / 127 (§3.3: "the ratio between the largest outlier and the
-  quantization scale"), ranked by `pruning.py`;
-- the log-spaced histogram of |x| itself (`SiteStats.hist_abs`), so that any other clipping point and the
-  clipping error energy of a threshold (`SiteStats.clip_energy`) can be derived without a new run.
-
-Everything lands in one versioned `.npz` next to the model's cache entry
-(`cache_dir()/models/<fingerprint>/calibration.npz`), written atomically and validated on load
-(version, model fingerprint, layer count, channel counts). Nothing calibrates at prefill time.
+The float model runs over a corpus in windows, observing every site input (`model.observed`): absmax,
+median and percentiles of |x| and both tails, per-channel maxima and outlier counts per candidate
+threshold (two passes), and the |x| histogram. One versioned `.npz` beside the model's cache entry,
+written atomically, validated on load. Nothing calibrates at prefill time. Details: docs/design.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,9 @@
-"""The quantization plan: what the NPU backend needs to run every static linear W8A8 per tensor.
+"""The quantization plan (mllm-NPU §3.3): per activation site its scale and shadow channels, and the INT8
+weight of every linear; what a quantized backend runs.
 
-mllm-NPU §3.3. Per decoder layer there are four activation *sites*, each the input of one or more
-linears that share it (so it is quantized once):
-
-    h ─► RMSNorm ─► [attn_in] ─► wq, wk, wv            (subgraph qkv)
-    a ─────────────► [o_in] ────► wo ─► +h ─► RMSNorm ─► [ffn_in] ─► w_gate, w_up
-                               silu(gate)·up ─► [down_in] ─► w_down ─► +h   (subgraph o_ffn)
-
-A site carries the calibrated activation scale s (activations are quantized as clip(rint(x/s), -128,
-127), stored uint8 with zero point 128, `quantize.quantize_act`) and whether its beyond-scale part runs
-as a *shadow* on the CPU (Eq. 1, `hetero.outliers.shadow`). Importance pruning (§3.3, "Most outliers
-can be pruned") keeps the shadow only on the most important sites; the others are plain clipped W8A8.
-Weights are INT8 with one scale per output channel by default (`quantize.quantize_weight_per_channel`):
-weight scales are static, so they fold into the output dequantization (a float32 vector s_x·s_w[o]
-instead of a scalar) and the NPU's INT8 MatMul stays per tensor in its activations, which is what
-mllm-NPU's constraint is about (§2.3/§3.3). weight_granularity="tensor" gives the paper's strict
-per-tensor weights (`quantize.quantize_weight`, one scale per linear) for the ablation.
-Weight range: `weight_qmax` = 127 by default (8-bit symmetric weights: the paper's W8A8, what an NPU
-runs). weight_qmax=63 gives 7-bit weights (ONNX Runtime's `reduce_range`), with which the CPU EP graphs
-run ORT's fast u8·s8 MatMulInteger exactly on AVX2 without VNNI (its vpmaddubsw int16 pair sums
-saturate with 8-bit weights: 2·255·127 > 32767, but 2·255·64 <= 32767; `quantize` module doc). The
-plan records its `weight_form` (`quantize.WEIGHT_FORMS`), which picks the CPU EP's kernel; `hetero.methods`
-asks `hetero.npu.isa` for this CPU's (8-bit u8·s8 with VNNI, 8-bit u8·u8 on AVX2). The numpy reference
-uses the same weights, so every backend stays bit-exact.
-
-The plan is a pure function of the model and the calibration statistics (`pruning.plan_from_calibration`); on disk only
-the site table is stored (`to_dict`), the INT8 weights are recomputed deterministically (`from_dict`).
+A pure function of the model and the calibration (`pruning.plan_from_calibration`, or `plan_from_scales`);
+on disk only the site table is stored (`to_dict`), the INT8 weights are recomputed (`from_dict`).
+Sites and the weight range: docs/design.md, "Outliers"; the plan records its weight form ("Weight forms").
 """
 
 from __future__ import annotations

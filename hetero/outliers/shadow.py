@@ -1,23 +1,9 @@
 """Shadow outlier execution (mllm-NPU §3.3, Eq. 1): W8A8 per tensor on the NPU + float outliers on the CPU.
 
-Eq. 1 splits one matmul by the associative law. With s the calibrated activation scale of a site and
-W_q, s_w the INT8 per-tensor weight (W_deq = s_w·W_q):
-
-    x·W_deqᵀ ≈ s·clip(rint(x/s), -128, 127)·W_deqᵀ      NPU: INT8 MatMul, int32 accumulation
-             +  r[:, c]·W_deq[:, c]ᵀ                      CPU: float, only the outlier channels c
-    with r = x − clip(x, −128·s, 127·s)                  (zero except beyond the INT8 range)
-
-so NPU part + shadow part = the matmul of x quantized *without clipping* (values inside the range are
-rounded to the grid s, values beyond it are kept exactly). The paper writes the shadow matmul with the
-INT8 weights w; we do the same with their dequantized rows W_deq[:, c] (a float copy of the weights on
-the CPU, §3.3), which makes the decomposition an identity that `tests/outliers/test_shadow.py` checks.
-The outlier channels c are found at run time by comparing with the threshold (any channel may have an
-outlier); the hot-channel store (`hotstore.py`) decides which rows come from RAM and which from disk.
-
-`QuantizedBackend` composes this per site and keeps the float operations between the linears (RMSNorm,
-residual, SiLU·mul) exactly as `hetero.model`; it is *the* reference the ONNX graphs of `hetero.npu`
-must match: its INT8 part equals `quantize.int8_linear` bit for bit. An NPU backend can subclass it and
-override `linear_int8` (the NPU part), or call `shadow_correction` for the CPU part of a site.
+x·W_deqᵀ ≈ s·clip(rint(x/s), -128, 127)·W_deqᵀ (NPU part, `npu_part`) + r[:, c]·W_deq[:, c]ᵀ (CPU part,
+`shadow_part`) with r = x − clip(x, −128·s, 127·s), channels c found at run time. `QuantizedBackend` is
+`hetero.model`'s layer with this as its site linear: the reference the NPU graphs are checked against.
+Derivation: docs/design.md, "Outliers".
 """
 
 from __future__ import annotations

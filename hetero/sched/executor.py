@@ -1,21 +1,9 @@
 """Real execution of a prefill DAG: one worker thread per lane, dispatch by a policy (mllm-NPU §3.4).
 
-The calling thread is the scheduler: it asks the policy for a node for every idle lane, hands it to
-that lane's worker, and waits for completions, which release successors (Eq. 2-3). A lane runs one
-subgraph at a time (Eq. 4). Workers are threads because the work releases the GIL (ONNX Runtime
-sessions, torch ops); the policy and readiness state are touched by the calling thread only.
-
-    caller ──(node, fn)──► inbox[npu] ──► worker npu ──┐
-           ──(node, fn)──► inbox[cpu] ──► worker cpu ──┼──► completions ──► caller: complete(v)
-           ──(node, fn)──► inbox[gpu] ──► worker gpu ──┘
-
-Failure: when a node's callable raises, nothing more is dispatched; the nodes already running on the
-other lanes finish (a subgraph cannot be interrupted safely mid-write of the KV cache), then `run`
-raises ScheduleError naming the node, ``from`` the original error. Workers stay alive, so the
-Executor (and the runtime holding it) is usable for the next prefill.
-
-A GPU lane is a lane like any other: its callable runs torch on CUDA and must synchronise before it
-returns (pass ``sync={"gpu": torch.cuda.synchronize}``) so the recorded end time is real.
+The calling thread asks the policy for a node for every idle lane, hands it to that lane's worker and
+releases successors on completion (Eq. 2-3); a lane runs one subgraph at a time (Eq. 4). When a node
+raises, the running ones finish and `ScheduleError` names it; workers survive for the next prefill.
+`OutOfOrderExecutor` is the runtime's `PrefillExecutor` built on this.
 """
 
 from __future__ import annotations

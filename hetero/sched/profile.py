@@ -1,21 +1,8 @@
-"""Device profiles: the measured (or derived) cost of every subgraph kind on every lane.
+"""Device profiles: the measured (or derived) cost of every subgraph kind on every lane (mllm-NPU §3.4).
 
-mllm-NPU §3.4: "mllm-NPU profiles all the subgraph execution time and their dependency offline at the
-preparation stage"; the scheduler (Eq. 6) and the simulator read those times from a `Profile`.
-
-A cost is stored per (kind, lane, chunk length C) as a table of points (kv_len, latency_us). Static
-subgraphs (`qkv`, `o_ffn`, `shadow`) have one point (their cost does not depend on the KV length);
-`attn` has several, and `cost_us` interpolates linearly between them and extrapolates past the ends
-along the nearest segment (attention over kv_len keys is affine in kv_len for a fixed C).
-
-On disk (JSON, `version` 1)::
-
-    {"version": 1, "name": ..., "method": "measured" | "derived", "simulated": bool,
-     "device": ..., "backend": {lane: backend}, "versions": {...}, "date": ..., "notes": ...,
-     "model": {"name": ..., "n_layers": ..., ...},
-     "layer_subgraphs": [["qkv", "npu"], ["attn", "cpu"], ["o_ffn", "npu"]],
-     "costs": [{"kind": "attn", "lane": "cpu", "chunk_len": 256,
-                "points": [[256, 812.0], [512, 1400.5], ...]}, ...]}
+A cost is stored per (kind, lane, C) as points (kv_len, latency_us): one point for static kinds, several
+for `attn`, interpolated linearly (affine in kv_len for fixed C). JSON, `version` 1, with the placement
+profiled (`layer_subgraphs`) and the costs; format in docs/design.md, "Scheduler".
 """
 
 from __future__ import annotations
