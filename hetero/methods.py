@@ -19,6 +19,8 @@ from hetero.backend import FloatBackend, LayerBackend
 from hetero.errors import ConfigError
 from hetero.loader import Model
 from hetero.runtime import Runtime
+from hetero.serve.service import Service
+from hetero.serve.store import StoreConfig
 
 if TYPE_CHECKING:
     from hetero.outliers.plan import QuantPlan
@@ -133,8 +135,8 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     """A runtime for `method`; `policy` overrides the method's default dispatch policy; `weight_form` forces
     the INT8 weight form of the quantized methods (None or "auto": this CPU's, `hetero.npu.isa`).
 
-    Threads: the NPU lane's ONNX Runtime sessions get `threads` (default: all cores); when lanes overlap,
-    torch (the CPU lane) gets half of them so the lanes do not oversubscribe the cores.
+    Threads: the provider's ONNX Runtime sessions (the npu lane) get `threads` (default: all cores); when
+    lanes overlap, torch (the cpu lane) gets half of them so the lanes do not oversubscribe the cores.
     """
     spec = METHODS.get(method)
     if spec is None:
@@ -152,3 +154,12 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
         executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy)
     return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads, weight_form),
                    executor=executor)
+
+
+def make_service(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,
+                 store: StoreConfig | None = None, **options: int) -> Service:
+    """A `hetero.serve.Service` (contexts, prefix reuse, the chunk K/V store) over a runtime for `method`.
+
+    `options`: max_contexts_per_client, max_active, max_queue (see `Service`).
+    """
+    return Service(make_runtime(model, method, chunk, threads), store, **options)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetero.errors import BackendUnavailable
+from hetero.model import SITES
 from hetero.npu import export, segments
 from hetero.npu.cache import entry_key, graphs_root, library_versions
 from hetero.paths import atomic_path
@@ -86,7 +87,7 @@ def compile_on_hub(model, plan, chunk: int, device: str, layers=None, kinds=("qk
     with tempfile.TemporaryDirectory(prefix="hetero-hub-") as tmp:
         for layer in (range(cfg.n_layers) if layers is None else layers):
             lq = segments.layer_q(cfg, model.weights.layers[layer], plan, layer)
-            shadow = {s for s in ("attn_in", "o_in", "ffn_in", "down_in") if plan.sites[(layer, s)].shadow}
+            shadow = {s for s in SITES if plan.sites[(layer, s)].shadow}
             for spec in segments.layer_segments(layer, shadow, chunk, "qnn-fp16"):
                 if spec.kind not in kinds and not (spec.kind != "qkv" and "o_ffn" in kinds):
                     continue
@@ -155,7 +156,7 @@ def measure_on_hub(model, plan, chunks, device: str, layer: int = 0, name: str |
             kind = "qkv" if g.kind == "qkv" else "o_ffn"
             costs[(kind, c)] = costs.get((kind, c), 0.0) + _profile_us(prof)  # a shadow-cut o_ffn: segments add up
     cfg = model.config
-    meta = {"device": device, "backend": {"npu": "qnn-htp (Qualcomm AI Hub)"}, "versions": library_versions(),
+    meta = {"device": device, "provider": {"npu": "qnn-htp (Qualcomm AI Hub)"}, "versions": library_versions(),
             "model": {"name": model.name, "hidden": cfg.hidden, "ffn": cfg.ffn},
             "notes": f"AI Hub profile jobs of layer {layer}'s static graphs; attention is not profiled on the NPU"}
     return HubMeasurement(name or f"hub-{_slug(device)}-{model.name}", device, costs, cfg.n_layers, meta)
