@@ -25,6 +25,8 @@ from hetero.serve.store import StoreConfig
 if TYPE_CHECKING:
     from hetero.outliers.plan import QuantPlan
 
+SITES_ALL = ("attn_in", "o_in", "ffn_in", "down_in")
+
 
 def use_threads(threads: int | None) -> int:
     """Set torch's intra-op thread count (None: all cores); returns the count set."""
@@ -33,32 +35,68 @@ def use_threads(threads: int | None) -> int:
     return n
 
 
-def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float = 0.85,
-               weight_form: str | None = None) -> "QuantPlan":
-    """The quantization plan of `model` for a provider ("cpu" or "qnn"): calibrated scales, shadow sites, INT8 weights.
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """How a quantized method builds its plan: offline rotation, W8A16 sites, shadow pruning (issue 10)."""
+
+    rotate: bool = False  # `outliers.rotate`: rotated residual stream + online Hadamards on o_in / down_in
+    a16: tuple[str, ...] = ()  # sites that run W8A16 in every layer (`outliers.a16`)
+    prune_fraction: float = 0.85  # share of the 8-bit sites whose shadow is dropped (§3.3)
+
+
+W8A8 = Recipe()  # mllm-NPU's plan: W8A8 per tensor, shadow outliers on the 15% most important sites
+ROT_A16_DOWN = Recipe(rotate=True, a16=("down_in",))
+DEFAULT_RECIPE = W8A8
+
+
+def quant_model(model: Model, recipe: Recipe) -> Model:
+    """The model a recipe quantizes: the rotated copy (cached) when it rotates, else `model` itself."""
+    from hetero.outliers.rotate import rotate_model
+
+    return rotate_model(model) if recipe.rotate else model
+
+
+def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float | None = None,
+               weight_form: str | None = None, recipe: Recipe = DEFAULT_RECIPE) -> "QuantPlan":
+    """The quantization plan of `model` (already `quant_model(model, recipe)`) for a provider ("cpu" or
+    "qnn"): calibrated scales, shadow sites, 16-bit sites, online transforms, INT8 weights.
 
     weight_form (`hetero.outliers.quantize.WEIGHT_FORMS`): None picks this CPU's exact and fast form on the
     CPU EP (`hetero.npu.isa`: 8-bit weights u8·s8 with VNNI, u8·u8 on AVX2); an NPU (QNN HTP) runs the
-    paper's 8-bit weights.
+    paper's 8-bit weights. prune_fraction overrides the recipe's.
     """
     from hetero.npu.isa import resolve_weight_form
     from hetero.outliers.calibrate import ensure_calibration
     from hetero.outliers.pruning import plan_from_calibration
+    from hetero.outliers.rotate import is_rotated, online_sites
 
+    if recipe.rotate != is_rotated(model):
+        raise ConfigError(f"quant_plan: the recipe {'rotates' if recipe.rotate else 'does not rotate'} but the model "
+                          f"{'is not' if recipe.rotate else 'is'} rotated; use quant_setup(model, ...)")
     form = resolve_weight_form(weight_form) if provider == "cpu" else (weight_form or "w8-u8u8")
-    return plan_from_calibration(model, ensure_calibration(model, progress=True), prune_fraction=prune_fraction,
-                                 weight_form=form)
+    online = online_sites(model.config) if recipe.rotate else {}
+    a16 = [(layer, site) for layer in range(model.config.n_layers) for site in recipe.a16]
+    pf = recipe.prune_fraction if prune_fraction is None else prune_fraction
+    return plan_from_calibration(model, ensure_calibration(model, progress=True, online=online), prune_fraction=pf,
+                                 weight_form=form, a16=a16, online=online)
+
+
+def quant_setup(model: Model, provider: str = "cpu", weight_form: str | None = None,
+                recipe: Recipe = DEFAULT_RECIPE) -> "tuple[Model, QuantPlan]":
+    """(the model the recipe quantizes, its plan): what a quantized method runs (`quant_model`, `quant_plan`)."""
+    qm = quant_model(model, recipe)
+    return qm, quant_plan(qm, provider, weight_form=weight_form, recipe=recipe)
 
 
 def _float(model: Model, chunk: int, threads: int | None, weight_form: str | None) -> LayerBackend:
     return FloatBackend(model.config, model.weights)
 
 
-def _npu(provider: str, prune_fraction: float = 0.85) -> Callable[[Model, int, int | None, str | None], LayerBackend]:
+def _npu(provider: str, recipe: Recipe = DEFAULT_RECIPE) -> Callable[[Model, int, int | None, str | None], LayerBackend]:
     def make(model: Model, chunk: int, threads: int | None, weight_form: str | None) -> LayerBackend:
         from hetero.npu.backend import NpuBackend
 
-        plan = quant_plan(model, provider, prune_fraction, weight_form)
+        plan = quant_plan(model, provider, weight_form=weight_form, recipe=recipe)
         return NpuBackend(model, plan, chunk=chunk, provider=provider, intra_op_threads=threads or 2)
 
     return make
@@ -66,17 +104,26 @@ def _npu(provider: str, prune_fraction: float = 0.85) -> Callable[[Model, int, i
 
 @dataclass(frozen=True, slots=True)
 class Method:
-    # (model, chunk, threads, weight_form) -> the layer ops
+    # (model, chunk, threads, weight_form) -> the layer ops; `model` is already `quant_model(model, recipe)`
     make: Callable[[Model, int, int | None, str | None], LayerBackend]
     policy: str | None  # default dispatch policy; None = in program order on the calling thread
     doc: str
+    recipe: Recipe | None = None  # quantized methods: how the plan is built
+
+
+def _hetero(provider: str, policy: str, doc: str, recipe: Recipe = DEFAULT_RECIPE) -> Method:
+    return Method(_npu(provider, recipe), policy, doc, recipe)
 
 
 METHODS: dict[str, Method] = {
-    "hetero": Method(_npu("cpu"), "rank", "INT8 graphs (ORT CPU EP as NPU lane), shadow outliers, out of order"),
-    "hetero-qnn": Method(_npu("qnn"), "rank", "INT8 QDQ graphs on QNN HTP (simulator on x86), out of order"),
-    "hetero-inorder": Method(_npu("cpu"), "in_order", "as hetero, dispatched in order"),
-    "hetero-noshadow": Method(_npu("cpu", prune_fraction=1.0), "rank", "as hetero, outliers clipped (no shadow)"),
+    "hetero": _hetero("cpu", "rank", "INT8 graphs (ORT CPU EP as NPU lane), shadow outliers, out of order"),
+    "hetero-qnn": _hetero("qnn", "rank", "as hetero, INT8 QDQ graphs on QNN HTP (simulator on x86)"),
+    "hetero-inorder": _hetero("cpu", "in_order", "as hetero, dispatched in order"),
+    "hetero-noshadow": _hetero("cpu", "rank", "as hetero, outliers clipped (no shadow)", Recipe(prune_fraction=1.0)),
+    "hetero-rot": _hetero("cpu", "rank", "rotation, W8A8 with shadow on 15% of the sites", Recipe(rotate=True)),
+    "hetero-rot-a16down": _hetero("cpu", "rank", "rotation, W8A16 on down_in, W8A8 + shadow elsewhere",
+                                  ROT_A16_DOWN),
+    "hetero-rot-a16": _hetero("cpu", "rank", "rotation, W8A16 at every site", Recipe(rotate=True, a16=SITES_ALL)),
     "float": Method(_float, None, "float reference, in program order"),
     "float-ooo": Method(_float, "rank", "float reference, out of order"),
 }
@@ -94,6 +141,8 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     spec = METHODS.get(method)
     if spec is None:
         raise ConfigError(f"method must be one of {sorted(METHODS)}, got {method!r}")
+    if spec.recipe is not None:
+        model = quant_model(model, spec.recipe)  # the rotated copy: its embedding and lm_head run the prefill
     threads = threads or os.cpu_count() or 1
     policy = policy or spec.policy
     overlapped = policy is not None and spec.make is not _float

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hetero import model as ref
-from hetero.methods import quant_plan
+from hetero.methods import quant_setup
 from hetero.npu import isa
 from hetero.npu.backend import NpuBackend
 from hetero.outliers.calibrate import token_windows
@@ -40,9 +40,11 @@ FORMS = sorted({isa.default_weight_form(), isa.FORM_AVX2})
 _BACKENDS: dict[str, NpuBackend] = {}
 
 
-def _backend(model, form: str) -> NpuBackend:
+def _backend(model, form: str) -> tuple:
+    """(the model the default method quantizes, its INT8 graphs at C) for a forced weight form."""
     if form not in _BACKENDS:
-        _BACKENDS[form] = NpuBackend(model, quant_plan(model, "cpu", weight_form=form), chunk=C)
+        qm, plan = quant_setup(model, "cpu", weight_form=form)
+        _BACKENDS[form] = qm, NpuBackend(qm, plan, chunk=C)
     return _BACKENDS[form]
 
 
@@ -56,10 +58,11 @@ def _chat(model, question: str, answer: str) -> tuple[int, torch.Tensor]:
     return len(prompt), torch.tensor(ids)
 
 
-def _onnx_logits(model, be: NpuBackend, ids: torch.Tensor) -> torch.Tensor:
+def _onnx_logits(model, form: str, ids: torch.Tensor) -> torch.Tensor:
     """Logits of every position through the INT8 graphs (padding after the sequence cannot reach it)."""
+    qm, be = _backend(model, form)
     pad = torch.cat([ids, torch.zeros(be.chunk - ids.numel(), dtype=ids.dtype)])
-    return ref.forward(model.config, model.weights, pad, be)[0][: ids.numel()]
+    return ref.forward(qm.config, qm.weights, pad, be)[0][: ids.numel()]
 
 
 @pytest.mark.slow
@@ -70,7 +73,7 @@ def test_quantized_top1_equals_float_where_float_is_sure(default_model, form, qu
     n_prompt, ids = _chat(m, question, answer)
     top2 = ref.forward(m.config, m.weights, ids)[0].double().softmax(-1).topk(2, -1)
     sure = (top2.values[:, 0] - top2.values[:, 1] > MARGIN)[n_prompt - 1:]  # the answer's positions
-    got = _onnx_logits(m, _backend(m, form), ids).argmax(-1)[n_prompt - 1:]
+    got = _onnx_logits(m, form, ids).argmax(-1)[n_prompt - 1:]
     want = top2.indices[n_prompt - 1:, 0]
     assert int(sure.sum()) >= 4  # most answer tokens are sure in float ("Paris", "Tokyo", "56" among them)
     assert torch.equal(got[sure], want[sure]), (form, m.tokenizer.decode(got))
@@ -85,8 +88,19 @@ def test_perplexity_bound_on_a_short_text(default_model, form):
     def nll(ids: torch.Tensor, logits: torch.Tensor) -> float:
         return float(-torch.log_softmax(logits[:-1].double(), -1).gather(1, ids[1:, None]).sum())
 
-    be = _backend(m, form)
-    d = sum(nll(ids, ref.forward(m.config, m.weights, ids, be)[0]) - nll(ids, ref.forward(m.config, m.weights, ids)[0])
-            for ids in wins)
+    d = sum(nll(ids, _onnx_logits(m, form, ids)) - nll(ids, ref.forward(m.config, m.weights, ids)[0]) for ids in wins)
     ratio = math.exp(d / sum(ids.numel() - 1 for ids in wins))
     assert ratio <= PPL_BOUND, (form, ratio)
+
+
+def test_a_rotating_recipe_needs_the_rotated_model():
+    from hetero.errors import ConfigError
+    from hetero.methods import ROT_A16_DOWN, W8A8, quant_plan
+    from hetero.outliers.rotate import rotate_model
+    from tests.conftest import make_tiny_model
+
+    tiny = make_tiny_model()
+    with pytest.raises(ConfigError, match="quant_setup"):
+        quant_plan(tiny, recipe=ROT_A16_DOWN)
+    with pytest.raises(ConfigError, match="quant_setup"):
+        quant_plan(rotate_model(tiny, cache=False), recipe=W8A8)

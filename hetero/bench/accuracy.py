@@ -23,7 +23,10 @@ import torch
 from hetero.bench.entry import bench_main
 from hetero.extras import require
 from hetero.loader import load_model
+from hetero.bench.harness import prompt_ids
+from hetero.bench.method_quality import method_rows
 from hetero.methods import use_threads
+from hetero.npu import isa
 from hetero.model import forward
 from hetero.outliers.baselines import LLMInt8Backend, PerGroupBackend, SmoothQuantBackend
 from hetero.outliers.calibrate import ensure_calibration, token_windows
@@ -35,6 +38,7 @@ from hetero.outliers.pruning import DEFAULT_PERCENTILE, plan_from_calibration, r
 from hetero.outliers.shadow import QuantizedBackend
 from hetero.paths import atomic_path
 
+METHOD_ROWS = ("float", "hetero", "hetero-rot", "hetero-rot-a16down", "hetero-rot-a16", "hetero-noshadow")
 HELP = "perplexity of the quantized paths vs float and Table 5's baselines; outliers, pruning, hot channels"
 
 
@@ -77,6 +81,12 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--out", default="bench/results", help="results directory")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--methods", default=",".join(METHOD_ROWS),
+                    help="methods of `hetero methods` compared on their own layer ops, chat and speed ('' = none)")
+    ap.add_argument("--text", default=None, help="evaluate on this text file instead of the shipped held-out text")
+    ap.add_argument("--no-speed", action="store_true", help="skip the prefill speed at 1024 tokens")
+    ap.add_argument("--ablations", action="store_true",
+                    help="also the reference-plan ablations (7-bit weights, per-tensor weights, p99.5)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,13 +102,25 @@ def run(args: argparse.Namespace) -> int:
 
     model = load_model()
     calib = ensure_calibration(model, progress=not args.json)
-    text = load_corpus(DEFAULT_EVALUATION)
+    text_name = Path(args.text).stem if args.text else DEFAULT_EVALUATION
+    text = Path(args.text).read_text() if args.text else load_corpus(DEFAULT_EVALUATION)
     windows = token_windows(model.tokenizer, text, n_win * args.window, args.window)[:n_win]
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
-    log(f"eval: {len(windows)} windows x {args.window} tokens of {DEFAULT_EVALUATION}; calibration {calib.corpus}")
+    log(f"eval: {len(windows)} windows x {args.window} tokens of {text_name}; calibration {calib.corpus}")
 
     cfg, w = model.config, model.weights
     rows, store_info = [], {}
+    methods = [m for m in args.methods.split(",") if m]
+    if methods:  # one chunk (256) per window, >= 2,000 positions
+        n256 = max(8, (n_win * args.window) // 256)
+        mwin = token_windows(model.tokenizer, text, n256 * 256, 256)[:n256]
+        speed_ids = None if args.no_speed else prompt_ids(None, 1024)
+        rows += method_rows(model, methods, mwin, speed_ids, args.threads or torch.get_num_threads(), log=log)
+    ablations = (("hetero_cpu_int7w", 0.85, "channel", DEFAULT_PERCENTILE, 63),
+                 ("shadow_all_w8t", 0.0, "tensor", DEFAULT_PERCENTILE, 127),
+                 ("hetero_w8t", 0.85, "tensor", DEFAULT_PERCENTILE, 127),
+                 ("shadow_all_p99.5", 0.0, "channel", 99.5, 127),
+                 ("hetero_p99.5", 0.85, "channel", 99.5, 127)) if args.ablations else ()
 
     def measure(method, backend, **extra):
         ppl, sec = perplexity(model, windows, backend)
@@ -122,19 +144,14 @@ def run(args: argparse.Namespace) -> int:
         rows_src = HotChannelStore(plan) if store and plan.shadow_sites() else None
         return CountingBackend(cfg, w, plan, rows=rows_src), rows_src
 
-    measure("float", None)
+    measure("float_ref", None)
     naive = plan_from_calibration(model, calib, prune_fraction=1.0, pruned_percentile=100.0, method="naive_w8a8")
     measure("naive_w8a8", QuantizedBackend(cfg, w, naive), scale="absmax", shadow_sites=0)
     clipped = plan_from_calibration(model, calib, prune_fraction=1.0, pruned_percentile=DEFAULT_PERCENTILE, method="clipped_w8a8")
     measure("clipped_w8a8", QuantizedBackend(cfg, w, clipped), scale=f"p{DEFAULT_PERCENTILE}", shadow_sites=0)
-    # hetero_cpu_int7w: the plan the default runtime uses on the CPU-EP lane (7-bit weights, hetero.methods)
+    # w8a8_shadow15: mllm-NPU's plan (the old hetero default) on the exact INT8 torch reference
     for method, frac, wg, pct, qmax in (("shadow_all", 0.0, "channel", DEFAULT_PERCENTILE, 127),
-                                        ("hetero", 0.85, "channel", DEFAULT_PERCENTILE, 127),
-                                        ("hetero_cpu_int7w", 0.85, "channel", DEFAULT_PERCENTILE, 63),
-                                        ("shadow_all_w8t", 0.0, "tensor", DEFAULT_PERCENTILE, 127),
-                                        ("hetero_w8t", 0.85, "tensor", DEFAULT_PERCENTILE, 127),
-                                        ("shadow_all_p99.5", 0.0, "channel", 99.5, 127),
-                                        ("hetero_p99.5", 0.85, "channel", 99.5, 127)):
+                                        ("w8a8_shadow15", 0.85, "channel", DEFAULT_PERCENTILE, 127), *ablations):
         plan = plan_from_calibration(model, calib, prune_fraction=frac, method=method, weight_granularity=wg, percentile=pct,
                           weight_qmax=qmax)
         be, store = plan_backend(plan, store=True)
@@ -156,8 +173,8 @@ def run(args: argparse.Namespace) -> int:
     measure("llm_int8", LLMInt8Backend(cfg, w, threshold=6.0), threshold=6.0)
     measure("per_group", PerGroupBackend(cfg, w, group=32), group=32)
 
-    by = {r["method"]: r["ppl"] for r in rows}
-    sweep = [{"prune_fraction": 0.0, "ppl": by["shadow_all"]}, {"prune_fraction": 0.85, "ppl": by["hetero"]}]
+    by = {r["method"]: r["ppl"] for r in rows if "ppl" in r}
+    sweep = [{"prune_fraction": 0.0, "ppl": by["shadow_all"]}, {"prune_fraction": 0.85, "ppl": by["w8a8_shadow15"]}]
     for frac in ((1.0,) if args.quick else (0.5, 0.7, 0.95, 1.0)):  # the default plan at other fractions
         plan = plan_from_calibration(model, calib, prune_fraction=frac)
         ppl, _ = perplexity(model, windows, QuantizedBackend(cfg, w, plan))
@@ -165,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
         sweep.append({"prune_fraction": frac, "ppl": ppl})
     sweep.sort(key=lambda r: r["prune_fraction"])
     for r in rows + sweep:
-        r["delta_pct"] = 100.0 * (r["ppl"] / by["float"] - 1.0)
+        if "ppl" in r:
+            r["delta_pct"] = 100.0 * (r["ppl"] / by["float_ref"] - 1.0)
 
     order = rank_sites(calib, DEFAULT_PERCENTILE)
     importance = [{"layer": l, "site": s, "importance": calib.sites[(l, s)].importance(DEFAULT_PERCENTILE),
@@ -173,10 +191,11 @@ def run(args: argparse.Namespace) -> int:
                   for l, s in order]
     result = {
         "model": model.name, "fingerprint": model.fingerprint,
-        "eval": {"corpus": corpus_id(DEFAULT_EVALUATION, text), "windows": len(windows), "window": args.window,
+        "eval": {"corpus": corpus_id(text_name, text), "windows": len(windows), "window": args.window,
                  "tokens": int(sum(x.numel() for x in windows))},
         "calibration": {"corpus": calib.corpus, "tokens": calib.n_tokens, "percentile": DEFAULT_PERCENTILE},
         "quick": args.quick, "threads": torch.get_num_threads(), "machine": platform.machine(),
+        "isa": isa.machine()["isa"], "loadavg": os.getloadavg(),
         "rows": rows, "prune_sweep": sweep, "hot_channel_store": store_info,
         "outliers": outlier_stats(calib, DEFAULT_PERCENTILE), "importance_ranking": importance,
         "notes": "smoothquant/llm_int8/per_group are fake-quantized in float32 torch; naive/clipped/shadow_all/"
@@ -188,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
                  "chunk per kept site.",
     }
     out.mkdir(parents=True, exist_ok=True)
-    stem = "accuracy_quick" if args.quick else "accuracy"
+    stem = ("accuracy_quick" if args.quick else "accuracy") + (f"_{text_name}" if args.text else "")
     with atomic_path(out / f"{stem}.json") as tmp:
         tmp.write_text(json.dumps(result, indent=1))
     with atomic_path(out / f"{stem}.md") as tmp:
@@ -206,8 +225,29 @@ def to_markdown(r: dict) -> str:
              f"Perplexity on {r['eval']['tokens']} tokens of {r['eval']['corpus']} ({r['eval']['windows']} windows of "
              f"{r['eval']['window']}); calibration on {r['calibration']['corpus']} ({r['calibration']['tokens']} tokens), "
              f"scale = p{r['calibration']['percentile']} of |x| / 127.", "",
-             "| method | ppl | Δ vs float | notes |", "|---|---:|---:|---|"]
+             ]
+    mrows = [row for row in r["rows"] if "top1_agree_pct" in row or row["method"] == "torch_float"]
+    if mrows:
+        tf = next((row["prefill_tok_s_1024"] for row in mrows if row["method"] == "torch_float"), None)
+        lines += [f"Methods (`hetero.methods`) on their own layer ops (INT8 ONNX graphs), {mrows[0].get('positions', 0)} "
+                  "positions in windows of 256; first token on 50 chat questions; prefill at 1024 tokens, median, "
+                  f"same run (ISA {', '.join(r.get('isa', []))}, loadavg {r.get('loadavg', ['?'])[0]:.1f}: timings noisy).",
+                  "", "| method | ppl | Δ vs float | top-1 = float | first token = float | tokens/s @1024 | vs torch float | "
+                  "plan |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+        for row in mrows:
+            sp = row.get("prefill_tok_s_1024")
+            plan = ", ".join(f"{k}={row[k]}" for k in ("weight_form", "rotated", "a16_sites", "shadow_sites") if k in row)
+            ppl = f"{row['ppl']:.4f} | {row['delta_pct']:+.2f}%" if "ppl" in row else "– | –"
+            lines.append(f"| {row['method']} | {ppl} | {row.get('top1_agree_pct', float('nan')):.1f}% | "
+                         f"{row.get('first_token_agree', '–')} | {sp:.0f} | {sp / tf:.2f}x | {plan} |" if sp and tf else
+                         f"| {row['method']} | {ppl} | {row.get('top1_agree_pct', float('nan')):.1f}% | "
+                         f"{row.get('first_token_agree', '–')} | – | – | {plan} |")
+        lines.append("")
+    lines += ["Reference plans on the exact INT8 torch reference and Table 5's baselines:", "",
+              "| method | ppl | Δ vs float | notes |", "|---|---:|---:|---|"]
     for row in r["rows"]:
+        if row in mrows:
+            continue
         extra = ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("method", "ppl", "delta_pct", "seconds"))
         lines.append(f"| {row['method']} | {row['ppl']:.4f} | {row['delta_pct']:+.2f}% | {extra} |")
     lines += ["", "Pruning sweep (Fig. 12 right): share of sites whose shadow is dropped, least important first.", "",

@@ -75,10 +75,10 @@ def _naive_npu(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
     """mllm-NPU §2.3's naive offload: one INT8 graph set built for exactly this prompt length, every time
     (prompt lengths vary, so a real engine cannot reuse it); preparation is part of each prefill."""
     from hetero.loader import load_model
+    from hetero.methods import quant_setup
     from hetero.npu.naive import naive_prefill
 
-    model = load_model(model_path)
-    plan = quant_plan(model, "cpu")  # the same plan as hetero's CPU-EP lane
+    model, plan = quant_setup(load_model(model_path), "cpu")  # the same model and plan as hetero's CPU-EP lane
 
     def prefill(ids: torch.Tensor) -> None:
         int(naive_prefill(model, plan, ids, provider="cpu", intra_op_threads=threads).logits.argmax())

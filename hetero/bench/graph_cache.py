@@ -23,7 +23,7 @@ from hetero import model as ref
 from hetero.bench.entry import bench_main
 from hetero.cli.args import positive_int
 from hetero.loader import load_model
-from hetero.methods import quant_plan, use_threads
+from hetero.methods import quant_plan, quant_setup, use_threads
 from hetero.npu.backend import NpuBackend
 from hetero.npu.cache import library_versions
 from hetero.npu.naive import graph_counts
@@ -111,9 +111,8 @@ def run(args: argparse.Namespace) -> int:
         json_out = os.fdopen(os.dup(1), "w")
         os.dup2(2, 1)
 
-    model = load_model()
+    model, plan = quant_setup(load_model(), "cpu")  # the model and plan the runtime uses
     cfg = model.config
-    plan = quant_plan(model, "cpu")  # the plans the runtime uses (calibrated, shadow + pruning)
 
     rows = [build_vs_load(model, plan, args.chunk, "cpu", range(cfg.n_layers), args.threads)]
     try:

@@ -18,10 +18,9 @@ def _model(args: argparse.Namespace) -> Any:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from hetero.methods import quant_plan
+    from hetero.methods import quant_setup
 
-    model = _model(args)
-    plan = quant_plan(model, "qnn" if args.hub else args.provider)
+    model, plan = quant_setup(_model(args), "qnn" if args.hub else args.provider)
     if args.hub:
         from hetero.npu.hub import compile_on_hub
 
@@ -46,12 +45,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_shapes(args: argparse.Namespace) -> int:
-    from hetero.methods import quant_plan
+    from hetero.methods import quant_setup
     from hetero.npu.providers import make_provider
     from hetero.npu.shapes import profile_shapes
 
-    model = _model(args)
-    table = profile_shapes(model, quant_plan(model, args.provider), args.chunk, make_provider(args.provider), repeats=args.repeats)
+    model, plan = quant_setup(_model(args), args.provider)
+    table = profile_shapes(model, plan, args.chunk, make_provider(args.provider), repeats=args.repeats)
     for e in table["entries"]:
         print(f"{e['provider']:8s} {e['kind']:6s} C={e['chunk_len']:4d} winner {e['winner']:6s} {e['latency_us']}")
     return 0
@@ -113,15 +112,15 @@ def run_hub_profile(args: argparse.Namespace) -> int:
     """`hetero profile --hub --device NAME`: profile jobs → a sched Profile JSON; returns the exit code."""
     from pathlib import Path
 
-    from hetero.methods import quant_plan
+    from hetero.methods import quant_setup
     from hetero.npu.hub import _slug, measure_on_hub
     from hetero.paths import user_profiles_dir
     from hetero.sched.profile import save_profile
 
     if not args.device:
         raise ConfigError("--hub needs --device NAME (an AI Hub device, e.g. 'Samsung Galaxy S24')")
-    model = _model(args)
-    prof = hub_profile(measure_on_hub(model, quant_plan(model, "qnn"), args.hub_chunks, args.device))
+    model, plan = quant_setup(_model(args), "qnn")
+    prof = hub_profile(measure_on_hub(model, plan, args.hub_chunks, args.device))
     out = Path(args.hub_out) if args.hub_out else user_profiles_dir() / f"hub-{_slug(args.device)}.json"
     save_profile(prof, out)
     print(f"wrote {out}")

@@ -18,13 +18,15 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hetero.errors import ConfigError
 from hetero.npu.segments import LayerQ, LinearQ, SegmentSpec, segment_io, shape_rows
+from hetero.npu.site_ops import a16_bytes, a16_combine, online_hadamard
 from hetero.outliers.quantize import ACT_ZERO_POINT, WEIGHT_FORMS, check_weight_form
 
 # Bump when the graphs' math or I/O change: part of every cache key.
 # 4: per-output-channel weight scales. 5: 7-bit weights by default, u8·s8 MatMulInteger on the CPU EP.
 # 6: qnn flavour: u8→u16 Convert in front of the MatMul, so HTP really rounds the activation.
 # 7: qnn weights dequantized at their largest channel scale; the qnn-fp16 flavour (RMSNorm on x / max|x|).
-# 8: the plan's weight form (not the weights' range) picks the CPU EP's kernel (w8-u8s8 with VNNI).
+# 8: the plan's weight form (not the weights' range) picks the CPU EP's kernel (w8-u8s8 with VNNI); W8A16
+#    sites (two u8 passes on the CPU EP) and online block Hadamards of rotated sites.
 EXPORT_VERSION = 8
 ACT_ZERO_POINT_U16 = 32768
 OPSET = 21
@@ -154,9 +156,11 @@ def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: 
     """
     qnn_per_axis = QNN_PER_AXIS_DQ if qnn_per_axis is None else qnn_per_axis
     s_x = np.float32(lins[0].x_scale)
-    assert all(np.float32(lq.x_scale) == s_x for lq in lins), "fused linears must share their input site"
+    bits = lins[0].x_bits
+    assert all(np.float32(lq.x_scale) == s_x and lq.x_bits == bits for lq in lins), "fused linears share a site"
     zp = g.const(np.array(ACT_ZERO_POINT, np.uint8), "act_zp")
-    xq = g.op("QuantizeLinear", [x, g.const(np.array(s_x, np.float32), "act_s"), zp], "xq")
+    if bits == 8:
+        xq = g.op("QuantizeLinear", [x, g.const(np.array(s_x, np.float32), "act_s"), zp], "xq")
     has_bias = any(lq.bias is not None for lq in lins)
     if flavor == "cpu":
         # u8·s8 (s8 weights, zp 0) or u8·u8 (weights stored uint8 = q + 128 with zero point 128, same int32
@@ -168,17 +172,28 @@ def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: 
             wt = (wt.astype(np.int16) + ACT_ZERO_POINT).astype(np.uint8)
             w_zp = g.const(np.array(ACT_ZERO_POINT, np.uint8), "w_zp")
         scales = np.concatenate([_out_scale(s_x, lq) for lq in lins])
-        acc = _product(g, "MatMulInteger", xq, _weight(g, wt, conv), [zp, w_zp], conv)
         s = scales[:1] if np.all(scales == scales[0]) else scales
-        y = g.op("Mul", [g.op("Cast", [acc], to=TensorProto.FLOAT), g.const(s, "acc_s")], "y")
+        w = _weight(g, wt, conv)
+        if bits == 16:  # W8A16: two u8 passes on the bytes of the int16 activation (`site_ops`)
+            u_hi, u_lo = a16_bytes(g, x, s_x)
+            acc_hi = _product(g, "MatMulInteger", u_hi, w, [zp, w_zp], conv)
+            acc_lo = _product(g, "MatMulInteger", u_lo, w, [g.const(np.array(0, np.uint8), "lo_zp"), w_zp], conv)
+            y = a16_combine(g, acc_hi, acc_lo, (s * np.float32(256)).astype(np.float32), s)
+        else:
+            acc = _product(g, "MatMulInteger", xq, w, [zp, w_zp], conv)
+            y = g.op("Mul", [g.op("Cast", [acc], to=TensorProto.FLOAT), g.const(s, "acc_s")], "y")
     else:
         s_xc = g.const(np.array(s_x, np.float32), "act_s")
-        xd = g.op("DequantizeLinear", [xq, s_xc, zp], "xd")
-        # The u8 grid re-expressed in u16 (same scale, zp 32768): the QNN EP turns this DQ→Q pair into a u8→u16
-        # Convert, which keeps the u8 Quantize a real rounding op; without it the EP makes the Q→DQ pair on x
-        # standalone ops that HTP folds away, and x reaches the MatMul unrounded (`constraints.QNN_CONSTRAINTS`).
         zp16 = g.const(np.array(ACT_ZERO_POINT_U16, np.uint16), "act_zp16")
-        xd = g.op("DequantizeLinear", [g.op("QuantizeLinear", [xd, s_xc, zp16], "xq16"), s_xc, zp16], "xd")
+        if bits == 16:  # W8A16 QDQ: HTP runs 16-bit activations natively
+            xd = g.op("DequantizeLinear", [g.op("QuantizeLinear", [x, s_xc, zp16], "xq16"), s_xc, zp16], "xd")
+        else:
+            xd = g.op("DequantizeLinear", [xq, s_xc, zp], "xd")
+            # The u8 grid re-expressed in u16 (same scale, zp 32768): the QNN EP turns this DQ→Q pair into a
+            # u8→u16 Convert, which keeps the u8 Quantize a real rounding op; without it the EP makes the Q→DQ
+            # pair on x standalone ops that HTP folds away, and x reaches the MatMul unrounded
+            # (`constraints.QNN_CONSTRAINTS`).
+            xd = g.op("DequantizeLinear", [g.op("QuantizeLinear", [xd, s_xc, zp16], "xq16"), s_xc, zp16], "xd")
         ys = []
         for lq in lins:
             n = lq.q.shape[0]
@@ -229,13 +244,18 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
         t = g.input(name, [spec.chunk, width])
         env[name] = g.op("Reshape", [t, g.const(np.array([ab[0], ab[1], width], np.int64))]) if ab else t
     f, k = spec.flavor, cpu_kernel(lq.weight_form)
+    blocks = dict(lq.online)
+
+    def online(site: str, x: str, width: int) -> str:  # x·T in front of a rotated site's quantization
+        return online_hadamard(g, x, list(ab or (spec.chunk,)), width, blocks[site]) if site in blocks else x
+
     for piece in spec.pieces:
         if piece == "qkv":
             env["x"] = _rms_norm(g, env["h"], lq.attn_norm, lq.eps, f)
             env["qkv"] = _linears(g, env["x"], list(lq.qkv), f, conv=conv, kernel=k)
         elif piece == "o":
             env["x"] = env["a"]
-            env["o"] = _linears(g, env["a"], [lq.o], f, conv=conv, kernel=k)
+            env["o"] = _linears(g, online("o_in", env["a"], lq.q_dim), [lq.o], f, conv=conv, kernel=k)
         elif piece == "gu":
             env["h1"] = g.op("Add", [env["h"], env["o"]], "h1")
             env["x"] = _rms_norm(g, env["h1"], lq.ffn_norm, lq.eps, f)
@@ -246,7 +266,7 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
             silu = g.op("Mul", [gate, g.op("Sigmoid", [gate])], "silu")
             env["m"] = g.op("Mul", [silu, up], "m")
         elif piece == "down":
-            env["d"] = _linears(g, env["m"], [lq.down], f, conv=conv, kernel=k)
+            env["d"] = _linears(g, online("down_in", env["m"], lq.ffn), [lq.down], f, conv=conv, kernel=k)
             if "h1" in env:
                 env["h_out"] = g.op("Add", [env["h1"], env["d"]], "h_out")
     for name, width in outs.items():

@@ -78,6 +78,7 @@ class LinearQ:
     w_scale: float | np.ndarray  # s_w: a float (per tensor) or float32 [out] (per output channel)
     x_scale: float
     bias: np.ndarray | None = None  # float32 [out]
+    x_bits: int = 8  # the input site's activation bits: 8, or 16 (W8A16, `site_ops`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,7 @@ class LayerQ:
     down: LinearQ
     weight_qmax: int = W_QMAX  # the plan's weight range (63 = 7-bit); in the digest
     weight_form: str = "w8-u8u8"  # the plan's weight form: the CPU EP's kernel (`export.cpu_kernel`); in the digest
+    online: tuple[tuple[str, int], ...] = ()  # (site, Hadamard block) of the plan's online transforms
 
 
 def segment_io(spec: SegmentSpec, lq: LayerQ) -> tuple[dict[str, int], dict[str, int]]:
@@ -145,14 +147,14 @@ def layer_q(cfg, lw, plan, layer: int) -> LayerQ:
         w = plan.weights[(layer, name)]
         b = None if bias is None else bias.detach().cpu().numpy().astype(np.float32)
         ws = w.scales.astype(np.float32) if hasattr(w, "scales") else float(w.scale)  # per channel / per tensor
-        return LinearQ(w.q, ws, float(s[site]), b)
+        return LinearQ(w.q, ws, float(s[site]), b, plan.sites[(layer, site)].bits)
 
     return LayerQ(
         cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.ffn, float(cfg.rms_eps),
         lw.attn_norm.detach().cpu().numpy().astype(np.float32), lw.ffn_norm.detach().cpu().numpy().astype(np.float32),
         (lin("wq", "attn_in", lw.bq), lin("wk", "attn_in", lw.bk), lin("wv", "attn_in", lw.bv)),
         lin("wo", "o_in"), (lin("w_gate", "ffn_in"), lin("w_up", "ffn_in")), lin("w_down", "down_in"),
-        int(plan.weight_qmax), plan.weight_form,
+        int(plan.weight_qmax), plan.weight_form, tuple(sorted(plan.online.items())),
     )
 
 
@@ -163,10 +165,10 @@ def layer_digest(lq: LayerQ) -> str:
     INT8 weights keeps the key cheap to compute at load time while catching a different plan/model.
     """
     h = hashlib.sha256()
-    meta = [lq.hidden, lq.q_dim, lq.kv_dim, lq.ffn, lq.eps, lq.weight_qmax, lq.weight_form]
+    meta = [lq.hidden, lq.q_dim, lq.kv_dim, lq.ffn, lq.eps, lq.weight_qmax, lq.weight_form, list(lq.online)]
     for lin in (*lq.qkv, lq.o, *lq.gate_up, lq.down):
         ws = np.asarray(lin.w_scale, np.float32)
-        meta += [float(ws) if ws.ndim == 0 else "channel", lin.x_scale, list(lin.q.shape)]
+        meta += [float(ws) if ws.ndim == 0 else "channel", lin.x_scale, list(lin.q.shape), lin.x_bits]
         if ws.ndim:
             h.update(ws.tobytes())
         flat = lin.q.reshape(-1)

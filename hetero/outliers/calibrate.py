@@ -23,6 +23,7 @@ from hetero.backend import TorchBackend
 from hetero.model import SITES, FloatLinear, Observer, observed
 from hetero.errors import ConfigError, ModelFormatError
 from hetero.outliers.corpus import DEFAULT_CALIBRATION, corpus_id, load_corpus
+from hetero.outliers.rotate import block_hadamard
 from hetero.paths import atomic_path, cache_dir
 
 log = logging.getLogger(__name__)
@@ -234,8 +235,10 @@ def _tail_value(hist: np.ndarray, k: float) -> float:
 
 @torch.inference_mode()
 def calibrate(model, text: str, n_tokens: int = DEFAULT_TOKENS, window: int = DEFAULT_WINDOW,
-              corpus: str = "text", progress: bool = True) -> CalibrationStats:
-    """Run the float model over `text` (two passes, see module doc) and return the statistics."""
+              corpus: str = "text", progress: bool = True, online: dict[str, int] | None = None) -> CalibrationStats:
+    """Run the float model over `text` (two passes, see module doc) and return the statistics.
+
+    online: site -> Hadamard block of the plan's online transforms: those sites are observed as x·T."""
     from tqdm import tqdm
 
     if model.tokenizer is None:
@@ -262,8 +265,12 @@ def calibrate(model, text: str, n_tokens: int = DEFAULT_TOKENS, window: int = DE
         xmax[k] = max(xmax[k], float(x.max()))
         xmin[k] = min(xmin[k], float(x.min()))
 
+    def transformed(observe):
+        return lambda layer, site, x: observe(layer, site, block_hadamard(x, online[site]) if site in online else x)
+
+    online = online or {}
     for ids in wins:
-        run_sites(cfg, w, ids, first)
+        run_sites(cfg, w, ids, transformed(first))
         bar.update()
 
     pct: dict[tuple[int, str], dict] = {}
@@ -285,7 +292,7 @@ def calibrate(model, text: str, n_tokens: int = DEFAULT_TOKENS, window: int = DE
         counts[k] += (x.abs().unsqueeze(0) > thr[k].view(-1, 1, 1)).sum(1)
 
     for ids in wins:
-        run_sites(cfg, w, ids, second)
+        run_sites(cfg, w, ids, transformed(second))
         bar.update()
     bar.close()
     sites = {k: SiteStats(pct[k]["absmax"], pct[k]["median"], pct[k]["abs"], pct[k]["pos"], pct[k]["neg"],
@@ -296,8 +303,10 @@ def calibrate(model, text: str, n_tokens: int = DEFAULT_TOKENS, window: int = DE
 
 def ensure_calibration(model, path: str | Path | None = None, corpus: str = DEFAULT_CALIBRATION,
                        n_tokens: int = DEFAULT_TOKENS, window: int = DEFAULT_WINDOW,
-                       progress: bool = False) -> CalibrationStats:
-    """The cached calibration of `model` (validated), computing and saving it first if there is none."""
+                       progress: bool = False, online: dict[str, int] | None = None) -> CalibrationStats:
+    """The cached calibration of `model` (validated), computing and saving it first if there is none.
+
+    online (`calibrate`): part of the model's identity, so a rotated model's fingerprint must name it."""
     path = Path(path) if path is not None else calibration_path(model)
     if path.is_file():
         try:
@@ -313,7 +322,7 @@ def ensure_calibration(model, path: str | Path | None = None, corpus: str = DEFA
         print(f"hetero: calibrating {model.name} on {corpus} ({n_tokens} tokens, once; mllm-NPU §3.3 offline "
               f"profiling), cached at {path}", file=sys.stderr)
     text = load_corpus(corpus)
-    stats = calibrate(model, text, n_tokens, window, corpus_id(corpus, text), progress=progress)
+    stats = calibrate(model, text, n_tokens, window, corpus_id(corpus, text), progress=progress, online=online)
     try:
         stats.save(path)
     except ConfigError as e:  # a read-only cache: use it now, compute it again next time

@@ -47,10 +47,13 @@ class SiteQuant:
     shadow_channels: tuple[int, ...] = ()
     n_hot: int = 0
     importance: float = 0.0  # largest calibrated |x| / (127·s) (§3.3, Fig. 12); informational
+    bits: int = 8  # activation bits: 8 (W8A8) or 16 (W8A16 per tensor, `a16`: no shadow needed)
 
     def __post_init__(self) -> None:
         if not (self.scale > 0 and self.scale < float("inf")):
             raise ConfigError(f"SiteQuant.scale must be a finite value > 0, got {self.scale!r}")
+        if self.bits not in (8, 16) or (self.bits == 16 and self.shadow_channels):
+            raise ConfigError(f"SiteQuant.bits must be 8, or 16 without a shadow; got {self.bits}")
         if not 0 <= self.n_hot <= len(self.shadow_channels):
             raise ConfigError(f"SiteQuant.n_hot must be in [0, {len(self.shadow_channels)}], got {self.n_hot}")
 
@@ -64,12 +67,12 @@ class SiteQuant:
 
     def to_dict(self) -> dict:
         return {"scale": self.scale, "shadow_channels": list(self.shadow_channels), "n_hot": self.n_hot,
-                "importance": self.importance}
+                "importance": self.importance, "bits": self.bits}
 
     @classmethod
     def from_dict(cls, d: dict) -> "SiteQuant":
         return cls(float(d["scale"]), tuple(int(c) for c in d["shadow_channels"]), int(d.get("n_hot", 0)),
-                   float(d.get("importance", 0.0)))
+                   float(d.get("importance", 0.0)), int(d.get("bits", 8)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,9 @@ class QuantPlan:
     weight_qmax: int = DEFAULT_WEIGHT_QMAX  # weights q in [-weight_qmax, weight_qmax]: 63 (7-bit) or 127
     # how the CPU EP multiplies the weights (`quantize.WEIGHT_FORMS`); "" = `form_for_qmax(weight_qmax)`
     weight_form: str = ""
+    # site -> Hadamard block of its online transform (`rotate.online_sites`; {} = none): the site's input is
+    # x·T before quantization and its weights are W·T (`quantize_weights`), so the product is unchanged
+    online: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_weight_qmax(self.weight_qmax)
@@ -117,6 +123,7 @@ class QuantPlan:
             "weight_granularity": self.weight_granularity,
             "weight_qmax": self.weight_qmax,
             "weight_form": self.weight_form,
+            "online": self.online,
             "sites": [{"layer": layer, "site": site, **sq.to_dict()} for (layer, site), sq in sorted(self.sites.items())],
         }
 
@@ -134,8 +141,10 @@ class QuantPlan:
         _check_sites(sites, model.config.n_layers)
         wg = d.get("weight_granularity", "tensor")  # plans saved before the key existed were per tensor
         qmax = int(d.get("weight_qmax", W_QMAX))  # ... and before weight_qmax existed, 8-bit
-        return cls(sites, quantize_weights(model, wg, qmax), model.fingerprint, d.get("method", ""),
-                   float(d.get("prune_fraction", 0.0)), dict(d.get("meta", {})), wg, qmax, d.get("weight_form", ""))
+        online = {str(k): int(v) for k, v in d.get("online", {}).items()}
+        return cls(sites, quantize_weights(model, wg, qmax, online), model.fingerprint, d.get("method", ""),
+                   float(d.get("prune_fraction", 0.0)), dict(d.get("meta", {})), wg, qmax, d.get("weight_form", ""),
+                   online)
 
 
 def _check_sites(sites: dict[tuple[int, str], SiteQuant], n_layers: int) -> None:
@@ -145,18 +154,25 @@ def _check_sites(sites: dict[tuple[int, str], SiteQuant], n_layers: int) -> None
         raise ConfigError(f"quantization plan must cover {n_layers} layers x {SITES}; missing {missing}, extra {extra}")
 
 
-def quantize_weights(model, granularity: str = DEFAULT_WEIGHT_GRANULARITY, qmax: int = DEFAULT_WEIGHT_QMAX
-                     ) -> dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]:
+def quantize_weights(model, granularity: str = DEFAULT_WEIGHT_GRANULARITY, qmax: int = DEFAULT_WEIGHT_QMAX,
+                     online: dict[str, int] | None = None) -> dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]:
     """INT8 weight of every linear of every layer: per output channel (`quantize.quantize_weight_per_channel`,
-    default) or per tensor (`quantize.quantize_weight`), q in [-qmax, qmax] (63 = 7-bit by default)."""
+    default) or per tensor (`quantize.quantize_weight`), q in [-qmax, qmax]; the linears of `online` sites
+    quantize W·T (`rotate.block_hadamard`)."""
+    from hetero.outliers.rotate import block_hadamard
+
     if granularity not in ("tensor", "channel"):
         raise ConfigError(f"weight_granularity must be 'tensor' or 'channel', got {granularity!r}")
     fn = quantize_weight if granularity == "tensor" else quantize_weight_per_channel
+    online = online or {}
     out: dict[tuple[int, str], QuantWeight | QuantWeightPerChannel] = {}
     for layer, lw in enumerate(model.weights.layers):
-        for names in SITE_LINEARS.values():
+        for site, names in SITE_LINEARS.items():
             for name in names:
-                out[(layer, name)] = fn(getattr(lw, name).detach().cpu().numpy(), qmax)
+                w = getattr(lw, name).detach().cpu()
+                if site in online:
+                    w = block_hadamard(w.double(), online[site]).float()
+                out[(layer, name)] = fn(w.numpy(), qmax)
     return out
 
 

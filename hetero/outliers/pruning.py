@@ -9,11 +9,13 @@ docs/design.md, "Outliers".
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import numpy as np
 
 from hetero.errors import ConfigError
 from hetero.model import SITES
+from hetero.outliers.a16 import a16_scale
 from hetero.outliers.calibrate import ensure_calibration
 from hetero.outliers.plan import (
     DEFAULT_WEIGHT_GRANULARITY,
@@ -94,6 +96,8 @@ def plan_from_calibration(
     importance: str = "ratio",
     weight_qmax: int = DEFAULT_WEIGHT_QMAX,
     weight_form: str | None = None,
+    a16: Collection[tuple[int, str]] = (),
+    online: dict[str, int] | None = None,
 ) -> QuantPlan:
     """The hetero quantization plan: calibrated per-tensor scales, shadow on the important sites only.
 
@@ -106,6 +110,8 @@ def plan_from_calibration(
     per-tensor weights (ablation). weight_qmax: 63 (default, 7-bit weights: exact with ORT's fast u8·s8
     MatMulInteger on AVX2, `plan` module doc) or 127 (full 8-bit). weight_form (`quantize.WEIGHT_FORMS`),
     when given, sets the range instead and is recorded in the plan (it picks the CPU EP's kernel).
+    a16: (layer, site) keys run W8A16 with s = absmax / 32767 and no shadow (`a16`). online: the plan's
+    online transforms (`rotate.online_sites`; the calibration must have observed them).
     """
     weight_qmax, weight_form = weight_range(weight_qmax, weight_form)
     if calibration is None:
@@ -113,8 +119,11 @@ def plan_from_calibration(
     calibration.validate_for(model)
     keep = kept_sites(calibration, prune_fraction, percentile, granularity, importance, pruned_percentile)
     sites = {}
+    a16 = set(a16)
     for key, st in calibration.sites.items():
-        if key in keep:
+        if key in a16:
+            sites[key] = SiteQuant(a16_scale(st.absmax), importance=st.importance(percentile), bits=16)
+        elif key in keep:
             channels, n_hot = hot_channels(st.channel_counts(percentile), hot_coverage)
             sites[key] = SiteQuant(st.scale(percentile), channels, n_hot, st.importance(percentile))
         else:
@@ -122,6 +131,7 @@ def plan_from_calibration(
     meta = {"percentile": percentile, "pruned_percentile": pruned_percentile, "hot_coverage": hot_coverage,
             "granularity": granularity, "importance": importance, "calibration_corpus": calibration.corpus,
             "calibration_tokens": calibration.n_tokens}
-    return QuantPlan(sites, quantize_weights(model, weight_granularity, weight_qmax), model.fingerprint,
+    online = dict(online or {})
+    return QuantPlan(sites, quantize_weights(model, weight_granularity, weight_qmax, online), model.fingerprint,
                      method or "w8a8-shadow", float(prune_fraction), meta, weight_granularity, weight_qmax,
-                     weight_form)
+                     weight_form, online)

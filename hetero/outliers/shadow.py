@@ -17,6 +17,7 @@ import torch
 from hetero.backend import TorchBackend
 from hetero.config import ModelConfig
 from hetero.model import SITE_BIASES, SITE_LINEARS, Weights
+from hetero.outliers.a16 import a16_part
 from hetero.outliers.plan import QuantPlan, SiteQuant
 from hetero.outliers.quantize import (
     ACT_QMAX,
@@ -26,6 +27,7 @@ from hetero.outliers.quantize import (
     QuantWeightPerChannel,
     quantize_act,
 )
+from hetero.outliers.rotate import block_hadamard
 
 # float32 sums of integers are exact while every partial sum stays below 2^24: |a·w| <= 128·127, so a
 # K-block of at most 2^24 / (128·127) = 1032 channels is exact in any summation order (BLAS included).
@@ -151,16 +153,25 @@ class QuantizedBackend(TorchBackend):
         self.rows = rows if rows is not None else DenseRows(plan)
         self.stats: dict[tuple[int, str], list[int]] | None = None  # (layer, site) -> [calls, channels]
 
+    def site_input(self, site: str, x: torch.Tensor) -> torch.Tensor:
+        """x·T on a site with an online transform (`plan.online`, `rotate.block_hadamard`), else x."""
+        block = self.plan.online.get(site)
+        return x if block is None else block_hadamard(x, block)
+
     def linear_int8(self, layer: int, site: str, x: torch.Tensor) -> list[torch.Tensor]:
         """NPU part: the INT8 linears of `site` on x [T, in] (bias included), one [T, out] per linear."""
         lw = self.weights.layers[layer]
         ws = [self.plan.weights[(layer, n)] for n in SITE_LINEARS[site]]
         bs = [getattr(lw, b) if b else None for b in SITE_BIASES[site]]
-        return npu_part(x, self.plan.sites[(layer, site)].scale, ws, bs)
+        sq, x = self.plan.sites[(layer, site)], self.site_input(site, x)
+        return (a16_part if sq.bits == 16 else npu_part)(x, sq.scale, ws, bs)
 
     def shadow_delta(self, layer: int, site: str, x: torch.Tensor) -> torch.Tensor | None:
         """CPU part: the float outlier matmul of `site`, [T, Σ out] over its linears, or None."""
         sq = self.plan.sites[(layer, site)]
+        if not sq.shadow:
+            return None
+        x = self.site_input(site, x)
         y = shadow_part(x, sq, lambda c: self.rows.rows(layer, site, c))
         if self.stats is not None and sq.shadow:
             st = self.stats.setdefault((layer, site), [0, 0])

@@ -1,0 +1,79 @@
+"""Each method of `hetero.methods` side by side: perplexity and top-1 agreement with float on held-out
+text, first-token agreement on chat questions, prefill speed at 1024 tokens (issue 10, deliverable 4).
+
+Perplexity and top-1 run the method's own layer ops (the INT8 ONNX graphs for quantized methods) over
+windows of exactly one chunk, so every position's logits come out; first tokens and speed run its full
+runtime (chunked, out of order). Speed: median of repeats, beside transformers' float Llama in the same run.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import torch
+
+from hetero import model as ref
+from hetero.bench.questions import QUESTIONS
+from hetero.methods import make_runtime
+
+
+def chat_ids(tok, question: str) -> torch.Tensor:
+    text = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False)
+    return torch.tensor(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def _speed(prefill, ids: torch.Tensor, repeats: int) -> float:
+    prefill(ids)  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        prefill(ids)
+        times.append(time.perf_counter() - t0)
+    return ids.numel() / statistics.median(times)
+
+
+def method_rows(model, methods: list[str], windows: list[torch.Tensor], speed_ids: torch.Tensor | None,
+                threads: int, repeats: int = 3, log=print) -> list[dict]:
+    """One row per method: ppl, Δ vs float, top-1 agreement, chat first-token agreement, tokens/s at 1024."""
+    tok = model.tokenizer
+    chats = [chat_ids(tok, q) for q in QUESTIONS]
+    float_top1 = [ref.forward(model.config, model.weights, ids)[0].argmax(-1) for ids in windows]
+    float_first = [int(ref.forward(model.config, model.weights, c)[0][-1].argmax()) for c in chats]
+    rows = []
+    for method in methods:
+        rt = make_runtime(model, method, chunk=windows[0].numel(), threads=threads)
+        qm = rt.model
+        nll, n, agree = 0.0, 0, 0
+        for ids, top1 in zip(windows, float_top1):
+            lg = ref.forward(qm.config, qm.weights, ids, rt.backend)[0]
+            nll -= float(torch.log_softmax(lg[:-1].double(), -1).gather(1, ids[1:, None]).sum())
+            n += ids.numel() - 1
+            agree += int((lg.argmax(-1) == top1).sum())
+        first = sum(int(rt.prefill(c).logits.argmax()) == f for c, f in zip(chats, float_first))
+        row = {"method": method, "ppl": math.exp(nll / n), "top1_agree_pct": 100 * agree / sum(w.numel() for w in windows),
+               "first_token_agree": f"{first}/{len(chats)}", "positions": sum(w.numel() for w in windows)}
+        plan = getattr(rt.backend, "plan", None)
+        if plan is not None:
+            row.update(weight_form=plan.weight_form, rotated=bool(plan.online),
+                       a16_sites=sum(sq.bits == 16 for sq in plan.sites.values()), shadow_sites=len(plan.shadow_sites()))
+        rt.close()
+        if speed_ids is not None:
+            sp = make_runtime(model, method, chunk=256, threads=threads)
+            row["prefill_tok_s_1024"] = _speed(lambda x: sp.prefill(x), speed_ids, repeats)
+            sp.close()
+        log(f"  {method:18s} ppl {row['ppl']:.4f} top1 {row['top1_agree_pct']:.1f}% first {row['first_token_agree']} "
+            f"{row.get('prefill_tok_s_1024', 0):.0f} tok/s")
+        rows.append(row)
+    if speed_ids is not None:
+        from hetero.bench.engines import ENGINES
+
+        hf = ENGINES["torch_float"](None, threads, speed_ids.numel())
+        rows.append({"method": "torch_float", "prefill_tok_s_1024": _speed(hf, speed_ids, repeats),
+                     "note": "transformers' Llama, float32, same run (speed reference)"})
+    f = next(r["ppl"] for r in rows if r["method"] == "float")
+    for r in rows:
+        if "ppl" in r:
+            r["delta_pct"] = 100 * (r["ppl"] / f - 1)
+    return rows

@@ -1,0 +1,42 @@
+"""Graph pieces of rotated and 16-bit sites: the online block Hadamard and W8A16 on the CPU EP.
+
+- `online_hadamard`: x·T with T = diag(H_b, …) (`hetero.outliers.rotate.block_hadamard`), as Reshape →
+  MatMul(H_b) → Reshape: a fixed float matmul in front of the site's quantization, inside the static graph.
+- `a16_acc` (CPU EP): q = QuantizeLinear(x, s, int16) split into bytes hi = floor(q/256) (u8, zero point
+  128) and lo = q - 256·hi (u8, zero point 0), two u8 `MatMulInteger` with the same weights, combined in
+  float32 as `hetero.outliers.a16.a16_combine` does (bit-exact with it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from hetero.outliers.rotate import hadamard
+
+
+def online_hadamard(g, x: str, lead: list[int], width: int, block: int) -> str:
+    """x [*lead, width] → x·T, T block-diagonal with `block`×`block` Hadamards."""
+    h = hadamard(block).numpy().astype(np.float32)
+    xb = g.op("Reshape", [x, g.const(np.array([*lead, width // block, block], np.int64))], "xblk")
+    y = g.op("MatMul", [xb, g.const(h, "hadamard")], "xrot")
+    return g.op("Reshape", [y, g.const(np.array([*lead, width], np.int64))], "xrot")
+
+
+def a16_bytes(g, x: str, s_x: np.float32) -> tuple[str, str]:
+    """(u_hi, u_lo) uint8 tensors of q = clip(rint(x/s), -32768, 32767) = 256·(u_hi - 128) + u_lo."""
+    q = g.op("QuantizeLinear", [x, g.const(np.array(s_x, np.float32), "act16_s"),
+                                g.const(np.array(0, np.int16), "act16_zp")], "xq16")
+    qf = g.op("Cast", [q], "xq16f", to=TensorProto.FLOAT)
+    hi = g.op("Floor", [g.op("Mul", [qf, g.const(np.array(1 / 256, np.float32), "inv256")])], "hi")
+    lo = g.op("Sub", [qf, g.op("Mul", [hi, g.const(np.array(256, np.float32), "c256")])], "lo")
+    u_hi = g.op("Cast", [g.op("Add", [hi, g.const(np.array(128, np.float32), "c128")])], "u_hi", to=TensorProto.UINT8)
+    u_lo = g.op("Cast", [lo], "u_lo", to=TensorProto.UINT8)
+    return u_hi, u_lo
+
+
+def a16_combine(g, acc_hi: str, acc_lo: str, k_hi: np.ndarray, k_lo: np.ndarray) -> str:
+    """float32 acc_hi·k_hi + acc_lo·k_lo (k_hi = 256·s·s_w, k_lo = s·s_w)."""
+    f_hi = g.op("Cast", [acc_hi], to=TensorProto.FLOAT)
+    f_lo = g.op("Cast", [acc_lo], to=TensorProto.FLOAT)
+    return g.op("Add", [g.op("Mul", [f_hi, g.const(k_hi, "acc_s_hi")]), g.op("Mul", [f_lo, g.const(k_lo, "acc_s_lo")])], "y")

@@ -1,0 +1,134 @@
+"""Offline rotation of the residual stream and the online block Hadamards of rotated sites.
+
+QuaRot (Ashkboos et al. 2024, §3) / SpinQuant: an orthogonal Q applied to the residual stream leaves a
+pre-norm Llama unchanged once RMSNorm scales are folded into the linears that read the norm (rms(hQ) =
+rms(h)), and spreads outlier channels over all channels, which makes per-tensor INT8 activations cheap.
+Offline: embedding E·Q; readers (q/k/v, gate/up, lm_head) W·diag(g)·Q; writers (o, down) Qᵀ·W. Online
+(quantization time only, `ONLINE_BLOCK`): the input of `o_in` (per head) and `down_in` is multiplied by
+a block-diagonal Hadamard T before it is quantized and the site's weights by T (T = Tᵀ = T⁻¹), a fixed
+matmul in the static graph. Q = diag(±1)·(R ⊗ H_b) with H_b the largest Hadamard dividing the size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from hetero.errors import ConfigError
+from hetero.paths import atomic_path, cache_dir
+
+log = logging.getLogger(__name__)
+
+ROTATION_VERSION = 1  # part of a rotated model's fingerprint (calibration and graph caches)
+ONLINE_BLOCK = 64  # Hadamard block of the online sites (one head of 64 on o_in)
+
+
+def hadamard(n: int) -> torch.Tensor:
+    """The Sylvester Hadamard matrix of size n (a power of two) scaled to be orthogonal, float64."""
+    if n < 1 or n & (n - 1):
+        raise ConfigError(f"a Hadamard size must be a power of two, got {n}")
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / n**0.5
+
+
+def random_orthogonal(n: int, gen: torch.Generator) -> torch.Tensor:
+    """A Haar-random orthogonal n×n matrix (QR of a Gaussian with the signs of R's diagonal), float64."""
+    q, r = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))
+    return (q * torch.sign(torch.diagonal(r))).contiguous()
+
+
+def residual_rotation(n: int, seed: int = 0) -> torch.Tensor:
+    """Orthogonal [n, n] float64: diag(random signs)·(R_a ⊗ H_b), b the largest power of two dividing n, a = n/b,
+    R_a Haar-random (every output channel mixes every input channel)."""
+    gen = torch.Generator().manual_seed(seed)
+    b = n & -n
+    q = torch.kron(random_orthogonal(n // b, gen), hadamard(b))
+    signs = torch.randint(0, 2, (n,), generator=gen, dtype=torch.float64) * 2 - 1
+    return signs[:, None] * q
+
+
+def online_sites(cfg) -> dict[str, int]:
+    """site → Hadamard block of the online transforms this model takes (o_in per head, down_in)."""
+    out = {}
+    if cfg.head_dim == ONLINE_BLOCK:
+        out["o_in"] = ONLINE_BLOCK
+    if cfg.ffn % ONLINE_BLOCK == 0:
+        out["down_in"] = ONLINE_BLOCK
+    return out
+
+
+def block_hadamard(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x·T on the last dim, T = diag(H_block, …, H_block): the online transform (and, on a weight [out, in],
+    the weight's counterpart W·T, so that (x·T)(W·T)ᵀ = x·Wᵀ)."""
+    n = x.shape[-1]
+    h = hadamard(block).to(x.dtype)
+    return (x.reshape(*x.shape[:-1], n // block, block) @ h).reshape(x.shape)
+
+
+def rotate_weights(cfg, w, seed: int = 0):
+    """Weights of the rotated model (same architecture, RMSNorm scales 1): its float output equals `w`'s."""
+    q = residual_rotation(cfg.hidden, seed).float()
+
+    def read(m: torch.Tensor, g: torch.Tensor) -> torch.Tensor:  # W·diag(g)·Q
+        return (m * g) @ q
+
+    def write(m: torch.Tensor) -> torch.Tensor:  # Qᵀ·W
+        return q.T @ m
+
+    def ones() -> torch.Tensor:  # one tensor each (safetensors stores no shared tensors)
+        return torch.ones(cfg.hidden)
+
+    layers = [dataclasses.replace(
+        lw, attn_norm=ones(), ffn_norm=ones(),
+        wq=read(lw.wq, lw.attn_norm), wk=read(lw.wk, lw.attn_norm), wv=read(lw.wv, lw.attn_norm),
+        wo=write(lw.wo), w_gate=read(lw.w_gate, lw.ffn_norm), w_up=read(lw.w_up, lw.ffn_norm), w_down=write(lw.w_down),
+    ) for lw in w.layers]
+    return dataclasses.replace(w, tok_emb=w.tok_emb @ q, layers=layers, norm=ones(), lm_head=read(w.lm_head, w.norm))
+
+
+_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down", "bq", "bk", "bv")
+
+
+def _save(path: Path, w) -> None:
+    state = {"tok_emb": w.tok_emb, "norm": w.norm, "lm_head": w.lm_head}
+    for i, lw in enumerate(w.layers):
+        state.update({f"layers.{i}.{f}": getattr(lw, f).contiguous() for f in _FIELDS if getattr(lw, f) is not None})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        save_file(state, str(tmp))
+
+
+def _load(path: Path, w):
+    state = load_file(str(path))
+    layers = [dataclasses.replace(lw, **{f: state[f"layers.{i}.{f}"] for f in _FIELDS if f"layers.{i}.{f}" in state})
+              for i, lw in enumerate(w.layers)]
+    return dataclasses.replace(w, tok_emb=state["tok_emb"], layers=layers, norm=state["norm"], lm_head=state["lm_head"])
+
+
+def is_rotated(model) -> bool:
+    """True for a model made by `rotate_model` (its fingerprint names the rotation)."""
+    return "-rot" in model.fingerprint
+
+
+def rotate_model(model, seed: int = 0, cache: bool = True):
+    """The rotated copy of a loaded `Model`, with its own fingerprint (calibrations and graphs are its own);
+    its weights are cached beside the model's (`cache_dir()/models/<fingerprint>/weights.safetensors`)."""
+    fp = f"{model.fingerprint}-rot{ROTATION_VERSION}s{seed}"
+    path = cache_dir() / "models" / fp / "weights.safetensors"
+    weights = None
+    if cache and path.is_file():
+        try:
+            weights = _load(path, model.weights)
+        except Exception as e:  # a damaged entry is recomputed, never trusted
+            log.warning("rotated weights %s are unreadable (%s); recomputing them", path, e)
+    if weights is None:
+        weights = rotate_weights(model.config, model.weights, seed)
+        if cache:
+            _save(path, weights)
+    return dataclasses.replace(model, weights=weights, fingerprint=fp)
