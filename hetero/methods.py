@@ -19,6 +19,8 @@ from hetero.backend import FloatBackend, LayerBackend
 from hetero.errors import ConfigError
 from hetero.loader import Model
 from hetero.runtime import Runtime
+from hetero.serve.service import Service
+from hetero.serve.store import StoreConfig
 
 if TYPE_CHECKING:
     from hetero.outliers.plan import QuantPlan
@@ -97,3 +99,12 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
 
         executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy)
     return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads), executor=executor)
+
+
+def make_service(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,
+                 store: StoreConfig | None = None, **options: int) -> Service:
+    """A `hetero.serve.Service` (contexts, prefix reuse, the chunk K/V store) over a runtime for `method`.
+
+    `options`: max_contexts_per_client, max_active, max_queue (see `Service`).
+    """
+    return Service(make_runtime(model, method, chunk, threads), store, **options)
