@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-# Device profiles shipped with the source tree (DESIGN.md: `profiles/`); tables of equivalent shapes
+# Device profiles shipped with the source tree (docs/design.md: `profiles/`); tables of equivalent shapes
 # (§4, optimisation 1) sit in its `shapes/` subfolder.
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 
