@@ -58,13 +58,17 @@ class NpuBackend:
     when none is recorded), or "2d", "3d:a", "conv:a" for every graph (§4, optimisation 1).
     layers: prepare only these layers (e.g. range(2) for a quick test); the others raise on use.
     graphs_root: the graph cache folder (default: under the user cache).
+    dynamic_rows: one graph set for every chunk length (rows symbolic), where the provider allows it (the
+    CPU EP); None (default): when every graph runs on the CPU EP with the 2-D shape (given, or recorded as
+    this host's winner). Then `any_rows` is
+    True and a runtime may run chunks of any length up to C without padding.
     """
 
     name = "npu"
 
     def __init__(self, model: Model, plan, chunk: int, provider: "str | Provider" = "cpu", *, placement=None,
                  shape: str = "auto", layers=None, intra_op_threads: int = 2, use_cache: bool = True, rows=None,
-                 graphs_root=None):
+                 graphs_root=None, dynamic_rows: bool | None = None):
         from hetero.outliers.shadow import QuantizedBackend
 
         if not isinstance(chunk, int) or chunk <= 0:
@@ -78,6 +82,12 @@ class NpuBackend:
         self._intra = intra_op_threads
         self.shape = shape
         self._graphs_root = graphs_root
+        self.any_rows = False
+        can = isinstance(self.provider, OrtCpuProvider) and placement is None and all(
+            self._shape_for(self.provider, k) == "2d" for k in ("qkv", "o_ffn"))
+        if dynamic_rows and not can:
+            raise ConfigError("dynamic_rows needs the CPU EP provider, no placement and the 2-D shape")
+        self.any_rows = can if dynamic_rows is None else dynamic_rows
         self.layers: dict[int, PreparedLayer] = {}
         self.report = PrepareReport()
         t0 = time.perf_counter()
@@ -93,6 +103,8 @@ class NpuBackend:
         return self._cpu_provider
 
     def _shape_for(self, provider: Provider, kind: str) -> str:
+        if self.any_rows:
+            return "2d"
         if self.shape != "auto":
             return self.shape
         from hetero.npu.shapes import recorded_shape
@@ -106,7 +118,8 @@ class NpuBackend:
         graphs = []
         for spec0 in segments.layer_segments(layer, set(shadow), self.chunk, "cpu"):
             provider = self._provider_for(layer, "qkv" if spec0.kind == "qkv" else "o_ffn")
-            spec = segments.SegmentSpec(layer, spec0.kind, spec0.pieces, self.chunk, provider.flavor,
+            rows = segments.DYNAMIC_ROWS if self.any_rows else self.chunk
+            spec = segments.SegmentSpec(layer, spec0.kind, spec0.pieces, rows, provider.flavor,
                                         self._shape_for(provider, spec0.kind), spec0.emit_x)
             g, info = prepare_graph(spec, lq, self.model.fingerprint, provider, use_cache, digest, self._graphs_root)
             graphs.append(g)
@@ -124,7 +137,7 @@ class NpuBackend:
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         pl = self._layer(layer)
         if out is None:
-            out = torch.empty(self.chunk, self.cfg.q_dim + 2 * self.cfg.kv_dim)
+            out = torch.empty(h.shape[0], self.cfg.q_dim + 2 * self.cfg.kv_dim)
         res = pl.graphs[0].run({"h": h}, {"qkv": out})  # [C, q_dim + 2·kv_dim]; q/k/v are views
         if "attn_in" in pl.shadow_sites:
             extra = self.reference.shadow_delta(layer, "attn_in", res["x"])
@@ -136,7 +149,7 @@ class NpuBackend:
     def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         pl = self._layer(layer)
         if out is None:
-            out = torch.empty(self.chunk, self.cfg.hidden)
+            out = torch.empty(h.shape[0], self.cfg.hidden)
         env = {"a": a, "h": h}
         d_extra = None
         for g in pl.graphs[1:]:
