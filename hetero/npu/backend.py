@@ -59,8 +59,7 @@ class NpuBackend:
     layers: prepare only these layers (e.g. range(2) for a quick test); the others raise on use.
     graphs_root: the graph cache folder (default: under the user cache).
     dynamic_rows: one graph set for every chunk length (rows symbolic), where the provider allows it (the
-    CPU EP); None (default): when every graph runs on the CPU EP with the 2-D shape (given, or recorded as
-    this host's winner). Then `any_rows` is
+    CPU EP); None (default): when every graph runs on the CPU EP with shape "auto" or "2d". Then `any_rows` is
     True and a runtime may run chunks of any length up to C without padding.
     """
 
@@ -82,11 +81,10 @@ class NpuBackend:
         self._intra = intra_op_threads
         self.shape = shape
         self._graphs_root = graphs_root
-        self.any_rows = False
-        can = isinstance(self.provider, OrtCpuProvider) and placement is None and all(
-            self._shape_for(self.provider, k) == "2d" for k in ("qkv", "o_ffn"))
+        # On the CPU EP a recorded 3-D winner is a few percent; padding a short prompt to C costs up to C/rows.
+        can = isinstance(self.provider, OrtCpuProvider) and placement is None and shape in ("auto", "2d")
         if dynamic_rows and not can:
-            raise ConfigError("dynamic_rows needs the CPU EP provider, no placement and the 2-D shape")
+            raise ConfigError("dynamic_rows needs the CPU EP provider, no placement and shape 'auto' or '2d'")
         self.any_rows = can if dynamic_rows is None else dynamic_rows
         self.layers: dict[int, PreparedLayer] = {}
         self.report = PrepareReport()

@@ -59,6 +59,8 @@ class Graph:
             t = inputs[name]
             if not t.is_contiguous() or t.dtype != torch.float32:
                 t = inputs[name] = t.contiguous().float()  # keeps it alive until run returns
+            if t.shape[0] != (c or t.shape[0]):
+                raise ConfigError(f"graph {self.spec.kind} of layer {self.spec.layer} takes {c} rows, got {t.shape[0]}")
             c = c or t.shape[0]
             b.bind_input(name, "cpu", 0, np.float32, (c, width), t.data_ptr())
         res = {}
@@ -126,6 +128,9 @@ class OrtCpuProvider(Provider):
         # No spinning: idle pool threads would otherwise burn the cores that the CPU lane (attention,
         # shadow outliers in torch) needs between two graph runs.
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # No per-session arena: one arena per graph (a model has ~100) each keeps its high-water mark of
+        # activations; plain allocations return it (peak RSS: bench/results/prefill.json).
+        so.enable_cpu_mem_arena = False
         return so
 
     def compile(self, model_path: Path, out_path: Path) -> ort.InferenceSession:
