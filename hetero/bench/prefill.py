@@ -13,13 +13,15 @@ from pathlib import Path
 from datetime import datetime, timezone
 from typing import Any
 
+from hetero.bench.bound import machine_bound
 from hetero.bench.e2e import run_e2e
 from hetero.bench.engines import ABLATION
 from hetero.bench.harness import run_engines
 from hetero.bench.entry import bench_main
-from hetero.bench.report import ratios, write_outputs
+from hetero.bench.report import fraction_of_bound, ratios, write_outputs
 from hetero.bench.simulated import simulated_ablation, simulated_rows
 from hetero.cli.args import add_model_arg, int_list, positive_int
+from hetero.loader import load_model
 
 HELP = "prefill speed, memory, ablation and end-to-end runs against other engines"
 
@@ -37,7 +39,9 @@ def run_prefill_bench(lens: list[int], repeats: int, threads: int, model_path: s
         bar.set_postfix_str(name)
         bar.update(1)
 
+    load_before = round(os.getloadavg()[0], 2)
     rows, skipped = run_engines(list(engines), lens, repeats, threads, model_path, progress=step)
+    bound = machine_bound(load_model(model_path).config, lens, threads)
     ablation_engines = [e for _, e in ABLATION]
     ab_rows, ab_skipped = run_engines(ablation_engines, [ablation_len], repeats, threads, model_path, progress=step)
     by_engine = {r.engine: r for r in ab_rows}
@@ -54,10 +58,11 @@ def run_prefill_bench(lens: list[int], repeats: int, threads: int, model_path: s
         "conditions": {"model": model_path or "SmolLM2-135M-Instruct (Q4_1 GGUF, default)", "threads": threads,
                        "repeats": repeats, "statistic": "median after 1 warm-up", "chunk": 256,
                        "machine": f"{platform.processor() or platform.machine()}, {(os.cpu_count() or 0)} CPUs",
-                       "loadavg_1m": round(os.getloadavg()[0], 2),
+                       "loadavg_1m": [load_before, round(os.getloadavg()[0], 2)],  # before, after
                        "date": datetime.now(timezone.utc).isoformat(timespec="seconds")},
         "rows": [asdict(r) for r in rows + sim],
         "ratios": ratios(rows),
+        "bound": {**bound, "hetero_fraction": fraction_of_bound(rows, bound)},
         "ablation": {"real": ablation_real, "simulated": ablation_sim},
         "e2e": e2e_rows,
         "skipped": {**skipped, **ab_skipped},

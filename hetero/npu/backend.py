@@ -8,6 +8,7 @@ which graph comes from a `Placement` (NPU memory budget, §4); by default the gi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -47,6 +48,14 @@ class PrepareReport:
     @property
     def all_cached(self) -> bool:
         return all(r[3] for r in self.rows)
+
+
+def _shadow_only(plan):
+    """`plan` with the INT8 weights of shadowed sites only (what the CPU dequantizes for outliers)."""
+    from hetero.model import SITE_LINEARS
+
+    keep = {(layer, n) for (layer, site), sq in plan.sites.items() if sq.shadow for n in SITE_LINEARS[site]}
+    return dataclasses.replace(plan, weights={k: w for k, w in plan.weights.items() if k in keep})
 
 
 class NpuBackend:
@@ -91,6 +100,9 @@ class NpuBackend:
         t0 = time.perf_counter()
         for layer in (range(self.cfg.n_layers) if layers is None else layers):
             self.layers[layer] = self._prepare_layer(layer, use_cache)
+        if layers is None and rows is None:  # the graphs hold the INT8 weights now: keep only the shadows' (§3.3)
+            self.plan = _shadow_only(plan)
+            self.reference = QuantizedBackend(self.cfg, model.weights, self.plan)
         self.prepare_s = time.perf_counter() - t0
 
     def _provider_for(self, layer: int, kind: str) -> Provider:
