@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hetero.bench.bound import attention_flops, linear_ops_per_token, machine_bound
@@ -45,3 +46,18 @@ def test_bound_counts_and_rates() -> None:
     b = machine_bound(cfg, [8, 32], threads=1, rows=16)
     assert b["gemm_ops_per_s"] > 0 and [p["prompt_len"] for p in b["per_len"]] == [8, 32]
     assert all(p["bound_tokens_per_s"] > 0 and p["attention_flop_per_s"] > 0 for p in b["per_len"])
+
+
+@pytest.mark.slow
+def test_memory_worker_reports_stages_and_counts(default_model) -> None:
+    from hetero.bench.memory import markdown, run_worker
+
+    r = run_worker("hetero", None, [16, 32], threads=1)
+    assert [s["stage"] for s in r["stages"]] == ["libraries", "model (mapped)", "plan + runtime (ORT sessions)",
+                                                 "prefill 16", "prefill 32"]
+    peaks = [s["peak"] for s in r["stages"]]
+    assert peaks == sorted(peaks) and all(s["RssAnon"] > 0 and s["RssFile"] > 0 for s in r["stages"])
+    cfg = default_model.config
+    assert r["exact"]["kv_cache_32_mb"] == round(2 * cfg.n_layers * cfg.kv_dim * 32 * 4 / 2**20, 1)
+    assert 0 < r["exact"]["int8_weights_kept_on_cpu_mb"] < 50
+    assert "| prefill 32 |" in markdown({"engines": [r]})
