@@ -13,7 +13,7 @@ $(BIN)/hetero: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[test,hub]"
+	$(BIN)/pip install --quiet -e ".[test,hub,serve]"
 	touch $@
 
 setup: $(BIN)/hetero

@@ -61,5 +61,13 @@ class KVCache:
             raise ConfigError(f"truncate length must be in [0, {self.length}], got {length}")
         self.length = length
 
+    @torch.inference_mode()
+    def keep_rows(self, start: int, rows: list[int]) -> None:
+        """Move rows start+rows[i] to start+i in every layer (the accepted path of a verified token tree)."""
+        if rows != list(range(len(rows))):
+            idx = torch.tensor(rows, dtype=torch.long) + start
+            self.k[:, :, start : start + len(rows)] = self.k[:, :, idx]
+            self.v[:, :, start : start + len(rows)] = self.v[:, :, idx]
+
     def nbytes_used(self) -> int:
         return 2 * self.k[:, :, : self.length].numel() * self.k.element_size()

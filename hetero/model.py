@@ -98,10 +98,14 @@ class RopeTable:
         freqs = torch.outer(pos, rope_inv_freq(cfg))  # [max_len, D/2]: both halves share these angles
         self.cos, self.sin = freqs.cos(), freqs.sin()
 
-    def apply(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """x: [H, T, D] at positions start..start+T-1 → x·cos + rotate_half(x)·sin, term for term as HF."""
+    def apply(self, x: torch.Tensor, start: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [H, T, D] at positions start..start+T-1 (or at `positions` [T]) → x·cos + rotate_half(x)·sin,
+        term for term as HF."""
         t, half = x.shape[1], x.shape[-1] // 2
-        cos, sin = self.cos[start : start + t], self.sin[start : start + t]
+        if positions is None:
+            cos, sin = self.cos[start : start + t], self.sin[start : start + t]
+        else:
+            cos, sin = self.cos[positions], self.sin[positions]
         x1, x2 = x[..., :half], x[..., half:]
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
@@ -157,6 +161,8 @@ def attention(
     v_cache: torch.Tensor,
     start: int,
     n_valid: int,
+    positions: torch.Tensor | None = None,
+    tree: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Subgraph `attn` (CPU/GPU): RoPE, write this chunk's K/V in place, causal attention over [0, start+T).
 
@@ -164,18 +170,26 @@ def attention(
     the rest padding (mllm-NPU §3.2: the last chunk is padded to C). k_cache/v_cache: [n_kv, capacity, D]
     views of one layer of the preallocated cache (Transformer-Lite §2.4): only the real rows are written,
     so padding never reaches the cache. Padded query rows see every real key and are discarded later.
-    Returns [T, n_heads*D].
+    A token tree (LLMCad §3.2, verified as one chunk): `positions` [T] gives each row its position
+    (siblings share one) and `tree` [T, T] (bool, row i sees row j) replaces the causal mask inside the
+    chunk; the rows' K/V still go to cache rows start..start+n_valid-1. Returns [T, n_heads*D].
     """
     t, d = q.shape[0], cfg.head_dim
-    q = rope.apply(q.view(t, cfg.n_heads, d).transpose(0, 1), start)
-    k = rope.apply(k.view(t, cfg.n_kv_heads, d).transpose(0, 1), start)
+    q = rope.apply(q.view(t, cfg.n_heads, d).transpose(0, 1), start, positions)
+    k = rope.apply(k.view(t, cfg.n_kv_heads, d).transpose(0, 1), start, positions)
     v = v.view(t, cfg.n_kv_heads, d).transpose(0, 1)
     end = start + n_valid
     k_cache[:, start:end] = k[:, :n_valid]
     v_cache[:, start:end] = v[:, :n_valid]
     keys, values = k_cache[:, :end], v_cache[:, :end]
-    q_pos = torch.arange(start, start + t).unsqueeze(1)
-    mask = torch.arange(end).unsqueeze(0) <= q_pos  # [T, end]; padded rows see all real keys
+    if t == 1:
+        mask = None  # one row sees every key (and the fused kernel is fastest without a mask)
+    elif tree is None:
+        q_pos = torch.arange(start, start + t).unsqueeze(1)
+        mask = torch.arange(end).unsqueeze(0) <= q_pos  # [T, end]; padded rows see all real keys
+    else:
+        mask = torch.ones(t, end, dtype=torch.bool)
+        mask[:n_valid, start:] = tree[:n_valid, :n_valid]
     # A batch dimension of 1 selects PyTorch's fused CPU attention kernel (3x faster than the 3-D path).
     out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
     return out.transpose(0, 1).reshape(t, cfg.q_dim)

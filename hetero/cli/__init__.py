@@ -19,9 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hetero", description="Fast LLM prefill on NPU + CPU/GPU (mllm-NPU).")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what hetero decides")
     sub = parser.add_subparsers(dest="command", required=True)
-    from hetero.cli import bench, calibrate, npu, run, sched  # here: hetero.bench imports hetero.cli.args
+    from hetero.cli import bench, calibrate, npu, run, sched, serve  # here: hetero.bench imports hetero.cli.args
 
-    for group in (run, calibrate, npu, sched, bench):
+    for group in (run, calibrate, npu, sched, bench, serve):
         group.register(sub)
     return parser
 

@@ -1,0 +1,69 @@
+"""`hetero serve`: the OpenAI-compatible service (`hetero.serve`) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+from hetero.cli.args import add_method_arg, add_model_arg, positive_int
+from hetero.errors import ConfigError
+
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+
+
+def parse_bytes(text: str, name: str = "--kv-budget") -> int | None:
+    """'512M', '2G', '65536' → bytes; 'none' → unbounded."""
+    if text.strip().lower() in ("none", "unbounded"):
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)i?b?\s*", text.lower())
+    if not m:
+        raise ConfigError(f"{name} must be a size like 512M, 2G or 65536 (bytes), or 'none', got {text!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API on 127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="TCP port on 127.0.0.1 (default 8000; 0 = any free port)")
+    add_model_arg(p)
+    add_method_arg(p)
+    p.add_argument("--chunk", type=positive_int, default=256, help="prefill chunk length C (default 256)")
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--kv-budget", default="512M", help="RAM for kept K/V across contexts, e.g. 256M, 2G, none (default 512M)")
+    p.add_argument("--kv-block", type=positive_int, default=16, help="tokens per K/V block (default 16, LLMS)")
+    p.add_argument("--kv-compress", choices=("auto", "off"), default="auto",
+                   help="compress blocks (INT8/INT4 by measured error) before swapping them (default auto)")
+    p.add_argument("--kv-tolerance", type=float, default=0.1, help="attention-output error allowed for INT4 (default 0.1)")
+    p.add_argument("--kv-reserve", type=float, default=0.1, help="fraction of the budget kept free ahead of time")
+    p.add_argument("--no-kv-disk", dest="kv_disk", action="store_false", help="never swap to disk (drop + recompute)")
+    p.add_argument("--kv-disk-budget", default="4G", help="disk for swapped K/V; beyond it blocks are dropped (default 4G)")
+    p.add_argument("--kv-dir", type=Path, default=None, help="where the private swap directory goes (default: temp)")
+    p.add_argument("--kv-restore", choices=("auto", "swap", "recompute"), default="auto",
+                   help="restoring a swapped block: the cheaper per block, pipelined (auto), or always one way")
+    p.add_argument("--max-contexts-per-client", type=positive_int, default=8)
+    p.add_argument("--max-active", type=positive_int, default=4, help="requests interleaved at once (default 4)")
+    p.add_argument("--max-queue", type=positive_int, default=16, help="waiting requests before 429 (default 16)")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from hetero.loader import load_model
+    from hetero.methods import make_service
+    from hetero.serve.server import serve
+    from hetero.serve.store import StoreConfig
+
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
+    store = StoreConfig(block=args.kv_block, budget_bytes=parse_bytes(args.kv_budget), reserve=args.kv_reserve,
+                        compress=args.kv_compress, tolerance=args.kv_tolerance, disk=args.kv_disk,
+                        disk_budget_bytes=parse_bytes(args.kv_disk_budget, "--kv-disk-budget"), kv_dir=args.kv_dir,
+                        restore=args.kv_restore)
+    model = load_model(args.model)
+    service = make_service(model, args.method, args.chunk, args.threads, store,
+                           max_contexts_per_client=args.max_contexts_per_client, max_active=args.max_active,
+                           max_queue=args.max_queue)
+    print(f"hetero: serving {service.model_name} ({args.method}, C={args.chunk}) on http://127.0.0.1:{args.port}/v1",
+          flush=True)
+    serve(service, args.port)
+    return 0

@@ -1,0 +1,59 @@
+"""How big a token tree to verify next: LLMCad's reasoning (§3.3) on measured costs and acceptance.
+
+A decode step reads every weight once whatever its row count, so verifying c rows costs little more
+than one until the step turns compute-bound; a tree pays when the expected accepted tokens per step
+grow faster than its measured cost. The controller keeps a running acceptance rate α (accepted draft
+tokens per tried depth) and the measured time of each chunk size, and picks the depth that maximises
+expected tokens per second: (1 + α + … + α^d) / (verify(c) + d·draft). When even depth 1 does not pay it
+falls back to plain decoding, probing again every `probe_every` steps so α can recover.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class TreeController:
+    max_depth: int = 8
+    sizes: tuple[int, ...] = (1, 4, 8, 16)
+    alpha: float = 0.6  # prior acceptance per depth
+    decay: float = 0.8  # EMA weight of the past
+    probe_every: int = 16
+    step_ms: dict[int, float] = field(default_factory=dict)  # chunk size → EMA verify time
+    draft_ms: float = 0.0  # EMA time of drafting one token (0 for lookup)
+    _since_probe: int = 0
+
+    def cost(self, c: int) -> float:
+        if c in self.step_ms:
+            return self.step_ms[c]
+        base = self.step_ms.get(1, 1.0)
+        return base * (1.0 + 0.04 * (c - 1))  # prior until measured: near-flat, memory-bound
+
+    def choose(self, budget: int) -> tuple[int, int]:
+        """(depth, size): levels to draft below the root and the tree's node budget."""
+        if budget <= 1:
+            return 0, 1
+        best, best_rate = (0, 1), 1.0 / self.cost(1)
+        for d in range(1, min(self.max_depth, budget - 1) + 1):
+            size = next((c for c in self.sizes if c >= d + 1), self.sizes[-1])
+            expect = sum(self.alpha**i for i in range(d + 1))
+            rate = expect / (self.cost(size) + d * self.draft_ms)
+            if rate > best_rate:
+                best, best_rate = (d, size), rate
+        if best[0] == 0:
+            self._since_probe += 1
+            if self._since_probe >= self.probe_every:  # LLMCad's fallback, and a way back out of it
+                self._since_probe = 0
+                return 2, 4
+        return best
+
+    def observe(self, size: int, ms: float, tried: int, accepted: int, draft_ms: float, drafted: int) -> None:
+        old = self.step_ms.get(size)
+        self.step_ms[size] = ms if old is None else self.decay * old + (1 - self.decay) * ms
+        if tried:
+            rate = accepted / tried
+            self.alpha = self.decay * self.alpha + (1 - self.decay) * rate
+        if drafted:
+            per = draft_ms / drafted
+            self.draft_ms = per if self.draft_ms == 0 else self.decay * self.draft_ms + (1 - self.decay) * per

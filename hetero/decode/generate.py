@@ -1,0 +1,175 @@
+"""Decoding on hetero's own KV cache: `stream` (an iterator of tokens) and `generate` (all at once).
+
+Each target step feeds the last emitted token (the root) plus, with speculation, a drafted token tree
+as one chunk (LLMCad §3.2): every row's K/V is written in place, the longest accepted path stays (moved
+to the front if needed), the rest is forgotten. Greedy speculation emits exactly plain greedy's tokens;
+sampling uses the speculative acceptance rule (`sampling.accept_or_resample`). The cache invariant
+(DECODE_SERVE_API.md): after a decode, `cache.length` = prompt + all generated tokens but the last.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from hetero.decode.adapt import TreeController
+from hetero.decode.drafters import Drafter, LookupDrafter, ModelDrafter, SelfDrafter
+from hetero.decode.params import Generation, SamplingParams, TokenEvent
+from hetero.decode.sampling import accept_or_resample, choose, make_generator
+from hetero.decode.step import DecodeStep
+from hetero.decode.text import TextStream
+from hetero.decode.tree import TokenTree
+from hetero.errors import ConfigError
+from hetero.runtime import PrefillResult, Runtime
+
+SPECULATE = ("off", "lookup", "draft", "self")
+
+
+def stop_ids(runtime: Runtime, params: SamplingParams) -> frozenset[int]:
+    if params.stop_token_ids is not None:
+        return frozenset(params.stop_token_ids)
+    ids = {runtime.cfg.eos_token_id}
+    tok = runtime.model.tokenizer
+    if tok is not None:
+        ids.add(getattr(tok, "eos_token_id", None))
+        for name in ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>"):
+            tid = tok.convert_tokens_to_ids(name) if name in tok.get_vocab() else None
+            ids.add(tid)
+    return frozenset(i for i in ids if i is not None)
+
+
+def make_drafter(speculate: str, runtime: Runtime, cache, draft_runtime: Runtime | None) -> Drafter | None:
+    if speculate not in SPECULATE:
+        raise ConfigError(f"speculate must be one of {', '.join(SPECULATE)}, got {speculate!r}")
+    if speculate == "off":
+        return None
+    if speculate == "lookup":
+        return LookupDrafter()
+    if speculate == "self":
+        return SelfDrafter(DecodeStep.of(runtime), cache)
+    if draft_runtime is None:
+        raise ConfigError("speculate='draft' needs a draft model (--draft-model / draft_runtime=...)")
+    if draft_runtime.cfg.vocab != runtime.cfg.vocab:
+        raise ConfigError(f"draft model vocabulary {draft_runtime.cfg.vocab} differs from the target's "
+                          f"{runtime.cfg.vocab}: they must share the tokenizer")
+    return ModelDrafter(draft_runtime)
+
+
+class Decoding:
+    """One decode in progress; iterate it for `TokenEvent`s, then read its counters."""
+
+    def __init__(self, runtime: Runtime, prefill: PrefillResult, params: SamplingParams, speculate: str = "off",
+                 context_ids: Sequence[int] | None = None, draft_runtime: Runtime | None = None):
+        if not isinstance(params, SamplingParams):
+            raise ConfigError(f"params must be a SamplingParams, got {type(params).__name__}")
+        self.runtime, self.params, self.cache = runtime, params, prefill.cache
+        self.logits0 = prefill.logits
+        self.step = DecodeStep.of(runtime)
+        self.drafter = make_drafter(speculate, runtime, self.cache, draft_runtime)
+        self.speculate = speculate
+        self.context = list(context_ids) if context_ids is not None else []
+        if context_ids is not None and len(self.context) != self.cache.length:
+            raise ConfigError(f"context_ids has {len(self.context)} ids but the cache holds {self.cache.length}")
+        self.base = self.cache.length
+        self.stops = stop_ids(runtime, params)
+        self.text = TextStream(runtime.model.tokenizer, params.stop)
+        self.tokens: list[int] = []
+        self.finish_reason = "length"
+        self.accepted = self.drafted = self.steps = 0
+        self.decode_ms = 0.0
+        self.control = TreeController()
+        self._done = False
+
+    def _emit(self, tok: int) -> TokenEvent:
+        self.tokens.append(tok)
+        p = self.params
+        if tok in self.stops:
+            self._done, self.finish_reason = True, "stop"
+        elif len(self.tokens) >= p.max_new_tokens:
+            self._done = True
+        delta = self.text.push(self.tokens, final=self._done)
+        if self.text.stopped:
+            self._done, self.finish_reason = True, "stop"
+        return TokenEvent(tok, delta, len(self.tokens) - 1)
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        t0 = time.perf_counter()
+        try:
+            if self.params.max_new_tokens == 0:
+                return
+            gen = make_generator(self.params)
+            with torch.inference_mode():
+                yield self._emit(choose(self.logits0, self.params, gen))
+                while not self._done:
+                    for tok in self._one_step(gen):
+                        yield self._emit(tok)
+                        if self._done:
+                            break
+        finally:
+            # whatever happened (finished, stopped mid-path, closed early): keep the invariant
+            self.cache.truncate(min(self.cache.length, self.base + max(len(self.tokens) - 1, 0)))
+            self.decode_ms = (time.perf_counter() - t0) * 1e3
+
+    def _one_step(self, gen) -> list[int]:
+        """One target pass over the root (+ a drafted tree); returns the tokens it decided."""
+        root = self.tokens[-1]
+        budget = self.params.max_new_tokens - len(self.tokens)
+        draft_ms, depth = 0.0, 0
+        if self.drafter is not None:
+            depth, size = self.control.choose(budget)
+            t = time.perf_counter()
+            tree = self.drafter.draft(self.context + self.tokens, depth, size) if depth else TokenTree([root], [-1])
+            draft_ms = (time.perf_counter() - t) * 1e3
+        else:
+            tree = TokenTree([root], [-1])
+        t = time.perf_counter()
+        logits = self.step.forward(self.cache, tree)
+        step_ms = (time.perf_counter() - t) * 1e3
+        self.steps += 1
+        path, node = [0], 0
+        while True:
+            kids = tree.children(node)
+            tok, idx = accept_or_resample(logits[node], [tree.tokens[k] for k in kids], self.params, gen)
+            if idx is None:
+                break
+            node = kids[idx]
+            path.append(node)
+        start = self.cache.length
+        self.cache.keep_rows(start, path)
+        self.cache.length = start + len(path)
+        n_drafted = len(tree) - 1
+        self.drafted += max(tree.depth)
+        self.accepted += len(path) - 1
+        if self.drafter is not None:
+            tried = min(max(tree.depth), len(path))
+            self.control.observe(self.step.padded_size(len(tree)), step_ms, tried, len(path) - 1, draft_ms,
+                                 n_drafted if self.speculate != "lookup" else 0)
+        return [tree.tokens[i] for i in path[1:]] + [tok]
+
+    def result(self) -> Generation:
+        n = len(self.tokens)
+        tps = n / (self.decode_ms / 1e3) if self.decode_ms > 0 else 0.0
+        return Generation(tuple(self.tokens), self.text.text, self.finish_reason, self.cache, self.decode_ms, tps,
+                          self.accepted, self.drafted, self.steps)
+
+
+def stream(runtime: Runtime, prefill: PrefillResult, params: SamplingParams | None = None, *, speculate: str = "off",
+           context_ids: Sequence[int] | None = None, draft_runtime: Runtime | None = None) -> Iterator[TokenEvent]:
+    """Tokens as they are decoded. Closing the iterator early leaves the cache consistent.
+
+    context_ids: the ids whose K/V the cache holds (the prompt); prompt lookup searches them too.
+    """
+    d = Decoding(runtime, prefill, params or SamplingParams(), speculate, context_ids, draft_runtime)
+    yield from d
+
+
+def generate(runtime: Runtime, prefill: PrefillResult, params: SamplingParams | None = None, *,
+             speculate: str = "off", context_ids: Sequence[int] | None = None,
+             draft_runtime: Runtime | None = None) -> Generation:
+    """Decode until a stop token, a stop string or max_new_tokens; see `stream`."""
+    d = Decoding(runtime, prefill, params or SamplingParams(), speculate, context_ids, draft_runtime)
+    for _ in d:
+        pass
+    return d.result()

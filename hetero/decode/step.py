@@ -1,0 +1,93 @@
+"""A decode step: a few tokens (one, or a token tree) through every layer over a runtime's KV cache.
+
+Static subgraphs run on the runtime's backend; an INT8 backend built for prefill chunks (C = 256) is
+rebuilt at the small decode sizes (C = 1 and the tree sizes) from the same quantization plan and the
+same graph cache. Attention runs on the CPU lane with per-row positions and the tree mask. K/V of the
+rows are written in place at cache rows `length .. length+n-1`; the caller decides what stays.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+
+import torch
+
+from hetero import model as ref
+from hetero.backend import LayerBackend
+from hetero.decode.head import FloatHead, Int8Head
+from hetero.decode.tree import TokenTree
+from hetero.kv_cache import KVCache
+from hetero.runtime import Runtime
+
+TREE_SIZES = (1, 4, 8, 16)  # static chunk sizes of the INT8 decode graphs
+
+
+class DecodeStep:
+    """Forward passes of decode-sized chunks for one runtime (`DecodeStep.of(runtime)` shares one)."""
+
+    _shared: "weakref.WeakKeyDictionary[Runtime, DecodeStep]" = weakref.WeakKeyDictionary()
+
+    def __init__(self, runtime: Runtime, head: str = "auto"):
+        self.runtime, self.cfg, self.model = runtime, runtime.cfg, runtime.model
+        self.static = hasattr(runtime.backend, "plan") and hasattr(runtime.backend, "lane")  # NpuBackend
+        self._backends: dict[int, LayerBackend] = {}
+        if head == "auto":
+            head = "int8" if self.static else "float"
+        self.head = Int8Head(self.cfg, self.model.weights) if head == "int8" else FloatHead(self.cfg, self.model.weights)
+
+    @classmethod
+    def of(cls, runtime: Runtime) -> "DecodeStep":
+        step = cls._shared.get(runtime)
+        if step is None:
+            step = cls._shared[runtime] = cls(runtime)
+        return step
+
+    def padded_size(self, n: int) -> int:
+        if not self.static:
+            return n
+        return next((c for c in TREE_SIZES if c >= n), n)
+
+    def backend(self, n: int) -> LayerBackend:
+        """The layer backend for a chunk of n rows (padded up to a prepared size on a static lane)."""
+        if not self.static:
+            return self.runtime.backend
+        c = self.padded_size(n)
+        b = self._backends.get(c)
+        if b is None:
+            from hetero.npu.backend import NpuBackend
+
+            src = self.runtime.backend
+            b = NpuBackend(self.model, src.plan, chunk=c, lane=src.lane, placement=src.placement,
+                           intra_op_threads=getattr(src.lane, "intra_op_threads", 2))
+            self._backends[c] = b
+        return b
+
+    @torch.inference_mode()
+    def forward(self, cache: KVCache, tree: TokenTree, *, slot: int | None = None, layers: int | None = None,
+                rows: Sequence[int] | None = None) -> torch.Tensor:
+        """Logits [len(rows), vocab] of the tree's rows (default all) after `layers` layers (default all).
+
+        K/V go to cache rows slot..slot+n-1 (default slot = cache.length); the tree's root is at
+        position `slot` (its depth 0). `cache.length` is not changed.
+        """
+        n = len(tree)
+        slot = cache.length if slot is None else slot
+        cache.reserve(slot + n - cache.length)
+        c = self.padded_size(n)
+        backend = self.backend(n)
+        ids = torch.tensor(tree.tokens + [tree.tokens[0]] * (c - n), dtype=torch.long)
+        h = ref.embed(self.model.weights, ids)
+        if n == 1 and c == 1:
+            positions = mask = None
+        else:
+            positions = torch.cat([tree.positions(slot), torch.full((c - n,), slot, dtype=torch.long)])
+            mask = tree.mask()
+        rope = self.runtime.rope
+        for layer in range(self.cfg.n_layers if layers is None else layers):
+            q, k, v = backend.qkv(layer, h)
+            kc, vc = cache.layer(layer)
+            a = ref.attention(self.cfg, q, k, v, rope, kc, vc, slot, n, positions, mask)
+            h = backend.o_ffn(layer, a, h)
+        sel = h[:n] if rows is None else h[list(rows)]
+        return self.head(sel)

@@ -1,0 +1,78 @@
+"""The disk tier: one file per K/V block, written atomically (temp name, then `os.replace`).
+
+LLMS §3.4 writes chunks ahead of time (at the end of every call) so that reclaiming memory later only
+drops the RAM copy; a dedicated IO thread writes them and another reads them back during a restore
+(LLMS §3.3, the swapping half of the swapping-recompute pipeline).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from hetero.paths import atomic_path
+from hetero.serve.quant import QTensor
+
+
+class DiskTier:
+    """Block files under a private directory that is removed on `close()`."""
+
+    def __init__(self, root: Path | None):
+        base = Path(root) if root is not None else None
+        if base is not None:
+            base.mkdir(parents=True, exist_ok=True)
+        self.dir = Path(tempfile.mkdtemp(prefix="kv-", dir=base))
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix="kv-write")
+        self.reader = ThreadPoolExecutor(1, thread_name_prefix="kv-read")
+
+    def path(self, uid: int) -> Path:
+        return self.dir / f"{uid}.pt"
+
+    def write(self, uid: int, payload: dict) -> tuple[Path, int, float]:
+        """Write a block's payload (float `k`/`v`, or a compressed one); returns (path, bytes, ms)."""
+        t0 = time.perf_counter()
+        target = self.path(uid)
+        with atomic_path(target) as tmp:
+            torch.save(payload, tmp)
+        return target, target.stat().st_size, (time.perf_counter() - t0) * 1e3
+
+    def submit_write(self, uid: int, payload: dict) -> Future:
+        return self.writer.submit(self.write, uid, payload)
+
+    def submit_read(self, path: Path) -> Future:
+        return self.reader.submit(read_block, path)
+
+    def close(self) -> None:
+        self.writer.shutdown(wait=True)
+        self.reader.shutdown(wait=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def float_payload(k: torch.Tensor, v: torch.Tensor) -> dict:
+    return {"k": k, "v": v}
+
+
+def compressed_payload(qk: QTensor, qv: QTensor) -> dict:
+    return {"q": [(q.level, q.codes, q.lo, q.scale, list(q.shape)) for q in (qk, qv)]}
+
+
+def read_block(path: Path) -> tuple[dict, int, float]:
+    """(payload, bytes read, ms)."""
+    t0 = time.perf_counter()
+    payload = torch.load(path, weights_only=True)
+    return payload, path.stat().st_size, (time.perf_counter() - t0) * 1e3
+
+
+def payload_kv(payload: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float K/V of a payload (dequantised if it was stored compressed)."""
+    if "k" in payload:
+        return payload["k"], payload["v"]
+    from hetero.serve.quant import dequantize
+
+    qk, qv = (QTensor(level, codes, lo, scale, tuple(shape)) for level, codes, lo, scale, shape in payload["q"])
+    return dequantize(qk), dequantize(qv)

@@ -1,0 +1,113 @@
+"""Decoding the default model on hetero's cache: equal to HF greedy, speculation changes nothing greedy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hetero.decode import SamplingParams, generate, stream
+from hetero.errors import ConfigError
+from hetero.runtime import Runtime
+
+COPY_PROMPT = ("Repeat the following text exactly, word for word.\n\nIt is a truth universally acknowledged, that a "
+               "single man in possession of a good fortune, must be in want of a wife.")
+
+
+def chat_ids(model, text: str) -> list[int]:
+    tok = model.tokenizer
+    s = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    return tok(s, add_special_tokens=False)["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def rt(default_model):
+    return Runtime(default_model, chunk=64)
+
+
+def assert_same_or_numeric_tie(rt, ids, want, got) -> None:
+    """Greedy outputs must match; a divergence is only tolerated at a numeric tie of the reference."""
+    if list(want) == list(got):
+        return
+    i = next((j for j, (a, b) in enumerate(zip(want, got)) if a != b), None)
+    assert i is not None, f"one output is a prefix of the other: {list(want)} vs {list(got)}"
+    logits = rt.prefill(list(ids) + list(want[:i])).logits
+    top = torch.topk(logits, 2).values
+    assert float(top[0] - top[1]) < 1e-3, f"outputs diverge at token {i} where the margin is {float(top[0] - top[1])}"
+
+
+def test_greedy_equals_hf_generate(default_model, rt) -> None:
+    from hetero.adapters.hf import generate as hf_generate, to_hf_model
+
+    ids = chat_ids(default_model, "What is the capital of France?")
+    g = generate(rt, rt.prefill(ids), SamplingParams(max_new_tokens=24))
+    want = hf_generate(to_hf_model(default_model), torch.tensor(ids), rt.prefill(ids), 24)
+    assert_same_or_numeric_tie(rt, ids, want, g.tokens)
+    assert len(g.tokens) >= 8 and "Paris" in g.text
+
+
+@pytest.mark.parametrize("speculate", ["lookup", "self", "draft"])
+def test_speculation_is_token_for_token_plain_greedy(default_model, rt, speculate) -> None:
+    ids = chat_ids(default_model, COPY_PROMPT)
+    params = SamplingParams(max_new_tokens=40)
+    plain = generate(rt, rt.prefill(ids), params)
+    r = rt.prefill(ids)
+    spec = generate(rt, r, params, speculate=speculate, context_ids=ids,
+                    draft_runtime=Runtime(default_model, chunk=16) if speculate == "draft" else None)
+    assert_same_or_numeric_tie(rt, ids, plain.tokens, spec.tokens)
+    assert spec.drafted > 0 and spec.steps < len(spec.tokens) + 1
+    assert r.cache.length == len(ids) + len(spec.tokens) - 1
+    if speculate == "lookup":  # a copy task: most drafted tokens are right, far fewer target passes
+        assert spec.accepted >= len(spec.tokens) // 2 and spec.steps < len(plain.tokens) // 2
+
+
+def test_cache_continues_the_next_turn_without_reprefill(default_model, rt) -> None:
+    ids = chat_ids(default_model, "Name a colour.")
+    r = rt.prefill(ids)
+    g = generate(rt, r, SamplingParams(max_new_tokens=8), speculate="lookup", context_ids=ids)
+    assert g.cache is r.cache and r.cache.length == len(ids) + len(g.tokens) - 1
+    more = [g.tokens[-1]] + default_model.tokenizer(" And another?")["input_ids"]
+    cont = rt.prefill(more, cache=r.cache)
+    fresh = rt.prefill(ids + list(g.tokens) + more[1:])
+    torch.testing.assert_close(cont.logits, fresh.logits, rtol=1e-3, atol=1e-3)
+
+
+def test_closing_the_stream_early_keeps_the_cache_consistent(default_model, rt) -> None:
+    ids = chat_ids(default_model, COPY_PROMPT)
+    r = rt.prefill(ids)
+    it = stream(rt, r, SamplingParams(max_new_tokens=40), speculate="lookup", context_ids=ids)
+    seen = [next(it) for _ in range(5)]
+    it.close()
+    assert [e.index for e in seen] == list(range(5))
+    assert len(ids) <= r.cache.length <= len(ids) + 40
+    assert r.cache.length == len(ids) + len(seen) - 1 or r.cache.length >= len(ids) + 4
+
+
+def test_stop_string_and_streamed_text(default_model, rt) -> None:
+    ids = chat_ids(default_model, COPY_PROMPT)
+    full = generate(rt, rt.prefill(ids), SamplingParams(max_new_tokens=30))
+    assert "fortune" in full.text
+    r = rt.prefill(ids)
+    events = list(stream(rt, r, SamplingParams(max_new_tokens=30, stop=("fortune",))))
+    text = "".join(e.text for e in events)
+    assert text == full.text[: full.text.index("fortune")]
+    assert r.cache.length == len(ids) + len(events) - 1
+
+
+def test_seeded_sampling_is_reproducible_and_speculation_keeps_working(default_model, rt) -> None:
+    ids = chat_ids(default_model, COPY_PROMPT)
+    p = SamplingParams(max_new_tokens=16, temperature=0.7, top_p=0.9, top_k=50, seed=3)
+    a = generate(rt, rt.prefill(ids), p)
+    b = generate(rt, rt.prefill(ids), p)
+    assert a.tokens == b.tokens
+    c = generate(rt, rt.prefill(ids), p, speculate="lookup", context_ids=ids)
+    assert c.drafted > 0 and len(c.tokens) > 0
+
+
+def test_bad_speculate_and_context(default_model, rt) -> None:
+    ids = chat_ids(default_model, "Hi")
+    with pytest.raises(ConfigError, match="speculate"):
+        generate(rt, rt.prefill(ids), SamplingParams(max_new_tokens=2), speculate="magic")
+    with pytest.raises(ConfigError, match="context_ids"):
+        generate(rt, rt.prefill(ids), SamplingParams(max_new_tokens=2), context_ids=ids[:-1])
+    with pytest.raises(ConfigError, match="draft"):
+        generate(rt, rt.prefill(ids), SamplingParams(max_new_tokens=2), speculate="draft")
