@@ -18,7 +18,7 @@ from hetero.decode.adapt import TreeController
 from hetero.decode.drafters import Drafter, LookupDrafter, ModelDrafter, SelfDrafter
 from hetero.decode.params import Generation, SamplingParams, TokenEvent
 from hetero.decode.sampling import accept_or_resample, choose, make_generator
-from hetero.decode.step import DecodeStep
+from hetero.decode.step import TREE_SIZES, DecodeStep
 from hetero.decode.text import TextStream
 from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
@@ -79,7 +79,9 @@ class Decoding:
         self.finish_reason = "length"
         self.accepted = self.drafted = self.steps = 0
         self.decode_ms = 0.0
-        self.control = TreeController()
+        self.control = TreeController(sizes=TREE_SIZES)
+        if self.drafter is not None:  # LLMCad's cost side: what each tree size costs on this machine
+            self.control.step_ms.update(self.step.measure(self.cache))
         self._done = False
 
     def _emit(self, tok: int) -> TokenEvent:
@@ -108,6 +110,8 @@ class Decoding:
                         if self._done:
                             break
         finally:
+            if self.drafter is not None:
+                self.step.costs.update(self.control.step_ms)
             # whatever happened (finished, stopped mid-path, closed early): keep the invariant
             self.cache.truncate(min(self.cache.length, self.base + max(len(self.tokens) - 1, 0)))
             self.decode_ms = (time.perf_counter() - t0) * 1e3
