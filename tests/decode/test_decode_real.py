@@ -50,8 +50,8 @@ def test_greedy_equals_hf_generate(default_model, rt) -> None:
     from hetero.adapters.hf import generate as hf_generate, to_hf_model
 
     ids = chat_ids(default_model, "What is the capital of France?")
-    g = generate(rt, rt.prefill(ids), SamplingParams(max_new_tokens=24))
-    want = hf_generate(to_hf_model(default_model), torch.tensor(ids), rt.prefill(ids), 24)
+    g = generate(rt, rt.prefill(ids), SamplingParams(max_new_tokens=16))
+    want = hf_generate(to_hf_model(default_model), torch.tensor(ids), rt.prefill(ids), 16)
     assert_same_or_numeric_tie(rt, ids, want, g.tokens)
     assert len(g.tokens) >= 8 and "Paris" in g.text
 
@@ -60,7 +60,7 @@ def test_greedy_equals_hf_generate(default_model, rt) -> None:
 def test_speculation_is_token_for_token_plain_greedy(default_model, int8_rt, speculate) -> None:
     rt = int8_rt
     ids = chat_ids(default_model, COPY_PROMPT)
-    params = SamplingParams(max_new_tokens=40)
+    params = SamplingParams(max_new_tokens=40 if speculate == "lookup" else 20)
     plain = generate(rt, rt.prefill(ids), params)
     r = rt.prefill(ids)
     # the draft model: the same INT8 model here (any runtime sharing the tokenizer works)
@@ -69,14 +69,14 @@ def test_speculation_is_token_for_token_plain_greedy(default_model, int8_rt, spe
     assert_same_or_numeric_tie(rt, ids, plain.tokens, spec.tokens)
     assert spec.drafted > 0 and spec.steps < len(spec.tokens) + 1
     assert r.cache.length == len(ids) + len(spec.tokens) - 1
-    if speculate == "lookup":  # a copy task: many drafted tokens are right, fewer target passes
+    if speculate != "self":  # lookup on a copy task, or the model drafting for itself: fewer target passes
         assert spec.accepted >= 8 and spec.steps <= len(plain.tokens) - 8
 
 
 def test_cache_continues_the_next_turn_without_reprefill(default_model, rt) -> None:
     ids = chat_ids(default_model, "Name a colour.")
     r = rt.prefill(ids)
-    g = generate(rt, r, SamplingParams(max_new_tokens=4, stop_token_ids=()), speculate="lookup", context_ids=ids)
+    g = generate(rt, r, SamplingParams(max_new_tokens=4, stop_token_ids=()))
     assert g.cache is r.cache and r.cache.length == len(ids) + len(g.tokens) - 1
     more = [g.tokens[-1]] + default_model.tokenizer(" And another?")["input_ids"]
     cont = rt.prefill(more, cache=r.cache)
