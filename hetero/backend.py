@@ -1,43 +1,41 @@
-"""What executes the static subgraphs (`qkv`, `o_ffn`) of a layer: the float reference or an INT8 lane.
+"""Layer backends in torch: the layer of `hetero.model` with a given site linear.
 
-Attention is dynamic (it depends on the chunk's position) and always runs in float on the CPU/GPU
-(mllm-NPU §3.2); a backend only replaces the static subgraphs, one for one, and is checked against
-`FloatBackend`.
+A backend runs the static subgraphs (`qkv`, `o_ffn`) of a layer (`model.LayerBackend`); attention is
+dynamic and always runs in float on the CPU/GPU (mllm-NPU §3.2). `FloatBackend` is the reference every
+other backend is checked against.
 """
 
 from __future__ import annotations
-
-from typing import Protocol
 
 import torch
 
 from hetero import model as ref
 from hetero.config import ModelConfig
-from hetero.model import Weights
+from hetero.model import FloatLinear, LayerBackend, SiteLinear, Weights
+
+__all__ = ["FloatBackend", "LayerBackend", "TorchBackend"]
 
 
-class LayerBackend(Protocol):
-    name: str
+class TorchBackend:
+    """`hetero.model`'s layer in torch, every linear through `linear(layer, site, x)`."""
 
-    def qkv(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h: [C, hidden] → q [C, n_heads*D], k, v [C, n_kv*D] (float)."""
-        ...
+    name = "torch"
 
-    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """a: attention output [C, n_heads*D], h: residual [C, hidden] → next h [C, hidden]."""
-        ...
+    def __init__(self, cfg: ModelConfig, weights: Weights, linear: SiteLinear):
+        self.cfg, self.weights, self.linear = cfg, weights, linear
+
+    def qkv(self, layer: int, h: torch.Tensor, out: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return ref.qkv(self.cfg, self.weights.layers[layer], h, self.linear, layer)
+
+    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return ref.o_ffn(self.cfg, self.weights.layers[layer], a, h, self.linear, layer)
 
 
-class FloatBackend:
-    """The float reference (`hetero.model`), subgraph by subgraph."""
+class FloatBackend(TorchBackend):
+    """The float reference, subgraph by subgraph."""
 
     name = "float"
 
     def __init__(self, cfg: ModelConfig, weights: Weights):
-        self.cfg, self.weights = cfg, weights
-
-    def qkv(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return ref.qkv(self.cfg, self.weights.layers[layer], h)
-
-    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        return ref.o_ffn(self.cfg, self.weights.layers[layer], a, h)
+        super().__init__(cfg, weights, FloatLinear(weights))

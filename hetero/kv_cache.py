@@ -1,12 +1,8 @@
 """The KV cache: preallocated once, written chunk by chunk through views (Transformer-Lite §2.4).
 
-Layout, per layer l (capacity T_max positions, `length` of them valid):
-
-    k[l]: [n_kv, T_max, D]   positions 0 .. length-1 hold real tokens; length .. T_max-1 are free
-          └─ chunk i writes rows [start, start+n_valid) in place; padded rows are never written
-
-Nobody else indexes the buffers: attention asks for `layer(l)` views and the runtime advances
-`length` once a whole prefill has finished (so a failed prefill leaves the logical length unchanged).
+Per layer l: k[l], v[l] are [n_kv, capacity, D]; positions 0..length-1 hold real tokens. Chunk i writes
+rows [start, start + n_valid) in place (padded rows never); attention reads through `layer(l)` views and
+the runtime advances `length` once a whole prefill has finished.
 """
 
 from __future__ import annotations

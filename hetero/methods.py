@@ -33,30 +33,30 @@ def use_threads(threads: int | None) -> int:
     return n
 
 
-def quant_plan(model: Model, lane: str = "cpu", prune_fraction: float = 0.85) -> "QuantPlan":
-    """The quantization plan of `model` for a lane: calibrated scales, shadow sites, INT8 weights.
+def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float = 0.85) -> "QuantPlan":
+    """The quantization plan of `model` for a provider ("cpu" or "qnn"): calibrated scales, shadow sites, INT8 weights.
 
     The CPU EP (standing in for the NPU) gets 7-bit weights, exact with ONNX Runtime's fast u8·s8 kernel
     on AVX2 (`hetero.outliers.plan`); an NPU (QNN HTP) runs the paper's 8-bit weights.
     """
     from hetero.outliers.calibrate import ensure_calibration
-    from hetero.outliers.plan import build_plan
+    from hetero.outliers.pruning import plan_from_calibration
     from hetero.outliers.quantize import W_QMAX, W_QMAX_U8S8
 
-    return build_plan(model, ensure_calibration(model, progress=True), prune_fraction=prune_fraction,
-                      weight_qmax=W_QMAX_U8S8 if lane == "cpu" else W_QMAX)
+    return plan_from_calibration(model, ensure_calibration(model, progress=True), prune_fraction=prune_fraction,
+                      weight_qmax=W_QMAX_U8S8 if provider == "cpu" else W_QMAX)
 
 
 def _float(model: Model, chunk: int, threads: int | None) -> LayerBackend:
     return FloatBackend(model.config, model.weights)
 
 
-def _npu(lane: str, prune_fraction: float = 0.85) -> Callable[[Model, int, int | None], LayerBackend]:
+def _npu(provider: str, prune_fraction: float = 0.85) -> Callable[[Model, int, int | None], LayerBackend]:
     def make(model: Model, chunk: int, threads: int | None) -> LayerBackend:
         from hetero.npu.backend import NpuBackend
 
-        plan = quant_plan(model, lane, prune_fraction)
-        return NpuBackend(model, plan, chunk=chunk, lane=lane, intra_op_threads=threads or 2)
+        plan = quant_plan(model, provider, prune_fraction)
+        return NpuBackend(model, plan, chunk=chunk, provider=provider, intra_op_threads=threads or 2)
 
     return make
 
@@ -93,7 +93,12 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     policy = policy or spec.policy
     overlapped = policy is not None and spec.make is not _float
     use_threads(max(1, threads // 2) if overlapped else threads)
-    return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads), policy=policy)
+    executor = None
+    if policy is not None:
+        from hetero.sched.executor import OutOfOrderExecutor
+
+        executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy)
+    return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads), executor=executor)
 
 
 def make_service(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,

@@ -1,25 +1,44 @@
-"""The float reference: Llama-family weights and forward pass, readable top to bottom (gpt-fast style).
+"""The float reference: Llama-family weights and the decoder layer, readable top to bottom (gpt-fast style).
 
-One decoder layer is written as the three subgraphs of hetero's split (DESIGN.md, mllm-NPU §3.2):
-
-    h ─► qkv(h) ─► attention(q, k, v, cache) ─► o_ffn(a, h) ─► h'
-         NPU          CPU/GPU (dynamic: depends        NPU
-                      on the chunk's position)
-
-so that the quantized backends replace `qkv` and `o_ffn` one for one and are checked against these.
-Shapes: one prompt at a time (batch 1); `h` is [T, hidden], q is [n_heads, T, D], k/v [n_kv, T, D].
+A layer is three subgraphs (mllm-NPU §3.2): `qkv` and `o_ffn` are static (NPU), `attention` is dynamic.
+Every linear is reached through one callable, `linear(layer, site, x)`: the linear(s) reading activation
+site `site` (`SITE_LINEARS`). Float, INT8 + shadow, calibration observers and rotations are such callables,
+so this file is the only place the layer's math is written. Shapes: batch 1; `h` is [T, hidden].
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from hetero.config import ModelConfig
+
+# Activation sites of a layer: the input shared by one group of linears (it is quantized once).
+#   h ─► RMSNorm ─► [attn_in] ─► wq, wk, wv                                    (qkv)
+#   a ─► [o_in] ─► wo ─► +h ─► RMSNorm ─► [ffn_in] ─► w_gate, w_up
+#        silu(gate)·up ─► [down_in] ─► w_down ─► +h                            (o_ffn)
+SITES = ("attn_in", "o_in", "ffn_in", "down_in")
+SITE_LINEARS: dict[str, tuple[str, ...]] = {  # LayerWeights fields of the linears reading each site
+    "attn_in": ("wq", "wk", "wv"),
+    "o_in": ("wo",),
+    "ffn_in": ("w_gate", "w_up"),
+    "down_in": ("w_down",),
+}
+SITE_BIASES: dict[str, tuple[str | None, ...]] = {  # LayerWeights field of each linear's bias (Qwen2 q/k/v)
+    "attn_in": ("bq", "bk", "bv"),
+    "o_in": (None,),
+    "ffn_in": (None, None),
+    "down_in": (None,),
+}
+
+# linear(layer, site, x): x [T, in] at `site` of `layer` -> one [T, out] per name in SITE_LINEARS[site]
+SiteLinear = Callable[[int, str, torch.Tensor], Sequence[torch.Tensor]]
+Observer = Callable[[int, str, torch.Tensor], None]  # observe(layer, site, x), e.g. calibration statistics
 
 
 @dataclass(slots=True)
@@ -95,10 +114,41 @@ def embed(w: Weights, ids: torch.Tensor) -> torch.Tensor:
     return w.tok_emb[ids]
 
 
-def qkv(cfg: ModelConfig, lw: LayerWeights, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Subgraph `qkv` (NPU in hetero): RMSNorm, then the Q/K/V projections. Returns [T, out] each."""
+def float_site(lw: LayerWeights, site: str, x: torch.Tensor) -> list[torch.Tensor]:
+    """The float linears reading `site` of one layer: F.linear with its weights (and biases)."""
+    return [F.linear(x, getattr(lw, n), getattr(lw, b) if b else None)
+            for n, b in zip(SITE_LINEARS[site], SITE_BIASES[site])]
+
+
+class FloatLinear:
+    """The model's float linears as a `SiteLinear`."""
+
+    def __init__(self, w: Weights):
+        self.layers = w.layers
+
+    def __call__(self, layer: int, site: str, x: torch.Tensor) -> list[torch.Tensor]:
+        return float_site(self.layers[layer], site, x)
+
+
+def observed(linear: SiteLinear, observe: Observer) -> SiteLinear:
+    """`linear` that first calls observe(layer, site, x) on every site input."""
+
+    def run(layer: int, site: str, x: torch.Tensor) -> Sequence[torch.Tensor]:
+        observe(layer, site, x)
+        return linear(layer, site, x)
+
+    return run
+
+
+def qkv(cfg: ModelConfig, lw: LayerWeights, h: torch.Tensor, linear: SiteLinear | None = None,
+        layer: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Subgraph `qkv` (NPU in hetero): RMSNorm, then the Q/K/V projections. Returns [T, out] each.
+
+    `linear` runs the linears of each site (default: the float ones of `lw`); `layer` is passed to it.
+    """
     x = rms_norm(h, lw.attn_norm, cfg.rms_eps)
-    return F.linear(x, lw.wq, lw.bq), F.linear(x, lw.wk, lw.bk), F.linear(x, lw.wv, lw.bv)
+    q, k, v = linear(layer, "attn_in", x) if linear is not None else float_site(lw, "attn_in", x)
+    return q, k, v
 
 
 def attention(
@@ -164,25 +214,47 @@ def _row_attention(cfg: ModelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
     return out.transpose(0, 1).reshape(t, cfg.q_dim)
 
 
-def o_ffn(cfg: ModelConfig, lw: LayerWeights, a: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+def o_ffn(cfg: ModelConfig, lw: LayerWeights, a: torch.Tensor, h: torch.Tensor,
+          linear: SiteLinear | None = None, layer: int = 0) -> torch.Tensor:
     """Subgraph `o_ffn` (NPU): O projection, residual, RMSNorm, SwiGLU FFN, residual."""
-    h = h + F.linear(a, lw.wo)
+    def lin(site: str, x: torch.Tensor) -> Sequence[torch.Tensor]:
+        return linear(layer, site, x) if linear is not None else float_site(lw, site, x)
+
+    (o,) = lin("o_in", a)
+    h = h + o
     x = rms_norm(h, lw.ffn_norm, cfg.rms_eps)
-    return h + F.linear(F.silu(F.linear(x, lw.w_gate)) * F.linear(x, lw.w_up), lw.w_down)
+    gate, up = lin("ffn_in", x)
+    (down,) = lin("down_in", F.silu(gate) * up)
+    return h + down
 
 
 def logits(cfg: ModelConfig, w: Weights, h: torch.Tensor) -> torch.Tensor:
     return F.linear(rms_norm(h, w.norm, cfg.rms_eps), w.lm_head)
 
 
-@torch.inference_mode()
-def forward(
-    cfg: ModelConfig, w: Weights, ids: torch.Tensor, backend: Any = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The whole prompt in one pass, no chunking: the reference the chunked runtime must equal.
+class LayerBackend(Protocol):
+    """What runs the static subgraphs of a layer (float, INT8 reference, NPU graphs); attention stays
+    float on the CPU/GPU. `out`, when given, is a buffer of the result's shape the backend may write
+    into; the returned tensors are the result either way."""
 
-    `backend` (a `hetero.backend.LayerBackend`) replaces the static subgraphs, e.g. by a quantized
-    path for perplexity; None is the float reference. Returns logits [T, vocab] and K/V [L, n_kv, T, D].
+    name: str
+
+    def qkv(self, layer: int, h: torch.Tensor, out: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h: [C, hidden] → q [C, n_heads*D], k, v [C, n_kv*D] (out: [C, q_dim + 2·kv_dim])."""
+        ...
+
+    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """a: attention output [C, n_heads*D], h: residual [C, hidden] → next h [C, hidden] (out: same)."""
+        ...
+
+
+@torch.inference_mode()
+def run_layers(cfg: ModelConfig, w: Weights, ids: torch.Tensor, backend: LayerBackend | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every layer over the whole prompt in one pass (no chunking): h [T, hidden] and K/V [L, n_kv, T, D].
+
+    `backend` replaces the static subgraphs (e.g. a quantized path for perplexity); None is float.
     """
     t = ids.shape[0]
     rope = RopeTable(cfg, t)
@@ -193,4 +265,12 @@ def forward(
         q, k, v = backend.qkv(layer, h) if backend is not None else qkv(cfg, lw, h)
         a = attention(cfg, q, k, v, rope, k_all[layer], v_all[layer], 0, t)
         h = backend.o_ffn(layer, a, h) if backend is not None else o_ffn(cfg, lw, a, h)
+    return h, k_all, v_all
+
+
+@torch.inference_mode()
+def forward(cfg: ModelConfig, w: Weights, ids: torch.Tensor, backend: LayerBackend | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference the chunked runtime must equal: logits [T, vocab] and K/V [L, n_kv, T, D]."""
+    h, k_all, v_all = run_layers(cfg, w, ids, backend)
     return logits(cfg, w, h), k_all, v_all

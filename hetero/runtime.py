@@ -1,33 +1,86 @@
-"""`Runtime.prefill`: a prompt → chunks → subgraphs → KV cache + last logits.
+"""`Runtime.prefill`: a prompt → chunks → subgraphs → KV cache + last logits, in three steps (vLLM style).
 
-A subgraph G[i][j] of the prefill (mllm-NPU §3.4) is (chunk i, layer, kind); `PrefillJob.run` executes
-one of them on the job's per-chunk buffers, so the same job can be driven in order (here) or out of
-order by the scheduler. Chunks write their K/V in place into a preallocated `KVCache`.
+`plan` validates the prompt and freezes what will run (chunks + the compiled DAG of Eq. 2-3);
+`execute` hands every subgraph G[i][j] to the runtime's executor (`SerialExecutor` in program order,
+or `hetero.sched.executor.OutOfOrderExecutor`, mllm-NPU §3.4), which runs it on per-chunk buffers
+allocated once per runtime; `commit` advances the KV cache and returns a frozen `PrefillResult`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from hetero import model as ref
 from hetero.backend import FloatBackend, LayerBackend
 from hetero.chunking import Chunk, padded_ids, plan_chunks
+from hetero.dag import DEFAULT_PLACEMENT, CompiledDag, build_dag, compile_graph
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
 from hetero.loader import Model
+from hetero.schedule import Schedule
 
-if TYPE_CHECKING:
-    from hetero.sched.profile import Profile
-
-SUBGRAPH_KINDS = ("qkv", "attn", "o_ffn")  # one decoder layer, in execution order (DESIGN.md)
+NodeFn = Callable[[int], None]  # runs the subgraph of DAG node v (see CompiledDag.node_info)
 
 
-@dataclass(slots=True)
+class PrefillExecutor(Protocol):
+    """Runs the nodes of a prefill DAG: each exactly once, after its predecessors (Eq. 2-3)."""
+
+    placement: tuple[tuple[str, str], ...]  # (kind, lane) of one layer's subgraphs
+
+    def compile(self, n_chunks: int) -> CompiledDag:
+        """The DAG of a prompt of `n_chunks` chunks (cached per count)."""
+        ...
+
+    def execute(self, dag: CompiledDag, run: NodeFn) -> Schedule:
+        """Call run(v) for every node; return when all are done, with what ran when."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SerialExecutor:
+    """Every node in id order (program order) on the calling thread: the in-order prefill."""
+
+    def __init__(self, n_layers: int, placement: tuple[tuple[str, str], ...] = DEFAULT_PLACEMENT):
+        self.n_layers, self.placement = n_layers, tuple(placement)
+        self._dags: dict[int, CompiledDag] = {}
+
+    def compile(self, n_chunks: int) -> CompiledDag:
+        dag = self._dags.get(n_chunks)
+        if dag is None:
+            dag = self._dags[n_chunks] = compile_graph(build_dag(n_chunks, self.placement, self.n_layers), 0)
+        return dag
+
+    def execute(self, dag: CompiledDag, run: NodeFn) -> Schedule:
+        clock, n = time.perf_counter, dag.n_nodes
+        start, end = [0.0] * n, [0.0] * n
+        t_origin = clock()
+        for v in range(n):
+            t0 = clock()
+            run(v)
+            start[v], end[v] = (t0 - t_origin) * 1e6, (clock() - t_origin) * 1e6
+        return Schedule.of_run("serial", dag, start, end, decision_us=0.0)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillPlan:
+    """What one prefill runs, fixed before the first subgraph does."""
+
+    ids: torch.Tensor  # [n] new token ids, validated
+    start: int  # P: positions already cached; chunk 0 starts there
+    chunks: tuple[Chunk, ...]
+    dag: CompiledDag  # node v runs dag.node_info(v) = (chunk i, layer, kind)
+
+
+@dataclass(frozen=True, slots=True)
 class PrefillResult:
     """What a prefill hands to a decoding engine."""
 
@@ -35,58 +88,71 @@ class PrefillResult:
     logits: torch.Tensor  # [vocab], of the last real token
     n_tokens: int  # new tokens prefilled
     start: int  # P: cached positions before this prefill
-    chunk_ms: list[float]  # wall time from the prefill's start until each chunk's last subgraph ended
+    chunk_ms: tuple[float, ...]  # from the prefill's start until each chunk's last subgraph ended
     total_ms: float
-    schedule: object | None = None  # the executed schedule, when an out-of-order executor ran it
+    schedule: Schedule | None = None  # what ran when, on which lane
 
     @property
     def tokens_per_s(self) -> float:
         return self.n_tokens / (self.total_ms / 1e3) if self.total_ms > 0 else float("inf")
 
 
-@dataclass(slots=True)
-class PrefillJob:
-    """Buffers of one prefill; `run(i, layer, kind)` executes subgraph G[i][layer·3 + kind]."""
+class ChunkBuffers:
+    """Per-chunk activations, allocated once per runtime (grown to the most chunks a prompt needed).
 
-    runtime: "Runtime"
-    cache: KVCache
-    chunks: list[Chunk]
-    h: list[torch.Tensor]  # per chunk: residual stream [C, hidden]
-    qkv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
-    attn: list[torch.Tensor | None] = field(default_factory=list)
+    Chunk i owns h[i] = (a, b) [C, hidden], the residual stream ping-ponging between a and b (a backend
+    reads one and writes the other), and qkv[i] [C, q_dim + 2·kv_dim], of which q/k/v are views.
+    """
+
+    def __init__(self, model: Model, chunk: int):
+        self.cfg, self.chunk, self.dtype = model.config, chunk, model.weights.tok_emb.dtype
+        self.h: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.qkv: list[torch.Tensor] = []
+
+    def ensure(self, n_chunks: int) -> None:
+        cfg, c = self.cfg, self.chunk
+        while len(self.h) < n_chunks:
+            self.h.append((torch.empty(c, cfg.hidden, dtype=self.dtype), torch.empty(c, cfg.hidden, dtype=self.dtype)))
+            self.qkv.append(torch.empty(c, cfg.q_dim + 2 * cfg.kv_dim, dtype=self.dtype))
+
+
+class PrefillJob:
+    """The state of one prefill in flight; `run(i, layer, kind)` executes subgraph G[i][layer·3 + kind]."""
+
+    def __init__(self, runtime: "Runtime", plan: PrefillPlan, cache: KVCache):
+        rt = self.runtime = runtime
+        self.plan, self.cache, self.bufs = plan, cache, rt.buffers
+        self.bufs.ensure(len(plan.chunks))
+        self.h: list[torch.Tensor] = []  # per chunk: the current residual stream [C, hidden]
+        for c in plan.chunks:
+            h = self.bufs.h[c.index][0]
+            torch.index_select(rt.model.weights.tok_emb, 0, padded_ids(plan.ids, c, rt.chunk, plan.start), out=h)
+            self.h.append(h)
+        self.qkv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = [None] * len(plan.chunks)
+        self.attn: list[torch.Tensor | None] = [None] * len(plan.chunks)
 
     @torch.inference_mode()  # thread-local: lane worker threads need it too
     def run(self, i: int, layer: int, kind: str) -> None:
-        rt, c = self.runtime, self.chunks[i]
+        rt, c = self.runtime, self.plan.chunks[i]
         if kind == "qkv":
-            self.qkv[i] = rt.backend.qkv(layer, self.h[i])
+            self.qkv[i] = rt.backend.qkv(layer, self.h[i], out=self.bufs.qkv[i])
         elif kind == "attn":
             q, k, v = self.qkv[i]
             k_cache, v_cache = self.cache.layer(layer)
             self.attn[i] = ref.attention(rt.cfg, q, k, v, rt.rope, k_cache, v_cache, c.start, c.n_valid)
         elif kind == "o_ffn":
-            self.h[i] = rt.backend.o_ffn(layer, self.attn[i], self.h[i])
+            a, b = self.bufs.h[i]
+            self.h[i] = rt.backend.o_ffn(layer, self.attn[i], self.h[i], out=b if self.h[i] is a else a)
         else:
             raise ValueError(f"unknown subgraph kind {kind!r}")
 
 
 class Runtime:
-    """Chunked prefill of one model. `backend` runs the static subgraphs (float reference by default)."""
+    """Chunked prefill of one model: `backend` runs the static subgraphs (float reference by default),
+    `executor` decides the order (in program order on the calling thread by default)."""
 
-    def __init__(
-        self,
-        model: Model,
-        chunk: int = 256,
-        backend: LayerBackend | None = None,
-        max_context: int | None = None,
-        policy: str | None = None,
-        profile: "Profile | None" = None,
-        placement: tuple[tuple[str, str], ...] = (("qkv", "npu"), ("attn", "cpu"), ("o_ffn", "npu")),
-    ):
-        """`policy` None runs subgraphs in program order on the calling thread; a policy name from
-        `hetero.sched.policy.POLICIES` runs them out of order on one worker per lane (mllm-NPU §3.4),
-        dispatching on the costs of `profile` (default: this host's measured profile).
-        """
+    def __init__(self, model: Model, chunk: int = 256, backend: LayerBackend | None = None,
+                 max_context: int | None = None, executor: PrefillExecutor | None = None):
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk <= 0:
             raise ConfigError(f"chunk must be a positive integer, got {chunk!r}")
         self.model, self.cfg, self.chunk = model, model.config, chunk
@@ -95,18 +161,14 @@ class Runtime:
             raise ConfigError(f"max_context must be in [1, {ctx}], got {max_context}")
         self.max_context = max_context or ctx
         self.backend = backend or FloatBackend(self.cfg, model.weights)
+        self.executor = executor or SerialExecutor(self.cfg.n_layers)
+        self.placement = self.executor.placement
         self.rope = ref.RopeTable(self.cfg, ctx + chunk)  # + chunk: padded rows of the last chunk
-        self.policy, self.placement = policy, tuple(placement)
-        self._ooo = None
-        if policy is not None:
-            from hetero.sched.runner import OutOfOrderRunner
-
-            self._ooo = OutOfOrderRunner(self.cfg.n_layers, chunk, policy, profile, self.placement)
+        self.buffers = ChunkBuffers(model, chunk)
 
     def close(self) -> None:
-        """Stop the lane workers of the out-of-order executor (if any)."""
-        if self._ooo is not None:
-            self._ooo.close()
+        """Release the executor (stops the lane workers of an out-of-order one)."""
+        self.executor.close()
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         return KVCache(self.cfg, capacity or self.max_context)
@@ -132,38 +194,41 @@ class Runtime:
             )
         return t.long()
 
-    def start_job(self, ids: torch.Tensor, cache: KVCache) -> PrefillJob:
-        chunks = plan_chunks(ids.numel(), self.chunk, cache.length)
-        h = [ref.embed(self.model.weights, padded_ids(ids, c, self.chunk, cache.length)) for c in chunks]
-        return PrefillJob(self, cache, chunks, h, [None] * len(chunks), [None] * len(chunks))
+    # ------------------------------------------------------------------ the three steps of a prefill
+    def plan(self, ids: Sequence[int] | torch.Tensor, start: int = 0) -> PrefillPlan:
+        """Validate `ids` (new tokens from position `start`) and fix the chunks and the DAG."""
+        ids = self.check_ids(ids, start)
+        chunks = tuple(plan_chunks(ids.numel(), self.chunk, start))
+        return PrefillPlan(ids, start, chunks, self.executor.compile(len(chunks)))
+
+    @torch.inference_mode()
+    def execute(self, plan: PrefillPlan, cache: KVCache) -> tuple[PrefillJob, Schedule]:
+        """Run every subgraph of `plan`, writing K/V into `cache` (whose length is not yet advanced)."""
+        job = PrefillJob(self, plan, cache)
+        dag = plan.dag
+        info = [dag.node_info(v) for v in range(dag.n_nodes)]
+        return job, self.executor.execute(dag, lambda v: job.run(*info[v]))
+
+    def commit(self, job: PrefillJob, schedule: Schedule, t0: float) -> PrefillResult:
+        """The last real token's logits; only now the cache's length grows (a failed prefill leaves it)."""
+        plan, cache = job.plan, job.cache
+        last = plan.chunks[-1]
+        logits = ref.logits(self.cfg, self.model.weights, job.h[-1][last.n_valid - 1])
+        n = plan.ids.numel()
+        cache.length = plan.start + n
+        dag = plan.dag
+        chunk_ms = tuple(max(schedule.end_us[i * dag.per_chunk: (i + 1) * dag.per_chunk]) / 1e3
+                         for i in range(len(plan.chunks)))
+        return PrefillResult(cache, logits, n, plan.start, chunk_ms, (time.perf_counter() - t0) * 1e3, schedule)
 
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int] | torch.Tensor, cache: KVCache | None = None) -> PrefillResult:
         """Prefill `ids`, continuing `cache` at position P = cache.length if given (the next turn)."""
         start = cache.length if cache is not None else 0
-        ids = self.check_ids(ids, start)
+        plan = self.plan(ids, start)
         if cache is None:
             cache = self.new_cache()
-        cache.reserve(ids.numel())
+        cache.reserve(plan.ids.numel())
         t0 = time.perf_counter()
-        job = self.start_job(ids, cache)
-        if self._ooo is not None:
-            schedule, chunk_ms = self._ooo.run(job)
-            return self.finish(job, chunk_ms, t0, schedule)
-        chunk_ms = []
-        for i in range(len(job.chunks)):
-            for layer in range(self.cfg.n_layers):
-                for kind in SUBGRAPH_KINDS:
-                    job.run(i, layer, kind)
-            chunk_ms.append((time.perf_counter() - t0) * 1e3)
-        return self.finish(job, chunk_ms, t0)
-
-    def finish(self, job: PrefillJob, chunk_ms: list[float], t0: float, schedule: object | None = None) -> PrefillResult:
-        last = job.chunks[-1]
-        h_last = job.h[-1][last.n_valid - 1]
-        logits = ref.logits(self.cfg, self.model.weights, h_last)
-        n = sum(c.n_valid for c in job.chunks)
-        start = job.cache.length
-        job.cache.length = start + n  # only now: a failed prefill leaves the cache's length unchanged
-        total_ms = (time.perf_counter() - t0) * 1e3
-        return PrefillResult(job.cache, logits, n, start, chunk_ms, total_ms, schedule)
+        job, schedule = self.execute(plan, cache)
+        return self.commit(job, schedule, t0)

@@ -37,15 +37,8 @@ MAY_IMPORT = {
 
 # Violations still to be removed (issue 15, struct-core's modules). Each entry must still occur: remove an
 # entry when its import is gone (the test says so), never add one.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("hetero.runtime", "hetero.sched.runner"): "struct-core: Runtime.prefill as plan -> execute -> commit",
-    ("hetero.runtime", "hetero.sched.profile"): "struct-core: the executor passed in, not imported by the core",
-}
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"hetero.outliers.calibrate", "hetero.outliers.plan", "hetero.outliers.pruning"}):
-        "struct-core: the calibrate -> plan -> pruning cycle",
-    frozenset({"hetero.sched._standin", "hetero.sched.profiling"}): "struct-core: the one layer definition",
-}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 
 def module_name(path: Path) -> str:

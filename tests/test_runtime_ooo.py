@@ -7,13 +7,14 @@ import torch
 
 from hetero.errors import ScheduleError
 from hetero.runtime import Runtime
+from hetero.sched.executor import OutOfOrderExecutor
 
 
 @pytest.mark.parametrize("policy", ["in_order", "eq6", "rank", "chunk_first", "random"])
 def test_policies_bit_identical(tiny_model, policy) -> None:
     ids = torch.arange(70) * 7 % tiny_model.config.vocab
     ref = Runtime(tiny_model, chunk=16).prefill(ids)
-    rt = Runtime(tiny_model, chunk=16, policy=policy)
+    rt = Runtime(tiny_model, chunk=16, executor=OutOfOrderExecutor(tiny_model.config.n_layers, 16, policy))
     try:
         r = rt.prefill(ids)
     finally:
@@ -25,15 +26,15 @@ def test_policies_bit_identical(tiny_model, policy) -> None:
 
 
 def test_failing_subgraph_stops_cleanly_and_runtime_stays_usable(tiny_model) -> None:
-    rt = Runtime(tiny_model, chunk=16, policy="rank")
+    rt = Runtime(tiny_model, chunk=16, executor=OutOfOrderExecutor(tiny_model.config.n_layers, 16, "rank"))
     ids = torch.arange(40) % 256
     good = rt.prefill(ids)
     real_o_ffn = rt.backend.o_ffn
 
-    def broken(layer, a, h):
+    def broken(layer, a, h, out=None):
         if layer == 1:
             raise RuntimeError("simulated lane failure")
-        return real_o_ffn(layer, a, h)
+        return real_o_ffn(layer, a, h, out)
 
     rt.backend.o_ffn = broken
     cache = rt.new_cache()

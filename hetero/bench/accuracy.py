@@ -28,9 +28,9 @@ from hetero.outliers.baselines import LLMInt8Backend, PerGroupBackend, SmoothQua
 from hetero.outliers.calibrate import ensure_calibration, token_windows
 from hetero.outliers.corpus import DEFAULT_EVALUATION, corpus_id, load_corpus
 from hetero.outliers.hotstore import HotChannelStore
-from hetero.outliers.plan import SITES
+from hetero.model import SITES
 from hetero.outliers.quantize import ACT_QMAX
-from hetero.outliers.pruning import DEFAULT_PERCENTILE, build_plan, rank_sites
+from hetero.outliers.pruning import DEFAULT_PERCENTILE, plan_from_calibration, rank_sites
 from hetero.outliers.shadow import QuantizedBackend
 from hetero.paths import atomic_path
 
@@ -122,9 +122,9 @@ def run(args: argparse.Namespace) -> int:
         return CountingBackend(cfg, w, plan, rows=rows_src), rows_src
 
     measure("float", None)
-    naive = build_plan(model, calib, prune_fraction=1.0, pruned_percentile=100.0, method="naive_w8a8")
+    naive = plan_from_calibration(model, calib, prune_fraction=1.0, pruned_percentile=100.0, method="naive_w8a8")
     measure("naive_w8a8", QuantizedBackend(cfg, w, naive), scale="absmax", shadow_sites=0)
-    clipped = build_plan(model, calib, prune_fraction=1.0, pruned_percentile=DEFAULT_PERCENTILE, method="clipped_w8a8")
+    clipped = plan_from_calibration(model, calib, prune_fraction=1.0, pruned_percentile=DEFAULT_PERCENTILE, method="clipped_w8a8")
     measure("clipped_w8a8", QuantizedBackend(cfg, w, clipped), scale=f"p{DEFAULT_PERCENTILE}", shadow_sites=0)
     # hetero_cpu_int7w: the plan the default runtime uses on the CPU-EP lane (7-bit weights, hetero.methods)
     for method, frac, wg, pct, qmax in (("shadow_all", 0.0, "channel", DEFAULT_PERCENTILE, 127),
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
                                         ("hetero_w8t", 0.85, "tensor", DEFAULT_PERCENTILE, 127),
                                         ("shadow_all_p99.5", 0.0, "channel", 99.5, 127),
                                         ("hetero_p99.5", 0.85, "channel", 99.5, 127)):
-        plan = build_plan(model, calib, prune_fraction=frac, method=method, weight_granularity=wg, percentile=pct,
+        plan = plan_from_calibration(model, calib, prune_fraction=frac, method=method, weight_granularity=wg, percentile=pct,
                           weight_qmax=qmax)
         be, store = plan_backend(plan, store=True)
         be.stats = {}
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     by = {r["method"]: r["ppl"] for r in rows}
     sweep = [{"prune_fraction": 0.0, "ppl": by["shadow_all"]}, {"prune_fraction": 0.85, "ppl": by["hetero"]}]
     for frac in ((1.0,) if args.quick else (0.5, 0.7, 0.95, 1.0)):  # the default plan at other fractions
-        plan = build_plan(model, calib, prune_fraction=frac)
+        plan = plan_from_calibration(model, calib, prune_fraction=frac)
         ppl, _ = perplexity(model, windows, QuantizedBackend(cfg, w, plan))
         log(f"  sweep prune {frac:.2f}             ppl {ppl:9.4f}")
         sweep.append({"prune_fraction": frac, "ppl": ppl})

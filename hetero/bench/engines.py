@@ -83,7 +83,7 @@ def _naive_npu(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
     plan = quant_plan(model, "cpu")  # the same plan as hetero's CPU-EP lane
 
     def prefill(ids: torch.Tensor) -> None:
-        int(naive_prefill(model, plan, ids, lane="cpu", intra_op_threads=threads).logits.argmax())
+        int(naive_prefill(model, plan, ids, provider="cpu", intra_op_threads=threads).logits.argmax())
 
     return prefill
 

@@ -42,17 +42,17 @@ def build_vs_load(model, plan, chunk: int, lane: str, layers, threads: int) -> d
     with tempfile.TemporaryDirectory(prefix="hetero-graphs-") as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
-        be = NpuBackend(model, plan, chunk, lane=lane, layers=layers, intra_op_threads=threads, shape=SHAPE,
+        be = NpuBackend(model, plan, chunk, provider=lane, layers=layers, intra_op_threads=threads, shape=SHAPE,
                         graphs_root=root)
         build_s = time.perf_counter() - t0
         assert not any(r[3] for r in be.report.rows)
         n, size = len(be.report.rows), be.report.size_bytes
-        lane_name = be.lane.name
+        lane_name = be.provider.name
         del be
         loads = []
         for _ in range(3):
             t0 = time.perf_counter()
-            be = NpuBackend(model, plan, chunk, lane=lane, layers=layers, intra_op_threads=threads, shape=SHAPE,
+            be = NpuBackend(model, plan, chunk, provider=lane, layers=layers, intra_op_threads=threads, shape=SHAPE,
                             graphs_root=root)
             loads.append(time.perf_counter() - t0)
             assert be.report.all_cached
@@ -76,7 +76,7 @@ def _median_ms(fn, n: int) -> float:
 @torch.inference_mode()
 def layer_latency(model, plan, chunk: int, threads: int, repeats: int) -> dict:
     cfg, lw = model.config, model.weights.layers[0]
-    be = NpuBackend(model, plan, chunk, lane="cpu", layers=[0], intra_op_threads=threads, shape=SHAPE)
+    be = NpuBackend(model, plan, chunk, provider="cpu", layers=[0], intra_op_threads=threads, shape=SHAPE)
     use_threads(threads)
     h = torch.randn(chunk, cfg.hidden)
     a = torch.randn(chunk, cfg.q_dim) * 0.3
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     for t in (300, 1024):
         with tempfile.TemporaryDirectory(prefix="hetero-graphs-") as tmp:
             t0 = time.perf_counter()
-            NpuBackend(model, plan, t, lane="cpu", intra_op_threads=args.threads, use_cache=False, shape=SHAPE,
+            NpuBackend(model, plan, t, provider="cpu", intra_op_threads=args.threads, use_cache=False, shape=SHAPE,
                        graphs_root=Path(tmp))
             naive.append({"prompt_len": t, "prepare_s": round(time.perf_counter() - t0, 3)})
 

@@ -36,15 +36,15 @@ def layer_steps() -> dict:
     from hetero import model as ref
     from hetero.loader import load_model
     from hetero.npu.backend import NpuBackend
-    from hetero.npu.lanes import QnnHtpLane
+    from hetero.npu.providers import QnnHtpProvider
     from hetero.npu.quickplan import absmax_plan
     from hetero.outliers.shadow import QuantizedBackend
 
     model = load_model()
     ids = torch.tensor(model.tokenizer((ROOT / "tests" / "data" / "sample.txt").read_text())["input_ids"])
     plan = absmax_plan(model, ids[:128])
-    lane = QnnHtpLane()
-    be = NpuBackend(model, plan, 64, lane=lane, layers=[0, 1], shape="2d")
+    lane = QnnHtpProvider()
+    be = NpuBackend(model, plan, 64, provider=lane, layers=[0, 1], shape="2d")
     rb = QuantizedBackend(model.config, model.weights, plan)
     h = ref.embed(model.weights, ids[:64])
     a = torch.randn(64, model.config.q_dim, generator=torch.Generator().manual_seed(0)) * 0.2

@@ -19,7 +19,7 @@ from hetero.paths import PROFILES_DIR, atomic_path
 from hetero.sched.dag import compiled_prefill_dag
 from hetero.sched.optimal import solve_optimal
 from hetero.sched.profile import load_profile
-from hetero.sched.profiling import host_slug
+from hetero.sched.measure import host_slug
 from hetero.sched.simulate import simulate
 from hetero.sched.timeline import plot_timeline
 

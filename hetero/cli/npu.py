@@ -35,8 +35,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         from hetero.npu.placement import place
 
         placement = place(model.config, args.budget) if args.budget is not None else None
-        be = NpuBackend(model, plan, args.chunk, lane=args.lane, placement=placement, shape=args.shape)
-        out = {"lane": be.lane.name, "chunk": args.chunk, "graphs": len(be.report.rows),
+        be = NpuBackend(model, plan, args.chunk, provider=args.lane, placement=placement, shape=args.shape)
+        out = {"provider": be.provider.name, "chunk": args.chunk, "graphs": len(be.report.rows),
                "cached": sum(r[3] for r in be.report.rows), "seconds": round(be.report.seconds, 3),
                "size_bytes": be.report.size_bytes,
                "placement": placement.to_dict() if placement else None}
@@ -47,13 +47,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def cmd_shapes(args: argparse.Namespace) -> int:
     from hetero.methods import quant_plan
-    from hetero.npu.lanes import make_lane
+    from hetero.npu.providers import make_provider
     from hetero.npu.shapes import profile_shapes
 
     model = _model(args)
-    table = profile_shapes(model, quant_plan(model, args.lane), args.chunk, make_lane(args.lane), repeats=args.repeats)
+    table = profile_shapes(model, quant_plan(model, args.lane), args.chunk, make_provider(args.lane), repeats=args.repeats)
     for e in table["entries"]:
-        print(f"{e['lane']:8s} {e['kind']:6s} C={e['chunk_len']:4d} winner {e['winner']:6s} {e['latency_us']}")
+        print(f"{e['provider']:8s} {e['kind']:6s} C={e['chunk_len']:4d} winner {e['winner']:6s} {e['latency_us']}")
     return 0
 
 

@@ -158,7 +158,7 @@ def platform_info() -> dict[str, Any]:
     except ImportError:
         info["onnxruntime"] = None
     from hetero.errors import BackendUnavailable
-    from hetero.npu.lanes import qnn_devices
+    from hetero.npu.providers import qnn_devices
 
     try:
         devices = qnn_devices()

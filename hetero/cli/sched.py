@@ -45,7 +45,7 @@ def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, 
     import torch
 
     from hetero import model as ref
-    from hetero.sched.profiling import NotMeasured
+    from hetero.sched.measure import NotMeasured
 
     any_rt = next(iter(runtimes.values()))
     cfg = any_rt.cfg
@@ -80,7 +80,7 @@ def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, 
 def cmd_profile(args: argparse.Namespace) -> int:
     from hetero.loader import load_model
     from hetero.methods import make_runtime
-    from hetero.sched.profiling import profile_command
+    from hetero.sched.measure import profile_command
 
     if args.hub:
         return run_hub_profile(args)

@@ -31,7 +31,7 @@ class DecodeStep:
 
     def __init__(self, runtime: Runtime, head: str = "auto"):
         self.runtime, self.cfg, self.model = runtime, runtime.cfg, runtime.model
-        self.static = hasattr(runtime.backend, "plan") and hasattr(runtime.backend, "lane")  # NpuBackend
+        self.static = hasattr(runtime.backend, "plan") and hasattr(runtime.backend, "provider")  # NpuBackend
         self._backends: dict[int, LayerBackend] = {}
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
         if head == "auto":
@@ -60,8 +60,9 @@ class DecodeStep:
             from hetero.npu.backend import NpuBackend
 
             src = self.runtime.backend
-            b = NpuBackend(self.model, src.plan, chunk=c, lane=src.lane, placement=src.placement,
-                           intra_op_threads=getattr(src.lane, "intra_op_threads", 2))
+            b = NpuBackend(self.model, src.plan, chunk=c, provider=src.provider, placement=src.placement,
+                           intra_op_threads=getattr(src.provider, "intra_op_threads", 2),
+                           graphs_root=getattr(src, "_graphs_root", None))
             self._backends[c] = b
         return b
 

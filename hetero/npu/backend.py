@@ -1,16 +1,9 @@
-"""`NpuBackend`: the static subgraphs of every layer as prebuilt INT8 graphs on lanes, shadows on the CPU.
+"""`NpuBackend`: the static subgraphs of every layer as prebuilt INT8 graphs on a provider (mllm-NPU §3.2).
 
-mllm-NPU §3.2 + §3.3: each layer's static subgraphs are fixed-shape graphs of chunk length C, built
-once (or loaded from the graph cache) and shared by every chunk; where the quantization plan keeps a
-shadow (Eq. 1), the graph is cut right after that linear (`export.layer_segments`) and the float
-outlier correction (`QuantizedBackend.shadow_correction`, the outliers reference) is added on the CPU.
-
-    qkv(h)      : [qkv graph] ─► q|k|v (+ shadow(x_attn))                     views of one buffer
-    o_ffn(a, h) : [o_ffn graph]                                               no shadow in the layer
-                  [o_up graph] ─► m, h1 ─► [down graph] ─► h1 + (d + shadow(m))   down_in kept
-
-Which lane runs which graph comes from a `Placement` (`placement.py`, NPU memory budget, §4);
-by default every graph runs on the given lane.
+Each layer's segments (`segments.layer_segments`) are fixed-shape graphs of chunk length C, built once or
+loaded from the graph cache and shared by every chunk; where the plan keeps a shadow (Eq. 1) the graph is
+cut after that linear and `QuantizedBackend.shadow_delta` is added in place on the CPU. Which device runs
+which graph comes from a `Placement` (NPU memory budget, §4); by default the given provider runs all.
 """
 
 from __future__ import annotations
@@ -23,8 +16,8 @@ import torch
 
 from hetero.errors import ConfigError
 from hetero.loader import Model
-from hetero.npu import export
-from hetero.npu.lanes import Graph, OrtCpuLane, make_lane, prepare_graph
+from hetero.npu import segments
+from hetero.npu.providers import Graph, OrtCpuProvider, Provider, make_provider, prepare_graph
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +32,7 @@ class PreparedLayer:
 
 @dataclass(slots=True)
 class PrepareReport:
-    """How the graph set was obtained: per graph (layer, kind, lane, cached, seconds, bytes)."""
+    """How the graph set was obtained: per graph (layer, kind, provider, cached, seconds, bytes)."""
 
     rows: list[tuple[int, str, str, bool, float, int]] = field(default_factory=list)
 
@@ -59,9 +52,9 @@ class PrepareReport:
 class NpuBackend:
     """A `LayerBackend` running prebuilt chunk-sharing INT8 graphs (`Runtime(model, chunk=C, backend=...)`).
 
-    plan: a `hetero.outliers.plan.QuantPlan`. lane: "cpu", "qnn" (falls back to CPU with a warning) or a
-    lane object. placement: optional `placement.Placement`; its "cpu" decisions run on an INT8 CPU lane.
-    shape: "auto" (default: the winner `hetero npu shapes` recorded for this host, lane, kind and C; "2d"
+    plan: a `hetero.outliers.plan.QuantPlan`. provider: "cpu", "qnn" (falls back to CPU with a warning) or a
+    `providers.Provider`. placement: optional `placement.Placement`; its "cpu" decisions run on the CPU EP.
+    shape: "auto" (default: the winner `hetero npu shapes` recorded for this host, provider, kind and C; "2d"
     when none is recorded), or "2d", "3d:a", "conv:a" for every graph (§4, optimisation 1).
     layers: prepare only these layers (e.g. range(2) for a quick test); the others raise on use.
     graphs_root: the graph cache folder (default: under the user cache).
@@ -69,18 +62,19 @@ class NpuBackend:
 
     name = "npu"
 
-    def __init__(self, model: Model, plan, chunk: int, lane="cpu", *, placement=None, shape: str = "auto",
-                 layers=None, intra_op_threads: int = 2, use_cache: bool = True, rows=None, graphs_root=None):
+    def __init__(self, model: Model, plan, chunk: int, provider: "str | Provider" = "cpu", *, placement=None,
+                 shape: str = "auto", layers=None, intra_op_threads: int = 2, use_cache: bool = True, rows=None,
+                 graphs_root=None):
         from hetero.outliers.shadow import QuantizedBackend
 
         if not isinstance(chunk, int) or chunk <= 0:
             raise ConfigError(f"chunk must be a positive integer, got {chunk!r}")
         self.model, self.cfg, self.plan, self.chunk = model, model.config, plan, chunk
-        self.lane = make_lane(lane, intra_op_threads) if isinstance(lane, str) else lane
-        self.name = f"npu[{self.lane.name}]"
+        self.provider = make_provider(provider, intra_op_threads) if isinstance(provider, str) else provider
+        self.name = f"npu[{self.provider.name}]"
         self.reference = QuantizedBackend(self.cfg, model.weights, plan, rows)  # its shadow_correction
         self.placement = placement
-        self._cpu_lane = self.lane if isinstance(self.lane, OrtCpuLane) else None
+        self._cpu_provider = self.provider if isinstance(self.provider, OrtCpuProvider) else None
         self._intra = intra_op_threads
         self.shape = shape
         self._graphs_root = graphs_root
@@ -91,32 +85,32 @@ class NpuBackend:
             self.layers[layer] = self._prepare_layer(layer, use_cache)
         self.prepare_s = time.perf_counter() - t0
 
-    def _lane_for(self, layer: int, kind: str):
-        if self.placement is None or self.placement.lane_of(layer, kind) == "npu":
-            return self.lane
-        if self._cpu_lane is None:
-            self._cpu_lane = OrtCpuLane(self._intra)
-        return self._cpu_lane
+    def _provider_for(self, layer: int, kind: str) -> Provider:
+        if self.placement is None or self.placement.device_of(layer, kind) == "npu":
+            return self.provider
+        if self._cpu_provider is None:
+            self._cpu_provider = OrtCpuProvider(self._intra)
+        return self._cpu_provider
 
-    def _shape_for(self, lane, kind: str) -> str:
+    def _shape_for(self, provider: Provider, kind: str) -> str:
         if self.shape != "auto":
             return self.shape
         from hetero.npu.shapes import recorded_shape
 
-        return recorded_shape(lane.name, kind, self.chunk)
+        return recorded_shape(provider.name, kind, self.chunk)
 
     def _prepare_layer(self, layer: int, use_cache: bool) -> PreparedLayer:
         shadow = frozenset(s for s in ("attn_in", "o_in", "ffn_in", "down_in") if self.plan.sites[(layer, s)].shadow)
-        lq = export.layer_q(self.cfg, self.model.weights.layers[layer], self.plan, layer)
-        digest = export.layer_digest(lq)
+        lq = segments.layer_q(self.cfg, self.model.weights.layers[layer], self.plan, layer)
+        digest = segments.layer_digest(lq)
         graphs = []
-        for spec0 in export.layer_segments(layer, set(shadow), self.chunk, "cpu"):
-            lane = self._lane_for(layer, "qkv" if spec0.kind == "qkv" else "o_ffn")
-            spec = export.SegmentSpec(layer, spec0.kind, spec0.pieces, self.chunk, lane.flavor,
-                                      self._shape_for(lane, spec0.kind), spec0.emit_x)
-            g, info = prepare_graph(spec, lq, self.model.fingerprint, lane, use_cache, digest, self._graphs_root)
+        for spec0 in segments.layer_segments(layer, set(shadow), self.chunk, "cpu"):
+            provider = self._provider_for(layer, "qkv" if spec0.kind == "qkv" else "o_ffn")
+            spec = segments.SegmentSpec(layer, spec0.kind, spec0.pieces, self.chunk, provider.flavor,
+                                        self._shape_for(provider, spec0.kind), spec0.emit_x)
+            g, info = prepare_graph(spec, lq, self.model.fingerprint, provider, use_cache, digest, self._graphs_root)
             graphs.append(g)
-            self.report.rows.append((layer, spec.kind, lane.name, info.cached, info.seconds, info.size_bytes))
+            self.report.rows.append((layer, spec.kind, provider.name, info.cached, info.seconds, info.size_bytes))
         return PreparedLayer(graphs, shadow)
 
     def _layer(self, layer: int) -> PreparedLayer:
@@ -126,36 +120,41 @@ class NpuBackend:
         return pl
 
     # --------------------------------------------------------------------------- LayerBackend
-    def qkv(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, layer: int, h: torch.Tensor, out: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         pl = self._layer(layer)
-        out = pl.graphs[0].run({"h": h})
-        qkv = out["qkv"]  # [C, q_dim + 2·kv_dim], one buffer; q/k/v are views
-        qd, kd = self.cfg.q_dim, self.cfg.kv_dim
+        if out is None:
+            out = torch.empty(self.chunk, self.cfg.q_dim + 2 * self.cfg.kv_dim)
+        res = pl.graphs[0].run({"h": h}, {"qkv": out})  # [C, q_dim + 2·kv_dim]; q/k/v are views
         if "attn_in" in pl.shadow_sites:
-            extra = self.reference.shadow_correction(layer, "attn_in", out["x"])
+            extra = self.reference.shadow_delta(layer, "attn_in", res["x"])
             if extra is not None:
-                qkv += torch.cat(extra, dim=1)
-        return qkv[:, :qd], qkv[:, qd : qd + kd], qkv[:, qd + kd :]
+                out += extra
+        qd, kd = self.cfg.q_dim, self.cfg.kv_dim
+        return out[:, :qd], out[:, qd : qd + kd], out[:, qd + kd :]
 
-    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         pl = self._layer(layer)
+        if out is None:
+            out = torch.empty(self.chunk, self.cfg.hidden)
         env = {"a": a, "h": h}
+        d_extra = None
         for g in pl.graphs[1:]:
-            env.update(g.run(env))
+            env.update(g.run(env, {"h_out": out}))
             last = g.spec.pieces[-1]
             if last == "down":
                 continue
             site = _CUT_SITE[last]
             x = env["a"] if site == "o_in" else env["x"] if site == "ffn_in" else env["m"]
-            extra = self.reference.shadow_correction(layer, site, x)
+            extra = self.reference.shadow_delta(layer, site, x)
             if extra is not None:
                 if site == "o_in":
-                    env["o"] = env["o"] + extra[0]
+                    env["o"] += extra
                 elif site == "ffn_in":
-                    env["gu"] = env["gu"] + torch.cat(extra, dim=1)
+                    env["gu"] += extra
                 else:
-                    env["d_extra"] = extra[0]
+                    d_extra = extra
         if "d" in env:  # a separate down graph: h1 + (d + shadow), the reference's order
-            d = env["d"] + env["d_extra"] if "d_extra" in env else env["d"]
-            return env["h1"] + d
-        return env["h_out"]
+            d = env["d"] if d_extra is None else env["d"].add_(d_extra)
+            return torch.add(env["h1"], d, out=out)
+        return out

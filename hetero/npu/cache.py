@@ -1,25 +1,9 @@
 """The prebuilt-graph cache: compiled graphs on disk under a content hash (mllm-NPU §3.2, §2.3).
 
-Building and optimizing an NPU graph takes hundreds of ms to seconds per graph (§2.3, Fig. 2); a
-prepared graph is therefore a pure function of its inputs, stored once and loaded thereafter:
-
-    cache_dir()/graphs/<backend>/<key>/
-        model.onnx [+ model.data]   the exported QDQ/INT8 graph (external data when large)
-        compiled.onnx               ORT CPU EP: the optimized model; QNN: the EP context model, whose
-        [qnn_ctx_qnn.bin]           QNN context binary sits beside it (ep.context_embed_mode=0)
-        meta.json                   written last: key, spec, size and sha256 of every file
-
-`key` hashes the layer's parameters (`export.layer_digest`), the model fingerprint, the segment spec
-(C, shape, flavour), the backend options and the library versions (onnx, onnxruntime,
-onnxruntime-qnn, EXPORT_VERSION). An entry whose meta.json is missing, unreadable or of another key, or
-whose files differ in size or sha256, or that fails to load, is *stale or corrupt*: it is deleted and
-rebuilt with a warning.
-
-Verification is git-index style: commit records each file's size, sha256 (of the whole file) and stat
-stamp (mtime_ns); a load whose files still carry their recorded stamp skips re-hashing (hashing the
-QNN context binaries, ~7 MB a graph, would cost as much as deserializing them), a file whose stamp
-moved (rewritten, copied, touched) is hashed in full and the entry is rejected if it differs, or its
-stamp refreshed if not. `read_compiled(full=True)` hashes everything regardless.
+`cache_dir()/graphs/<provider>/<key>/`: the exported model, the compiled one (ORT-optimized model or QNN
+context model + binary) and meta.json, written last. The key hashes the layer's parameters, the model
+fingerprint, the segment spec, provider options and library versions. Files are verified git-index style
+(size, sha256, stat stamp); a stale or corrupt entry is rebuilt with a warning. Layout: docs/design.md.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 # ---- can't ------------------------------------------------------------------------------------
 QNN_CONSTRAINTS: dict[str, str] = {
-    "simulator_generic_soc_mem": "without soc_model (the default, `lanes.QNN_DEFAULT_OPTIONS`) the simulator models a "
+    "simulator_generic_soc_mem": "without soc_model (the default, `providers.QNN_DEFAULT_OPTIONS`) the simulator models a "
                                  "generic HTP that fails to finalize the SmolLM2 o_ffn graph at C=256 and both "
                                  "graphs at C=32 (QNN_COMMON_ERROR_MEM_ALLOC; also with vtcm_mb=8, "
                                  "htp_graph_finalization_optimization_mode=3, htp_arch=75, "

@@ -1,57 +1,14 @@
-"""Export the static subgraphs of a decoder layer as fixed-shape INT8 ONNX graphs (mllm-NPU §3.2).
+"""Export one segment (`segments.SegmentSpec`) as a fixed-shape INT8 ONNX graph (mllm-NPU §3.2).
 
-A layer's static work is cut into *segments*; a segment is one ONNX graph of fixed shape [C, ·]
-shared by every chunk (the chunk-sharing graph). The cuts follow the shadow sites of the quantization
-plan, because a shadow outlier correction (Eq. 1) must be added on the CPU right after the linear
-whose input it corrects, before the next non-linear op:
-
-    qkv    : h ─► RMSNorm ─► [attn_in] Q|K|V ─► qkv            (+ x_attn out when attn_in has a shadow)
-    o_ffn  : a ─► [o_in] O ─┤cut if o_in shadow├─► +h ─► RMSNorm ─► [ffn_in] gate|up ─┤cut if ffn_in├─►
-             SiLU·mul ─┤cut if down_in├─► [down_in] down ─► +h
-
-so a layer without shadows has two graphs (`qkv`, `o_ffn`) and one whose `down_in` keeps a shadow has
-`qkv`, `o_up` (= o, gu, act: emits the float FFN intermediate) and `down`. Piece names: "o", "gu",
-"act", "down"; a segment's kind joins them ("o_ffn" when it holds all four).
-
-Two flavours of the same math:
-- "cpu" (ONNX Runtime CPU EP): QuantizeLinear(u8, zp 128) → MatMulInteger(u8 zp 128, s8 weights zp 0
-  [K, N]) → Cast → Mul(s_x·s_w). u8·s8 is exact only with |q| <= 64 (AVX2 without VNNI saturates its
-  int16 pair sums: `constraints.CPU_EP_CONSTRAINTS`), which the default 7-bit plan guarantees
-  (`weight_qmax` = 63, ORT's reduce_range); wider weights fall back to u8·u8 (stored q + 128, zp 128).
-  Bit-exact with `hetero.outliers.quantize.int8_linear` (int32 accumulation, half-to-even rounding, one
-  float32 scale multiply per output column). Linears sharing an input (Q/K/V, gate/up) are one
-  MatMulInteger over concatenated weights, scaled per column by the same float32 products.
-- "qnn" / "qnn-fp16" (HTP; the latter where HTP runs float ops in fp16, `_rms_norm`):
-  QuantizeLinear/DequantizeLinear(u8, zp 128) on the activation, then the same grid in u16
-  (QuantizeLinear/DequantizeLinear u16, zp 32768: a u8→u16 Convert on HTP), and DequantizeLinear(s8, zp 0)
-  on each weight around a MatMul, one MatMul per linear (`constraints.QNN_NOT_YET`). The QNN EP of
-  onnxruntime-qnn 2.7 keeps that MatMul in float (it fuses a quantized FullyConnected only when a
-  QuantizeLinear of the activation's bit width follows the MatMul, which would requantize the output to
-  8 bits: `constraints.QNN_CONSTRAINTS["no_int32_matmul_output"]`): the simulator computes the INT8
-  reference's products exactly (integer-valued operands, fp32), a device would run them at its float
-  precision.
-
-Weights are per output channel by default (`quantize` module doc): their scales are static, so they fold
-into the output dequantization. The integer MatMul is the same as per tensor; only the multiply after
-it takes a float32 vector s_x·s_w[col] [N] instead of a scalar (on the QDQ form: DequantizeLinear of
-the weight with per-axis scales, axis=1 = the output dim of the [K, N] weight, `QNN_PER_AXIS_DQ`; the
-onnxruntime-qnn 2.7.0 simulator rejects that node, so by default the weight is dequantized per tensor at
-its largest channel scale and the MatMul is followed by Mul(s_w[col] / max s_w)). The activations, the NPU's constraint (§2.3/§3.3), stay
-per tensor. Per-tensor weights (the paper's strict variant) give a
-constant vector, emitted as one scalar.
-  RMSNorm, residual adds and SiLU·mul stay float ops inside the graph; the simulator runs them on HTP.
-
-Equivalent shapes (§4, `shapes.py`): shape "2d" runs the graph on [C, K]; "3d:a" reshapes the input to
-[a, C/a, K] once at the graph's entry (every op is row-wise) and back at its exit; "conv:a" does the same
-and runs every linear as a 1×1 Conv2d over the NCHW image [1, K, a, C/a] (weight [N, K, 1, 1];
-ConvInteger on the CPU EP, bit-identical to MatMulInteger; a QDQ Conv on HTP, whose NHWC layout makes the
-transposes around it cancel).
+Flavours of the same math: "cpu" (ONNX Runtime CPU EP: QuantizeLinear u8 → MatMulInteger with s8
+weights → Cast → Mul by the float32 output scales, equal to `outliers.quantize.int8_linear`, the test
+checks it) and "qnn" / "qnn-fp16" (QDQ around a float MatMul for HTP). RMSNorm, residual adds and
+SiLU·mul stay float ops inside the graph. Equivalent shapes "3d:a" / "conv:a" (§4) reshape once at entry
+and exit. Derivations and the HTP constraints behind each choice: docs/design.md, "NPU graphs".
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from hetero.errors import ConfigError
+from hetero.npu.segments import LayerQ, LinearQ, SegmentSpec, segment_io, shape_rows
 from hetero.outliers.quantize import ACT_ZERO_POINT, U8S8_SAFE_WEIGHT_ABSMAX, W_QMAX
 
 # Bump when the graphs' math or I/O change: part of every cache key.
@@ -69,58 +27,6 @@ from hetero.outliers.quantize import ACT_ZERO_POINT, U8S8_SAFE_WEIGHT_ABSMAX, W_
 EXPORT_VERSION = 7
 ACT_ZERO_POINT_U16 = 32768
 OPSET = 21
-FLAVORS = ("cpu", "qnn", "qnn-fp16")
-PIECES = ("o", "gu", "act", "down")
-CUT_AFTER = {"o_in": "o", "ffn_in": "gu", "down_in": "act"}  # shadow site → piece after which we cut
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentSpec:
-    """One static graph of one layer: which pieces, which extra outputs, shape and flavour."""
-
-    layer: int
-    kind: str  # "qkv" | "o_ffn" | a join of PIECES ("o", "gu+act+down", ...)
-    pieces: tuple[str, ...]  # ("qkv",) or a contiguous run of PIECES
-    chunk: int  # C: rows of every input/output
-    flavor: str  # "cpu" | "qnn" | "qnn-fp16"
-    shape: str = "2d"  # "2d" | "3d:a" | "conv:a" (equivalent shape, §4)
-    emit_x: bool = False  # also output the quantized linear's float input (for its shadow on the CPU)
-
-    def __post_init__(self) -> None:
-        if self.flavor not in FLAVORS:
-            raise ConfigError(f"flavor must be one of {FLAVORS}, got {self.flavor!r}")
-        if self.chunk <= 0:
-            raise ConfigError(f"chunk must be > 0, got {self.chunk}")
-        shape_rows(self.shape, self.chunk)  # validates
-
-
-def shape_rows(shape: str, chunk: int) -> tuple[int, int] | None:
-    """(a, b) with a·b = C for "3d:a" and "conv:a", None for "2d"; ConfigError for anything else."""
-    if shape == "2d":
-        return None
-    form, _, a_txt = shape.partition(":")
-    if form in ("3d", "conv") and a_txt.isdigit():
-        a = int(a_txt)
-        if a > 0 and chunk % a == 0:
-            return a, chunk // a
-    raise ConfigError(f"shape must be '2d', '3d:a' or 'conv:a' with a dividing C={chunk}, got {shape!r}")
-
-
-def layer_segments(layer: int, shadow_sites: set[str], chunk: int, flavor: str, shape: str = "2d") -> list[SegmentSpec]:
-    """The graphs of one layer given which of its sites keep a shadow (see the module docstring)."""
-    segs = [SegmentSpec(layer, "qkv", ("qkv",), chunk, flavor, shape, "attn_in" in shadow_sites)]
-    cuts = {CUT_AFTER[s] for s in shadow_sites if s in CUT_AFTER}
-    run: list[str] = []
-    for piece in PIECES:
-        run.append(piece)
-        if piece in cuts or piece == "down":
-            kind = "o_ffn" if len(run) == 4 else ("o_up" if run == ["o", "gu", "act"] else "+".join(run))
-            emit = piece == "gu" and piece in cuts  # the ffn_in input x (o_in's input `a` is already on the CPU)
-            segs.append(SegmentSpec(layer, kind, tuple(run), chunk, flavor, shape, emit))
-            run = []
-    return segs
-
-
 # ---------------------------------------------------------------------------------------- builder
 
 
@@ -167,16 +73,6 @@ class _Graph:
         return m
 
 
-@dataclass(frozen=True, slots=True)
-class LinearQ:
-    """What one quantized linear needs: INT8 weight [out, in], its scale(s), its input site's scale, bias."""
-
-    q: np.ndarray  # int8 [out, in]
-    w_scale: float | np.ndarray  # s_w: a float (per tensor) or float32 [out] (per output channel)
-    x_scale: float
-    bias: np.ndarray | None = None  # float32 [out]
-
-
 def _rms_norm(g: _Graph, x: str, w: np.ndarray, eps: float, flavor: str) -> str:
     """x / sqrt(mean(x²) + eps) * w.
 
@@ -219,8 +115,7 @@ def cpu_weight_form(wt: np.ndarray) -> str:
     results) but 2·255·64 = 32640 <= 32767 (exact). Hence 7-bit weights (the plan's default weight_qmax
     = 63, ORT's reduce_range) run u8·s8 with s8 weights, zero point 0. Full 8-bit weights fall back to
     u8·u8 (weights stored q + 128 with zero point 128, vpmaddwd: exact, same int32 result), which is
-    slower: 256×576×1536 at 1 thread, 136 vs 178 GOPS; a whole C=256 layer (qkv + o_ffn) of the default
-    model 14.8 vs 11.5 ms at 1 thread, 18.8 vs 11.6 ms at 2 (this AVX2 EPYC, onnxruntime 1.31).
+    slower (docs/design.md, "NPU graphs").
     """
     amax = int(np.abs(wt.astype(np.int16)).max()) if wt.size else 0
     return "u8s8" if amax <= U8S8_SAFE_WEIGHT_ABSMAX else "u8u8"
@@ -323,62 +218,6 @@ def _slice_last(g: _Graph, x: str, start: int, end: int) -> str:
                           g.const(np.array([-1], np.int64))])
 
 
-@dataclass(frozen=True, slots=True)
-class LayerQ:
-    """Float and INT8 parameters of one layer, as the graphs need them."""
-
-    hidden: int
-    q_dim: int
-    kv_dim: int
-    ffn: int
-    eps: float
-    attn_norm: np.ndarray
-    ffn_norm: np.ndarray
-    qkv: tuple[LinearQ, LinearQ, LinearQ]
-    o: LinearQ
-    gate_up: tuple[LinearQ, LinearQ]
-    down: LinearQ
-    weight_qmax: int = W_QMAX  # the plan's weight range (63 = 7-bit: u8·s8 on the CPU EP); in the digest
-
-
-def segment_io(spec: SegmentSpec, lq: LayerQ) -> tuple[dict[str, int], dict[str, int]]:
-    """Input and output names of a segment → their width (every tensor is [C, width] float32)."""
-    p = spec.pieces
-    if p == ("qkv",):
-        outs = {"qkv": lq.q_dim + 2 * lq.kv_dim}
-        if spec.emit_x:
-            outs["x"] = lq.hidden
-        return {"h": lq.hidden}, outs
-    ins: dict[str, int] = {}
-    first = p[0]
-    if first == "o":
-        ins["a"] = lq.q_dim
-    elif first == "gu":
-        ins["o"] = lq.hidden
-    elif first == "act":
-        ins["gu"] = 2 * lq.ffn
-    elif first == "down":
-        ins["m"] = lq.ffn
-    if "gu" in p:
-        ins["h"] = lq.hidden
-    elif first == "act":
-        ins["h1"] = lq.hidden
-    last = p[-1]
-    if p == ("down",):  # its shadow is added before the residual, as the reference: h1 + (d + shadow)
-        outs = {"d": lq.hidden}
-    elif last == "down":
-        outs = {"h_out": lq.hidden}
-    elif last == "o":
-        outs = {"o": lq.hidden}
-    elif last == "gu":
-        outs = {"gu": 2 * lq.ffn, "h1": lq.hidden}
-        if spec.emit_x:
-            outs["x"] = lq.hidden
-    else:  # act
-        outs = {"m": lq.ffn, "h1": lq.hidden}
-    return ins, outs
-
-
 def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
     """The ONNX graph of one segment (pure function of its spec and parameters)."""
     g = _Graph(f"L{spec.layer}_{spec.kind}_C{spec.chunk}_{spec.flavor}")
@@ -429,44 +268,3 @@ def save_onnx(m: onnx.ModelProto, path: Path, external_min_bytes: int = 1 << 16)
         onnx.save_model(m, str(path))
 
 
-def layer_q(cfg, lw, plan, layer: int) -> LayerQ:
-    """Collect one layer's parameters from the float weights and a `QuantPlan` (duck-typed)."""
-    s = {site: plan.sites[(layer, site)].scale for site in ("attn_in", "o_in", "ffn_in", "down_in")}
-
-    def lin(name: str, site: str, bias=None) -> LinearQ:
-        w = plan.weights[(layer, name)]
-        b = None if bias is None else bias.detach().cpu().numpy().astype(np.float32)
-        ws = w.scales.astype(np.float32) if hasattr(w, "scales") else float(w.scale)  # per channel / per tensor
-        return LinearQ(w.q, ws, float(s[site]), b)
-
-    return LayerQ(
-        cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.ffn, float(cfg.rms_eps),
-        lw.attn_norm.detach().cpu().numpy().astype(np.float32), lw.ffn_norm.detach().cpu().numpy().astype(np.float32),
-        (lin("wq", "attn_in", lw.bq), lin("wk", "attn_in", lw.bk), lin("wv", "attn_in", lw.bv)),
-        lin("wo", "o_in"), (lin("w_gate", "ffn_in"), lin("w_up", "ffn_in")), lin("w_down", "down_in"),
-        int(getattr(plan, "weight_qmax", W_QMAX)),
-    )
-
-
-def layer_digest(lq: LayerQ) -> str:
-    """Content hash of one layer's graph parameters (cheap: weights are sampled, scales exact).
-
-    The model fingerprint (hash of the model file) goes into the cache key beside this; sampling the
-    INT8 weights keeps the key cheap to compute at load time while catching a different plan/model.
-    """
-    h = hashlib.sha256()
-    meta = [lq.hidden, lq.q_dim, lq.kv_dim, lq.ffn, lq.eps, lq.weight_qmax]
-    for lin in (*lq.qkv, lq.o, *lq.gate_up, lq.down):
-        ws = np.asarray(lin.w_scale, np.float32)
-        meta += [float(ws) if ws.ndim == 0 else "channel", lin.x_scale, list(lin.q.shape)]
-        if ws.ndim:
-            h.update(ws.tobytes())
-        flat = lin.q.reshape(-1)
-        h.update(flat[:: max(1, flat.size // 4096)].tobytes())
-        h.update(flat[-64:].tobytes())
-        if lin.bias is not None:
-            h.update(lin.bias.tobytes())
-    h.update(lq.attn_norm.tobytes())
-    h.update(lq.ffn_norm.tobytes())
-    h.update(json.dumps(meta).encode())
-    return h.hexdigest()[:24]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetero.errors import BackendUnavailable
-from hetero.npu import export
+from hetero.npu import export, segments
 from hetero.npu.cache import entry_key, graphs_root, library_versions
 from hetero.paths import atomic_path
 
@@ -68,7 +68,7 @@ class HubGraph:
     job_id: str
 
 
-def _upload_dir(spec: export.SegmentSpec, lq: export.LayerQ, tmp: Path) -> Path:
+def _upload_dir(spec: segments.SegmentSpec, lq: segments.LayerQ, tmp: Path) -> Path:
     """AI Hub takes an ONNX model with external weights as a directory named *.onnx holding both."""
     d = tmp / f"L{spec.layer}_{spec.kind}_C{spec.chunk}.onnx"
     d.mkdir(parents=True)
@@ -85,13 +85,13 @@ def compile_on_hub(model, plan, chunk: int, device: str, layers=None, kinds=("qk
     cfg = model.config
     with tempfile.TemporaryDirectory(prefix="hetero-hub-") as tmp:
         for layer in (range(cfg.n_layers) if layers is None else layers):
-            lq = export.layer_q(cfg, model.weights.layers[layer], plan, layer)
+            lq = segments.layer_q(cfg, model.weights.layers[layer], plan, layer)
             shadow = {s for s in ("attn_in", "o_in", "ffn_in", "down_in") if plan.sites[(layer, s)].shadow}
-            for spec in export.layer_segments(layer, shadow, chunk, "qnn-fp16"):
+            for spec in segments.layer_segments(layer, shadow, chunk, "qnn-fp16"):
                 if spec.kind not in kinds and not (spec.kind != "qkv" and "o_ffn" in kinds):
                     continue
                 key = entry_key("hub", export.EXPORT_VERSION, device, spec.kind, spec.pieces, chunk, spec.shape,
-                                export.layer_digest(lq), model.fingerprint, library_versions()["onnx"])
+                                segments.layer_digest(lq), model.fingerprint, library_versions()["onnx"])
                 root = graphs_root() / f"hub-{_slug(device)}" / key
                 binary = root / "compiled.bin"
                 meta_path = root / "meta.json"

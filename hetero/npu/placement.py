@@ -3,7 +3,7 @@
 Mobile NPUs address a limited memory region (≈4 GB on Hexagon), possibly less than the model. Given a
 budget in bytes for NPU-resident weights, place the most compute-dense graphs first: every layer's FFN
 part (`o_ffn`: 3·ffn·hidden + hidden·q_dim INT8 bytes), then the attention projections (`qkv`); what
-does not fit runs as the same INT8 graph on the CPU lane. Each decision is logged with its reason
+does not fit runs as the same INT8 graph on the CPU (ONNX Runtime CPU EP). Each decision is logged with its reason
 (ExecuTorch partitioner style) and kept in `Placement.decisions`.
 """
 
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 class Decision:
     layer: int
     kind: str  # "qkv" | "o_ffn" (all segments of o_ffn go together)
-    lane: str  # "npu" | "cpu"
+    device: str  # "npu" | "cpu"
     size_bytes: int
     reason: str
 
@@ -31,20 +31,20 @@ class Placement:
     budget_bytes: int
     decisions: tuple[Decision, ...]
 
-    def lane_of(self, layer: int, kind: str) -> str:
+    def device_of(self, layer: int, kind: str) -> str:
         kind = "qkv" if kind == "qkv" else "o_ffn"
         for d in self.decisions:
             if d.layer == layer and d.kind == kind:
-                return d.lane
+                return d.device
         return "cpu"
 
     @property
     def npu_bytes(self) -> int:
-        return sum(d.size_bytes for d in self.decisions if d.lane == "npu")
+        return sum(d.size_bytes for d in self.decisions if d.device == "npu")
 
     def to_dict(self) -> dict:
         return {"budget_bytes": self.budget_bytes, "npu_bytes": self.npu_bytes,
-                "decisions": [{"layer": d.layer, "kind": d.kind, "lane": d.lane, "size_bytes": d.size_bytes,
+                "decisions": [{"layer": d.layer, "kind": d.kind, "device": d.device, "size_bytes": d.size_bytes,
                                "reason": d.reason} for d in self.decisions]}
 
 
@@ -72,6 +72,6 @@ def place(cfg, budget_bytes: int | None) -> Placement:
                 d = Decision(layer, kind, "npu", size, f"{why}; fits ({size} B, {left:.0f} B left)")
             else:
                 d = Decision(layer, kind, "cpu", size, f"{why}; NPU budget exhausted ({size} B > {left:.0f} B left): INT8 on CPU")
-            log.info("placement | layer %d %s -> %s | %s", d.layer, d.kind, d.lane, d.reason)
+            log.info("placement | layer %d %s -> %s | %s", d.layer, d.kind, d.device, d.reason)
             decisions.append(d)
     return Placement(-1 if budget_bytes is None else budget_bytes, tuple(decisions))

@@ -1,17 +1,8 @@
-"""Equivalent shapes (mllm-NPU §4, optimisation 1): profile [C, K] vs [a, C/a, K] vs a 1×1 Conv2d per
-lane and C, keep the winner.
+"""Equivalent shapes (mllm-NPU §4, optimisation 1): [C, K] vs [a, C/a, K] vs a 1×1 Conv2d, per provider and C.
 
-A linear over [C, K] gives the same result on [a, b, K] with a·b = C (every op of a static subgraph is
-row-wise), or as a 1×1 Conv2d over the image [1, K, a, b]; NPUs often prefer some shapes (the paper:
-32×32×2048 is 1.62× faster than 1024×1×2048, "as in CNN architectures"). `profile_shapes` times each
-candidate graph of one layer (`export.SegmentSpec.shape`: "2d", "3d:a", "conv:a") and records, per
-(lane, kind, C), the winner in `profiles/shapes/equivalent_shapes_<host>.json`; `NpuBackend(shape="auto")`
-reads it (`recorded_shape`).
-
-JSON (version 1): {"version": 1, "host": ..., "entries": [{"lane", "kind", "chunk_len", "winner",
-"latency_us": {shape: us}, "build_s": {shape: s, for graphs built by this run}, "simulated", "repeats",
-["failed": {shape: reason}]}]}; a "simulated" entry was timed on the HTP simulator, whose speed says
-nothing about a device's. The winner is the fastest within the build budget (`pick_winner`).
+`profile_shapes` times each candidate graph of one layer and records the winner per (provider, kind, C) in
+`profiles/shapes/equivalent_shapes_<host>.json`; `NpuBackend(shape="auto")` reads it (`recorded_shape`).
+A "simulated" entry (HTP simulator) says nothing about a device's speed. Format: docs/design.md.
 """
 
 from __future__ import annotations
@@ -28,8 +19,8 @@ from pathlib import Path
 import torch
 
 from hetero.errors import GraphCacheError
-from hetero.npu import export
-from hetero.npu.lanes import prepare_graph
+from hetero.npu import segments
+from hetero.npu.providers import prepare_graph
 from hetero.paths import PROFILES_DIR, atomic_path
 
 SHAPES_VERSION = 1
@@ -73,30 +64,30 @@ def pick_winner(latency_us: dict[str, float], build_s: dict[str, float]) -> str:
     return min(ok, key=ok.get) if ok else "2d"
 
 
-def lane_is_simulated(lane) -> bool:
-    """The QNN HTP lane off an ARM/Hexagon host is the x86-64 simulator of the onnxruntime-qnn wheel."""
+def provider_is_simulated(provider) -> bool:
+    """The QNN HTP provider off an ARM/Hexagon host is the x86-64 simulator of the onnxruntime-qnn wheel."""
     import platform
 
-    return lane.flavor.startswith("qnn") and platform.machine().lower() in ("x86_64", "amd64")
+    return provider.flavor.startswith("qnn") and platform.machine().lower() in ("x86_64", "amd64")
 
 
-def profile_shapes(model, plan, chunks, lane, layer: int = 0, repeats: int = 9, path: Path | None = None,
+def profile_shapes(model, plan, chunks, provider, layer: int = 0, repeats: int = 9, path: Path | None = None,
                    use_cache: bool = True) -> dict:
-    """Time every candidate shape of `qkv` and `o_ffn` (no-shadow segments) on `lane`; write the table.
+    """Time every candidate shape of `qkv` and `o_ffn` (no-shadow segments) on `provider`; write the table.
 
-    A candidate the lane cannot build (e.g. a shape the HTP simulator fails to finalize) is recorded
+    A candidate the provider cannot build (e.g. a shape the HTP simulator fails to finalize) is recorded
     under "failed" with the reason and never wins.
     """
     cfg = model.config
-    lq = export.layer_q(cfg, model.weights.layers[layer], plan, layer)
+    lq = segments.layer_q(cfg, model.weights.layers[layer], plan, layer)
     entries = []
     for c in chunks:
-        for spec0 in export.layer_segments(layer, set(), c, lane.flavor):
+        for spec0 in segments.layer_segments(layer, set(), c, provider.flavor):
             runs, failed, build_s = {}, {}, {}
             for shape in candidates(c):
-                spec = export.SegmentSpec(layer, spec0.kind, spec0.pieces, c, lane.flavor, shape)
+                spec = segments.SegmentSpec(layer, spec0.kind, spec0.pieces, c, provider.flavor, shape)
                 try:
-                    g, info = prepare_graph(spec, lq, model.fingerprint, lane, use_cache)
+                    g, info = prepare_graph(spec, lq, model.fingerprint, provider, use_cache)
                 except GraphCacheError as e:
                     failed[shape] = str(e)[-300:]
                     continue
@@ -105,15 +96,15 @@ def profile_shapes(model, plan, chunks, lane, layer: int = 0, repeats: int = 9, 
                 ins = {n: torch.randn(c, w) for n, w in g.inputs.items()}
                 runs[shape] = functools.partial(g.run, ins)
             lat = _interleaved_medians_us(runs, repeats) if runs else {}
-            entry = {"lane": lane.name, "kind": spec0.kind, "chunk_len": c, "winner": pick_winner(lat, build_s),
-                     "latency_us": lat, "build_s": build_s, "simulated": lane_is_simulated(lane), "repeats": repeats}
+            entry = {"provider": provider.name, "kind": spec0.kind, "chunk_len": c, "winner": pick_winner(lat, build_s),
+                     "latency_us": lat, "build_s": build_s, "simulated": provider_is_simulated(provider), "repeats": repeats}
             if failed:
                 entry["failed"] = failed
             entries.append(entry)
     path = path or shapes_path()
     old = json.loads(path.read_text()) if path.exists() else {"entries": []}
     keep = [e for e in old.get("entries", [])
-            if not any((e["lane"], e["kind"], e["chunk_len"]) == (n["lane"], n["kind"], n["chunk_len"]) for n in entries)]
+            if not any((e["provider"], e["kind"], e["chunk_len"]) == (n["provider"], n["kind"], n["chunk_len"]) for n in entries)]
     table = {"version": SHAPES_VERSION, "host": socket.gethostname(), "model": model.name,
              "entries": keep + entries}
     with atomic_path(path) as tmp:
@@ -129,14 +120,14 @@ def _read_table(path: str, mtime_ns: int) -> dict:
         return {}
 
 
-def recorded_shape(lane_name: str, kind: str, chunk: int, path: Path | None = None) -> str:
-    """The recorded winner for (lane, kind, C); '2d' when none is recorded. Cut segments use o_ffn's."""
+def recorded_shape(provider_name: str, kind: str, chunk: int, path: Path | None = None) -> str:
+    """The recorded winner for (provider, kind, C); '2d' when none is recorded. Cut segments use o_ffn's."""
     path = path or shapes_path()
     if not path.exists():
         return "2d"
     table = _read_table(str(path), path.stat().st_mtime_ns)  # read once per version of the file
     kind = "qkv" if kind == "qkv" else "o_ffn"
     for e in table.get("entries", []):
-        if (e["lane"], e["kind"], e["chunk_len"]) == (lane_name, kind, chunk):
+        if (e["provider"], e["kind"], e["chunk_len"]) == (provider_name, kind, chunk):
             return e["winner"]
     return "2d"

@@ -1,24 +1,15 @@
-"""Baseline quantizers of mllm-NPU Table 5 (§4.4), as `LayerBackend`s for the accuracy benchmark.
+"""Baseline quantizers of mllm-NPU Table 5 (§4.4) as `LayerBackend`s, for the accuracy benchmark.
 
-These are *fake-quantized* in float32 torch (quantize → dequantize → float matmul): they measure
-accuracy only and have no INT8 kernel behind them. Each replaces `site_linear` of `QuantizedBackend`,
-so the float operations between linears stay those of `hetero.model`.
-
-- `SmoothQuantBackend` (Xiao et al. 2023, α = 0.5): per input channel j, s_j = max|X_j|^α / max|W_j|^(1-α)
-  from calibration; x/s and W·s are quantized W8A8 per tensor (static activation scale = calibrated
-  absmax of x/s). Applied at all four sites (the original folds s into the preceding norm / linear).
-- `LLMInt8Backend` (Dettmers et al. 2022, threshold 6.0): input channels where any |x| > 6 run in float
-  with float weights; the rest vector-wise INT8 (activation per token, weight per output row).
-- `PerGroupBackend` (group 32, like llama.cpp's Q8_0 / K-quant blocks): weights per output row and per
-  group of 32 inputs, activations per token and group, symmetric INT8.
+Fake-quantized in float32 torch (accuracy only, no INT8 kernel): SmoothQuant (α = 0.5), LLM.int8()
+(threshold 6.0), per-group INT8 (group 32). Each is `hetero.model`'s layer with its own `site_linear`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from hetero.outliers.plan import SITE_BIASES, SITE_LINEARS
-from hetero.outliers.shadow import QuantizedBackend
+from hetero.backend import TorchBackend
+from hetero.model import SITE_BIASES, SITE_LINEARS
 
 
 def _fq(x: torch.Tensor, scale: torch.Tensor, qmin: int = -127, qmax: int = 127) -> torch.Tensor:
@@ -30,11 +21,11 @@ def _absmax_scale(x: torch.Tensor, dim) -> torch.Tensor:
     return (x.abs().amax(dim=dim, keepdim=True) / 127.0).clamp_min(1e-12)
 
 
-class _FakeQuantBackend(QuantizedBackend):
-    """Shares QuantizedBackend's layer composition; subclasses give `site_linear`."""
+class _FakeQuantBackend(TorchBackend):
+    """`hetero.model`'s layer; subclasses give `site_linear`."""
 
     def __init__(self, cfg, weights):
-        self.cfg, self.weights = cfg, weights
+        super().__init__(cfg, weights, self.site_linear)
         self._w: dict[tuple[int, str], torch.Tensor] = {}  # concatenated float weights [Σout, in]
         self._split: dict[tuple[int, str], list[int]] = {}
         for layer, lw in enumerate(weights.layers):

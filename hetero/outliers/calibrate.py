@@ -1,20 +1,9 @@
-"""Calibration: activation statistics of every linear's input on real text (mllm-NPU §3.3, offline profiling).
+"""Calibration (mllm-NPU §3.3, offline profiling): activation statistics of every site on real text.
 
-The float model runs over a corpus in fixed windows; for each (layer, site) (`plan.SITES`) we record
-
-- absmax, median |x|, and high percentiles of |x| and of both tails of x (`PERCENTILES`), from a
-  log-spaced histogram (1/64 octave, ≈1% resolution) filled in a first pass;
-- per channel: max |x|, and how often |x| exceeds each candidate threshold t_p = percentile p of |x|
-  (second pass, since t_p is only known after the first): these are the outlier counts of Fig. 11 and
-  the source of hot channels;
-- importance_p = absmax / s_p with s_p = t_p / 127 (§3.3: "the ratio between the largest outlier and the
-  quantization scale"), ranked by `pruning.py`;
-- the log-spaced histogram of |x| itself (`SiteStats.hist_abs`), so that any other clipping point and the
-  clipping error energy of a threshold (`SiteStats.clip_energy`) can be derived without a new run.
-
-Everything lands in one versioned `.npz` next to the model's cache entry
-(`cache_dir()/models/<fingerprint>/calibration.npz`), written atomically and validated on load
-(version, model fingerprint, layer count, channel counts). Nothing calibrates at prefill time.
+The float model runs over a corpus in windows, observing every site input (`model.observed`): absmax,
+median and percentiles of |x| and both tails, per-channel maxima and outlier counts per candidate
+threshold (two passes), and the |x| histogram. One versioned `.npz` beside the model's cache entry,
+written atomically, validated on load. Nothing calibrates at prefill time. Details: docs/design.md.
 """
 
 from __future__ import annotations
@@ -28,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hetero import model as ref
+from hetero.backend import TorchBackend
+from hetero.model import SITES, FloatLinear, Observer, observed
 from hetero.errors import ConfigError, ModelFormatError
 from hetero.outliers.corpus import DEFAULT_CALIBRATION, corpus_id, load_corpus
-from hetero.outliers.plan import SITES
 from hetero.paths import atomic_path, cache_dir
 
 log = logging.getLogger(__name__)
@@ -215,25 +204,9 @@ def token_windows(tokenizer, text: str, n_tokens: int, window: int) -> list[torc
     return [w for w in torch.split(ids, window) if w.numel() > 1]
 
 
-def run_sites(cfg, w, ids: torch.Tensor, observe) -> None:
+def run_sites(cfg, w, ids: torch.Tensor, observe: Observer) -> None:
     """The float layers over `ids` (no logits), calling observe(layer, site, x) on every site input."""
-    t = ids.shape[0]
-    rope = ref.RopeTable(cfg, t)
-    k_cache = torch.empty(cfg.n_kv_heads, t, cfg.head_dim)
-    v_cache = torch.empty_like(k_cache)
-    h = ref.embed(w, ids)
-    for layer, lw in enumerate(w.layers):
-        x = ref.rms_norm(h, lw.attn_norm, cfg.rms_eps)
-        observe(layer, "attn_in", x)
-        q, k, v = F.linear(x, lw.wq, lw.bq), F.linear(x, lw.wk, lw.bk), F.linear(x, lw.wv, lw.bv)
-        a = ref.attention(cfg, q, k, v, rope, k_cache, v_cache, 0, t)
-        observe(layer, "o_in", a)
-        h = h + F.linear(a, lw.wo)
-        x = ref.rms_norm(h, lw.ffn_norm, cfg.rms_eps)
-        observe(layer, "ffn_in", x)
-        m = F.silu(F.linear(x, lw.w_gate)) * F.linear(x, lw.w_up)
-        observe(layer, "down_in", m)
-        h = h + F.linear(m, lw.w_down)
+    ref.run_layers(cfg, w, ids, TorchBackend(cfg, w, observed(FloatLinear(w), observe)))
 
 
 def _hist(v: torch.Tensor) -> torch.Tensor:

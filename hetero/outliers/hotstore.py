@@ -1,17 +1,8 @@
 """Hot-channel weight store (mllm-NPU §3.3, "Most outliers tend to appear in a small set of channel positions").
 
-The CPU side of shadow execution needs, for an outlier in input channel c of a site, the float weight
-row W_deq[:, c] of every linear of that site. Keeping a float copy of all of them doubles weight memory;
-since a few channels carry most outliers (Fig. 11), only the *hot* channels' rows (`SiteQuant.hot_channels`,
-the shortest prefix of calibrated outlier channels covering ≥ 80% of occurrences) stay in RAM and any
-other row is read on demand from a memory-mapped file on disk.
-
-File layout (one per model and set of shadow sites, under the model's cache entry), float32:
-
-    shadow_rows-<hash>.f32:  [site 0: in × Σout rows] [site 1: ...] ...   row c of a site = W_deq[:, c] of
-    shadow_rows-<hash>.json: {"sites": [{"layer", "site", "offset", "in", "out"}], ...}   its linears, concatenated
-
-Both are written atomically (data first, index last), so a crash never leaves a usable half file.
+The shadow needs the float weight rows W_deq[:, c] of a site's outlier channels c. Only the hot channels'
+rows stay in RAM; any other row is read on demand from a memory-mapped float32 file under the model's
+cache entry (data and index written atomically). Layout: docs/design.md, "Outliers".
 """
 
 from __future__ import annotations

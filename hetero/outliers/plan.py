@@ -1,31 +1,9 @@
-"""The quantization plan: what the NPU backend needs to run every static linear W8A8 per tensor.
+"""The quantization plan (mllm-NPU §3.3): per activation site its scale and shadow channels, and the INT8
+weight of every linear; what a quantized backend runs.
 
-mllm-NPU §3.3. Per decoder layer there are four activation *sites*, each the input of one or more
-linears that share it (so it is quantized once):
-
-    h ─► RMSNorm ─► [attn_in] ─► wq, wk, wv            (subgraph qkv)
-    a ─────────────► [o_in] ────► wo ─► +h ─► RMSNorm ─► [ffn_in] ─► w_gate, w_up
-                               silu(gate)·up ─► [down_in] ─► w_down ─► +h   (subgraph o_ffn)
-
-A site carries the calibrated activation scale s (activations are quantized as clip(rint(x/s), -128,
-127), stored uint8 with zero point 128, `quantize.quantize_act`) and whether its beyond-scale part runs
-as a *shadow* on the CPU (Eq. 1, `hetero.outliers.shadow`). Importance pruning (§3.3, "Most outliers
-can be pruned") keeps the shadow only on the most important sites; the others are plain clipped W8A8.
-Weights are INT8 with one scale per output channel by default (`quantize.quantize_weight_per_channel`):
-weight scales are static, so they fold into the output dequantization (a float32 vector s_x·s_w[o]
-instead of a scalar) and the NPU's INT8 MatMul stays per tensor in its activations, which is what
-mllm-NPU's constraint is about (§2.3/§3.3). weight_granularity="tensor" gives the paper's strict
-per-tensor weights (`quantize.quantize_weight`, one scale per linear) for the ablation.
-Weight range: `weight_qmax` = 127 by default (8-bit symmetric weights: the paper's W8A8, what an NPU
-runs). weight_qmax=63 gives 7-bit weights (ONNX Runtime's `reduce_range`), with which the CPU EP graphs
-run ORT's fast u8·s8 MatMulInteger exactly on AVX2 without VNNI (its vpmaddubsw int16 pair sums
-saturate with 8-bit weights: 2·255·127 > 32767, but 2·255·64 <= 32767; `quantize` module doc); with
-8-bit weights the CPU export falls back to the exact but slower u8·u8 form. `hetero.engine` asks for
-63 on the CPU-EP lane (+20% prefill speed, +0.7 points perplexity: bench/results/accuracy.md). The
-numpy reference uses the same weights, so every backend stays bit-exact.
-
-The plan is a pure function of the model and the calibration statistics (`build_plan`); on disk only
-the site table is stored (`to_dict`), the INT8 weights are recomputed deterministically (`from_dict`).
+A pure function of the model and the calibration (`pruning.plan_from_calibration`, or `plan_from_scales`);
+on disk only the site table is stored (`to_dict`), the INT8 weights are recomputed (`from_dict`).
+Sites and the weight range: docs/design.md, "Outliers".
 """
 
 from __future__ import annotations
@@ -33,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hetero.errors import ConfigError
+from hetero.model import SITE_LINEARS, SITES
 from hetero.outliers.quantize import (
     W_QMAX,
     QuantWeight,
@@ -48,21 +27,6 @@ PLAN_VERSION = 1
 DEFAULT_WEIGHT_GRANULARITY = "channel"  # "tensor": the paper's strict per-tensor weights (ablation)
 # 8-bit weights (the paper's W8A8); W_QMAX_U8S8 (7-bit) is the CPU-EP fast path (module docstring).
 DEFAULT_WEIGHT_QMAX = W_QMAX
-
-SITES = ("attn_in", "o_in", "ffn_in", "down_in")
-SITE_LINEARS: dict[str, tuple[str, ...]] = {
-    "attn_in": ("wq", "wk", "wv"),
-    "o_in": ("wo",),
-    "ffn_in": ("w_gate", "w_up"),
-    "down_in": ("w_down",),
-}
-SITE_BIASES: dict[str, tuple[str | None, ...]] = {  # LayerWeights field of each linear's bias (Qwen2 q/k/v)
-    "attn_in": ("bq", "bk", "bv"),
-    "o_in": (None,),
-    "ffn_in": (None, None),
-    "down_in": (None,),
-}
-
 
 @dataclass(frozen=True, slots=True)
 class SiteQuant:
@@ -197,16 +161,3 @@ def plan_from_scales(
     _check_sites(sites, model.config.n_layers)
     return QuantPlan(sites, quantize_weights(model, weight_granularity, weight_qmax), model.fingerprint, method,
                      weight_granularity=weight_granularity, weight_qmax=weight_qmax)
-
-
-def build_plan(model, calibration=None, prune_fraction: float = 0.85, **options) -> QuantPlan:
-    """The default hetero plan from calibration statistics (see `hetero.outliers.pruning.build_plan`).
-
-    `calibration`: a `CalibrationStats`, or None to load the cached calibration of `model`
-    (`hetero.outliers.calibrate.load_calibration`). prune_fraction: share of sites whose shadow is
-    dropped, least important first (§3.3: 0.85). `weight_qmax` (an option) defaults to 63: 7-bit weights,
-    which the CPU EP runs exactly with ORT's fast u8·s8 MatMulInteger (module docstring).
-    """
-    from hetero.outliers.pruning import build_plan as _build
-
-    return _build(model, calibration, prune_fraction=prune_fraction, **options)

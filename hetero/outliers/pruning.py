@@ -1,13 +1,9 @@
 """Importance pruning of shadow outliers (mllm-NPU §3.3, "Most outliers can be pruned", Fig. 12).
 
-importance(site) = largest calibrated outlier / quantization scale = absmax / s (§3.3). Sites are
-ranked by it and the shadow is dropped on the least important `prune_fraction` of them (paper: 85%);
-on a pruned site the values beyond the INT8 range are simply clipped, so its subgraph needs no
-CPU-NPU synchronisation. We rank *sites* (the input of one MatMul group, the paper's "layers" of
-Fig. 12 are MatMul operators) by default; granularity="layer" ranks decoder layers by the largest
-importance of their four sites and keeps or prunes all four together.
-
-`build_plan` turns `CalibrationStats` into the `QuantPlan` the backends run.
+importance(site) = absmax / s; the shadow is dropped on the least important `prune_fraction` of sites
+(paper: 85%), whose beyond-range values are then clipped. `plan_from_calibration` turns
+`CalibrationStats` into the `QuantPlan` the backends run. Defaults and their measurements:
+docs/design.md, "Outliers".
 """
 
 from __future__ import annotations
@@ -17,23 +13,13 @@ import math
 import numpy as np
 
 from hetero.errors import ConfigError
-from hetero.outliers.plan import DEFAULT_WEIGHT_GRANULARITY, DEFAULT_WEIGHT_QMAX, SITES, QuantPlan, SiteQuant, quantize_weights
+from hetero.model import SITES
+from hetero.outliers.calibrate import ensure_calibration
+from hetero.outliers.plan import DEFAULT_WEIGHT_GRANULARITY, DEFAULT_WEIGHT_QMAX, QuantPlan, SiteQuant, quantize_weights
 
 DEFAULT_PRUNE_FRACTION = 0.85
-# Shadow sites: t = p99.9 of |x| maps to 127. Measured on the default model (6 windows of Austen,
-# per-channel weights): shadow_all +1.49% at p99.9 with a shadow 57 channels wide per 256-token chunk
-# and site; p99.5 +0.85% but 202 channels (3.5x); p99 +0.20% but 336 channels (over half of a 576-wide
-# site: the "sparse" float matmul is then nearly the dense one). With 85% pruning the percentile of the
-# kept sites barely matters (p99.9 +3.59%, p99.5 +3.66%): the pruned sites dominate. p99.9 is the
-# cheapest point that keeps the shadow sparse; p99.99 was worse (+11.3% vs +8.8%, per-tensor weights).
-# Importance: the paper's absmax/s ("ratio") vs the histogram-based relative error of pruning ("error"):
-# +3.59% vs +3.43% at 0.85, +3.64% vs +4.32% at 0.70 -- within noise, so the paper's measure stays.
-# Keeping more shadow sites did not help either (0.5: +3.88%, 0.7: +3.64%, 0.85: +3.59%, 0: +1.49%).
+# Shadow sites clip at p99.9 of |x|, pruned ones at p99.999: the measured choice (docs/design.md, "Outliers").
 DEFAULT_PERCENTILE = 99.9
-# Pruned sites: clip at p99.999. Measured on the default model (2 windows of Austen, shadow on the top 15%):
-# p99.999 +10.0% perplexity, absmax +25.7%, p99.99 +16.7% (percentile 99.99 for the kept sites). Once the
-# sites with massive activations keep their shadow, the rest lose less to clipping their top 0.001% than to
-# the coarse absmax grid; with *no* shadow at all (prune_fraction=1) absmax is the better choice (naive_w8a8).
 DEFAULT_PRUNED_PERCENTILE = 99.999
 DEFAULT_HOT_COVERAGE = 0.8  # hot channels: smallest set covering >= 80% of outlier occurrences (§3.3)
 
@@ -88,7 +74,7 @@ def hot_channels(counts: np.ndarray, coverage: float = DEFAULT_HOT_COVERAGE) -> 
     return tuple(int(c) for c in order), min(n_hot, order.size)
 
 
-def build_plan(
+def plan_from_calibration(
     model,
     calibration=None,
     prune_fraction: float = DEFAULT_PRUNE_FRACTION,
@@ -112,8 +98,6 @@ def build_plan(
     per-tensor weights (ablation). weight_qmax: 63 (default, 7-bit weights: exact with ORT's fast u8·s8
     MatMulInteger on AVX2, `plan` module doc) or 127 (full 8-bit).
     """
-    from hetero.outliers.calibrate import ensure_calibration
-
     if calibration is None:
         calibration = ensure_calibration(model)
     calibration.validate_for(model)

@@ -1,32 +1,9 @@
-"""Symmetric INT8 quantization and the numpy INT8 reference of a quantized linear.
+"""Symmetric INT8 quantization and the numpy INT8 reference of a quantized linear (mllm-NPU §3.3).
 
-mllm-NPU §3.3 keeps every NPU matmul W8A8 *per tensor in its activations* (the only fast kind on
-mobile NPUs: §2.3, activations cannot be split per channel or per group without breaking the INT8
-MatMul), with max-min symmetric scales (Jacob et al. 2018): r = s·q, q = clip(round(r / s), qmin, qmax).
-
-- Weights: int8 with zero point 0, q in [-qmax, qmax], by default one scale per *output channel*
-  s_w[o] = absmax(W[o]) / qmax (`QuantWeightPerChannel`). qmax is the plan's `weight_qmax`: 63 (7-bit)
-  by default, `W_QMAX_U8S8` below, or 127 (full 8-bit, `W_QMAX`). Weight scales are static, so per-channel
-  scales fold into the output dequantization: the integer MatMul (int32 accumulation of the per-tensor
-  INT8 activations × INT8 weights) is unchanged and only the final multiply becomes a float32 vector
-  s_x·s_w[o] instead of a scalar (on QNN/QDQ: DequantizeLinear with per-axis scales on the weight's
-  output dim). The paper's constraint concerns activations, which stay per tensor. On the default model
-  per-tensor weights alone cost +7% perplexity, per-channel +0.03% (bench/results/accuracy.md).
-  The strict per-tensor variant s_w = absmax(W) / 127 (`QuantWeight`) is kept for the ablation.
-- Activations: int8 values q in [-128, 127] with the calibrated scale s_x, *stored* as uint8 with zero
-  point 128 (u8 = q + 128): ONNX Runtime's u8s8 GEMM is 6.6× faster than s8s8 on AVX2 (DESIGN.md),
-  and the int32 result is identical.
-- Why 7-bit weights by default (ONNX Runtime's `reduce_range`): on AVX2 without VNNI, ORT's u8·s8 GEMM
-  multiplies with `vpmaddubsw`, which adds two adjacent u8·s8 products into a *saturating* int16. The
-  raw stored activation is u8 in [0, 255] (its zero point is corrected afterwards), so with 8-bit weights
-  2·255·127 = 64770 > 32767 and the int32 accumulator is silently wrong. With |q| <= 64,
-  2·255·64 = 32640 <= 32767: no pair can saturate and u8·s8 is exact. The alternative exact form, u8·u8
-  (weights stored q + 128, `vpmaddwd`), takes 1.3-1.6x the time per layer graph (numbers in
-  `hetero.npu.export.cpu_weight_form`). 7-bit symmetric weights (qmax = 63) keep the fast kernel exact,
-  at some accuracy: `bench/accuracy.py --quick`, default plan +1.33% → +2.03% perplexity vs float,
-  shadow_all +1.16% → +1.95% (per-channel weights, 8 → 7 bits).
-- Rounding is half to even (`np.rint`), as ONNX `QuantizeLinear`, so the ONNX graphs of the NPU
-  backend reproduce `int8_linear` bit for bit (int32 accumulation).
+Activations per tensor, int8 in [-128, 127] stored as uint8 with zero point 128; weights int8 with zero
+point 0, per output channel by default (static scales fold into the output dequantization), in
+[-weight_qmax, weight_qmax] (63: 7-bit, exact with ORT's u8·s8 kernel on AVX2; 127: 8-bit). Rounding is
+half to even, as ONNX `QuantizeLinear`. Derivations: docs/design.md, "Outliers".
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """Shadow outlier execution (mllm-NPU §3.3, Eq. 1): W8A8 per tensor on the NPU + float outliers on the CPU.
 
-Eq. 1 splits one matmul by the associative law. With s the calibrated activation scale of a site and
-W_q, s_w the INT8 per-tensor weight (W_deq = s_w·W_q):
-
-    x·W_deqᵀ ≈ s·clip(rint(x/s), -128, 127)·W_deqᵀ      NPU: INT8 MatMul, int32 accumulation
-             +  r[:, c]·W_deq[:, c]ᵀ                      CPU: float, only the outlier channels c
-    with r = x − clip(x, −128·s, 127·s)                  (zero except beyond the INT8 range)
-
-so NPU part + shadow part = the matmul of x quantized *without clipping* (values inside the range are
-rounded to the grid s, values beyond it are kept exactly). The paper writes the shadow matmul with the
-INT8 weights w; we do the same with their dequantized rows W_deq[:, c] (a float copy of the weights on
-the CPU, §3.3), which makes the decomposition an identity that `tests/outliers/test_shadow.py` checks.
-The outlier channels c are found at run time by comparing with the threshold (any channel may have an
-outlier); the hot-channel store (`hotstore.py`) decides which rows come from RAM and which from disk.
-
-`QuantizedBackend` composes this per site and keeps the float operations between the linears (RMSNorm,
-residual, SiLU·mul) exactly as `hetero.model`; it is *the* reference the ONNX graphs of `hetero.npu`
-must match: its INT8 part equals `quantize.int8_linear` bit for bit. An NPU backend can subclass it and
-override `linear_int8` (the NPU part), or call `shadow_correction` for the CPU part of a site.
+x·W_deqᵀ ≈ s·clip(rint(x/s), -128, 127)·W_deqᵀ (NPU part, `npu_part`) + r[:, c]·W_deq[:, c]ᵀ (CPU part,
+`shadow_part`) with r = x − clip(x, −128·s, 127·s), channels c found at run time. `QuantizedBackend` is
+`hetero.model`'s layer with this as its site linear: the reference the NPU graphs are checked against.
+Derivation: docs/design.md, "Outliers".
 """
 
 from __future__ import annotations
@@ -27,12 +13,11 @@ from typing import Protocol
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from hetero import model as ref
+from hetero.backend import TorchBackend
 from hetero.config import ModelConfig
-from hetero.model import Weights
-from hetero.outliers.plan import SITE_BIASES, SITE_LINEARS, QuantPlan, SiteQuant
+from hetero.model import SITE_BIASES, SITE_LINEARS, Weights
+from hetero.outliers.plan import QuantPlan, SiteQuant
 from hetero.outliers.quantize import (
     ACT_QMAX,
     ACT_QMIN,
@@ -149,23 +134,23 @@ def shadow_part(x: torch.Tensor, sq: SiteQuant, w_rows) -> torch.Tensor | None:
     return r @ rows
 
 
-class QuantizedBackend:
+class QuantizedBackend(TorchBackend):
     """W8A8 per-tensor static subgraphs with shadow outliers: the reference the NPU graphs match.
 
-    Per site: `linear_int8` (the NPU part, `npu_part`) + `shadow_correction` (the CPU part,
-    `shadow_part`); the float operations between linears are those of `hetero.model`. `rows` supplies
-    the float weight rows of outlier channels (default: all in RAM; `hotstore.HotChannelStore` keeps
-    only hot rows in RAM). `stats`, if given, is a dict that counts shadow work per site.
+    `hetero.model`'s layer with `site_linear` = `linear_int8` (the NPU part, `npu_part`) +
+    `shadow_correction` (the CPU part, `shadow_part`). `rows` supplies the float weight rows of outlier
+    channels (default: all in RAM; `hotstore.HotChannelStore` keeps only hot rows in RAM). `stats`, if
+    set to a dict, counts shadow work per site.
     """
 
     name = "w8a8-shadow"
 
     def __init__(self, cfg: ModelConfig, weights: Weights, plan: QuantPlan, rows: ShadowRows | None = None):
-        self.cfg, self.weights, self.plan = cfg, weights, plan
+        super().__init__(cfg, weights, self.site_linear)
+        self.plan = plan
         self.rows = rows if rows is not None else DenseRows(plan)
         self.stats: dict[tuple[int, str], list[int]] | None = None  # (layer, site) -> [calls, channels]
 
-    # ----------------------------------------------------------------- per site: NPU part + CPU part
     def linear_int8(self, layer: int, site: str, x: torch.Tensor) -> list[torch.Tensor]:
         """NPU part: the INT8 linears of `site` on x [T, in] (bias included), one [T, out] per linear."""
         lw = self.weights.layers[layer]
@@ -173,14 +158,19 @@ class QuantizedBackend:
         bs = [getattr(lw, b) if b else None for b in SITE_BIASES[site]]
         return npu_part(x, self.plan.sites[(layer, site)].scale, ws, bs)
 
-    def shadow_correction(self, layer: int, site: str, x: torch.Tensor) -> list[torch.Tensor] | None:
-        """CPU part: the float outlier matmul of `site`, split per linear, or None (pruned / no outlier)."""
+    def shadow_delta(self, layer: int, site: str, x: torch.Tensor) -> torch.Tensor | None:
+        """CPU part: the float outlier matmul of `site`, [T, Σ out] over its linears, or None."""
         sq = self.plan.sites[(layer, site)]
         y = shadow_part(x, sq, lambda c: self.rows.rows(layer, site, c))
         if self.stats is not None and sq.shadow:
             st = self.stats.setdefault((layer, site), [0, 0])
             st[0] += 1
             st[1] += 0 if y is None else int((x.abs() > sq.scale * ACT_QMAX).any(0).sum())
+        return y
+
+    def shadow_correction(self, layer: int, site: str, x: torch.Tensor) -> list[torch.Tensor] | None:
+        """`shadow_delta` split per linear of the site, or None (pruned / no outlier)."""
+        y = self.shadow_delta(layer, site, x)
         if y is None:
             return None
         return list(torch.split(y, [self.plan.weights[(layer, n)].q.shape[0] for n in SITE_LINEARS[site]], dim=1))
@@ -189,18 +179,3 @@ class QuantizedBackend:
         ys = self.linear_int8(layer, site, x)
         extra = self.shadow_correction(layer, site, x)
         return ys if extra is None else [y + e for y, e in zip(ys, extra)]
-
-    # ------------------------------------------------------------------------ LayerBackend
-    def qkv(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        x = ref.rms_norm(h, self.weights.layers[layer].attn_norm, self.cfg.rms_eps)
-        q, k, v = self.site_linear(layer, "attn_in", x)
-        return q, k, v
-
-    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        lw = self.weights.layers[layer]
-        (o,) = self.site_linear(layer, "o_in", a)
-        h = h + o
-        x = ref.rms_norm(h, lw.ffn_norm, self.cfg.rms_eps)
-        gate, up = self.site_linear(layer, "ffn_in", x)
-        (down,) = self.site_linear(layer, "down_in", F.silu(gate) * up)
-        return h + down

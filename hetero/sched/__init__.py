@@ -9,7 +9,7 @@ runs it on real lanes, `timeline` draws it.
 from hetero.sched.dag import CompiledDag, build_dag, compile_dag, compiled_prefill_dag
 from hetero.sched.policy import DEFAULT_POLICY, POLICIES
 from hetero.sched.profile import Profile, load_profile, save_profile
-from hetero.sched.schedule import Schedule
+from hetero.schedule import Schedule
 from hetero.sched.simulate import simulate
 
 __all__ = [

@@ -1,37 +1,26 @@
 """Real execution of a prefill DAG: one worker thread per lane, dispatch by a policy (mllm-NPU §3.4).
 
-The calling thread is the scheduler: it asks the policy for a node for every idle lane, hands it to
-that lane's worker, and waits for completions, which release successors (Eq. 2-3). A lane runs one
-subgraph at a time (Eq. 4). Workers are threads because the work releases the GIL (ONNX Runtime
-sessions, torch ops); the policy and readiness state are touched by the calling thread only.
-
-    caller ──(node, fn)──► inbox[npu] ──► worker npu ──┐
-           ──(node, fn)──► inbox[cpu] ──► worker cpu ──┼──► completions ──► caller: complete(v)
-           ──(node, fn)──► inbox[gpu] ──► worker gpu ──┘
-
-Failure: when a node's callable raises, nothing more is dispatched; the nodes already running on the
-other lanes finish (a subgraph cannot be interrupted safely mid-write of the KV cache), then `run`
-raises ScheduleError naming the node, ``from`` the original error. Workers stay alive, so the
-Executor (and the runtime holding it) is usable for the next prefill.
-
-A GPU lane is a lane like any other: its callable runs torch on CUDA and must synchronise before it
-returns (pass ``sync={"gpu": torch.cuda.synchronize}``) so the recorded end time is real.
+The calling thread asks the policy for a node for every idle lane, hands it to that lane's worker and
+releases successors on completion (Eq. 2-3); a lane runs one subgraph at a time (Eq. 4). When a node
+raises, the running ones finish and `ScheduleError` names it; workers survive for the next prefill.
+`OutOfOrderExecutor` is the runtime's `PrefillExecutor` built on this.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import queue
 import threading
 import time
 from typing import Callable, Mapping, Sequence
 
+from hetero.dag import DEFAULT_PLACEMENT, LANES
 from hetero.errors import ConfigError, ScheduleError
-from hetero.sched.dag import CompiledDag
-from hetero.sched.policy import Dispatcher, PolicyFactory
-from hetero.sched.profile import LANES
-from hetero.sched.schedule import Schedule
+from hetero.sched.dag import CompiledDag, build_dag, compile_dag
+from hetero.sched.policy import POLICIES, Dispatcher, PolicyFactory
+from hetero.sched.profile import Profile
+from hetero.sched.measure import host_profile
+from hetero.schedule import Schedule
 
 NodeFn = Callable[[int], None]  # runs the subgraph of node id v (see CompiledDag.node_info)
 
@@ -105,7 +94,6 @@ class Executor:
         disp = Dispatcher(dag, policy, seed)
         sched_ns = clock_ns() - t0
         start, end = [0.0] * n, [0.0] * n
-        busy = [0.0] * n_lanes
         idle = [True] * n_lanes
         in_flight = 0
         failed: tuple[int, BaseException] | None = None
@@ -113,13 +101,9 @@ class Executor:
         while True:
             if failed is None:
                 t0 = clock_ns()
-                for ln in range(n_lanes):
-                    if idle[ln]:
-                        v = disp.next_for(ln)
-                        if v >= 0:
-                            idle[ln] = False
-                            in_flight += 1
-                            inboxes[ln].put((run_id, v, fns[ln]))
+                for ln, v in disp.fill(idle):
+                    in_flight += 1
+                    inboxes[ln].put((run_id, v, fns[ln]))
                 sched_ns += clock_ns() - t0
             if in_flight == 0:
                 break
@@ -130,10 +114,8 @@ class Executor:
             if rid != run_id:  # a straggler from an interrupted earlier run
                 continue
             in_flight -= 1
-            ln = lane_of[v]
-            idle[ln] = True
+            idle[lane_of[v]] = True
             start[v], end[v] = (ts - t_origin) * 1e6, (te - t_origin) * 1e6
-            busy[ln] += end[v] - start[v]
             if err is not None:
                 if failed is None:
                     failed = (v, err)
@@ -150,13 +132,7 @@ class Executor:
             ) from err
         if not disp.finished:
             raise ScheduleError(f"policy {disp.policy.name!r} deadlocked: {n - disp.n_done} of {n} subgraphs never ran")
-        return Schedule(
-            policy=disp.policy.name, dag=dag, start_us=tuple(start), end_us=tuple(end),
-            makespan_us=max(end, default=0.0), busy_us=dict(zip(dag.lanes, busy)),
-            # the bound of this run's measured durations, so makespan_over_lb is about the schedule alone
-            lower_bound_us=dataclasses.replace(dag, cost_us=tuple(e - s for s, e in zip(start, end))).lower_bound_us(),
-            decision_us=sched_ns / 1e3 / max(n, 1), simulated=False, profile_name=dag.profile_name,
-        )
+        return Schedule.of_run(disp.policy.name, dag, start, end, sched_ns / 1e3 / max(n, 1))
 
     def close(self) -> None:
         """Stop and join the workers (each finishes the node it is running first)."""
@@ -180,3 +156,36 @@ def execute(dag: CompiledDag, policy: str | PolicyFactory, work: NodeFn | Mappin
     """Run `dag` once on fresh lane workers (see `Executor.run`); for repeated prefills keep an Executor."""
     with Executor(dag.lanes, sync=sync) as ex:
         return ex.run(dag, policy, work, seed=seed)
+
+
+class OutOfOrderExecutor:
+    """A `hetero.runtime.PrefillExecutor` that dispatches by `policy` on one worker per lane (§3.4).
+
+    Keeps the lane workers alive across prefills and the compiled DAG per chunk count. Costs (from
+    `profile`, default: this host's measured one) only steer the policy; with no entry for this C the
+    nearest profiled C stands in.
+    """
+
+    def __init__(self, n_layers: int, chunk: int, policy: str, profile: Profile | None = None,
+                 placement: tuple[tuple[str, str], ...] = DEFAULT_PLACEMENT):
+        if policy not in POLICIES:
+            raise ConfigError(f"policy must be one of {sorted(POLICIES)}, got {policy!r}")
+        self.profile = profile or host_profile()
+        self.n_layers, self.chunk, self.policy, self.placement = n_layers, chunk, policy, tuple(placement)
+        have = self.profile.chunk_lens
+        self.cost_chunk = min(have, key=lambda c: (abs(c - chunk), c)) if have else chunk
+        self._dags: dict[int, CompiledDag] = {}
+        self.workers = Executor(tuple(dict.fromkeys(lane for _, lane in self.placement)))
+
+    def compile(self, n_chunks: int) -> CompiledDag:
+        dag = self._dags.get(n_chunks)
+        if dag is None:
+            dag = self._dags[n_chunks] = compile_dag(build_dag(n_chunks, self.placement, self.n_layers),
+                                                     self.profile, self.cost_chunk)
+        return dag
+
+    def execute(self, dag: CompiledDag, run: NodeFn) -> Schedule:
+        return self.workers.run(dag, self.policy, run)
+
+    def close(self) -> None:
+        self.workers.close()

@@ -1,12 +1,8 @@
 """Exact reference for small prefill DAGs: CP-SAT (OR-Tools), to measure each policy's optimality gap.
 
-The problem of §3.4 (Eq. 2-4: precedence, one subgraph per lane at a time, minimise the makespan) is
-NP-hard ("can be reduced to ... TSP"), so the paper schedules greedily (Eq. 6). Offline and for small
-instances we can solve it: one interval per subgraph on its lane, `AddNoOverlap` per lane, an
-inequality per DAG edge, minimise the latest end. Costs are rounded to integer nanoseconds. The best
-policy's schedule is given as a hint (so the result is never worse than it) and the lower bound
-max(lane work, critical path) is posted, so an instance a policy already solves to the bound is proven
-at once. OR-Tools is optional: `solve_optimal` raises ConfigError if it is missing.
+The problem of §3.4 (Eq. 2-4, minimise the makespan) is NP-hard, so the paper schedules greedily (Eq. 6).
+Offline we solve small instances: one interval per subgraph, `AddNoOverlap` per lane, an inequality per
+edge; the best policy's schedule is a hint and the lower bound is posted. OR-Tools is optional.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ from dataclasses import dataclass
 
 from hetero.errors import ConfigError
 from hetero.sched.dag import CompiledDag
-from hetero.sched.schedule import Schedule
+from hetero.schedule import Schedule
 
 NS_PER_US = 1000
 

@@ -1,27 +1,9 @@
 """Scheduling policies: which ready subgraph an idle lane runs next (mllm-NPU §3.4).
 
-A subgraph is *ready* when all its Eq. 2-3 predecessors are done; a lane runs one subgraph at a time
-(Eq. 4). A policy only chooses: the `Dispatcher` tracks readiness and calls ``push(v)`` when v becomes
-ready and ``pop(lane)`` when a lane is idle (-1: leave the lane idle). No tensors, no networkx: every
-score is precomputed into tuples or updated in O(log n) through per-lane heaps, so a decision costs
-microseconds (`bench/sched.py` measures it).
-
-Policies (the registry `POLICIES`; the CLI's ``--policy`` choices come from it):
-
-- ``in_order``: Fig. 13(a). Each lane runs its subgraphs strictly in program order (chunk 0's, then
-  chunk 1's, ...) and waits when the next one is not ready; lanes overlap only where that order allows.
-- ``chunk_first``: a work-conserving in-order variant: the ready subgraph of the earliest chunk (then
-  earliest j). Not in the paper; a stronger baseline than ``in_order``.
-- ``eq6``: the paper's greedy (Eq. 6). C(g) = Σ T(s) over the NPU subgraphs S that g's completion makes
-  ready when g runs on the CPU/GPU, and -Σ T(s) over the CPU/GPU subgraphs it makes ready when g runs on
-  the NPU; the largest C wins, ties in program order. S is dynamic: s is in S iff g is s's last
-  unfinished predecessor, so C(g) is re-scored whenever a successor's pending count drops to 1.
-- ``rank``: ours. Upward rank (HEFT): the cost of the longest path from g to the end of the prefill,
-  g included. Running the subgraph that heads the longest remaining chain first keeps every lane fed
-  (a layer-major wavefront over chunks) and does not let the attention chain of late chunks, whose
-  cost grows with kv_len, become the tail. Static, so a decision is one heap pop.
-- ``random``: a uniformly random ready subgraph (seeded). For tests: any valid order must give the
-  same KV/outputs.
+A policy only chooses; the `Dispatcher` tracks readiness (Eq. 2-3) and calls ``push(v)`` when v becomes
+ready and ``pop(lane)`` when a lane is idle (-1: stay idle). Scores are precomputed tuples or per-lane
+heaps, so a decision costs microseconds. Registry `POLICIES`: ``in_order`` (Fig. 13a), ``chunk_first``,
+``eq6`` (the paper's Eq. 6), ``rank`` (ours: upward rank), ``random`` (tests). docs/design.md, "Scheduler".
 """
 
 from __future__ import annotations
@@ -237,6 +219,17 @@ class Dispatcher:
         if v >= 0:
             self.n_started += 1
         return v
+
+    def fill(self, idle: list[bool]) -> list[tuple[int, int]]:
+        """Ask the policy for a node for every idle lane; mark those lanes busy; return (lane, node)s."""
+        out = []
+        for ln, free in enumerate(idle):
+            if free:
+                v = self.next_for(ln)
+                if v >= 0:
+                    idle[ln] = False
+                    out.append((ln, v))
+        return out
 
     def complete(self, v: int) -> None:
         dag, pending, policy = self.dag, self.pending, self.policy

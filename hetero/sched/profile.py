@@ -1,21 +1,8 @@
-"""Device profiles: the measured (or derived) cost of every subgraph kind on every lane.
+"""Device profiles: the measured (or derived) cost of every subgraph kind on every lane (mllm-NPU §3.4).
 
-mllm-NPU §3.4: "mllm-NPU profiles all the subgraph execution time and their dependency offline at the
-preparation stage"; the scheduler (Eq. 6) and the simulator read those times from a `Profile`.
-
-A cost is stored per (kind, lane, chunk length C) as a table of points (kv_len, latency_us). Static
-subgraphs (`qkv`, `o_ffn`, `shadow`) have one point (their cost does not depend on the KV length);
-`attn` has several, and `cost_us` interpolates linearly between them and extrapolates past the ends
-along the nearest segment (attention over kv_len keys is affine in kv_len for a fixed C).
-
-On disk (JSON, `version` 1)::
-
-    {"version": 1, "name": ..., "method": "measured" | "derived", "simulated": bool,
-     "device": ..., "backend": {lane: backend}, "versions": {...}, "date": ..., "notes": ...,
-     "model": {"name": ..., "n_layers": ..., ...},
-     "layer_subgraphs": [["qkv", "npu"], ["attn", "cpu"], ["o_ffn", "npu"]],
-     "costs": [{"kind": "attn", "lane": "cpu", "chunk_len": 256,
-                "points": [[256, 812.0], [512, 1400.5], ...]}, ...]}
+A cost is stored per (kind, lane, C) as points (kv_len, latency_us): one point for static kinds, several
+for `attn`, interpolated linearly (affine in kv_len for fixed C). JSON, `version` 1, with the placement
+profiled (`layer_subgraphs`) and the costs; format in docs/design.md, "Scheduler".
 """
 
 from __future__ import annotations
@@ -28,13 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from hetero.dag import DEFAULT_PLACEMENT, LANES, SUBGRAPH_KINDS
 from hetero.errors import ConfigError
 
 PROFILE_VERSION = 1
-LANES = ("npu", "cpu", "gpu")  # lane ids; a lane runs one subgraph at a time (Eq. 4)
-KINDS = ("qkv", "attn", "o_ffn", "shadow")  # subgraph kinds of one decoder layer (DESIGN.md)
+KINDS = (*SUBGRAPH_KINDS, "shadow")  # kinds a profile may cost: a layer's, and the CPU side of Eq. 1
 METHODS = ("measured", "derived")
-DEFAULT_LAYER = (("qkv", "npu"), ("attn", "cpu"), ("o_ffn", "npu"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +63,7 @@ class Profile:
     method: str  # "measured" | "derived"
     simulated: bool  # True when no run on the named device produced these numbers
     costs: tuple[CostEntry, ...]
-    layer_subgraphs: tuple[tuple[str, str], ...] = DEFAULT_LAYER  # the placement profiled
+    layer_subgraphs: tuple[tuple[str, str], ...] = DEFAULT_PLACEMENT  # the placement profiled
     n_layers: int = 1  # decoder layers of the profiled model
     metadata: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
     _index: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
@@ -176,3 +162,4 @@ def save_profile(profile: Profile, path: str | os.PathLike) -> Path:
         f.write("\n")
     os.replace(tmp, path)
     return path
+

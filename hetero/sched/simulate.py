@@ -13,7 +13,7 @@ import time
 from hetero.errors import ScheduleError
 from hetero.sched.dag import CompiledDag
 from hetero.sched.policy import Dispatcher, PolicyFactory
-from hetero.sched.schedule import Schedule
+from hetero.schedule import Schedule
 
 
 def simulate(dag: CompiledDag, policy: str | PolicyFactory = "rank", seed: int = 0) -> Schedule:
@@ -24,21 +24,15 @@ def simulate(dag: CompiledDag, policy: str | PolicyFactory = "rank", seed: int =
     sched_ns = clock() - t0  # building the policy's tables counts as scheduling overhead
     n, n_lanes, cost, lane_of = dag.n_nodes, len(dag.lanes), dag.cost_us, dag.lane
     start, end = [0.0] * n, [0.0] * n
-    busy = [0.0] * n_lanes
     idle = [True] * n_lanes
     events: list[tuple[float, int]] = []
     now = 0.0
     while True:
         t0 = clock()
-        for ln in range(n_lanes):
-            if idle[ln]:
-                v = disp.next_for(ln)
-                if v >= 0:
-                    idle[ln] = False
-                    start[v] = now
-                    end[v] = now + cost[v]
-                    busy[ln] += cost[v]
-                    heapq.heappush(events, (end[v], v))
+        for ln, v in disp.fill(idle):
+            start[v] = now
+            end[v] = now + cost[v]
+            heapq.heappush(events, (end[v], v))
         sched_ns += clock() - t0
         if not events:
             break
@@ -54,9 +48,5 @@ def simulate(dag: CompiledDag, policy: str | PolicyFactory = "rank", seed: int =
     if not disp.finished:
         name = policy if isinstance(policy, str) else getattr(policy, "name", repr(policy))
         raise ScheduleError(f"policy {name!r} deadlocked: {n - disp.n_done} of {n} subgraphs never ran")
-    return Schedule(
-        policy=disp.policy.name, dag=dag, start_us=tuple(start), end_us=tuple(end),
-        makespan_us=max(end, default=0.0), busy_us=dict(zip(dag.lanes, busy)),
-        lower_bound_us=dag.lower_bound_us(), decision_us=sched_ns / 1e3 / max(n, 1),
-        simulated=True, profile_name=dag.profile_name,
-    )
+    return Schedule.of_run(disp.policy.name, dag, start, end, sched_ns / 1e3 / max(n, 1), simulated=True,
+                           lower_bound_us=dag.lower_bound_us())

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from hetero.paths import PROFILES_DIR
-from hetero.sched.schedule import Schedule
+from hetero.schedule import Schedule
 
 
 def draw_timeline(ax, schedule: Schedule, title: str = "") -> None:

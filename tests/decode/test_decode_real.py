@@ -32,7 +32,7 @@ def int8_rt(default_model, real_text_ids):
     from hetero.npu.quickplan import absmax_plan
 
     plan = absmax_plan(default_model, real_text_ids[:128])
-    return Runtime(default_model, chunk=64, backend=NpuBackend(default_model, plan, 64, lane="cpu"))
+    return Runtime(default_model, chunk=64, backend=NpuBackend(default_model, plan, 64, provider="cpu"))
 
 
 def assert_same_or_numeric_tie(rt, ids, want, got) -> None:

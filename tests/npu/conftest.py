@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hetero.outliers.plan import SITES, plan_from_scales
+from hetero.model import SITES
+from hetero.outliers.plan import plan_from_scales
 from tests.conftest import make_tiny_model
 
 SHADOWS = {(0, "down_in"): (1, 2), (1, "attn_in"): (3,), (1, "o_in"): (0,), (1, "ffn_in"): (5,)}

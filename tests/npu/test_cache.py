@@ -104,15 +104,15 @@ def test_cache_usage_and_clear(tiny):
 
 
 def test_failed_compile_leaves_nothing_on_disk(tiny):
-    from hetero.npu import export
-    from hetero.npu.lanes import OrtCpuLane, prepare_graph
+    from hetero.npu import segments
+    from hetero.npu.providers import OrtCpuProvider, prepare_graph
 
-    class Failing(OrtCpuLane):
+    class Failing(OrtCpuProvider):
         def compile(self, model_path, out_path):
             raise RuntimeError("QNN_COMMON_ERROR_MEM_ALLOC (test)")
 
-    lq = export.layer_q(tiny.config, tiny.weights.layers[0], tiny_plan(tiny), 0)
-    spec = export.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu")
+    lq = segments.layer_q(tiny.config, tiny.weights.layers[0], tiny_plan(tiny), 0)
+    spec = segments.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu")
     with pytest.raises(GraphCacheError, match="failed to compile layer 0 qkv"):
         prepare_graph(spec, lq, tiny.fingerprint, Failing())
     assert not (graphs_root() / "ort-cpu").exists() or not any((graphs_root() / "ort-cpu").iterdir())

@@ -24,7 +24,7 @@ def _inputs(model, ids, c):
 
 def test_real_layers_cpu_ep_match_reference(real):
     model, plan, ids = real
-    be = NpuBackend(model, plan, 64, lane="cpu", layers=[0, 1])
+    be = NpuBackend(model, plan, 64, provider="cpu", layers=[0, 1])
     ref = QuantizedBackend(model.config, model.weights, plan)
     h, a = _inputs(model, ids, 64)
     for layer in (0, 1):
@@ -43,10 +43,10 @@ def test_real_layers_cpu_ep_match_reference(real):
 @pytest.mark.slow
 def test_real_layer_on_htp_within_one_step(real):
     pytest.importorskip("onnxruntime_qnn")
-    from hetero.npu.lanes import QnnHtpLane
+    from hetero.npu.providers import QnnHtpProvider
 
     model, plan, ids = real
-    be = NpuBackend(model, plan, 64, lane=QnnHtpLane(), layers=[0])
+    be = NpuBackend(model, plan, 64, provider=QnnHtpProvider(), layers=[0])
     ref = QuantizedBackend(model.config, model.weights, plan)
     h, a = _inputs(model, ids, 64)
     # The activations reach HTP's MatMul on the INT8 grid (export: the u8→u16 Convert), so what is left is

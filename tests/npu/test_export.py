@@ -1,4 +1,4 @@
-"""Export + CPU EP lane vs the INT8 reference (`hetero.outliers.shadow.QuantizedBackend`)."""
+"""Export + CPU EP provider vs the INT8 reference (`hetero.outliers.shadow.QuantizedBackend`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from hetero.errors import ConfigError
-from hetero.npu import export
+from hetero.npu import export, segments
 from hetero.npu.backend import NpuBackend
-from hetero.npu.lanes import OrtCpuLane, prepare_graph
-from hetero.outliers.plan import SITES, plan_from_scales
+from hetero.npu.providers import OrtCpuProvider, prepare_graph
+from hetero.model import SITES
+from hetero.outliers.plan import plan_from_scales
 from hetero.outliers.quantize import int8_linear
 from hetero.outliers.shadow import QuantizedBackend
 from tests.conftest import make_tiny_model
@@ -20,11 +21,11 @@ from tests.npu.conftest import SHADOWS, tiny_plan
 
 
 def test_layer_segments_follow_shadow_sites():
-    kinds = lambda sh: [s.kind for s in export.layer_segments(0, sh, 16, "cpu")]  # noqa: E731
+    kinds = lambda sh: [s.kind for s in segments.layer_segments(0, sh, 16, "cpu")]  # noqa: E731
     assert kinds(set()) == ["qkv", "o_ffn"]
     assert kinds({"down_in"}) == ["qkv", "o_up", "down"]
     assert kinds({"o_in", "ffn_in", "down_in"}) == ["qkv", "o", "gu", "act", "down"]
-    assert kinds({"attn_in"}) == ["qkv", "o_ffn"] and export.layer_segments(0, {"attn_in"}, 16, "cpu")[0].emit_x
+    assert kinds({"attn_in"}) == ["qkv", "o_ffn"] and segments.layer_segments(0, {"attn_in"}, 16, "cpu")[0].emit_x
 
 
 @pytest.mark.parametrize("wg", ["channel", "tensor"])
@@ -32,9 +33,9 @@ def test_linear_outputs_bit_exact_same_float_input(tiny, wg):
     # The dequantized linear outputs of the graph equal quantize.int8_linear bit for bit when fed the
     # same float input (int32 accumulation, half-to-even rounding, one float32 scale multiply per column).
     plan = tiny_plan(tiny, weight_granularity=wg)
-    lq = export.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
-    spec = export.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu", emit_x=True)
-    g, _ = prepare_graph(spec, lq, tiny.fingerprint, OrtCpuLane())
+    lq = segments.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
+    spec = segments.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu", emit_x=True)
+    g, _ = prepare_graph(spec, lq, tiny.fingerprint, OrtCpuProvider())
     h = torch.randn(16, 64) * 3
     out = g.run({"h": h})
     x = out["x"].numpy()
@@ -47,8 +48,8 @@ def test_per_channel_weights_fold_into_output_scale(tiny, monkeypatch):
     # multiply is a per-column float32 vector s_x·s_w[col]; per tensor it stays one scalar.
     by = {}
     for wg in ("channel", "tensor"):
-        lq = export.layer_q(tiny.config, tiny.weights.layers[0], tiny_plan(tiny, weight_granularity=wg), 0)
-        m = export.build_segment(export.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu"), lq)
+        lq = segments.layer_q(tiny.config, tiny.weights.layers[0], tiny_plan(tiny, weight_granularity=wg), 0)
+        m = export.build_segment(segments.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu"), lq)
         inits = {t.name: t for t in m.graph.initializer}
         mul = next(n for n in m.graph.node if n.op_type == "Mul" and n.input[1].startswith("acc_s"))
         by[wg] = (lq, onnx.numpy_helper.to_array(inits[mul.input[1]]), [n.op_type for n in m.graph.node])
@@ -58,7 +59,7 @@ def test_per_channel_weights_fold_into_output_scale(tiny, monkeypatch):
     assert ops_c == by["tensor"][2]  # same graph structure: MatMulInteger → Cast → Mul
     assert np.ndim(lq_c.qkv[0].w_scale) == 1 and len(set(lq_c.qkv[0].w_scale.tolist())) > 1
     # the QDQ form, default: weight DQ per tensor at max s_w, MatMul, Mul by the per-column ratio s_w[col] / max s_w
-    spec_q = export.SegmentSpec(0, "qkv", ("qkv",), 16, "qnn")
+    spec_q = segments.SegmentSpec(0, "qkv", ("qkv",), 16, "qnn")
     mq = export.build_segment(spec_q, lq_c)
     inits = {t.name: onnx.numpy_helper.to_array(t) for t in mq.graph.initializer}
     muls = [n for n in mq.graph.node if n.op_type == "Mul" and n.input[1].startswith("w_s")]
@@ -85,8 +86,8 @@ def test_qdq_form_matches_reference(tiny, wg, flavor):
     from hetero import model as ref
 
     plan = tiny_plan(tiny, weight_granularity=wg)
-    lq = export.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
-    m = export.build_segment(export.SegmentSpec(0, "qkv", ("qkv",), 16, flavor, emit_x=True), lq)
+    lq = segments.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
+    m = export.build_segment(segments.SegmentSpec(0, "qkv", ("qkv",), 16, flavor, emit_x=True), lq)
     so = ort.SessionOptions()  # no QDQ fusion: the CPU EP would run it as u8·s8 (saturating on AVX2)
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -107,7 +108,7 @@ def test_layers_match_reference(shadow, arch, wg):
     # instead of torch, which may differ by float32 rounding (a few ulps of |h| ≲ 10 → 1e-5 absolute).
     m = make_tiny_model(arch)
     plan = tiny_plan(m, shadow, weight_granularity=wg)
-    ref, be = QuantizedBackend(m.config, m.weights, plan), NpuBackend(m, plan, 16, lane="cpu")
+    ref, be = QuantizedBackend(m.config, m.weights, plan), NpuBackend(m, plan, 16, provider="cpu")
     g = torch.Generator().manual_seed(1)
     h, a = torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g) * 0.5
     for layer in range(2):
@@ -120,15 +121,15 @@ def test_layers_match_reference(shadow, arch, wg):
 def test_equivalent_shapes_equal_2d_bit_for_bit(tiny, kind):
     # [C, K] vs [a, b, K] vs a 1x1 ConvInteger over [1, K, a, b]: the same int32 products, the same outputs
     plan = tiny_plan(tiny, SHADOWS)
-    lq = export.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
-    lane = OrtCpuLane()
+    lq = segments.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
+    provider = OrtCpuProvider()
     g = torch.Generator().manual_seed(1)
     ins = {"a": torch.randn(16, 64, generator=g), "h": torch.randn(16, 64, generator=g)}
-    pieces = ("qkv",) if kind == "qkv" else export.PIECES
+    pieces = ("qkv",) if kind == "qkv" else segments.PIECES
     outs = []
     for shape in ("2d", "3d:4", "conv:1", "conv:4", "conv:16"):
-        spec = export.SegmentSpec(0, kind, pieces, 16, "cpu", shape)
-        outs.append(prepare_graph(spec, lq, tiny.fingerprint, lane)[0].run(dict(ins)))
+        spec = segments.SegmentSpec(0, kind, pieces, 16, "cpu", shape)
+        outs.append(prepare_graph(spec, lq, tiny.fingerprint, provider)[0].run(dict(ins)))
     for other in outs[1:]:
         for name, t in outs[0].items():
             assert torch.equal(t, other[name]), name
@@ -137,7 +138,7 @@ def test_equivalent_shapes_equal_2d_bit_for_bit(tiny, kind):
 @pytest.mark.parametrize("shape", ["3d", "conv:5", "conv:x", "1d:2"])
 def test_bad_equivalent_shape_is_a_clear_error(shape):
     with pytest.raises(ConfigError, match="shape must be"):
-        export.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu", shape)
+        segments.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu", shape)
 
 
 def test_cpu_weight_form_saturation_bound():
@@ -152,7 +153,7 @@ def test_cpu_weight_form_saturation_bound():
 def test_cpu_graph_bit_exact_on_extreme_activations(tiny, qmax, fill):
     # Quantized activations all 255 (or all 0) as u8 against weights at the edge of their range: the worst
     # case of ORT's u8·s8 kernel on AVX2 (int16 pair sums 2·255·|q|). With 8-bit weights u8·s8 would
-    # saturate (2·255·127 > 32767); 7-bit weights (the CPU lane's) run u8·s8 exactly, 8-bit ones fall back
+    # saturate (2·255·127 > 32767); 7-bit weights (the CPU EP's) run u8·s8 exactly, 8-bit ones fall back
     # to u8·u8. Either way the graph equals the numpy reference bit for bit.
     from hetero.outliers.quantize import QuantWeightPerChannel
 
@@ -162,15 +163,15 @@ def test_cpu_graph_bit_exact_on_extreme_activations(tiny, qmax, fill):
     q = w.q.copy()  # rows of all +qmax, all -qmax, alternating, then the real weights
     q[0], q[1], q[2, 0::2], q[2, 1::2] = qmax, -qmax, qmax, -qmax
     plan.weights[(0, "wo")] = QuantWeightPerChannel(q, w.scales)
-    lq = export.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
+    lq = segments.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
     assert lq.weight_qmax == qmax
-    spec = export.SegmentSpec(0, "o", ("o",), 16, "cpu")
+    spec = segments.SegmentSpec(0, "o", ("o",), 16, "cpu")
     m = export.build_segment(spec, lq)
     inits = {t.name: t for t in m.graph.initializer}
     mmi = next(n for n in m.graph.node if n.op_type == "MatMulInteger")
     want_dtype = onnx.TensorProto.INT8 if qmax == 63 else onnx.TensorProto.UINT8
     assert inits[mmi.input[1]].data_type == want_dtype and inits[mmi.input[3]].data_type == want_dtype
-    g, _ = prepare_graph(spec, lq, tiny.fingerprint, OrtCpuLane())
+    g, _ = prepare_graph(spec, lq, tiny.fingerprint, OrtCpuProvider())
     a = torch.full((16, 64), 100.0 if fill == 255 else -100.0)  # |a| / 0.02 ≫ 127: clips to u8 255 / 0
     a[8:, ::3] = 0.0  # plus some mid-range u8 128 rows/columns
     from hetero.outliers.quantize import quantize_act
@@ -182,7 +183,7 @@ def test_cpu_graph_bit_exact_on_extreme_activations(tiny, qmax, fill):
 
 def test_layer_digest_depends_on_weight_qmax(tiny):
     scales = {(l, s): 0.02 for l in range(2) for s in SITES}
-    d = {qm: export.layer_digest(export.layer_q(tiny.config, tiny.weights.layers[0],
+    d = {qm: segments.layer_digest(segments.layer_q(tiny.config, tiny.weights.layers[0],
                                                 plan_from_scales(tiny, scales, weight_qmax=qm), 0))
          for qm in (63, 127)}
     assert d[63] != d[127]
@@ -192,7 +193,7 @@ def test_profile_shapes_records_a_winner_among_the_candidates(tiny, tmp_path):
     from hetero.npu.shapes import candidates, profile_shapes, recorded_shape
 
     path = tmp_path / "shapes.json"
-    table = profile_shapes(tiny, tiny_plan(tiny), [16], OrtCpuLane(1), repeats=2, path=path)
+    table = profile_shapes(tiny, tiny_plan(tiny), [16], OrtCpuProvider(1), repeats=2, path=path)
     assert {"conv:1", "conv:4", "3d:4", "2d"} <= set(candidates(16))
     for e in table["entries"]:
         assert set(e["latency_us"]) == set(candidates(16)) and all(v > 0 for v in e["latency_us"].values())
@@ -207,8 +208,8 @@ def test_backend_uses_the_recorded_shape_by_default(tiny, tmp_path, monkeypatch)
     from hetero.npu import shapes
 
     table = {"version": 1, "host": "test", "entries": [
-        {"lane": "ort-cpu", "kind": "qkv", "chunk_len": 16, "winner": "conv:4", "latency_us": {}},
-        {"lane": "ort-cpu", "kind": "o_ffn", "chunk_len": 16, "winner": "3d:2", "latency_us": {}}]}
+        {"provider": "ort-cpu", "kind": "qkv", "chunk_len": 16, "winner": "conv:4", "latency_us": {}},
+        {"provider": "ort-cpu", "kind": "o_ffn", "chunk_len": 16, "winner": "3d:2", "latency_us": {}}]}
     (tmp_path / "t.json").write_text(json.dumps(table))
     monkeypatch.setattr(shapes, "shapes_path", lambda host=None: tmp_path / "t.json")
     plan = tiny_plan(tiny, SHADOWS)

@@ -13,16 +13,16 @@ def test_ffn_first_then_qkv(tiny):
     cfg = tiny.config
     ffn, qkv = graph_weight_bytes(cfg, "o_ffn"), graph_weight_bytes(cfg, "qkv")
     p = place(cfg, 2 * ffn + qkv)
-    assert [p.lane_of(layer, "o_ffn") for layer in range(2)] == ["npu", "npu"]
-    assert [p.lane_of(layer, "qkv") for layer in range(2)] == ["npu", "cpu"]
+    assert [p.device_of(layer, "o_ffn") for layer in range(2)] == ["npu", "npu"]
+    assert [p.device_of(layer, "qkv") for layer in range(2)] == ["npu", "cpu"]
     assert all(d.reason for d in p.decisions) and p.npu_bytes == 2 * ffn + qkv
-    assert all(d.lane == "cpu" for d in place(cfg, 0).decisions)
-    assert all(d.lane == "npu" for d in place(cfg, None).decisions)
+    assert all(d.device == "cpu" for d in place(cfg, 0).decisions)
+    assert all(d.device == "npu" for d in place(cfg, None).decisions)
 
 
 def test_backend_follows_placement(tiny):
     p = place(tiny.config, graph_weight_bytes(tiny.config, "o_ffn"))
-    be = NpuBackend(tiny, tiny_plan(tiny), 16, lane="cpu", placement=p)
-    assert be.layers[0].graphs[1].lane == "cpu"  # the CPU lane object serves both (no QNN here)
+    be = NpuBackend(tiny, tiny_plan(tiny), 16, provider="cpu", placement=p)
+    assert be.layers[0].graphs[1].device == "cpu"  # the CPU provider serves both (no QNN here)
     h = torch.randn(16, 64)
     assert be.qkv(1, h)[0].shape == (16, 64)

@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("onnxruntime_qnn")
 
 from hetero.npu.backend import NpuBackend  # noqa: E402
-from hetero.npu.lanes import QnnHtpLane  # noqa: E402
+from hetero.npu.providers import QnnHtpProvider  # noqa: E402
 from hetero.outliers.shadow import QuantizedBackend  # noqa: E402
 from tests.npu.conftest import SHADOWS, tiny_plan  # noqa: E402
 
@@ -24,7 +24,7 @@ def test_tiny_layer_on_htp_within_one_step(tiny, shadow):
     # HTP computes the float ops (RMSNorm, SiLU) and the dequantized MatMul in its own precision, so
     # outputs differ from the reference by rounding, bounded by one output quantization step.
     plan = tiny_plan(tiny, shadow)
-    be = NpuBackend(tiny, plan, 16, lane=QnnHtpLane())
+    be = NpuBackend(tiny, plan, 16, provider=QnnHtpProvider())
     ref = QuantizedBackend(tiny.config, tiny.weights, plan)
     g = torch.Generator().manual_seed(0)
     h, a = torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g) * 0.5
@@ -41,11 +41,11 @@ def test_htp_context_binary_is_cached_beside_its_model(tiny):
     import json
 
     from hetero.npu.cache import graphs_root
-    from hetero.npu.lanes import QNN_CONTEXT_BIN
+    from hetero.npu.providers import QNN_CONTEXT_BIN
 
     plan = tiny_plan(tiny)
-    first = NpuBackend(tiny, plan, 16, lane=QnnHtpLane(), layers=[0])
-    again = NpuBackend(tiny, plan, 16, lane=QnnHtpLane(), layers=[0])
+    first = NpuBackend(tiny, plan, 16, provider=QnnHtpProvider(), layers=[0])
+    again = NpuBackend(tiny, plan, 16, provider=QnnHtpProvider(), layers=[0])
     assert not any(r[3] for r in first.report.rows) and again.report.all_cached
     for entry in (graphs_root() / "qnn-htp").iterdir():
         assert QNN_CONTEXT_BIN in json.loads((entry / "meta.json").read_text())["files"]
@@ -56,9 +56,9 @@ def test_htp_context_binary_is_cached_beside_its_model(tiny):
 def test_a_soc_model_is_its_own_lane(monkeypatch):
     # another HTP: its own graph cache folder and its own recorded equivalent shapes
     monkeypatch.delenv("HETERO_QNN_OPTIONS", raising=False)
-    assert QnnHtpLane().name == "qnn-htp"
-    assert QnnHtpLane({"soc_model": "60"}).name == "qnn-htp-soc60"
+    assert QnnHtpProvider().name == "qnn-htp"
+    assert QnnHtpProvider({"soc_model": "60"}).name == "qnn-htp-soc60"
     monkeypatch.setenv("HETERO_QNN_OPTIONS", "soc_model=69")
-    lane = QnnHtpLane()
-    assert lane.name == "qnn-htp-soc69" and lane.options_key()["soc_model"] == "69"
-    assert lane.flavor == "qnn-fp16"
+    provider = QnnHtpProvider()
+    assert provider.name == "qnn-htp-soc69" and provider.options_key()["soc_model"] == "69"
+    assert provider.flavor == "qnn-fp16"

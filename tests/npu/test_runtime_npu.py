@@ -35,3 +35,22 @@ def test_graph_counts(tiny):
     rows = {g.strategy: g for g in graph_counts(tiny, 1024, 256)}
     assert rows["chunk_sharing"].n_graphs == 4 and rows["chunk_graphs"].n_graphs == 16
     assert rows["chunk_graphs"].weight_bytes == 4 * rows["chunk_sharing"].weight_bytes
+
+
+def test_graphs_write_into_the_callers_buffers(tiny) -> None:
+    """qkv/o_ffn write where the runtime asks (IOBinding), shadows added in place: no per-call outputs."""
+    plan = tiny_plan(tiny, SHADOWS)
+    be = NpuBackend(tiny, plan, 16)
+    reference = QuantizedBackend(tiny.config, tiny.weights, plan)
+    cfg = tiny.config
+    g = torch.Generator().manual_seed(0)
+    h, a = torch.randn(16, cfg.hidden, generator=g), torch.randn(16, cfg.q_dim, generator=g)
+    for layer in range(cfg.n_layers):
+        buf = torch.empty(16, cfg.q_dim + 2 * cfg.kv_dim)
+        q, k, v = be.qkv(layer, h, out=buf)
+        assert q.data_ptr() == buf.data_ptr()
+        for got, want in zip((q, k, v), reference.qkv(layer, h)):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-5)  # float ops in ORT vs torch
+        out = torch.empty(16, cfg.hidden)
+        assert be.o_ffn(layer, a, h, out=out).data_ptr() == out.data_ptr()
+        torch.testing.assert_close(out, reference.o_ffn(layer, a, h), rtol=0, atol=1e-5)

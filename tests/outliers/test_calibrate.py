@@ -9,7 +9,7 @@ import pytest
 
 from hetero.errors import ConfigError, ModelFormatError
 from hetero.outliers.calibrate import PERCENTILES, CalibrationStats, calibrate, run_sites
-from hetero.outliers.plan import SITES
+from hetero.model import SITES
 
 
 class ByteTokenizer:

@@ -6,7 +6,8 @@ import numpy as np
 import torch
 
 from hetero.outliers.hotstore import HotChannelStore
-from hetero.outliers.plan import SITES, plan_from_scales
+from hetero.model import SITES
+from hetero.outliers.plan import plan_from_scales
 from hetero.outliers.shadow import QuantizedBackend, site_rows
 
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from hetero.errors import ConfigError
-from hetero.outliers.plan import SITES, QuantPlan, SiteQuant, plan_from_scales
+from hetero.model import SITES
+from hetero.outliers.plan import QuantPlan, SiteQuant, plan_from_scales
 
 
 @pytest.mark.parametrize("wg", ["channel", "tensor"])

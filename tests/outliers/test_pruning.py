@@ -1,4 +1,4 @@
-"""Importance ranking, pruning selection, hot channels, build_plan (hetero/outliers/pruning.py)."""
+"""Importance ranking, pruning selection, hot channels, plan_from_calibration (hetero/outliers/pruning.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 
 from hetero.errors import ConfigError
 from hetero.outliers.calibrate import PERCENTILES, CalibrationStats, SiteStats, site_dims
-from hetero.outliers.plan import SITES
-from hetero.outliers.pruning import build_plan, hot_channels, kept_sites, rank_sites
+from hetero.model import SITES
+from hetero.outliers.pruning import plan_from_calibration, hot_channels, kept_sites, rank_sites
 
 
 def fake_stats(model, importance):
@@ -50,8 +50,8 @@ def test_hot_channels_cover_80_percent():
     assert hot_channels(np.zeros(4, int)) == ((), 0)
 
 
-def test_build_plan(tiny, stats):
-    plan = build_plan(tiny, stats, prune_fraction=0.75)
+def test_plan_from_calibration(tiny, stats):
+    plan = plan_from_calibration(tiny, stats, prune_fraction=0.75)
     assert plan.shadow_sites() == [(0, "down_in"), (1, "down_in")]
     sq = plan.sites[(0, "down_in")]
     assert sq.shadow_channels == (0, 1, 2) and sq.n_hot == 2 and sq.scale == pytest.approx(1 / 127)

@@ -8,7 +8,7 @@ import pytest
 
 from hetero.errors import ConfigError, ScheduleError
 from hetero.sched.executor import Executor, execute
-from hetero.sched.schedule import check_schedule
+from hetero.schedule import check_schedule
 
 
 class ToyPrefill:

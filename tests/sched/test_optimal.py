@@ -1,7 +1,7 @@
 import pytest
 
 from hetero.sched.optimal import solve_optimal
-from hetero.sched.schedule import Schedule, check_schedule
+from hetero.schedule import Schedule, check_schedule
 
 pytest.importorskip("ortools")
 

@@ -2,7 +2,7 @@ import pytest
 
 from hetero.errors import ConfigError, ScheduleError
 from hetero.sched.policy import POLICIES, InOrder
-from hetero.sched.schedule import check_schedule
+from hetero.schedule import check_schedule
 from hetero.sched.simulate import simulate
 
 LAYER3 = (("qkv", "npu"), ("shadow", "cpu"), ("attn", "gpu"), ("o_ffn", "npu"))

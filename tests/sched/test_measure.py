@@ -1,7 +1,7 @@
 import pytest
 
 from hetero.errors import ConfigError
-from hetero.sched.profiling import NotMeasured, measure_profile
+from hetero.sched.measure import NotMeasured, measure_profile
 
 
 def test_measure_profile_times_every_supported_pair():

@@ -7,23 +7,23 @@ import logging
 import pytest
 
 from hetero.errors import BackendUnavailable, ConfigError
-from hetero.npu import lanes
+from hetero.npu import providers
 
 
 def test_qnn_absent_falls_back_to_cpu_with_one_warning(monkeypatch, caplog):
     def absent():
         raise BackendUnavailable("QNN EP unavailable: test")
 
-    monkeypatch.setattr(lanes, "qnn_devices", absent)
-    monkeypatch.setattr(lanes, "_WARNED", set())
+    monkeypatch.setattr(providers, "qnn_devices", absent)
+    monkeypatch.setattr(providers, "_WARNED", set())
     with caplog.at_level(logging.WARNING):
-        first, second = lanes.make_lane("qnn"), lanes.make_lane("qnn")
-    assert isinstance(first, lanes.OrtCpuLane) and isinstance(second, lanes.OrtCpuLane)
+        first, second = providers.make_provider("qnn"), providers.make_provider("qnn")
+    assert isinstance(first, providers.OrtCpuProvider) and isinstance(second, providers.OrtCpuProvider)
     assert caplog.text.count("falling back to the ONNX Runtime CPU EP") == 1
 
 
 def test_qnn_options_from_the_environment(monkeypatch):
-    env_qnn_options = lanes.env_qnn_options
+    env_qnn_options = providers.env_qnn_options
     monkeypatch.setenv("HETERO_QNN_OPTIONS", " soc_model=60, htp_performance_mode=burst ")
     assert env_qnn_options() == {"soc_model": "60", "htp_performance_mode": "burst"}
     monkeypatch.setenv("HETERO_QNN_OPTIONS", "")

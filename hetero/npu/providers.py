@@ -1,14 +1,9 @@
-"""Lanes: where a prepared static graph runs (ONNX Runtime CPU EP, or the QNN EP with the HTP backend).
+"""Providers: the ONNX Runtime execution providers a static graph runs on (CPU EP, or QNN EP with HTP).
 
-ExecuTorch's split, in three steps: *export* (`export.build_segment`, pure), *compile* (a lane turns an
-exported ONNX graph into a compiled artifact: the ORT-optimized model, or a QNN context binary; cached
-by content hash in `cache.py`), *session* (`Graph`: load once, bind buffers, run many). `prepare_graph`
-ties them together: load from the cache, else export + compile + commit.
-
-Hot path (`Graph.run`): inputs are bound by pointer (no copy), outputs are written by ORT straight into
-torch tensors that the caller receives (IOBinding), so a chunk moves no data it need not. Output
-tensors are fresh per call by default, because the out-of-order scheduler can hold several chunks'
-results of the same graph at once; pass `out=` to reuse buffers you own.
+ExecuTorch's split: *export* (`export.build_segment`, pure), *compile* (a provider turns the ONNX graph
+into a cached artifact: the ORT-optimized model or a QNN context binary), *session* (`Graph`: load once,
+bind buffers, run many); `prepare_graph` ties them together. `Graph.run` binds inputs by pointer and has
+ORT write outputs into preallocated tensors (IOBinding): the caller's buffers, or the graph's own.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ import onnxruntime as ort
 import torch
 
 from hetero.errors import BackendUnavailable, ConfigError, GraphCacheError
-from hetero.npu import export
+from hetero.npu import export, segments
 from hetero.npu.cache import FORMAT, CacheEntry, entry_key, library_versions
 from hetero.paths import atomic_path
 
@@ -38,20 +33,26 @@ _WARNED: set[str] = set()
 
 @dataclass(slots=True)
 class Graph:
-    """A loaded session of one segment with its IOBinding."""
+    """A loaded session of one segment with its IOBinding and its own output buffers."""
 
     session: ort.InferenceSession
-    spec: export.SegmentSpec
+    spec: segments.SegmentSpec
     inputs: dict[str, int]  # name → width ([C, width] float32)
     outputs: dict[str, int]
-    lane: str  # "cpu" | "npu"
+    device: str  # "cpu" | "npu": the hardware its provider runs on
     binding: ort.IOBinding = field(init=False)
+    buffers: dict[str, torch.Tensor] = field(init=False)  # outputs not given by the caller, made once
 
     def __post_init__(self) -> None:
         self.binding = self.session.io_binding()
+        self.buffers = {}
 
     def run(self, inputs: dict[str, torch.Tensor], out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """Run on float32 [C, width] tensors (made contiguous if they are not); returns the outputs."""
+        """Run on float32 [C, width] tensors (made contiguous if they are not); returns the outputs.
+
+        ORT writes each output into `out[name]` when given, else into this graph's own buffer, which the
+        next run of this graph overwrites: callers keep only what they passed in `out`.
+        """
         b, c = self.binding, self.spec.chunk
         for name, width in self.inputs.items():
             t = inputs[name]
@@ -60,19 +61,24 @@ class Graph:
             b.bind_input(name, "cpu", 0, np.float32, (c, width), t.data_ptr())
         res = {}
         for name, width in self.outputs.items():
-            o = out[name] if out and name in out else torch.empty((c, width), dtype=torch.float32)
+            o = out.get(name) if out else None
+            if o is None:
+                o = self.buffers.get(name)
+                if o is None:
+                    o = self.buffers[name] = torch.empty((c, width), dtype=torch.float32)
             b.bind_output(name, "cpu", 0, np.float32, (c, width), o.data_ptr())
             res[name] = o
         self.session.run_with_iobinding(b)
         return res
 
 
-class _Lane(abc.ABC):
-    """A place where static graphs run: how to compile a graph into a cacheable artifact and load it."""
+class Provider(abc.ABC):
+    """An ONNX Runtime execution provider that runs static graphs: how to compile one into a cacheable
+    artifact and load it. `device` is the hardware it runs on (the CPU EP stands in for an NPU)."""
 
-    name = "lane"
+    name = "provider"
     flavor = "cpu"
-    lane = "cpu"
+    device = "cpu"
 
     @abc.abstractmethod
     def options_key(self) -> dict: ...
@@ -98,17 +104,17 @@ def _machine() -> dict:
     return {"machine": platform.machine(), "isa": isa}
 
 
-class OrtCpuLane(_Lane):
+class OrtCpuProvider(Provider):
     """ONNX Runtime CPU EP; compiled artifact = the ORT-optimized model (level ALL, this machine)."""
 
-    name, flavor, lane = "ort-cpu", "cpu", "cpu"
+    name, flavor, device = "ort-cpu", "cpu", "cpu"
 
     def __init__(self, intra_op_threads: int = 2, inter_op_threads: int = 1):
         self.intra_op_threads, self.inter_op_threads = intra_op_threads, inter_op_threads
 
     def options_key(self) -> dict:
         # the level-ALL optimized model may hold CPU-specific kernels: key it to the machine
-        return {"lane": self.name, "opt": "all", **_machine()}
+        return {"lane": self.name, "opt": "all", **_machine()}  # "lane": kept, it is in every cache key
 
     def _options(self) -> ort.SessionOptions:
         so = ort.SessionOptions()
@@ -166,7 +172,7 @@ QNN_DEFAULT_OPTIONS = {"backend_type": "htp"}
 
 def env_qnn_options() -> dict[str, str]:
     """QNN EP provider options from $HETERO_QNN_OPTIONS, "key=value,key=value" (e.g. "soc_model=60"): how a
-    CLI run (`hetero run --method hetero-qnn`, `hetero bench`) reaches the lane without new flags."""
+    CLI run (`hetero run --method hetero-qnn`, `hetero bench`) reaches the provider without new flags."""
     text = os.environ.get("HETERO_QNN_OPTIONS", "").strip()
     out = {}
     for item in filter(None, (t.strip() for t in text.split(","))):
@@ -177,11 +183,11 @@ def env_qnn_options() -> dict[str, str]:
     return out
 
 
-class QnnHtpLane(_Lane):
+class QnnHtpProvider(Provider):
     """QNN EP with the HTP backend (on x86 Linux: the simulator); artifact = an EP context model and its
     QNN context binary. CPU fallback is disabled: a graph HTP cannot take fails loudly."""
 
-    name, flavor, lane = "qnn-htp", "qnn", "npu"
+    name, flavor, device = "qnn-htp", "qnn", "npu"
 
     def __init__(self, provider_options: dict[str, str] | None = None):
         self.devices = qnn_devices()
@@ -223,19 +229,19 @@ class QnnHtpLane(_Lane):
         return ort.InferenceSession(str(path), self._options())
 
 
-def make_lane(kind: str = "cpu", intra_op_threads: int = 2, **options) -> _Lane:
-    """"cpu" → OrtCpuLane; "qnn" → QnnHtpLane, or (warning once) OrtCpuLane when QNN is absent."""
+def make_provider(kind: str = "cpu", intra_op_threads: int = 2, **options) -> Provider:
+    """"cpu" → OrtCpuProvider; "qnn" → QnnHtpProvider, or (warning once) OrtCpuProvider when QNN is absent."""
     if kind in ("cpu", "ort-cpu"):
-        return OrtCpuLane(intra_op_threads, **options)
+        return OrtCpuProvider(intra_op_threads, **options)
     if kind in ("qnn", "qnn-htp", "npu"):
         try:
-            return QnnHtpLane(options.get("provider_options"))
+            return QnnHtpProvider(options.get("provider_options"))
         except BackendUnavailable as e:
             if "qnn" not in _WARNED:
                 _WARNED.add("qnn")
                 log.warning("%s; falling back to the ONNX Runtime CPU EP", e)
-            return OrtCpuLane(intra_op_threads)
-    raise ConfigError(f"lane kind must be 'cpu' or 'qnn', got {kind!r}")
+            return OrtCpuProvider(intra_op_threads)
+    raise ConfigError(f"provider kind must be 'cpu' or 'qnn', got {kind!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,24 +254,24 @@ class PrepareInfo:
     size_bytes: int  # compiled artifact on disk
 
 
-def graph_key(spec: export.SegmentSpec, layer_digest: str, model_fp: str, lane: _Lane) -> str:
+def graph_key(spec: segments.SegmentSpec, layer_digest: str, model_fp: str, provider: Provider) -> str:
     return entry_key("hetero-graph", FORMAT, export.EXPORT_VERSION, spec.kind, spec.pieces, spec.chunk, spec.flavor,
-                     spec.shape, spec.emit_x, spec.layer, layer_digest, model_fp, lane.options_key(),
+                     spec.shape, spec.emit_x, spec.layer, layer_digest, model_fp, provider.options_key(),
                      library_versions())
 
 
-def prepare_graph(spec: export.SegmentSpec, lq: export.LayerQ, model_fp: str, lane: _Lane,
+def prepare_graph(spec: segments.SegmentSpec, lq: segments.LayerQ, model_fp: str, provider: Provider,
                   use_cache: bool = True, layer_digest: str | None = None,
                   graphs_root: Path | None = None) -> tuple[Graph, PrepareInfo]:
     """Load one segment's compiled graph from the cache, or export, compile and cache it.
 
-    layer_digest: `export.layer_digest(lq)` when the caller already has it (one per layer, not per graph).
+    layer_digest: `segments.layer_digest(lq)` when the caller already has it (one per layer, not per graph).
     graphs_root: the graph cache folder (default `cache.graphs_root()`).
     """
     t0 = time.perf_counter()
-    ins, outs = export.segment_io(spec, lq)
-    key = graph_key(spec, layer_digest or export.layer_digest(lq), model_fp, lane)
-    entry = CacheEntry.of(lane.name, key, graphs_root)
+    ins, outs = segments.segment_io(spec, lq)
+    key = graph_key(spec, layer_digest or segments.layer_digest(lq), model_fp, provider)
+    entry = CacheEntry.of(provider.name, key, graphs_root)
     if use_cache:
         try:
             found = entry.read_compiled()
@@ -275,11 +281,11 @@ def prepare_graph(spec: export.SegmentSpec, lq: export.LayerQ, model_fp: str, la
             found = None
         if found is not None:
             try:
-                sess = lane.load(found[0])
+                sess = provider.load(found[0])
             except Exception as e:  # a library that changed underneath, or damage the stat stamp hid
                 log.warning("graph cache entry %s fails to load (%s); rebuilding it", entry.root, e)
             else:
-                return Graph(sess, spec, ins, outs, lane.lane), PrepareInfo(key, True, time.perf_counter() - t0,
+                return Graph(sess, spec, ins, outs, provider.device), PrepareInfo(key, True, time.perf_counter() - t0,
                                                                            found[1])
     entry.discard()
     entry.root.mkdir(parents=True, exist_ok=True)
@@ -287,16 +293,16 @@ def prepare_graph(spec: export.SegmentSpec, lq: export.LayerQ, model_fp: str, la
     export.save_onnx(m, entry.model_path)
     try:
         with atomic_path(entry.compiled_path) as tmp:
-            sess = lane.compile(entry.model_path, tmp)
+            sess = provider.compile(entry.model_path, tmp)
             if not tmp.exists() or tmp.stat().st_size == 0:
-                raise GraphCacheError(f"{lane.name} wrote no compiled graph for layer {spec.layer} {spec.kind}")
+                raise GraphCacheError(f"{provider.name} wrote no compiled graph for layer {spec.layer} {spec.kind}")
     except Exception as e:
         entry.discard()  # nothing half-built stays on disk
         if isinstance(e, GraphCacheError):
             raise
-        raise GraphCacheError(f"{lane.name} failed to compile layer {spec.layer} {spec.kind} "
+        raise GraphCacheError(f"{provider.name} failed to compile layer {spec.layer} {spec.kind} "
                               f"(C={spec.chunk}, shape {spec.shape}): {e}") from e
     if use_cache:
-        entry.commit(spec, {"lane": lane.options_key()})
-    return Graph(sess, spec, ins, outs, lane.lane), PrepareInfo(key, False, time.perf_counter() - t0,
+        entry.commit(spec, {"lane": provider.options_key()})
+    return Graph(sess, spec, ins, outs, provider.device), PrepareInfo(key, False, time.perf_counter() - t0,
                                                                entry.size_bytes())

@@ -1,17 +1,17 @@
 """`Schedule`: what a simulated or real prefill did, subgraph by subgraph (mllm-NPU §3.4, Fig. 13).
 
-Bubble rate (§3.4 reports "37% bubble rate in critical path" for in-order overlap): the idle fraction
-of the *critical lane*, the lane with the most work (the NPU in the paper's setting):
-``bubble_rate = 1 - busy(critical lane) / makespan``. Since the lower bound is at least that lane's
-work, ``makespan / lower_bound <= 1 / (1 - bubble_rate)``.
+Per node start/end, lane busy times, the lower bound and the bubble rate of the critical lane (the lane
+with the most work): ``1 - busy(critical lane) / makespan``, so ``makespan / lower_bound <= 1 / (1 -
+bubble_rate)``. Core, because every prefill returns one (`PrefillResult.schedule`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from hetero.sched.dag import CompiledDag
+from hetero.dag import CompiledDag
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +32,21 @@ class Schedule:
     decision_us: float  # mean scheduler time per dispatched subgraph (policy + bookkeeping)
     simulated: bool  # True: discrete-event simulation on profiled costs; False: a real run
     profile_name: str = ""
+
+    @classmethod
+    def of_run(cls, policy: str, dag: CompiledDag, start_us: Sequence[float], end_us: Sequence[float],
+               decision_us: float, simulated: bool = False, lower_bound_us: float | None = None) -> "Schedule":
+        """The Schedule of node intervals [start_us[v], end_us[v]]; lane busy times and (unless given) the
+        lower bound come from these durations, so makespan_over_lb is about the order alone."""
+        durations = tuple(e - s for s, e in zip(start_us, end_us))
+        busy = dict.fromkeys(dag.lanes, 0.0)
+        for v, d in enumerate(durations):
+            busy[dag.lanes[dag.lane[v]]] += d
+        return cls(policy=policy, dag=dag, start_us=tuple(start_us), end_us=tuple(end_us),
+                   makespan_us=max(end_us, default=0.0), busy_us=busy,
+                   lower_bound_us=lower_bound_us if lower_bound_us is not None
+                   else dataclasses.replace(dag, cost_us=durations).lower_bound_us(),
+                   decision_us=decision_us, simulated=simulated, profile_name=dag.profile_name)
 
     @property
     def critical_lane(self) -> str:

@@ -2,22 +2,25 @@
 
 `measure_profile` times callables (median of `repeats` after `warmup` calls) over chunk lengths C and,
 for attention, KV lengths; it knows nothing about models. `hetero profile` passes callables that run
-the real prebuilt subgraphs. `standin_runner` builds callables from bare ONNX Runtime / torch ops
-with a model's shapes, for a host profile before the real graphs exist; the profile says so.
+the real prebuilt subgraphs.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import platform
 import socket
 import statistics
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from hetero.dag import DEFAULT_PLACEMENT
 from hetero.errors import ConfigError
 from hetero.paths import PROFILES_DIR
-from hetero.sched.profile import DEFAULT_LAYER, CostEntry, Profile
+from hetero.sched.profile import CostEntry, Profile, load_profile
+
+log = logging.getLogger(__name__)
 
 CHUNK_LENS = (32, 64, 128, 256, 512)
 KV_LENS = (256, 512, 1024, 2048, 4096)
@@ -32,7 +35,7 @@ RunSubgraph = Callable[[str, str, int, int], None]  # (kind, lane, C, kv_len) ->
 def measure_profile(run_subgraph: RunSubgraph, kinds: Sequence[str], lanes: Sequence[str],
                     chunk_lens: Sequence[int] = CHUNK_LENS, kv_lens: Sequence[int] = KV_LENS,
                     repeats: int = 5, warmup: int = 1, *, name: str, n_layers: int,
-                    layer_subgraphs: Sequence[tuple[str, str]] = DEFAULT_LAYER,
+                    layer_subgraphs: Sequence[tuple[str, str]] = DEFAULT_PLACEMENT,
                     metadata: Mapping[str, Any] | None = None, log: Callable[[str], None] | None = None) -> Profile:
     """Time `run_subgraph(kind, lane, C, kv_len)` for every kind × lane × C (× kv_len for attention).
 
@@ -104,45 +107,17 @@ def host_slug() -> str:
     return f"{slug}-{os.cpu_count()}c"
 
 
-def standin_runner(hidden: int = 576, n_heads: int = 9, n_kv_heads: int = 3, ffn: int = 1536,
-                   max_kv: int = 4096, threads_per_lane: int = 1) -> RunSubgraph:
-    """Callables from bare ops with a model's shapes (default SmolLM2-135M), for a host profile.
-
-    npu lane: ONNX Runtime CPU EP INT8 graphs (DynamicQuantizeLinear u8 activations x int8 weights,
-    MatMulInteger), the same arithmetic as hetero's NPU subgraphs, standing in for an NPU.
-    cpu lane: torch float32 attention (RoPE, K/V write into a preallocated cache, causal SDPA, GQA)
-    and the shadow outlier matmul. One thread per lane: on the host the lanes share the cores.
-    """
-    from hetero.sched import _standin
-
-    return _standin.make_runner(hidden, n_heads, n_kv_heads, ffn, max_kv, threads_per_lane)
-
-
-def profile_command(out_path: str | None = None, run_subgraph: RunSubgraph | None = None, *,
+def profile_command(out_path: str | None, run_subgraph: RunSubgraph, *,
                     kinds: Sequence[str] = ("qkv", "attn", "o_ffn", "shadow"), lanes: Sequence[str] = ("npu", "cpu"),
                     chunk_lens: Sequence[int] = CHUNK_LENS, kv_lens: Sequence[int] = KV_LENS, repeats: int = 5,
-                    n_layers: int = 30, layer_subgraphs: Sequence[tuple[str, str]] = DEFAULT_LAYER,
+                    n_layers: int = 30, layer_subgraphs: Sequence[tuple[str, str]] = DEFAULT_PLACEMENT,
                     metadata: Mapping[str, Any] | None = None, log: Callable[[str], None] | None = print) -> Profile:
-    """`hetero profile`: measure and write ``profiles/<host>.json`` (or `out_path`); returns the Profile.
-
-    Without `run_subgraph`, times the bare-op stand-ins of `standin_runner` with SmolLM2-135M shapes
-    and records that in the profile's ``backend`` and ``notes``.
-    """
+    """`hetero profile`: measure and write ``profiles/<host>.json`` (or `out_path`); returns the Profile."""
     from pathlib import Path
 
     from hetero.sched.profile import save_profile
 
     meta = dict(metadata or {})
-    if run_subgraph is None:
-        run_subgraph = standin_runner()
-        meta.setdefault("backend", {
-            "npu": "STAND-IN: ONNX Runtime CPU EP, INT8 MatMulInteger (u8 x s8) graphs with SmolLM2-135M shapes, 1 thread",
-            "cpu": "torch float32 (RoPE, in-place K/V write, causal SDPA with GQA), 1 thread"})
-        meta.setdefault("model", {"name": "SmolLM2-135M shapes (random weights)", "hidden": 576, "n_heads": 9,
-                                  "n_kv_heads": 3, "ffn": 1536})
-        meta.setdefault("notes", "measured on this host; the NPU lane is a CPU stand-in (no NPU here) and both "
-                                 "lanes share the host's cores, so concurrent runs contend. Regenerate with the "
-                                 "real subgraphs via `hetero profile`.")
     name = Path(out_path).stem if out_path else host_slug()
     prof = measure_profile(run_subgraph, kinds, lanes, chunk_lens, kv_lens, repeats, name=name, n_layers=n_layers,
                            layer_subgraphs=layer_subgraphs, metadata=meta, log=log)
@@ -153,7 +128,17 @@ def profile_command(out_path: str | None = None, run_subgraph: RunSubgraph | Non
     return prof
 
 
-if __name__ == "__main__":
-    import sys
-
-    profile_command(sys.argv[1] if len(sys.argv) > 1 else None)
+def host_profile() -> Profile:
+    """This host's measured profile (`profiles/<host>.json`), else any measured profile in `profiles/`."""
+    own = PROFILES_DIR / f"{host_slug()}.json"
+    if own.is_file():
+        return load_profile(own)
+    for path in sorted(PROFILES_DIR.glob("*.json")):
+        try:
+            p = load_profile(path)
+        except Exception:  # not a sched profile (e.g. an equivalent-shapes table)
+            continue
+        if p.method == "measured":
+            log.info("no profile for this host; dispatching on the costs of %s", path.name)
+            return p
+    raise ConfigError(f"no measured profile in {PROFILES_DIR}: run `hetero profile` first")

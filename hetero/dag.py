@@ -1,0 +1,210 @@
+"""The prefill DAG G[i][j] (mllm-NPU §3.4, Eq. 2-3): chunk i, subgraph j of the chain of L layers × M kinds.
+
+Node G[i][j] has id ``i * (L*M) + j``, so ids are program order (chunk-major). Edges: Eq. 3 within a
+chunk, and attn of chunk i-1 → attn of chunk i (its K/V; docs/design.md, "The prefill DAG", says why this
+differs from Eq. 2 as printed). networkx builds and checks the graph once; `compile_graph` flattens it into
+the integer tuples the dispatch loop reads, so no decision walks networkx objects.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Sequence
+
+import networkx as nx
+
+from hetero.errors import ConfigError, ScheduleError
+
+SUBGRAPH_KINDS = ("qkv", "attn", "o_ffn")  # one decoder layer, in execution order (mllm-NPU §3.2)
+LANES = ("npu", "cpu", "gpu")  # scheduler lane ids; a lane runs one subgraph at a time (Eq. 4)
+DEFAULT_PLACEMENT = (("qkv", "npu"), ("attn", "cpu"), ("o_ffn", "npu"))  # (kind, lane) of one layer
+CROSS_CHUNK_KINDS = ("attn",)  # kinds that read the K/V of earlier chunks of their layer
+
+
+def _layer_key(layer_subgraphs: Sequence[Sequence[str]]) -> tuple[tuple[str, str], ...]:
+    key = tuple((str(k), str(lane)) for k, lane in layer_subgraphs)
+    if not key:
+        raise ConfigError("layer_subgraphs must list at least one (kind, lane), got none")
+    for kind, lane in key:
+        if lane not in LANES:
+            raise ConfigError(f"lane of subgraph {kind!r} must be one of {LANES}, got {lane!r}")
+    return key
+
+
+def build_dag(n_chunks: int, layer_subgraphs: Sequence[Sequence[str]], n_layers: int,
+              kv_source: str = "attn") -> nx.DiGraph:
+    """The DAG of a prefill of `n_chunks` chunks (Eq. 2-3), validated acyclic; cached, do not mutate.
+
+    Node id ``i * (n_layers * M) + j``; attributes ``chunk``, ``j``, ``layer``, ``kind``, ``lane``.
+    """
+    if n_chunks <= 0 or n_layers <= 0:
+        raise ConfigError(f"n_chunks and n_layers must be > 0, got {n_chunks} and {n_layers}")
+    if kv_source not in ("attn", "qkv"):
+        raise ConfigError(f"kv_source must be 'attn' or 'qkv', got {kv_source!r}")
+    return _build_dag(n_chunks, _layer_key(layer_subgraphs), n_layers, kv_source)
+
+
+@functools.lru_cache(maxsize=64)
+def _build_dag(n_chunks: int, layer: tuple[tuple[str, str], ...], n_layers: int, kv_source: str) -> nx.DiGraph:
+    m = len(layer)
+    per_chunk = n_layers * m
+    g = nx.DiGraph(n_chunks=n_chunks, n_layers=n_layers, layer_subgraphs=layer, kv_source=kv_source)
+    for i in range(n_chunks):
+        for j in range(per_chunk):
+            kind, lane = layer[j % m]
+            g.add_node(i * per_chunk + j, chunk=i, j=j, layer=j // m, kind=kind, lane=lane)
+    for i in range(n_chunks):
+        base = i * per_chunk
+        for j in range(1, per_chunk):
+            g.add_edge(base + j - 1, base + j)  # Eq. 3
+        if i == 0:
+            continue
+        for j in range(per_chunk):
+            if layer[j % m][0] not in CROSS_CHUNK_KINDS:
+                continue
+            if kv_source == "attn":
+                g.add_edge(base - per_chunk + j, base + j)  # K/V of chunk i-1 (and, transitively, 0..i-2)
+            elif j > 0:
+                for i2 in range(i):  # Eq. 2 as printed
+                    g.add_edge(i2 * per_chunk + j - 1, base + j)
+    validate_dag(g)
+    return g
+
+
+def validate_dag(g: nx.DiGraph) -> None:
+    """Raise ScheduleError if `g` has a cycle (a schedule would deadlock) or a node lacks lane/kind."""
+    if not nx.is_directed_acyclic_graph(g):
+        cycle = nx.find_cycle(g)
+        raise ScheduleError(f"prefill DAG has a cycle (a schedule would deadlock): {cycle[:6]}")
+    for n, attrs in g.nodes(data=True):
+        if "lane" not in attrs or "kind" not in attrs:
+            raise ScheduleError(f"DAG node {n} lacks a 'lane' or 'kind' attribute: {attrs}")
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledDag:
+    """A DAG flattened for the hot loop: per-node arrays indexed by node id (0..n-1).
+
+    Invariants: ``succ_idx[succ_ptr[v]:succ_ptr[v+1]]`` are v's successors, likewise preds;
+    ``indeg[v] == pred_ptr[v+1] - pred_ptr[v]``; ``lanes[lane[v]]`` is the lane name of v;
+    node ids are in program order (chunk-major), i.e. ``v == chunk[v] * per_chunk + j[v]``.
+    Tuples, not numpy arrays: indexing a tuple from Python is ~3× cheaper than a numpy scalar.
+    """
+
+    n_chunks: int
+    n_layers: int
+    layer_subgraphs: tuple[tuple[str, str], ...]
+    chunk_len: int  # C
+    lanes: tuple[str, ...]  # lane names; lane index -> name
+    kinds: tuple[str, ...]  # kind index -> name
+    lane: tuple[int, ...]  # node -> lane index
+    kind: tuple[int, ...]  # node -> kind index
+    chunk: tuple[int, ...]  # node -> i
+    j: tuple[int, ...]  # node -> j (flat subgraph index in the chunk)
+    cost_us: tuple[float, ...]  # node -> profiled latency
+    succ_ptr: tuple[int, ...]
+    succ_idx: tuple[int, ...]
+    pred_ptr: tuple[int, ...]
+    pred_idx: tuple[int, ...]
+    indeg: tuple[int, ...]
+    profile_name: str = ""
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.lane)
+
+    @property
+    def per_chunk(self) -> int:
+        return self.n_layers * len(self.layer_subgraphs)
+
+    def node_id(self, chunk: int, j: int) -> int:
+        return chunk * self.per_chunk + j
+
+    def node_info(self, node: int) -> tuple[int, int, str]:
+        """(chunk i, decoder layer, kind) of a node: what the runtime executes for it."""
+        return self.chunk[node], self.j[node] // len(self.layer_subgraphs), self.kinds[self.kind[node]]
+
+    def lane_of(self, node: int) -> str:
+        return self.lanes[self.lane[node]]
+
+    def successors(self, node: int) -> tuple[int, ...]:
+        return self.succ_idx[self.succ_ptr[node]:self.succ_ptr[node + 1]]
+
+    def predecessors(self, node: int) -> tuple[int, ...]:
+        return self.pred_idx[self.pred_ptr[node]:self.pred_ptr[node + 1]]
+
+    def work_us(self) -> dict[str, float]:
+        """Total profiled work per lane."""
+        work = dict.fromkeys(self.lanes, 0.0)
+        for v, c in enumerate(self.cost_us):
+            work[self.lanes[self.lane[v]]] += c
+        return work
+
+    def heads_us(self) -> list[float]:
+        """Earliest possible start of each node: longest cost-weighted path into it (ids are topological)."""
+        head = [0.0] * self.n_nodes
+        for v in range(self.n_nodes):
+            head[v] = max((head[p] + self.cost_us[p] for p in self.predecessors(v)), default=0.0)
+        return head
+
+    def upward_rank_us(self) -> list[float]:
+        """rank(v) = T(v) + max over successors of rank: the longest path from v to the end, v included."""
+        rank = [0.0] * self.n_nodes
+        for v in range(self.n_nodes - 1, -1, -1):
+            rank[v] = self.cost_us[v] + max((rank[s] for s in self.successors(v)), default=0.0)
+        return rank
+
+    def critical_path_us(self) -> float:
+        """Longest cost-weighted path through the DAG."""
+        return max(self.upward_rank_us(), default=0.0)
+
+    def lower_bound_us(self) -> float:
+        """No schedule can finish earlier (Eq. 2-4). At least max(each lane's work, critical path), and
+        tighter: a lane cannot start before its earliest node can (head) and has work left after its
+        last node that it cannot overlap (tail), so LB_lane = min head + work + min tail over its nodes.
+        """
+        head, rank = self.heads_us(), self.upward_rank_us()
+        lb = max(rank, default=0.0)
+        for li in range(len(self.lanes)):
+            nodes = [v for v in range(self.n_nodes) if self.lane[v] == li]
+            if nodes:
+                work = sum(self.cost_us[v] for v in nodes)
+                lb = max(lb, min(head[v] for v in nodes) + work + min(rank[v] - self.cost_us[v] for v in nodes))
+        return lb
+
+
+def compile_graph(graph: nx.DiGraph, chunk_len: int, costs: Sequence[float] | None = None,
+                  profile_name: str = "") -> CompiledDag:
+    """Flatten `graph` (from `build_dag`) into a CompiledDag; `costs` per node in µs (default 0)."""
+    n = graph.number_of_nodes()
+    if sorted(graph.nodes) != list(range(n)):
+        raise ScheduleError("DAG node ids must be 0..n-1 (build it with build_dag)")
+    attrs = graph.nodes
+    lanes = tuple(ln for ln in LANES if any(attrs[v]["lane"] == ln for v in range(n)))
+    kinds = tuple(dict.fromkeys(attrs[v]["kind"] for v in range(n)))
+    if costs is None:
+        costs = [0.0] * n
+    elif len(costs) != n:
+        raise ConfigError(f"costs must have one entry per node ({n}), got {len(costs)}")
+    succ_ptr, succ_idx, pred_ptr, pred_idx = [0], [], [0], []
+    for v in range(n):
+        succ_idx.extend(sorted(graph.successors(v)))
+        succ_ptr.append(len(succ_idx))
+        pred_idx.extend(sorted(graph.predecessors(v)))
+        pred_ptr.append(len(pred_idx))
+        if any(p >= v for p in graph.predecessors(v)):
+            raise ScheduleError(f"node {v} has a predecessor with a larger id: ids must be a topological order")
+    return CompiledDag(
+        n_chunks=graph.graph.get("n_chunks", 1), n_layers=graph.graph.get("n_layers", 1),
+        layer_subgraphs=tuple(graph.graph.get("layer_subgraphs", ())), chunk_len=chunk_len,
+        lanes=lanes, kinds=kinds,
+        lane=tuple(lanes.index(attrs[v]["lane"]) for v in range(n)),
+        kind=tuple(kinds.index(attrs[v]["kind"]) for v in range(n)),
+        chunk=tuple(attrs[v].get("chunk", 0) for v in range(n)),
+        j=tuple(attrs[v].get("j", v) for v in range(n)),
+        cost_us=tuple(float(c) for c in costs),
+        succ_ptr=tuple(succ_ptr), succ_idx=tuple(succ_idx), pred_ptr=tuple(pred_ptr), pred_idx=tuple(pred_idx),
+        indeg=tuple(pred_ptr[v + 1] - pred_ptr[v] for v in range(n)),
+        profile_name=profile_name,
+    )

@@ -1,0 +1,179 @@
+"""Segments: how a layer's static work is cut into fixed-shape graphs, and the parameters they hold.
+
+A segment is one graph of shape [C, ·] shared by every chunk (mllm-NPU §3.2). Cuts follow the plan's
+shadow sites: a shadow correction (Eq. 1) is added on the CPU right after the linear it corrects, before
+the next non-linear op (docs/design.md, "NPU graphs"). Pieces: "o", "gu", "act", "down"; a segment's kind
+joins them ("o_ffn" when it holds all four, "o_up" for o+gu+act).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetero.errors import ConfigError
+from hetero.model import SITES
+from hetero.outliers.quantize import W_QMAX
+
+FLAVORS = ("cpu", "qnn", "qnn-fp16")  # "qnn-fp16": HTP running float ops in fp16 (SoC lanes, AI Hub)
+PIECES = ("o", "gu", "act", "down")
+CUT_AFTER = {"o_in": "o", "ffn_in": "gu", "down_in": "act"}  # shadow site → piece after which we cut
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentSpec:
+    """One static graph of one layer: which pieces, which extra outputs, shape and flavour."""
+
+    layer: int
+    kind: str  # "qkv" | "o_ffn" | a join of PIECES ("o", "gu+act+down", ...)
+    pieces: tuple[str, ...]  # ("qkv",) or a contiguous run of PIECES
+    chunk: int  # C: rows of every input/output
+    flavor: str  # "cpu" | "qnn" | "qnn-fp16"
+    shape: str = "2d"  # "2d" | "3d:a" | "conv:a" (equivalent shape, §4)
+    emit_x: bool = False  # also output the quantized linear's float input (for its shadow on the CPU)
+
+    def __post_init__(self) -> None:
+        if self.flavor not in FLAVORS:
+            raise ConfigError(f"flavor must be one of {FLAVORS}, got {self.flavor!r}")
+        if self.chunk <= 0:
+            raise ConfigError(f"chunk must be > 0, got {self.chunk}")
+        shape_rows(self.shape, self.chunk)  # validates
+
+
+def shape_rows(shape: str, chunk: int) -> tuple[int, int] | None:
+    """(a, b) with a·b = C for "3d:a" and "conv:a", None for "2d"; ConfigError for anything else."""
+    if shape == "2d":
+        return None
+    form, _, a_txt = shape.partition(":")
+    if form in ("3d", "conv") and a_txt.isdigit():
+        a = int(a_txt)
+        if a > 0 and chunk % a == 0:
+            return a, chunk // a
+    raise ConfigError(f"shape must be '2d', '3d:a' or 'conv:a' with a dividing C={chunk}, got {shape!r}")
+
+
+def layer_segments(layer: int, shadow_sites: set[str], chunk: int, flavor: str, shape: str = "2d") -> list[SegmentSpec]:
+    """The graphs of one layer given which of its sites keep a shadow (module docstring)."""
+    segs = [SegmentSpec(layer, "qkv", ("qkv",), chunk, flavor, shape, "attn_in" in shadow_sites)]
+    cuts = {CUT_AFTER[s] for s in shadow_sites if s in CUT_AFTER}
+    run: list[str] = []
+    for piece in PIECES:
+        run.append(piece)
+        if piece in cuts or piece == "down":
+            kind = "o_ffn" if len(run) == 4 else ("o_up" if run == ["o", "gu", "act"] else "+".join(run))
+            emit = piece == "gu" and piece in cuts  # the ffn_in input x (o_in's input `a` is already on the CPU)
+            segs.append(SegmentSpec(layer, kind, tuple(run), chunk, flavor, shape, emit))
+            run = []
+    return segs
+
+
+@dataclass(frozen=True, slots=True)
+class LinearQ:
+    """What one quantized linear needs: INT8 weight [out, in], its scale(s), its input site's scale, bias."""
+
+    q: np.ndarray  # int8 [out, in]
+    w_scale: float | np.ndarray  # s_w: a float (per tensor) or float32 [out] (per output channel)
+    x_scale: float
+    bias: np.ndarray | None = None  # float32 [out]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerQ:
+    """Float and INT8 parameters of one layer, as the graphs need them."""
+
+    hidden: int
+    q_dim: int
+    kv_dim: int
+    ffn: int
+    eps: float
+    attn_norm: np.ndarray
+    ffn_norm: np.ndarray
+    qkv: tuple[LinearQ, LinearQ, LinearQ]
+    o: LinearQ
+    gate_up: tuple[LinearQ, LinearQ]
+    down: LinearQ
+    weight_qmax: int = W_QMAX  # the plan's weight range (63 = 7-bit: u8·s8 on the CPU EP); in the digest
+
+
+def segment_io(spec: SegmentSpec, lq: LayerQ) -> tuple[dict[str, int], dict[str, int]]:
+    """Input and output names of a segment → their width (every tensor is [C, width] float32)."""
+    p = spec.pieces
+    if p == ("qkv",):
+        outs = {"qkv": lq.q_dim + 2 * lq.kv_dim}
+        if spec.emit_x:
+            outs["x"] = lq.hidden
+        return {"h": lq.hidden}, outs
+    ins: dict[str, int] = {}
+    first = p[0]
+    if first == "o":
+        ins["a"] = lq.q_dim
+    elif first == "gu":
+        ins["o"] = lq.hidden
+    elif first == "act":
+        ins["gu"] = 2 * lq.ffn
+    elif first == "down":
+        ins["m"] = lq.ffn
+    if "gu" in p:
+        ins["h"] = lq.hidden
+    elif first == "act":
+        ins["h1"] = lq.hidden
+    last = p[-1]
+    if p == ("down",):  # its shadow is added before the residual, as the reference: h1 + (d + shadow)
+        outs = {"d": lq.hidden}
+    elif last == "down":
+        outs = {"h_out": lq.hidden}
+    elif last == "o":
+        outs = {"o": lq.hidden}
+    elif last == "gu":
+        outs = {"gu": 2 * lq.ffn, "h1": lq.hidden}
+        if spec.emit_x:
+            outs["x"] = lq.hidden
+    else:  # act
+        outs = {"m": lq.ffn, "h1": lq.hidden}
+    return ins, outs
+
+
+def layer_q(cfg, lw, plan, layer: int) -> LayerQ:
+    """Collect one layer's parameters from the float weights and a `QuantPlan` (duck-typed)."""
+    s = {site: plan.sites[(layer, site)].scale for site in SITES}
+
+    def lin(name: str, site: str, bias=None) -> LinearQ:
+        w = plan.weights[(layer, name)]
+        b = None if bias is None else bias.detach().cpu().numpy().astype(np.float32)
+        ws = w.scales.astype(np.float32) if hasattr(w, "scales") else float(w.scale)  # per channel / per tensor
+        return LinearQ(w.q, ws, float(s[site]), b)
+
+    return LayerQ(
+        cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.ffn, float(cfg.rms_eps),
+        lw.attn_norm.detach().cpu().numpy().astype(np.float32), lw.ffn_norm.detach().cpu().numpy().astype(np.float32),
+        (lin("wq", "attn_in", lw.bq), lin("wk", "attn_in", lw.bk), lin("wv", "attn_in", lw.bv)),
+        lin("wo", "o_in"), (lin("w_gate", "ffn_in"), lin("w_up", "ffn_in")), lin("w_down", "down_in"),
+        int(getattr(plan, "weight_qmax", W_QMAX)),
+    )
+
+
+def layer_digest(lq: LayerQ) -> str:
+    """Content hash of one layer's graph parameters (cheap: weights are sampled, scales exact).
+
+    The model fingerprint (hash of the model file) goes into the cache key beside this; sampling the
+    INT8 weights keeps the key cheap to compute at load time while catching a different plan/model.
+    """
+    h = hashlib.sha256()
+    meta = [lq.hidden, lq.q_dim, lq.kv_dim, lq.ffn, lq.eps, lq.weight_qmax]
+    for lin in (*lq.qkv, lq.o, *lq.gate_up, lq.down):
+        ws = np.asarray(lin.w_scale, np.float32)
+        meta += [float(ws) if ws.ndim == 0 else "channel", lin.x_scale, list(lin.q.shape)]
+        if ws.ndim:
+            h.update(ws.tobytes())
+        flat = lin.q.reshape(-1)
+        h.update(flat[:: max(1, flat.size // 4096)].tobytes())
+        h.update(flat[-64:].tobytes())
+        if lin.bias is not None:
+            h.update(lin.bias.tobytes())
+    h.update(lq.attn_norm.tobytes())
+    h.update(lq.ffn_norm.tobytes())
+    h.update(json.dumps(meta).encode())
+    return h.hexdigest()[:24]
