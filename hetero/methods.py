@@ -44,7 +44,7 @@ def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float = 0.85
     from hetero.outliers.quantize import W_QMAX, W_QMAX_U8S8
 
     return plan_from_calibration(model, ensure_calibration(model, progress=True), prune_fraction=prune_fraction,
-                      weight_qmax=W_QMAX_U8S8 if provider == "cpu" else W_QMAX)
+                                 weight_qmax=W_QMAX_U8S8 if provider == "cpu" else W_QMAX)
 
 
 def _float(model: Model, chunk: int, threads: int | None) -> LayerBackend:
@@ -83,8 +83,8 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
                  policy: str | None = None) -> Runtime:
     """A runtime for `method`; `policy` overrides the method's default dispatch policy.
 
-    Threads: the NPU lane's ONNX Runtime sessions get `threads` (default: all cores); when lanes overlap,
-    torch (the CPU lane) gets half of them so the lanes do not oversubscribe the cores.
+    Threads: the provider's ONNX Runtime sessions (the npu lane) get `threads` (default: all cores); when
+    lanes overlap, torch (the cpu lane) gets half of them so the lanes do not oversubscribe the cores.
     """
     spec = METHODS.get(method)
     if spec is None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hetero.methods import use_threads
+from hetero.methods import make_runtime, quant_plan, use_threads
 
 PrefillFn = Callable[[torch.Tensor], None]
 EngineFactory = Callable[[str | None, int, int], PrefillFn]
@@ -24,7 +24,6 @@ class EngineUnavailable(Exception):
 def _method(method: str, **kw: Any) -> EngineFactory:
     def make(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
         from hetero.loader import load_model
-        from hetero.methods import make_runtime
 
         runtime = make_runtime(load_model(model_path), method, threads=threads, **kw)
 
@@ -75,7 +74,6 @@ def _llama_cpp(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
 def _naive_npu(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
     """mllm-NPU §2.3's naive offload: one INT8 graph set built for exactly this prompt length, every time
     (prompt lengths vary, so a real engine cannot reuse it); preparation is part of each prefill."""
-    from hetero.methods import quant_plan
     from hetero.loader import load_model
     from hetero.npu.naive import naive_prefill
 

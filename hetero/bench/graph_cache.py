@@ -1,6 +1,6 @@
 """Prebuilt-graph cache and chunk sharing, measured (mllm-NPU §3.2): `bench/graph_cache.py`.
 
-1. Per lane (ORT CPU EP; QNN HTP simulator if installed): every static graph built into an empty cache
+1. Per provider (ORT CPU EP; QNN HTP simulator if installed): every static graph built into an empty cache
    vs loaded from it. 2. Graph count and INT8 weight memory: shared static graphs vs a prompt graph per
    prompt length vs chunk graphs. 3. One layer's `qkv` and `o_ffn` on the CPU EP vs torch float.
 """
@@ -37,28 +37,28 @@ HELP = "prebuilt-graph cache: build vs load, graph counts and memory, one layer'
 SHAPE = "2d"
 
 
-def build_vs_load(model, plan, chunk: int, lane: str, layers, threads: int) -> dict:
+def build_vs_load(model, plan, chunk: int, provider_name: str, layers, threads: int) -> dict:
     """Build every graph into an empty graph cache, then load them from it (median of 3 loads)."""
     with tempfile.TemporaryDirectory(prefix="hetero-graphs-") as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
-        be = NpuBackend(model, plan, chunk, provider=lane, layers=layers, intra_op_threads=threads, shape=SHAPE,
+        be = NpuBackend(model, plan, chunk, provider=provider_name, layers=layers, intra_op_threads=threads, shape=SHAPE,
                         graphs_root=root)
         build_s = time.perf_counter() - t0
         assert not any(r[3] for r in be.report.rows)
         n, size = len(be.report.rows), be.report.size_bytes
-        lane_name = be.provider.name
+        provider = be.provider.name
         del be
         loads = []
         for _ in range(3):
             t0 = time.perf_counter()
-            be = NpuBackend(model, plan, chunk, provider=lane, layers=layers, intra_op_threads=threads, shape=SHAPE,
+            be = NpuBackend(model, plan, chunk, provider=provider_name, layers=layers, intra_op_threads=threads, shape=SHAPE,
                             graphs_root=root)
             loads.append(time.perf_counter() - t0)
             assert be.report.all_cached
             del be
         load_s = statistics.median(loads)
-    return {"backend": lane_name, "chunk": chunk, "layers": len(list(layers)), "n_graphs": n,
+    return {"provider": provider, "chunk": chunk, "layers": len(list(layers)), "n_graphs": n,
             "cache_bytes": size, "build_s": round(build_s, 4), "load_s": round(load_s, 4),
             "speedup": round(build_s / load_s, 1)}
 
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
             tmp.write_text(json.dumps(result, indent=1) + "\n")
     else:
         for r in rows:
-            print(f"{r['backend']:8s} graphs={r['n_graphs']:3d} build {r['build_s']:.3f}s load {r['load_s']:.3f}s ×{r['speedup']}")
+            print(f"{r['provider']:8s} graphs={r['n_graphs']:3d} build {r['build_s']:.3f}s load {r['load_s']:.3f}s ×{r['speedup']}")
         print("naive prompt graph prepare:", naive)
         for c in counts:
             print(f"T={c['prompt_len']:5d} {c['strategy']:14s} graphs={c['n_graphs']:4d} weights={c['weight_mib']:7.1f} MiB")

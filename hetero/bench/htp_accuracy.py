@@ -30,7 +30,7 @@ PROMPT = "What is the capital of France?"
 
 
 def layer_steps() -> dict:
-    """In this process (lane from $HETERO_QNN_OPTIONS): steps per output of layers 0-1 at C=64."""
+    """In this process (provider options from $HETERO_QNN_OPTIONS): steps per output of layers 0-1 at C=64."""
     import torch
 
     from hetero import model as ref
@@ -43,8 +43,8 @@ def layer_steps() -> dict:
     model = load_model()
     ids = torch.tensor(model.tokenizer((ROOT / "tests" / "data" / "sample.txt").read_text())["input_ids"])
     plan = absmax_plan(model, ids[:128])
-    lane = QnnHtpProvider()
-    be = NpuBackend(model, plan, 64, provider=lane, layers=[0, 1], shape="2d")
+    provider = QnnHtpProvider()
+    be = NpuBackend(model, plan, 64, provider=provider, layers=[0, 1], shape="2d")
     rb = QuantizedBackend(model.config, model.weights, plan)
     h = ref.embed(model.weights, ids[:64])
     a = torch.randn(64, model.config.q_dim, generator=torch.Generator().manual_seed(0)) * 0.2
@@ -52,7 +52,7 @@ def layer_steps() -> dict:
     def steps(got, want) -> float:
         return round(float((got - want).abs().max()) / (float(want.abs().max()) / 127), 2)
 
-    out = {"lane": lane.name, "flavor": lane.flavor, "layers": {}}
+    out = {"provider": provider.name, "flavor": provider.flavor, "layers": {}}
     for layer in (0, 1):
         q, k, v = (steps(g, w) for g, w in zip(be.qkv(layer, h), rb.qkv(layer, h)))
         out["layers"][str(layer)] = {"q": q, "k": k, "v": v, "o_ffn": steps(be.o_ffn(layer, a, h), rb.o_ffn(layer, a, h))}

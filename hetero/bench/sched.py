@@ -18,8 +18,8 @@ from hetero.bench.entry import bench_main
 from hetero.paths import PROFILES_DIR, atomic_path
 from hetero.sched.dag import compiled_prefill_dag
 from hetero.sched.optimal import solve_optimal
-from hetero.sched.profile import load_profile
 from hetero.sched.measure import host_slug
+from hetero.sched.profile import Profile, load_profile
 from hetero.sched.simulate import simulate
 from hetero.sched.timeline import plot_timeline
 
@@ -37,7 +37,8 @@ def host_profile_path() -> Path | None:
     return measured[0] if measured else None
 
 
-def bench_one(profile, prompt_len: int, chunk_len: int, repeats: int, opt_limit_s: float, opt_max_nodes: int):
+def bench_one(profile: Profile, prompt_len: int, chunk_len: int, repeats: int, opt_limit_s: float,
+              opt_max_nodes: int) -> tuple[list[dict], dict]:
     dag = compiled_prefill_dag(profile, prompt_len, chunk_len)
     scheds, dec = {}, {}
     for pol in POLICIES:

@@ -8,6 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from hetero.bench.harness import Row
+from hetero.paths import PROFILES_DIR
+from hetero.sched.dag import build_dag, compile_dag, compiled_prefill_dag
+from hetero.sched.profile import Profile, load_profile
+from hetero.sched.simulate import simulate
 
 # mllm-NPU §2.3: building a QNN graph for Gemma-2B takes 360 ms and optimizing it 11.54 s; the naive
 # engine pays this for every new prompt length. (Gemma-2B's figure stands in for Qwen1.5-1.8B's.)
@@ -16,9 +20,6 @@ NAIVE_PREPARE_S = 0.36 + 11.54
 
 def simulated_rows(profile_path: str | None, lens: list[int], chunk: int = 256) -> list[Row]:
     """hetero (rank) and hetero in-order on a device profile: discrete-event simulation, labelled."""
-    from hetero.sched.dag import compiled_prefill_dag
-    from hetero.sched.simulate import simulate
-
     profile = _profile(profile_path)
     rows = []
     for n in lens:
@@ -32,9 +33,6 @@ def simulated_rows(profile_path: str | None, lens: list[int], chunk: int = 256) 
 
 def simulated_ablation(profile_path: str | None, n: int = 512, chunk: int = 256) -> list[dict[str, Any]]:
     """Fig. 17's steps on a device profile (simulated): naive → chunk sharing → + shadow → + out-of-order."""
-    from hetero.sched.dag import build_dag, compile_dag
-    from hetero.sched.simulate import simulate
-
     profile = _profile(profile_path)
     base = profile.layer_subgraphs
     with_shadow = tuple(x for pair in base for x in ([pair, ("shadow", "cpu")] if pair[0] == "qkv" else [pair]))
@@ -52,10 +50,7 @@ def simulated_ablation(profile_path: str | None, n: int = 512, chunk: int = 256)
              "profile": profile.name, "prompt_len": n} for s, ms in steps]
 
 
-def _profile(path: str | None):
-    from hetero.sched.profile import load_profile
-    from hetero.paths import PROFILES_DIR
-
+def _profile(path: str | None) -> Profile:
     return load_profile(path or PROFILES_DIR / "snapdragon_8gen3_qwen1.5-1.8b.json")
 
 

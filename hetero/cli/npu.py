@@ -21,7 +21,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from hetero.methods import quant_plan
 
     model = _model(args)
-    plan = quant_plan(model, "qnn" if args.hub else args.lane)
+    plan = quant_plan(model, "qnn" if args.hub else args.provider)
     if args.hub:
         from hetero.npu.hub import compile_on_hub
 
@@ -35,7 +35,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         from hetero.npu.placement import place
 
         placement = place(model.config, args.budget) if args.budget is not None else None
-        be = NpuBackend(model, plan, args.chunk, provider=args.lane, placement=placement, shape=args.shape)
+        be = NpuBackend(model, plan, args.chunk, provider=args.provider, placement=placement, shape=args.shape)
         out = {"provider": be.provider.name, "chunk": args.chunk, "graphs": len(be.report.rows),
                "cached": sum(r[3] for r in be.report.rows), "seconds": round(be.report.seconds, 3),
                "size_bytes": be.report.size_bytes,
@@ -51,7 +51,7 @@ def cmd_shapes(args: argparse.Namespace) -> int:
     from hetero.npu.shapes import profile_shapes
 
     model = _model(args)
-    table = profile_shapes(model, quant_plan(model, args.lane), args.chunk, make_provider(args.lane), repeats=args.repeats)
+    table = profile_shapes(model, quant_plan(model, args.provider), args.chunk, make_provider(args.provider), repeats=args.repeats)
     for e in table["entries"]:
         print(f"{e['provider']:8s} {e['kind']:6s} C={e['chunk_len']:4d} winner {e['winner']:6s} {e['latency_us']}")
     return 0
@@ -65,7 +65,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"freed {freed / 2**20:.1f} MiB under {graphs_root()}")
     usage = cache_usage()
     if args.json:
-        print(json.dumps({"root": str(graphs_root()), "lanes": usage}, indent=1))
+        print(json.dumps({"root": str(graphs_root()), "providers": usage}, indent=1))
         return 0
     print(f"graph cache: {graphs_root()}")
     for name, row in usage.items():
@@ -79,7 +79,7 @@ def register(subparsers: Any) -> None:
     c = sub.add_parser("compile", help="export + compile every static graph into the graph cache")
     add_model_arg(c)
     c.add_argument("--chunk", type=positive_int, default=256)
-    c.add_argument("--lane", choices=("cpu", "qnn"), default="qnn", help="qnn falls back to cpu if absent")
+    c.add_argument("--provider", choices=("cpu", "qnn"), default="qnn", help="ONNX Runtime provider; qnn falls back to cpu if absent")
     c.add_argument("--shape", default="auto",
                    help="'auto' (the equivalent shape recorded by 'npu shapes'), '2d', '3d:a' or 'conv:a'")
     c.add_argument("--budget", type=int, default=None, help="NPU memory budget in bytes (§4)")
@@ -90,7 +90,7 @@ def register(subparsers: Any) -> None:
     s = sub.add_parser("shapes", help="profile equivalent shapes and record the winners (§4)")
     add_model_arg(s)
     s.add_argument("--chunk", type=positive_int, nargs="+", default=[256])
-    s.add_argument("--lane", choices=("cpu", "qnn"), default="cpu")
+    s.add_argument("--provider", choices=("cpu", "qnn"), default="cpu", help="ONNX Runtime provider")
     s.add_argument("--repeats", type=positive_int, default=9, help="timed rounds (interleaved) per candidate")
     s.set_defaults(func=cmd_shapes)
     k = sub.add_parser("cache", help="what the prebuilt-graph cache holds; --clear to empty it")

@@ -155,7 +155,7 @@ def measure_on_hub(model, plan, chunks, device: str, layer: int = 0, name: str |
             kind = "qkv" if g.kind == "qkv" else "o_ffn"
             costs[(kind, c)] = costs.get((kind, c), 0.0) + _profile_us(prof)  # a shadow-cut o_ffn: segments add up
     cfg = model.config
-    meta = {"device": device, "backend": {"npu": "qnn-htp (Qualcomm AI Hub)"}, "versions": library_versions(),
+    meta = {"device": device, "provider": {"npu": "qnn-htp (Qualcomm AI Hub)"}, "versions": library_versions(),
             "model": {"name": model.name, "hidden": cfg.hidden, "ffn": cfg.ffn},
             "notes": f"AI Hub profile jobs of layer {layer}'s static graphs; attention is not profiled on the NPU"}
     return HubMeasurement(name or f"hub-{_slug(device)}-{model.name}", device, costs, cfg.n_layers, meta)
