@@ -101,4 +101,6 @@ class DecodeStep:
             a = ref.attention(self.cfg, q, k, v, rope, kc, vc, slot, n, positions, mask)
             h = backend.o_ffn(layer, a, h)
         sel = h[:n] if rows is None else h[list(rows)]
+        if sel.shape[0] == 0:  # K/V only (a draft model catching up)
+            return torch.empty(0, self.cfg.vocab)
         return self.head(sel)
