@@ -8,6 +8,7 @@ allocated once per runtime; `commit` advances the KV cache and returns a frozen 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -165,6 +166,7 @@ class Runtime:
         self.placement = self.executor.placement
         self.rope = ref.RopeTable(self.cfg, ctx + chunk)  # + chunk: padded rows of the last chunk
         self.buffers = ChunkBuffers(model, chunk)
+        self._busy = threading.Lock()  # the buffers serve one prefill at a time (callers may be threads)
 
     def close(self) -> None:
         """Release the executor (stops the lane workers of an out-of-order one)."""
@@ -229,6 +231,7 @@ class Runtime:
         if cache is None:
             cache = self.new_cache()
         cache.reserve(plan.ids.numel())
-        t0 = time.perf_counter()
-        job, schedule = self.execute(plan, cache)
-        return self.commit(job, schedule, t0)
+        with self._busy:
+            t0 = time.perf_counter()
+            job, schedule = self.execute(plan, cache)
+            return self.commit(job, schedule, t0)

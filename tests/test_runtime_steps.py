@@ -44,3 +44,23 @@ def test_chunk_buffers_are_allocated_once_per_runtime(tiny_model) -> None:
     assert again == ptrs
     second = rt.prefill(torch.arange(20) % 256)
     assert torch.equal(first.logits, second.logits)  # buffers reused, results unchanged
+
+
+def test_concurrent_prefills_share_buffers_safely(tiny_model) -> None:
+    """Callers on several threads (a service) get the same results as one at a time."""
+    import threading
+
+    rt = Runtime(tiny_model, chunk=16)
+    prompts = [torch.arange(n) * 3 % 256 for n in (40, 23, 50, 17)]
+    want = [rt.prefill(p).logits for p in prompts]
+    got: list[torch.Tensor | None] = [None] * len(prompts)
+
+    def work(k: int) -> None:
+        got[k] = rt.prefill(prompts[k]).logits
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(torch.equal(g, w) for g, w in zip(got, want))

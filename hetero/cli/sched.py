@@ -8,6 +8,7 @@ from typing import Any
 
 from hetero.cli.args import add_method_arg, add_model_arg, int_list, positive_int
 from hetero.cli.npu import add_hub_profile_args, run_hub_profile
+from hetero.dag import SUBGRAPH_KINDS
 from hetero.errors import ConfigError
 from hetero.sched.policy import POLICIES
 
@@ -92,7 +93,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     runtimes = {c: make_runtime(model, args.method, chunk=c, threads=args.threads) for c in chunk_lens}
     placement = runtimes[chunk_lens[0]].placement
     profile_command(
-        args.out, subgraph_runner(runtimes, args.layer), kinds=("qkv", "attn", "o_ffn"),
+        args.out, subgraph_runner(runtimes, args.layer), kinds=SUBGRAPH_KINDS,
         lanes=tuple(dict.fromkeys(lane for _, lane in placement)), chunk_lens=chunk_lens, kv_lens=kv_lens,
         repeats=args.repeats, n_layers=model.config.n_layers, layer_subgraphs=placement,
         metadata={"model": {"name": model.name, "fingerprint": model.fingerprint}, "method": args.method,

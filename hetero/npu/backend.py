@@ -16,6 +16,7 @@ import torch
 
 from hetero.errors import ConfigError
 from hetero.loader import Model
+from hetero.model import SITES
 from hetero.npu import segments
 from hetero.npu.providers import Graph, OrtCpuProvider, Provider, make_provider, prepare_graph
 
@@ -100,7 +101,7 @@ class NpuBackend:
         return recorded_shape(provider.name, kind, self.chunk)
 
     def _prepare_layer(self, layer: int, use_cache: bool) -> PreparedLayer:
-        shadow = frozenset(s for s in ("attn_in", "o_in", "ffn_in", "down_in") if self.plan.sites[(layer, s)].shadow)
+        shadow = frozenset(s for s in SITES if self.plan.sites[(layer, s)].shadow)
         lq = segments.layer_q(self.cfg, self.model.weights.layers[layer], self.plan, layer)
         digest = segments.layer_digest(lq)
         graphs = []

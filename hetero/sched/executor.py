@@ -25,7 +25,7 @@ from hetero.schedule import Schedule
 NodeFn = Callable[[int], None]  # runs the subgraph of node id v (see CompiledDag.node_info)
 
 
-class Executor:
+class LaneWorkers:
     """A reusable set of lane workers. Use as a context manager or call `close()`."""
 
     def __init__(self, lanes: Sequence[str] = ("npu", "cpu"),
@@ -144,7 +144,7 @@ class Executor:
         for t in self._threads:
             t.join()
 
-    def __enter__(self) -> "Executor":
+    def __enter__(self) -> "LaneWorkers":
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -153,8 +153,8 @@ class Executor:
 
 def execute(dag: CompiledDag, policy: str | PolicyFactory, work: NodeFn | Mapping[str, NodeFn],
             seed: int = 0, sync: Mapping[str, Callable[[], None]] | None = None) -> Schedule:
-    """Run `dag` once on fresh lane workers (see `Executor.run`); for repeated prefills keep an Executor."""
-    with Executor(dag.lanes, sync=sync) as ex:
+    """Run `dag` once on fresh lane workers (see `LaneWorkers.run`); for repeated prefills keep a LaneWorkers."""
+    with LaneWorkers(dag.lanes, sync=sync) as ex:
         return ex.run(dag, policy, work, seed=seed)
 
 
@@ -175,7 +175,7 @@ class OutOfOrderExecutor:
         have = self.profile.chunk_lens
         self.cost_chunk = min(have, key=lambda c: (abs(c - chunk), c)) if have else chunk
         self._dags: dict[int, CompiledDag] = {}
-        self.workers = Executor(tuple(dict.fromkeys(lane for _, lane in self.placement)))
+        self.workers = LaneWorkers(tuple(dict.fromkeys(lane for _, lane in self.placement)))
 
     def compile(self, n_chunks: int) -> CompiledDag:
         dag = self._dags.get(n_chunks)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 from hetero.dag import DEFAULT_PLACEMENT
 from hetero.errors import ConfigError
 from hetero.paths import PROFILES_DIR
-from hetero.sched.profile import CostEntry, Profile, load_profile
+from hetero.sched.profile import KINDS, CostEntry, Profile, load_profile
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def host_slug() -> str:
 
 
 def profile_command(out_path: str | None, run_subgraph: RunSubgraph, *,
-                    kinds: Sequence[str] = ("qkv", "attn", "o_ffn", "shadow"), lanes: Sequence[str] = ("npu", "cpu"),
+                    kinds: Sequence[str] = KINDS, lanes: Sequence[str] = ("npu", "cpu"),
                     chunk_lens: Sequence[int] = CHUNK_LENS, kv_lens: Sequence[int] = KV_LENS, repeats: int = 5,
                     n_layers: int = 30, layer_subgraphs: Sequence[tuple[str, str]] = DEFAULT_PLACEMENT,
                     metadata: Mapping[str, Any] | None = None, log: Callable[[str], None] | None = print) -> Profile:

@@ -76,7 +76,7 @@ def timeline_command(profile_path: str | os.PathLike | None, prompt_len: int, ch
     """`hetero timeline`: simulate a prompt of `prompt_len` tokens on a profile and draw it.
 
     `profile_path` None: the derived Snapdragon 8 Gen 3 profile. Returns the Schedule drawn. (A real
-    run's timeline: pass the Schedule that `Executor.run` returned to `plot_timeline`.)
+    run's timeline: pass the Schedule that `LaneWorkers.run` returned to `plot_timeline`.)
     """
     from hetero.sched.dag import compiled_prefill_dag
     from hetero.sched.policy import get_policy

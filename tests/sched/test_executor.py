@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hetero.errors import ConfigError, ScheduleError
-from hetero.sched.executor import Executor, execute
+from hetero.sched.executor import LaneWorkers, execute
 from hetero.schedule import check_schedule
 
 
@@ -87,7 +87,7 @@ def test_worker_error_stops_cleanly_and_executor_is_reusable(make_dag):
         time.sleep(0.001)
         ran.append(v)
 
-    with Executor(dag.lanes) as ex:
+    with LaneWorkers(dag.lanes) as ex:
         t0 = time.perf_counter()
         with pytest.raises(ScheduleError, match="attn of chunk 2, layer 0") as info:
             ex.run(dag, "eq6", work, timeout_s=10)
@@ -106,10 +106,10 @@ def test_worker_error_stops_cleanly_and_executor_is_reusable(make_dag):
 def test_bad_lanes_are_config_errors(make_dag):
     dag = make_dag(2)
     with pytest.raises(ConfigError):
-        Executor(("npu", "tpu"))
-    with Executor(("npu",)) as ex, pytest.raises(ConfigError, match="lacks"):
+        LaneWorkers(("npu", "tpu"))
+    with LaneWorkers(("npu",)) as ex, pytest.raises(ConfigError, match="lacks"):
         ex.run(dag, "rank", lambda v: None)
-    with Executor(dag.lanes) as ex, pytest.raises(ConfigError, match="no callable"):
+    with LaneWorkers(dag.lanes) as ex, pytest.raises(ConfigError, match="no callable"):
         ex.run(dag, "rank", {"npu": lambda v: None})
 
 
