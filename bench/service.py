@@ -329,6 +329,7 @@ def main() -> None:
     p.add_argument("--budgets", default="0.1", help="fractions of the all-fits K/V bytes (lossless tiers)")
     p.add_argument("--baseline-conversations", type=int, default=6, help="conversations of the re-prefill run")
     p.add_argument("--tolerance", type=float, default=0.1)
+    p.add_argument("--compressed-run", action="store_true", help="also run the workload at 10%% with INT8/INT4 blocks")
     p.add_argument("--switch-tokens", type=int, default=512)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--eval-prefix", type=int, default=448)
@@ -358,8 +359,9 @@ def main() -> None:
         for frac in [float(f) for f in args.budgets.split(",") if f]:
             runs[f"reuse_{frac:g}_lossless"] = workload(model, StoreConfig(budget_bytes=int(need * frac), compress="off"),
                                                           convs, args)
-        runs["reuse_0.1_compressed"] = workload(model, StoreConfig(budget_bytes=int(need * 0.1), compress="auto",
-                                                                   tolerance=args.tolerance), convs, args)
+        if args.compressed_run:
+            runs["reuse_0.1_compressed"] = workload(model, StoreConfig(budget_bytes=int(need * 0.1), compress="auto",
+                                                                       tolerance=args.tolerance), convs, args)
         base = {(t["conversation"], t["turn"]): t["reply"] for t in runs["reuse_all_fit"]["turns"]}
         summary = {}
         for name, run in runs.items():
