@@ -33,29 +33,32 @@ def use_threads(threads: int | None) -> int:
     return n
 
 
-def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float = 0.85) -> "QuantPlan":
+def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float = 0.85,
+               weight_form: str | None = None) -> "QuantPlan":
     """The quantization plan of `model` for a provider ("cpu" or "qnn"): calibrated scales, shadow sites, INT8 weights.
 
-    The CPU EP (standing in for the NPU) gets 7-bit weights, exact with ONNX Runtime's fast u8·s8 kernel
-    on AVX2 (`hetero.outliers.plan`); an NPU (QNN HTP) runs the paper's 8-bit weights.
+    weight_form (`hetero.outliers.quantize.WEIGHT_FORMS`): None picks this CPU's exact and fast form on the
+    CPU EP (`hetero.npu.isa`: 8-bit weights u8·s8 with VNNI, u8·u8 on AVX2); an NPU (QNN HTP) runs the
+    paper's 8-bit weights.
     """
+    from hetero.npu.isa import resolve_weight_form
     from hetero.outliers.calibrate import ensure_calibration
     from hetero.outliers.pruning import plan_from_calibration
-    from hetero.outliers.quantize import W_QMAX, W_QMAX_U8S8
 
+    form = resolve_weight_form(weight_form) if provider == "cpu" else (weight_form or "w8-u8u8")
     return plan_from_calibration(model, ensure_calibration(model, progress=True), prune_fraction=prune_fraction,
-                                 weight_qmax=W_QMAX_U8S8 if provider == "cpu" else W_QMAX)
+                                 weight_form=form)
 
 
-def _float(model: Model, chunk: int, threads: int | None) -> LayerBackend:
+def _float(model: Model, chunk: int, threads: int | None, weight_form: str | None) -> LayerBackend:
     return FloatBackend(model.config, model.weights)
 
 
-def _npu(provider: str, prune_fraction: float = 0.85) -> Callable[[Model, int, int | None], LayerBackend]:
-    def make(model: Model, chunk: int, threads: int | None) -> LayerBackend:
+def _npu(provider: str, prune_fraction: float = 0.85) -> Callable[[Model, int, int | None, str | None], LayerBackend]:
+    def make(model: Model, chunk: int, threads: int | None, weight_form: str | None) -> LayerBackend:
         from hetero.npu.backend import NpuBackend
 
-        plan = quant_plan(model, provider, prune_fraction)
+        plan = quant_plan(model, provider, prune_fraction, weight_form)
         return NpuBackend(model, plan, chunk=chunk, provider=provider, intra_op_threads=threads or 2)
 
     return make
@@ -63,7 +66,8 @@ def _npu(provider: str, prune_fraction: float = 0.85) -> Callable[[Model, int, i
 
 @dataclass(frozen=True, slots=True)
 class Method:
-    make: Callable[[Model, int, int | None], LayerBackend]  # (model, chunk, threads) -> the layer ops
+    # (model, chunk, threads, weight_form) -> the layer ops
+    make: Callable[[Model, int, int | None, str | None], LayerBackend]
     policy: str | None  # default dispatch policy; None = in program order on the calling thread
     doc: str
 
@@ -80,8 +84,9 @@ DEFAULT_METHOD = "hetero"
 
 
 def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,
-                 policy: str | None = None) -> Runtime:
-    """A runtime for `method`; `policy` overrides the method's default dispatch policy.
+                 policy: str | None = None, weight_form: str | None = None) -> Runtime:
+    """A runtime for `method`; `policy` overrides the method's default dispatch policy; `weight_form` forces
+    the INT8 weight form of the quantized methods (None or "auto": this CPU's, `hetero.npu.isa`).
 
     Threads: the provider's ONNX Runtime sessions (the npu lane) get `threads` (default: all cores); when
     lanes overlap, torch (the cpu lane) gets half of them so the lanes do not oversubscribe the cores.
@@ -98,7 +103,8 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
         from hetero.sched.executor import OutOfOrderExecutor
 
         executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy)
-    return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads), executor=executor)
+    return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads, weight_form),
+                   executor=executor)
 
 
 def make_service(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,

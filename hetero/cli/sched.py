@@ -90,7 +90,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     if not 0 <= args.layer < model.config.n_layers:
         raise ConfigError(f"--layer must be in [0, {model.config.n_layers}), got {args.layer}")
-    runtimes = {c: make_runtime(model, args.method, chunk=c, threads=args.threads) for c in chunk_lens}
+    runtimes = {c: make_runtime(model, args.method, chunk=c, threads=args.threads,
+                                weight_form=args.weight_form) for c in chunk_lens}
     placement = runtimes[chunk_lens[0]].placement
     profile_command(
         args.out, subgraph_runner(runtimes, args.layer), kinds=SUBGRAPH_KINDS,
@@ -114,7 +115,8 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     from hetero.methods import make_runtime
 
     model = load_model(args.model)
-    runtime = make_runtime(model, args.method, chunk=args.chunk, policy=args.policy)
+    runtime = make_runtime(model, args.method, chunk=args.chunk, policy=args.policy,
+                           weight_form=args.weight_form)
     ids = prompt_ids(args.model, args.prompt_len)
     runtime.prefill(ids)  # warm-up
     result = runtime.prefill(ids)

@@ -75,12 +75,11 @@ CPU_EP_CONSTRAINTS: dict[str, str] = {
                             "sums two adjacent u8·s8 products into a saturating int16: with the raw u8 "
                             "activation in [0, 255] and 8-bit weights, 2·255·127 = 64770 > 32767, so int32 "
                             "results are wrong; with |q| <= 64, 2·255·64 = 32640 <= 32767 and u8·s8 is exact",
-    "weights_7bit_default": "the plan's weights are 7-bit by default (weight_qmax=63, ONNX Runtime's "
-                            "reduce_range): the CPU graphs run u8·s8 with s8 weights, zero point 0 "
-                            "(`export.cpu_weight_form`), 1.3-1.6x faster per layer graph than u8·u8, and "
-                            "the numpy reference uses the same weights, so they stay bit-exact",
-    "u8u8_fallback": "weights wider than 7 bits (weight_qmax=127) are stored uint8 = q + 128 with zero point "
-                     "128 and run u8·u8 (vpmaddwd, exact, slower): same int32 result",
+    "weight_form_by_isa": "the plan records its weight form (`quantize.WEIGHT_FORMS`), chosen at run time by "
+                          "`hetero.npu.isa`: with VNNI (avx512_vnni, avx_vnni, amx_int8) 8-bit weights run "
+                          "u8·s8 (exact, fastest); on AVX2 without VNNI 8-bit weights run u8·u8 (stored q + 128, "
+                          "zero point 128, vpmaddwd: exact, same int32 result, slower) or 7-bit weights u8·s8 "
+                          "(`export.cpu_kernel`); `--weight-form` forces one",
     "u8_activations": "activations are uint8 with zero point 128: ORT's s8·s8 GEMM is 6.6x slower on AVX2",
 }
 

@@ -1,8 +1,8 @@
 """Export one segment (`segments.SegmentSpec`) as a fixed-shape INT8 ONNX graph (mllm-NPU §3.2).
 
-Flavours of the same math: "cpu" (ONNX Runtime CPU EP: QuantizeLinear u8 → MatMulInteger with s8
-weights → Cast → Mul by the float32 output scales, equal to `outliers.quantize.int8_linear`, the test
-checks it) and "qnn" / "qnn-fp16" (QDQ around a float MatMul for HTP). RMSNorm, residual adds and
+Flavours of the same math: "cpu" (ONNX Runtime CPU EP: QuantizeLinear u8 → MatMulInteger with s8 or u8
+weights (the plan's weight form, `cpu_kernel`) → Cast → Mul by the float32 output scales, equal to
+`outliers.quantize.int8_linear`, the test checks it) and "qnn" / "qnn-fp16" (QDQ around a float MatMul for HTP). RMSNorm, residual adds and
 SiLU·mul stay float ops inside the graph. Equivalent shapes "3d:a" / "conv:a" (§4) reshape once at entry
 and exit. Derivations and the HTP constraints behind each choice: docs/design.md, "NPU graphs".
 """
@@ -18,13 +18,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hetero.errors import ConfigError
 from hetero.npu.segments import LayerQ, LinearQ, SegmentSpec, segment_io, shape_rows
-from hetero.outliers.quantize import ACT_ZERO_POINT, U8S8_SAFE_WEIGHT_ABSMAX, W_QMAX
+from hetero.outliers.quantize import ACT_ZERO_POINT, WEIGHT_FORMS, check_weight_form
 
 # Bump when the graphs' math or I/O change: part of every cache key.
 # 4: per-output-channel weight scales. 5: 7-bit weights by default, u8·s8 MatMulInteger on the CPU EP.
 # 6: qnn flavour: u8→u16 Convert in front of the MatMul, so HTP really rounds the activation.
 # 7: qnn weights dequantized at their largest channel scale; the qnn-fp16 flavour (RMSNorm on x / max|x|).
-EXPORT_VERSION = 7
+# 8: the plan's weight form (not the weights' range) picks the CPU EP's kernel (w8-u8s8 with VNNI).
+EXPORT_VERSION = 8
 ACT_ZERO_POINT_U16 = 32768
 OPSET = 21
 # ---------------------------------------------------------------------------------------- builder
@@ -106,8 +107,8 @@ def _rms_norm(g: _Graph, x: str, w: np.ndarray, eps: float, flavor: str) -> str:
 QNN_PER_AXIS_DQ = False
 
 
-def cpu_weight_form(wt: np.ndarray) -> str:
-    """How the CPU EP's MatMulInteger takes int8 weights `wt`: "u8s8" when max|q| <= 64, else "u8u8".
+def cpu_kernel(weight_form: str) -> str:
+    """How the CPU EP's MatMulInteger takes the weights of a plan of `weight_form` ("u8s8" | "u8u8").
 
     ORT's u8·s8 GEMM on AVX2 without VNNI multiplies with vpmaddubsw: two adjacent u8·s8 products are
     summed into a saturating int16. The stored activation is the raw u8 in [0, 255] (zero point 128 is
@@ -117,8 +118,7 @@ def cpu_weight_form(wt: np.ndarray) -> str:
     u8·u8 (weights stored q + 128 with zero point 128, vpmaddwd: exact, same int32 result), which is
     slower (docs/design.md, "NPU graphs").
     """
-    amax = int(np.abs(wt.astype(np.int16)).max()) if wt.size else 0
-    return "u8s8" if amax <= U8S8_SAFE_WEIGHT_ABSMAX else "u8u8"
+    return WEIGHT_FORMS[check_weight_form(weight_form)].kernel
 
 
 def _conv_in(g: _Graph, x: str) -> str:
@@ -146,11 +146,11 @@ def _product(g: _Graph, op: str, x: str, w: str, extra: list[str], conv: bool) -
 
 
 def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: bool | None = None,
-             conv: bool = False) -> str:
+             conv: bool = False, kernel: str = "u8s8") -> str:
     """y = concat_j(int8_linear(x, s_x, W_j) + b_j) along the last axis; all lins share x and s_x.
 
     conv: x is [a, b, K] and each matmul runs as a 1×1 Conv over [1, K, a, b] (bit-identical on the CPU EP:
-    ConvInteger accumulates the same int32 products).
+    ConvInteger accumulates the same int32 products). kernel: the CPU EP's `cpu_kernel` of the plan.
     """
     qnn_per_axis = QNN_PER_AXIS_DQ if qnn_per_axis is None else qnn_per_axis
     s_x = np.float32(lins[0].x_scale)
@@ -159,10 +159,10 @@ def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: 
     xq = g.op("QuantizeLinear", [x, g.const(np.array(s_x, np.float32), "act_s"), zp], "xq")
     has_bias = any(lq.bias is not None for lq in lins)
     if flavor == "cpu":
-        # u8·s8 (s8 weights, zp 0) when the weights fit 7 bits, else u8·u8 (weights stored uint8 = q + 128
-        # with zero point 128, same int32 result): u8·s8 with 8-bit weights saturates on AVX2 (`cpu_weight_form`)
+        # u8·s8 (s8 weights, zp 0) or u8·u8 (weights stored uint8 = q + 128 with zero point 128, same int32
+        # result), as the plan's weight form says (`cpu_kernel`)
         wt = np.ascontiguousarray(np.concatenate([lq.q.T for lq in lins], axis=1))  # int8 [K, ΣN]
-        if cpu_weight_form(wt) == "u8s8":
+        if kernel == "u8s8":
             w_zp = g.const(np.array(0, np.int8), "w_zp")
         else:
             wt = (wt.astype(np.int16) + ACT_ZERO_POINT).astype(np.uint8)
@@ -228,25 +228,25 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
     for name, width in ins.items():
         t = g.input(name, [spec.chunk, width])
         env[name] = g.op("Reshape", [t, g.const(np.array([ab[0], ab[1], width], np.int64))]) if ab else t
-    f = spec.flavor
+    f, k = spec.flavor, cpu_kernel(lq.weight_form)
     for piece in spec.pieces:
         if piece == "qkv":
             env["x"] = _rms_norm(g, env["h"], lq.attn_norm, lq.eps, f)
-            env["qkv"] = _linears(g, env["x"], list(lq.qkv), f, conv=conv)
+            env["qkv"] = _linears(g, env["x"], list(lq.qkv), f, conv=conv, kernel=k)
         elif piece == "o":
             env["x"] = env["a"]
-            env["o"] = _linears(g, env["a"], [lq.o], f, conv=conv)
+            env["o"] = _linears(g, env["a"], [lq.o], f, conv=conv, kernel=k)
         elif piece == "gu":
             env["h1"] = g.op("Add", [env["h"], env["o"]], "h1")
             env["x"] = _rms_norm(g, env["h1"], lq.ffn_norm, lq.eps, f)
-            env["gu"] = _linears(g, env["x"], list(lq.gate_up), f, conv=conv)
+            env["gu"] = _linears(g, env["x"], list(lq.gate_up), f, conv=conv, kernel=k)
         elif piece == "act":
             gate = _slice_last(g, env["gu"], 0, lq.ffn)
             up = _slice_last(g, env["gu"], lq.ffn, 2 * lq.ffn)
             silu = g.op("Mul", [gate, g.op("Sigmoid", [gate])], "silu")
             env["m"] = g.op("Mul", [silu, up], "m")
         elif piece == "down":
-            env["d"] = _linears(g, env["m"], [lq.down], f, conv=conv)
+            env["d"] = _linears(g, env["m"], [lq.down], f, conv=conv, kernel=k)
             if "h1" in env:
                 env["h_out"] = g.op("Add", [env["h1"], env["d"]], "h_out")
     for name, width in outs.items():

@@ -9,7 +9,6 @@ ORT write outputs into preallocated tensors (IOBinding): the caller's buffers, o
 from __future__ import annotations
 
 import abc
-import functools
 import logging
 import os
 import time
@@ -21,7 +20,7 @@ import onnxruntime as ort
 import torch
 
 from hetero.errors import BackendUnavailable, ConfigError, GraphCacheError
-from hetero.npu import export, segments
+from hetero.npu import export, isa, segments
 from hetero.npu.cache import FORMAT, CacheEntry, entry_key, library_versions
 from hetero.paths import atomic_path
 
@@ -90,20 +89,6 @@ class Provider(abc.ABC):
     def load(self, path: Path) -> ort.InferenceSession: ...
 
 
-@functools.cache
-def _machine() -> dict:
-    import platform
-
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((ln for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        pass
-    isa = sorted(x for x in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8") if f" {x}" in flags)
-    return {"machine": platform.machine(), "isa": isa}
-
-
 class OrtCpuProvider(Provider):
     """ONNX Runtime CPU EP; compiled artifact = the ORT-optimized model (level ALL, this machine)."""
 
@@ -114,7 +99,7 @@ class OrtCpuProvider(Provider):
 
     def options_key(self) -> dict:
         # the level-ALL optimized model may hold CPU-specific kernels: key it to the machine
-        return {"lane": self.name, "opt": "all", **_machine()}  # "lane": kept, it is in every cache key
+        return {"lane": self.name, "opt": "all", **isa.machine()}  # "lane": kept, it is in every cache key
 
     def _options(self) -> ort.SessionOptions:
         so = ort.SessionOptions()

@@ -16,8 +16,8 @@ from hetero.outliers.quantize import symmetric_scale
 
 
 @torch.inference_mode()
-def absmax_plan(model, ids: torch.Tensor, shadow: dict | None = None) -> QuantPlan:
-    """`QuantPlan` with per-site absmax scales measured on one float forward of `ids`."""
+def absmax_plan(model, ids: torch.Tensor, shadow: dict | None = None, weight_form: str | None = None) -> QuantPlan:
+    """`QuantPlan` with per-site absmax scales measured on one float forward of `ids` (weights: `weight_form`)."""
     scales: dict[tuple[int, str], float] = {}
 
     def put(layer: int, site: str, x: torch.Tensor) -> None:
@@ -25,4 +25,4 @@ def absmax_plan(model, ids: torch.Tensor, shadow: dict | None = None) -> QuantPl
 
     cfg, w = model.config, model.weights
     run_layers(cfg, w, torch.as_tensor(ids).long().flatten(), TorchBackend(cfg, w, observed(FloatLinear(w), put)))
-    return plan_from_scales(model, scales, shadow, method="absmax-standin")
+    return plan_from_scales(model, scales, shadow, method="absmax-standin", weight_form=weight_form)

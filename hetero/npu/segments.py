@@ -95,7 +95,8 @@ class LayerQ:
     o: LinearQ
     gate_up: tuple[LinearQ, LinearQ]
     down: LinearQ
-    weight_qmax: int = W_QMAX  # the plan's weight range (63 = 7-bit: u8·s8 on the CPU EP); in the digest
+    weight_qmax: int = W_QMAX  # the plan's weight range (63 = 7-bit); in the digest
+    weight_form: str = "w8-u8u8"  # the plan's weight form: the CPU EP's kernel (`export.cpu_kernel`); in the digest
 
 
 def segment_io(spec: SegmentSpec, lq: LayerQ) -> tuple[dict[str, int], dict[str, int]]:
@@ -151,7 +152,7 @@ def layer_q(cfg, lw, plan, layer: int) -> LayerQ:
         lw.attn_norm.detach().cpu().numpy().astype(np.float32), lw.ffn_norm.detach().cpu().numpy().astype(np.float32),
         (lin("wq", "attn_in", lw.bq), lin("wk", "attn_in", lw.bk), lin("wv", "attn_in", lw.bv)),
         lin("wo", "o_in"), (lin("w_gate", "ffn_in"), lin("w_up", "ffn_in")), lin("w_down", "down_in"),
-        int(getattr(plan, "weight_qmax", W_QMAX)),
+        int(plan.weight_qmax), plan.weight_form,
     )
 
 
@@ -162,7 +163,7 @@ def layer_digest(lq: LayerQ) -> str:
     INT8 weights keeps the key cheap to compute at load time while catching a different plan/model.
     """
     h = hashlib.sha256()
-    meta = [lq.hidden, lq.q_dim, lq.kv_dim, lq.ffn, lq.eps, lq.weight_qmax]
+    meta = [lq.hidden, lq.q_dim, lq.kv_dim, lq.ffn, lq.eps, lq.weight_qmax, lq.weight_form]
     for lin in (*lq.qkv, lq.o, *lq.gate_up, lq.down):
         ws = np.asarray(lin.w_scale, np.float32)
         meta += [float(ws) if ws.ndim == 0 else "channel", lin.x_scale, list(lin.q.shape)]

@@ -3,7 +3,7 @@ weight of every linear; what a quantized backend runs.
 
 A pure function of the model and the calibration (`pruning.plan_from_calibration`, or `plan_from_scales`);
 on disk only the site table is stored (`to_dict`), the INT8 weights are recomputed (`from_dict`).
-Sites and the weight range: docs/design.md, "Outliers".
+Sites and the weight range: docs/design.md, "Outliers"; the plan records its weight form ("Weight forms").
 """
 
 from __future__ import annotations
@@ -13,10 +13,14 @@ from dataclasses import dataclass, field
 from hetero.errors import ConfigError
 from hetero.model import SITE_LINEARS, SITES
 from hetero.outliers.quantize import (
+    U8S8_SAFE_WEIGHT_ABSMAX,
     W_QMAX,
+    WEIGHT_FORMS,
     QuantWeight,
     QuantWeightPerChannel,
+    check_weight_form,
     check_weight_qmax,
+    form_for_qmax,
     quantize_weight,
     quantize_weight_per_channel,
 )
@@ -82,9 +86,17 @@ class QuantPlan:
     meta: dict = field(default_factory=dict)
     weight_granularity: str = DEFAULT_WEIGHT_GRANULARITY  # "channel" | "tensor"
     weight_qmax: int = DEFAULT_WEIGHT_QMAX  # weights q in [-weight_qmax, weight_qmax]: 63 (7-bit) or 127
+    # how the CPU EP multiplies the weights (`quantize.WEIGHT_FORMS`); "" = `form_for_qmax(weight_qmax)`
+    weight_form: str = ""
 
     def __post_init__(self) -> None:
         check_weight_qmax(self.weight_qmax)
+        if not self.weight_form:
+            object.__setattr__(self, "weight_form", form_for_qmax(self.weight_qmax))
+        check_weight_form(self.weight_form)
+        if self.weight_form == "w7-u8s8" and self.weight_qmax > U8S8_SAFE_WEIGHT_ABSMAX:
+            raise ConfigError(f"weight form w7-u8s8 needs weight_qmax <= {U8S8_SAFE_WEIGHT_ABSMAX}, "
+                              f"got {self.weight_qmax}")
 
     @property
     def n_layers(self) -> int:
@@ -104,6 +116,7 @@ class QuantPlan:
             "meta": self.meta,
             "weight_granularity": self.weight_granularity,
             "weight_qmax": self.weight_qmax,
+            "weight_form": self.weight_form,
             "sites": [{"layer": layer, "site": site, **sq.to_dict()} for (layer, site), sq in sorted(self.sites.items())],
         }
 
@@ -122,7 +135,7 @@ class QuantPlan:
         wg = d.get("weight_granularity", "tensor")  # plans saved before the key existed were per tensor
         qmax = int(d.get("weight_qmax", W_QMAX))  # ... and before weight_qmax existed, 8-bit
         return cls(sites, quantize_weights(model, wg, qmax), model.fingerprint, d.get("method", ""),
-                   float(d.get("prune_fraction", 0.0)), dict(d.get("meta", {})), wg, qmax)
+                   float(d.get("prune_fraction", 0.0)), dict(d.get("meta", {})), wg, qmax, d.get("weight_form", ""))
 
 
 def _check_sites(sites: dict[tuple[int, str], SiteQuant], n_layers: int) -> None:
@@ -154,10 +167,21 @@ def plan_from_scales(
     method: str = "manual",
     weight_granularity: str = DEFAULT_WEIGHT_GRANULARITY,
     weight_qmax: int = DEFAULT_WEIGHT_QMAX,
+    weight_form: str | None = None,
 ) -> QuantPlan:
-    """A plan from explicit per-site scales (tests, baselines); `shadow` maps sites to their channels."""
+    """A plan from explicit per-site scales (tests, baselines); `shadow` maps sites to their channels.
+
+    weight_form (`quantize.WEIGHT_FORMS`), when given, sets the weights' range instead of weight_qmax."""
+    weight_qmax, weight_form = weight_range(weight_qmax, weight_form)
     shadow = shadow or {}
     sites = {k: SiteQuant(float(s), tuple(shadow.get(k, ())), len(shadow.get(k, ()))) for k, s in scales.items()}
     _check_sites(sites, model.config.n_layers)
     return QuantPlan(sites, quantize_weights(model, weight_granularity, weight_qmax), model.fingerprint, method,
-                     weight_granularity=weight_granularity, weight_qmax=weight_qmax)
+                     weight_granularity=weight_granularity, weight_qmax=weight_qmax, weight_form=weight_form)
+
+
+def weight_range(weight_qmax: int, weight_form: str | None) -> tuple[int, str]:
+    """(qmax, form) of a plan: the form's qmax when a form is given, else `form_for_qmax(weight_qmax)`."""
+    if weight_form is None:
+        return weight_qmax, form_for_qmax(check_weight_qmax(weight_qmax))
+    return WEIGHT_FORMS[check_weight_form(weight_form)].qmax, weight_form

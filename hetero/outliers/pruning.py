@@ -15,7 +15,14 @@ import numpy as np
 from hetero.errors import ConfigError
 from hetero.model import SITES
 from hetero.outliers.calibrate import ensure_calibration
-from hetero.outliers.plan import DEFAULT_WEIGHT_GRANULARITY, DEFAULT_WEIGHT_QMAX, QuantPlan, SiteQuant, quantize_weights
+from hetero.outliers.plan import (
+    DEFAULT_WEIGHT_GRANULARITY,
+    DEFAULT_WEIGHT_QMAX,
+    QuantPlan,
+    SiteQuant,
+    quantize_weights,
+    weight_range,
+)
 
 DEFAULT_PRUNE_FRACTION = 0.85
 # Shadow sites clip at p99.9 of |x|, pruned ones at p99.999: the measured choice (docs/design.md, "Outliers").
@@ -86,6 +93,7 @@ def plan_from_calibration(
     weight_granularity: str = DEFAULT_WEIGHT_GRANULARITY,
     importance: str = "ratio",
     weight_qmax: int = DEFAULT_WEIGHT_QMAX,
+    weight_form: str | None = None,
 ) -> QuantPlan:
     """The hetero quantization plan: calibrated per-tensor scales, shadow on the important sites only.
 
@@ -96,8 +104,10 @@ def plan_from_calibration(
     (default) gives per-output-channel INT8 weights, whose static scales fold into the output
     dequantization while activations stay per tensor (`quantize` module doc); "tensor" the paper's strict
     per-tensor weights (ablation). weight_qmax: 63 (default, 7-bit weights: exact with ORT's fast u8·s8
-    MatMulInteger on AVX2, `plan` module doc) or 127 (full 8-bit).
+    MatMulInteger on AVX2, `plan` module doc) or 127 (full 8-bit). weight_form (`quantize.WEIGHT_FORMS`),
+    when given, sets the range instead and is recorded in the plan (it picks the CPU EP's kernel).
     """
+    weight_qmax, weight_form = weight_range(weight_qmax, weight_form)
     if calibration is None:
         calibration = ensure_calibration(model)
     calibration.validate_for(model)
@@ -113,4 +123,5 @@ def plan_from_calibration(
             "granularity": granularity, "importance": importance, "calibration_corpus": calibration.corpus,
             "calibration_tokens": calibration.n_tokens}
     return QuantPlan(sites, quantize_weights(model, weight_granularity, weight_qmax), model.fingerprint,
-                     method or "w8a8-shadow", float(prune_fraction), meta, weight_granularity, weight_qmax)
+                     method or "w8a8-shadow", float(prune_fraction), meta, weight_granularity, weight_qmax,
+                     weight_form)

@@ -2,8 +2,9 @@
 
 Activations per tensor, int8 in [-128, 127] stored as uint8 with zero point 128; weights int8 with zero
 point 0, per output channel by default (static scales fold into the output dequantization), in
-[-weight_qmax, weight_qmax] (63: 7-bit, exact with ORT's u8·s8 kernel on AVX2; 127: 8-bit). Rounding is
-half to even, as ONNX `QuantizeLinear`. Derivations: docs/design.md, "Outliers".
+[-weight_qmax, weight_qmax], multiplied on the CPU EP as the plan's weight form says (`WEIGHT_FORMS`,
+chosen per CPU by `hetero.npu.isa`). Rounding is half to even, as ONNX `QuantizeLinear`. Derivations:
+docs/design.md, "Outliers" and "Weight forms".
 """
 
 from __future__ import annotations
@@ -20,7 +21,35 @@ W_QMAX = 127  # full 8-bit symmetric weights
 # Largest |q| for which ORT's u8·s8 GEMM cannot saturate on AVX2 (vpmaddubsw int16 pair sums):
 # 2·255·64 = 32640 <= 32767, while 2·255·65 = 33150 > 32767.
 U8S8_SAFE_WEIGHT_ABSMAX = 64
-W_QMAX_U8S8 = 63  # 7-bit symmetric weights (ORT reduce_range): the plan's default `weight_qmax`
+W_QMAX_U8S8 = 63  # 7-bit symmetric weights (ORT reduce_range)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightForm:
+    """How a plan's INT8 weights are stored and multiplied on the ONNX Runtime CPU EP."""
+
+    qmax: int  # weights q in [-qmax, qmax]
+    kernel: str  # "u8s8" (s8 weights, zero point 0) | "u8u8" (weights stored q + 128, zero point 128)
+    needs_vnni: bool  # exact only with a VNNI dot product (`hetero.npu.isa`)
+
+
+WEIGHT_FORMS: dict[str, WeightForm] = {
+    "w8-u8s8": WeightForm(W_QMAX, "u8s8", True),  # VNNI: exact and fastest
+    "w7-u8s8": WeightForm(W_QMAX_U8S8, "u8s8", False),  # exact everywhere (ORT reduce_range), 7-bit
+    "w8-u8u8": WeightForm(W_QMAX, "u8u8", False),  # exact everywhere, 8-bit; slower on AVX2
+}
+
+
+def check_weight_form(form: str) -> str:
+    """`form` must name one of `WEIGHT_FORMS`."""
+    if form not in WEIGHT_FORMS:
+        raise ConfigError(f"weight form must be one of {sorted(WEIGHT_FORMS)}, got {form!r}")
+    return form
+
+
+def form_for_qmax(qmax: int) -> str:
+    """The form a plan given only `qmax` gets: u8·s8 where it is exact on every x86 CPU, else u8·u8."""
+    return "w7-u8s8" if qmax <= U8S8_SAFE_WEIGHT_ABSMAX else "w8-u8u8"
 
 
 def check_weight_qmax(qmax: int) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hetero.npu import isa
 from hetero.npu.backend import NpuBackend
 from hetero.npu.quickplan import absmax_plan
 from hetero.outliers.shadow import QuantizedBackend
@@ -16,14 +17,21 @@ def real(default_model, real_text_ids):
     return default_model, plan, real_text_ids
 
 
+# this CPU's weight form and the AVX2 one, forced (the VNNI form is exact only with VNNI)
+FORMS = sorted({isa.default_weight_form(), isa.FORM_AVX2, "w7-u8s8"})
+
+
 def _inputs(model, ids, c):
     from hetero import model as ref
 
     return ref.embed(model.weights, ids[:c]), torch.randn(c, model.config.q_dim, generator=torch.Generator().manual_seed(0)) * 0.2
 
 
-def test_real_layers_cpu_ep_match_reference(real):
-    model, plan, ids = real
+@pytest.mark.parametrize("form", FORMS)
+def test_real_layers_cpu_ep_match_reference(real, form):
+    model, _, ids = real
+    plan = absmax_plan(model, ids[:128], weight_form=form)
+    assert plan.weight_form == form
     be = NpuBackend(model, plan, 64, provider="cpu", layers=[0, 1])
     ref = QuantizedBackend(model.config, model.weights, plan)
     h, a = _inputs(model, ids, 64)

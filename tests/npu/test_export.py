@@ -141,52 +141,67 @@ def test_bad_equivalent_shape_is_a_clear_error(shape):
         segments.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu", shape)
 
 
-def test_cpu_weight_form_saturation_bound():
+def test_weight_form_of_a_plan_given_only_its_range():
     # vpmaddubsw sums two u8·s8 products into a saturating int16: 2·255·64 = 32640 fits, 2·255·65 does not
-    assert export.cpu_weight_form(np.array([[64, -64]], np.int8)) == "u8s8"
-    assert export.cpu_weight_form(np.array([[65, 0]], np.int8)) == "u8u8"
-    assert export.cpu_weight_form(np.array([[-127, 3]], np.int8)) == "u8u8"
+    from hetero.outliers.quantize import form_for_qmax
+
+    assert form_for_qmax(64) == form_for_qmax(63) == "w7-u8s8"
+    assert form_for_qmax(65) == form_for_qmax(127) == "w8-u8u8"
+    assert export.cpu_kernel("w8-u8s8") == "u8s8" and export.cpu_kernel("w8-u8u8") == "u8u8"
 
 
-@pytest.mark.parametrize("qmax", [63, 127])
+@pytest.mark.parametrize("form", ["w7-u8s8", "w8-u8u8", "w8-u8s8"])
 @pytest.mark.parametrize("fill", [255, 0])
-def test_cpu_graph_bit_exact_on_extreme_activations(tiny, qmax, fill):
+def test_cpu_graph_bit_exact_on_extreme_activations(tiny, form, fill):
     # Quantized activations all 255 (or all 0) as u8 against weights at the edge of their range: the worst
-    # case of ORT's u8·s8 kernel on AVX2 (int16 pair sums 2·255·|q|). With 8-bit weights u8·s8 would
-    # saturate (2·255·127 > 32767); 7-bit weights (the CPU EP's) run u8·s8 exactly, 8-bit ones fall back
-    # to u8·u8. Either way the graph equals the numpy reference bit for bit.
-    from hetero.outliers.quantize import QuantWeightPerChannel
+    # case of ORT's u8·s8 kernel on AVX2 (int16 pair sums 2·255·|q|). Each weight form is forced here, so
+    # every form is tested on every machine; "w8-u8s8" (8-bit u8·s8) is exact only with VNNI: on AVX2
+    # without it the saturation is real (2·255·127 > 32767), and only the graph's structure is checked.
+    from hetero.npu.isa import has_vnni
+    from hetero.outliers.quantize import WEIGHT_FORMS, QuantWeightPerChannel, quantize_act
 
-    plan = plan_from_scales(tiny, {(l, s): 0.02 for l in range(2) for s in SITES}, weight_qmax=qmax)
-    assert plan.weight_qmax == qmax
+    qmax = WEIGHT_FORMS[form].qmax
+    plan = plan_from_scales(tiny, {(l, s): 0.02 for l in range(2) for s in SITES}, weight_form=form)
+    assert plan.weight_qmax == qmax and plan.weight_form == form
     w = plan.weights[(0, "wo")]
     q = w.q.copy()  # rows of all +qmax, all -qmax, alternating, then the real weights
     q[0], q[1], q[2, 0::2], q[2, 1::2] = qmax, -qmax, qmax, -qmax
     plan.weights[(0, "wo")] = QuantWeightPerChannel(q, w.scales)
     lq = segments.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
-    assert lq.weight_qmax == qmax
+    assert lq.weight_qmax == qmax and lq.weight_form == form
     spec = segments.SegmentSpec(0, "o", ("o",), 16, "cpu")
     m = export.build_segment(spec, lq)
     inits = {t.name: t for t in m.graph.initializer}
     mmi = next(n for n in m.graph.node if n.op_type == "MatMulInteger")
-    want_dtype = onnx.TensorProto.INT8 if qmax == 63 else onnx.TensorProto.UINT8
+    want_dtype = onnx.TensorProto.INT8 if WEIGHT_FORMS[form].kernel == "u8s8" else onnx.TensorProto.UINT8
     assert inits[mmi.input[1]].data_type == want_dtype and inits[mmi.input[3]].data_type == want_dtype
+    if WEIGHT_FORMS[form].needs_vnni and not has_vnni():
+        pytest.skip("8-bit u8·s8 saturates on AVX2 without VNNI (structure checked, numbers not exact here)")
     g, _ = prepare_graph(spec, lq, tiny.fingerprint, OrtCpuProvider())
     a = torch.full((16, 64), 100.0 if fill == 255 else -100.0)  # |a| / 0.02 ≫ 127: clips to u8 255 / 0
     a[8:, ::3] = 0.0  # plus some mid-range u8 128 rows/columns
-    from hetero.outliers.quantize import quantize_act
-
     assert (quantize_act(a[:8].numpy(), 0.02) == fill).all()
     got = g.run({"a": a})["o"].numpy()
     assert np.array_equal(got, int8_linear(a.numpy(), 0.02, plan.weights[(0, "wo")]))
 
 
-def test_layer_digest_depends_on_weight_qmax(tiny):
+def test_plan_rejects_a_7bit_form_with_8bit_weights(tiny):
+    from hetero.outliers.plan import QuantPlan
+
+    plan = plan_from_scales(tiny, {(l, s): 0.02 for l in range(2) for s in SITES}, weight_form="w8-u8s8")
+    with pytest.raises(ConfigError, match="w7-u8s8 needs weight_qmax"):
+        QuantPlan(plan.sites, plan.weights, weight_qmax=127, weight_form="w7-u8s8")
+    with pytest.raises(ConfigError, match="weight form must be one of"):
+        plan_from_scales(tiny, {(l, s): 0.02 for l in range(2) for s in SITES}, weight_form="w9")
+
+
+def test_layer_digest_depends_on_weight_form(tiny):
+    # the graph cache key holds the weight form: the same 8-bit weights as u8·s8 and as u8·u8 are two graphs
     scales = {(l, s): 0.02 for l in range(2) for s in SITES}
-    d = {qm: segments.layer_digest(segments.layer_q(tiny.config, tiny.weights.layers[0],
-                                                plan_from_scales(tiny, scales, weight_qmax=qm), 0))
-         for qm in (63, 127)}
-    assert d[63] != d[127]
+    d = {f: segments.layer_digest(segments.layer_q(tiny.config, tiny.weights.layers[0],
+                                                   plan_from_scales(tiny, scales, weight_form=f), 0))
+         for f in ("w7-u8s8", "w8-u8u8", "w8-u8s8")}
+    assert len(set(d.values())) == 3
 
 
 def test_profile_shapes_records_a_winner_among_the_candidates(tiny, tmp_path):
