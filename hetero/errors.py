@@ -23,6 +23,10 @@ class ModelUnavailable(HeteroError):
     """The default model cannot be found or fetched (offline, no cached copy)."""
 
 
+class MissingExtra(HeteroError, ImportError):
+    """An optional part was used without the pip extra that brings its library (`hetero.extras`)."""
+
+
 class BackendUnavailable(HeteroError):
     """A requested execution backend (e.g. QNN EP with HTP) is not present on this machine."""
 

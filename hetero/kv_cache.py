@@ -26,6 +26,14 @@ class KVCache:
         self.v = torch.empty_like(self.k)
         self.length = 0
 
+    def fork(self) -> "KVCache":
+        """An independent copy (same capacity, the valid positions copied): prefill into one, keep the other."""
+        twin = KVCache(self.config, self.capacity, self.k.dtype)
+        twin.k[:, :, : self.length] = self.k[:, :, : self.length]
+        twin.v[:, :, : self.length] = self.v[:, :, : self.length]
+        twin.length = self.length
+        return twin
+
     @property
     def capacity(self) -> int:
         return self.k.shape[2]
@@ -71,3 +79,17 @@ class KVCache:
 
     def nbytes_used(self) -> int:
         return 2 * self.k[:, :, : self.length].numel() * self.k.element_size()
+
+
+def check_cache(cache: object, cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> KVCache:
+    """`cache` if it is a KVCache that fits a runtime of `cfg` (layout and dtype, not only the type);
+    else a ConfigError saying what came and what was needed."""
+    if not isinstance(cache, KVCache):
+        raise ConfigError(f"cache must be a hetero.KVCache (Runtime.new_cache() or a PrefillResult.cache), "
+                          f"got {type(cache).__name__}")
+    want = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, dtype)
+    got = (cache.k.shape[0], cache.k.shape[1], cache.k.shape[3], cache.k.dtype)
+    if got != want:
+        raise ConfigError(f"cache is from another model or runtime: {got[0]} layers x {got[1]} KV heads x "
+                          f"{got[2]} dims {got[3]}, this runtime needs {want[0]} x {want[1]} x {want[2]} {want[3]}")
+    return cache

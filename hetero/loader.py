@@ -1,16 +1,19 @@
 """Read a Llama-family model from its real file: a GGUF file or a Hugging Face safetensors directory.
 
-GGUF tensors (Q4_0/Q4_1/Q8_0/F16/F32, ...) are dequantized to float32 with the `gguf` package. GGUF
-stores Llama's Q and K projections permuted for llama.cpp's RoPE layout; `_unpermute` undoes that (as
-transformers' GGUF loader does). Dequantizing and building the tokenizer take seconds, so the float
-weights (safetensors), config and tokenizer are cached under `cache_dir()/models/<fingerprint>/`.
+GGUF tensors are dequantized to float32 (`gguf`); Llama's Q/K rows, permuted for llama.cpp's RoPE, are
+un-permuted (`_unpermute`, as transformers does). Float weights, config and tokenizer are cached under
+`cache_dir()/models/<fingerprint>/`, verified like the graph cache (size + sha256 at write, re-hashed when a
+stat stamp moved; the config by its hash): a damaged or edited copy is rebuilt from the GGUF with a
+warning. Writers hold the entry's lock; an unwritable cache costs a warning.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -19,16 +22,17 @@ from typing import Any
 
 import numpy as np
 import torch
+from filelock import FileLock
 from safetensors.torch import load_file, save_file
 
 from hetero.config import ModelConfig
 from hetero.errors import ModelFormatError
 from hetero.model import LayerWeights, Weights
-from hetero.paths import atomic_path, cache_dir, file_fingerprint
+from hetero.paths import atomic_path, cache_dir, check_files, file_fingerprint, file_record, remove_stale_temps
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: file records (size, sha256, stamp) and the config hash in meta.json
 _LAYER_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down", "bq", "bk", "bv")
 _GGUF_NAMES = {  # our field -> GGUF tensor name inside blk.N
     "attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight",
@@ -80,15 +84,33 @@ def _load_gguf(p: Path) -> Model:
             raise ModelFormatError(f"{p} is not a GGUF file (bad magic) and not a directory")
     fp = file_fingerprint(p)
     entry = cache_dir() / "models" / fp
-    model = _load_cached(entry, p, fp)
+    model = _load_cached(entry, p, fp, repair=False)  # the common case: no lock taken
     if model is not None:
         return model
-    t0 = time.perf_counter()
-    print(f"hetero: reading {p.name} once (dequantizing, building the tokenizer); cached in {entry}", file=sys.stderr)
-    cfg, weights, tokenizer = _read_gguf(p)
-    _save_cache(entry, cfg, weights, tokenizer)
-    log.info("read %s in %.1f s (cached as %s)", p, time.perf_counter() - t0, entry)
-    return Model(cfg, weights, tokenizer, p, fp, p.stem)
+    try:
+        entry.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(entry.parent / f".{fp}.lock"), timeout=900)
+        lock.acquire()
+    except OSError as e:  # a read-only cache: read the GGUF every time
+        log.warning("cannot write the model cache %s (%s); reading %s without caching it", entry, e, p.name)
+        cfg, weights, tokenizer = _read_gguf(p)
+        return Model(cfg, weights, tokenizer, p, fp, p.stem)
+    try:
+        model = _load_cached(entry, p, fp, repair=True)  # another process may have written it meanwhile
+        if model is not None:
+            return model
+        remove_stale_temps(entry)  # of writers killed mid-way
+        t0 = time.perf_counter()
+        print(f"hetero: reading {p.name} once (dequantizing, building the tokenizer); cached in {entry}", file=sys.stderr)
+        cfg, weights, tokenizer = _read_gguf(p)
+        try:
+            _save_cache(entry, cfg, weights, tokenizer)
+        except OSError as e:
+            log.warning("cannot write the model cache %s (%s); continuing without it", entry, e)
+        log.info("read %s in %.1f s (cached as %s)", p, time.perf_counter() - t0, entry)
+        return Model(cfg, weights, tokenizer, p, fp, p.stem)
+    finally:
+        lock.release()
 
 
 def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
@@ -248,7 +270,13 @@ def _check_shapes(cfg: ModelConfig, w: Weights, p: Path) -> None:
 # -------------------------------------------------------------------------------------------- cache
 
 
+def _config_sha(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
 def _save_cache(entry: Path, cfg: ModelConfig, w: Weights, tokenizer: Any) -> None:
+    """Write the entry (hold its lock): meta.json goes first away and comes back last, with a record of
+    every file, so a reader sees a complete entry or none."""
     state = {"tok_emb": w.tok_emb, "norm": w.norm}
     if not cfg.tie_embeddings:
         state["lm_head"] = w.lm_head
@@ -258,21 +286,52 @@ def _save_cache(entry: Path, cfg: ModelConfig, w: Weights, tokenizer: Any) -> No
             if t is not None:
                 state[f"layers.{i}.{f}"] = t
     entry.mkdir(parents=True, exist_ok=True)
+    (entry / "meta.json").unlink(missing_ok=True)
+    shutil.rmtree(entry / "tokenizer", ignore_errors=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(entry / "tokenizer"))
     with atomic_path(entry / "weights.safetensors") as tmp:
         save_file(state, str(tmp))
+    names = ["weights.safetensors"] + sorted(str(q.relative_to(entry)) for q in (entry / "tokenizer").rglob("*")
+                                             if q.is_file())
+    config = cfg.to_dict()
+    meta = {"version": CACHE_VERSION, "config": config, "config_sha256": _config_sha(config),
+            "files": {n: file_record(entry / n) for n in names}}
     with atomic_path(entry / "meta.json") as tmp:  # written last: its presence marks a complete entry
-        tmp.write_text(json.dumps({"version": CACHE_VERSION, "config": cfg.to_dict()}, indent=1))
+        tmp.write_text(json.dumps(meta, indent=1))
 
 
-def _load_cached(entry: Path, p: Path, fp: str) -> Model | None:
+def _verify_cached(entry: Path) -> dict | None:
+    """meta.json of a complete, intact entry; None if there is none; ModelFormatError saying what is wrong."""
     meta_file = entry / "meta.json"
     if not meta_file.is_file():
         return None
     try:
         meta = json.loads(meta_file.read_text())
-        if meta.get("version") != CACHE_VERSION:
+    except (OSError, ValueError) as e:
+        raise ModelFormatError(f"unreadable meta.json ({e})") from e
+    if meta.get("version") != CACHE_VERSION:
+        raise ModelFormatError(f"cache format {meta.get('version')!r}, not {CACHE_VERSION}")
+    if _config_sha(meta.get("config", {})) != meta.get("config_sha256"):
+        raise ModelFormatError("meta.json was edited (its config no longer matches its hash)")
+    reason, restamped = check_files(entry, meta.get("files") or {"weights.safetensors": {"size": -1}})
+    if reason is not None:
+        raise ModelFormatError(reason)
+    if restamped:  # same content, new stamps (copied or touched): hashed once, not on every load
+        try:
+            with atomic_path(meta_file) as tmp:
+                tmp.write_text(json.dumps(meta, indent=1))
+        except OSError as e:
+            log.debug("cannot refresh the stamps of %s: %s", entry, e)
+    return meta
+
+
+def _load_cached(entry: Path, p: Path, fp: str, repair: bool) -> Model | None:
+    """The cached model if its entry verifies, else None; repair (holding the entry's lock): warn about
+    a damaged entry and delete its meta.json so that it is rebuilt."""
+    try:
+        meta = _verify_cached(entry)
+        if meta is None:
             return None
         cfg = ModelConfig.from_dict(meta["config"])
         state = load_file(str(entry / "weights.safetensors"))
@@ -285,7 +344,8 @@ def _load_cached(entry: Path, p: Path, fp: str) -> Model | None:
 
             tokenizer = AutoTokenizer.from_pretrained(str(entry / "tokenizer"))
     except Exception as e:  # a damaged cache entry is rebuilt, never trusted
-        log.warning("model cache entry %s is unreadable (%s); rebuilding it", entry, e)
-        meta_file.unlink(missing_ok=True)
+        if repair:
+            log.warning("model cache entry %s is damaged (%s); rebuilding it from %s", entry, e, p.name)
+            (entry / "meta.json").unlink(missing_ok=True)
         return None
     return Model(cfg, weights, tokenizer, p, fp, p.stem)

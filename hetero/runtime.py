@@ -18,10 +18,10 @@ import torch
 
 from hetero import model as ref
 from hetero.backend import FloatBackend, LayerBackend
-from hetero.chunking import Chunk, padded_ids, plan_chunks
+from hetero.chunking import Chunk, check_chunk, padded_ids, plan_chunks, token_ids
 from hetero.dag import DEFAULT_PLACEMENT, CompiledDag, build_dag, compile_graph
 from hetero.errors import ConfigError
-from hetero.kv_cache import KVCache
+from hetero.kv_cache import KVCache, check_cache
 from hetero.loader import Model
 from hetero.schedule import Schedule
 
@@ -154,9 +154,7 @@ class Runtime:
 
     def __init__(self, model: Model, chunk: int = 256, backend: LayerBackend | None = None,
                  max_context: int | None = None, executor: PrefillExecutor | None = None):
-        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk <= 0:
-            raise ConfigError(f"chunk must be a positive integer, got {chunk!r}")
-        self.model, self.cfg, self.chunk = model, model.config, chunk
+        self.model, self.cfg, self.chunk = model, model.config, check_chunk(chunk, model.config.context_length)
         ctx = self.cfg.context_length
         if max_context is not None and not 0 < max_context <= ctx:
             raise ConfigError(f"max_context must be in [1, {ctx}], got {max_context}")
@@ -177,24 +175,12 @@ class Runtime:
 
     def check_ids(self, ids: Sequence[int] | torch.Tensor, start: int = 0) -> torch.Tensor:
         """Validate token ids at the edge: 1-D, non-empty, in the vocabulary, within the context."""
-        t = torch.as_tensor(ids) if not isinstance(ids, torch.Tensor) else ids
-        if t.dim() == 2 and t.shape[0] == 1:
-            t = t[0]
-        if t.dim() != 1:
-            raise ConfigError(f"ids must be a 1-D sequence of token ids, got shape {tuple(t.shape)}")
-        if t.numel() == 0:
-            raise ConfigError("ids is empty: the prompt must contain at least one token")
-        if t.dtype.is_floating_point or t.dtype == torch.bool:
-            raise ConfigError(f"ids must be integers, got dtype {t.dtype}")
-        bad = ((t < 0) | (t >= self.cfg.vocab)).nonzero()
-        if bad.numel():
-            j = int(bad[0, 0])
-            raise ConfigError(f"token id {int(t[j])} at index {j} is out of range [0, {self.cfg.vocab})")
+        t = token_ids(ids, self.cfg.vocab)
         if start + t.numel() > self.max_context:
             raise ConfigError(
                 f"prompt of {t.numel()} tokens (+{start} cached) exceeds the context length {self.max_context}"
             )
-        return t.long()
+        return t
 
     # ------------------------------------------------------------------ the three steps of a prefill
     def plan(self, ids: Sequence[int] | torch.Tensor, start: int = 0) -> PrefillPlan:
@@ -225,7 +211,13 @@ class Runtime:
 
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int] | torch.Tensor, cache: KVCache | None = None) -> PrefillResult:
-        """Prefill `ids`, continuing `cache` at position P = cache.length if given (the next turn)."""
+        """Prefill `ids`, continuing `cache` at position P = cache.length if given (the next turn).
+
+        The cache is extended in place (the returned result holds that same cache): to keep the earlier
+        state, pass `cache.fork()`.
+        """
+        if cache is not None:
+            check_cache(cache, self.cfg)
         start = cache.length if cache is not None else 0
         plan = self.plan(ids, start)
         if cache is None:

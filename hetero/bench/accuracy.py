@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from hetero.bench.entry import bench_main
+from hetero.extras import require
 from hetero.loader import load_model
 from hetero.methods import use_threads
 from hetero.model import forward
@@ -229,6 +230,7 @@ def to_markdown(r: dict) -> str:
 
 
 def plot(r: dict, path: Path) -> None:
+    require("plots", "the accuracy figure")
     import matplotlib
 
     matplotlib.use("Agg")

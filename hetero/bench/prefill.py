@@ -8,11 +8,13 @@ import argparse
 import json
 import os
 import platform
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from datetime import datetime, timezone
 from typing import Any
 
+from hetero.bench.conditions import load_avg, trust_warnings
 from hetero.bench.e2e import run_e2e
 from hetero.bench.engines import ABLATION
 from hetero.bench.harness import run_engines
@@ -32,6 +34,7 @@ def run_prefill_bench(lens: list[int], repeats: int, threads: int, model_path: s
     from tqdm import tqdm
 
     bar = tqdm(total=len(engines) + len(ABLATION) + 2, desc="hetero bench", disable=not progress)
+    load_before = load_avg()
 
     def step(name: str) -> None:
         bar.set_postfix_str(name)
@@ -50,11 +53,13 @@ def run_prefill_bench(lens: list[int], repeats: int, threads: int, model_path: s
     e2e_rows = run_e2e(model_path, threads) if e2e else []
     step("end-to-end")
     bar.close()
+    warnings = trust_warnings([asdict(r) for r in rows + ab_rows], load_before, load_avg())
     return {
+        "warnings": warnings,
         "conditions": {"model": model_path or "SmolLM2-135M-Instruct (Q4_1 GGUF, default)", "threads": threads,
                        "repeats": repeats, "statistic": "median after 1 warm-up", "chunk": 256,
                        "machine": f"{platform.processor() or platform.machine()}, {(os.cpu_count() or 0)} CPUs",
-                       "loadavg_1m": round(os.getloadavg()[0], 2),
+                       "loadavg_1m": round(load_avg(), 2), "loadavg_1m_start": round(load_before, 2),
                        "date": datetime.now(timezone.utc).isoformat(timespec="seconds")},
         "rows": [asdict(r) for r in rows + sim],
         "ratios": ratios(rows),
@@ -84,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     result = run_prefill_bench(lens, args.repeats, args.threads, args.model,
                                e2e=not (args.quick or args.no_e2e), ablation_len=256 if args.quick else 512)
     paths = write_outputs(result, Path(args.out))
+    for w in result["warnings"]:
+        print(f"hetero bench: warning: {w}", file=sys.stderr)
     if args.json:
         print(json.dumps(result))
     else:

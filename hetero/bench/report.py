@@ -39,6 +39,7 @@ def markdown(result: dict[str, Any]) -> str:
     c = result["conditions"]
     lines = [f"# Prefill benchmark ({c['model']}, {c['threads']} threads, {c['statistic']} of {c['repeats']}, "
              f"C={c['chunk']}, {c['machine']}, {c['date']})", "",
+             *([f"**Warning: {w}.**" for w in result.get("warnings", [])] + [""] if result.get("warnings") else []),
              "| engine | prompt | tokens/s | TTFT ms | peak RSS MB | where |", "|---|---:|---:|---:|---:|---|"]
     for r in sorted(result["rows"], key=lambda r: (r["simulated"], r["prompt_len"], -r["tokens_per_s"])):
         where = r["note"] if r["simulated"] else "real, this machine"

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from hetero.bench.entry import bench_main
-from hetero.paths import PROFILES_DIR, atomic_path
+from hetero.paths import PROFILES_DIR, atomic_path, profile_search_path
 from hetero.sched.dag import compiled_prefill_dag
 from hetero.sched.optimal import solve_optimal
 from hetero.sched.measure import host_slug
@@ -30,10 +30,11 @@ DERIVED = PROFILES_DIR / "snapdragon_8gen3_qwen1.5-1.8b.json"
 
 
 def host_profile_path() -> Path | None:
-    own = PROFILES_DIR / f"{host_slug()}.json"
-    if own.exists():
-        return own
-    measured = [p for p in sorted(PROFILES_DIR.glob("*.json")) if load_profile(p).method == "measured"]
+    folders = profile_search_path()  # the user's measured profiles first, then the shipped ones
+    for own in (d / f"{host_slug()}.json" for d in folders):
+        if own.exists():
+            return own
+    measured = [p for d in folders for p in sorted(d.glob("*.json")) if load_profile(p).method == "measured"]
     return measured[0] if measured else None
 
 
@@ -96,7 +97,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    root = PROFILES_DIR.parent
+    root = PROFILES_DIR.parents[1]
     paths = args.profile or [p for p in (host_profile_path(), DERIVED) if p is not None]
     prompt_lens = (256, 1024) if args.quick else PROMPT_LENS
     limit = 2.0 if args.quick else args.opt_limit_s

@@ -15,9 +15,22 @@ from hetero.errors import HeteroError
 __all__ = ["add_method_arg", "add_model_arg", "build_parser", "int_list", "main", "positive_int"]
 
 
+def _version() -> str:
+    """The installed distribution's version (what pip installed), else the package's own."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hetero")
+    except PackageNotFoundError:
+        from hetero import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hetero", description="Fast LLM prefill on NPU + CPU/GPU (mllm-NPU).")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what hetero decides")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what hetero decides (and, for run, where the time went)")
+    parser.add_argument("--version", action="version", version=f"hetero {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     from hetero.cli import bench, calibrate, npu, run, sched, serve  # here: hetero.bench imports hetero.cli.args
 

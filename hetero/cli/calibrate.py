@@ -28,9 +28,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from hetero.outliers.calibrate import calibrate, calibration_path, summary
     from hetero.outliers.corpus import corpus_id, load_corpus
     from hetero.outliers.pruning import DEFAULT_PERCENTILE, kept_sites
+    from hetero.paths import check_writable
 
-    model = load_model(args.model)
     text = load_corpus(args.corpus)
+    if args.out:
+        check_writable(args.out, "--out")  # before minutes of calibration, not after
+    model = load_model(args.model)
     t0 = time.perf_counter()
     stats = calibrate(model, text, args.tokens, args.window, corpus_id(args.corpus, text), progress=not args.json)
     path = stats.save(args.out or calibration_path(model))

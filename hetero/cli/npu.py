@@ -106,7 +106,7 @@ def add_hub_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hub", action="store_true", help="profile on a real device through Qualcomm AI Hub")
     p.add_argument("--device", help="AI Hub device name, e.g. 'Samsung Galaxy S24'")
     p.add_argument("--hub-chunks", type=positive_int, nargs="+", default=[128, 256])
-    p.add_argument("--hub-out", help="profile JSON to write (default profiles/hub-<device>.json)")
+    p.add_argument("--hub-out", help="profile JSON to write (default <cache>/profiles/hub-<device>.json)")
 
 
 def run_hub_profile(args: argparse.Namespace) -> int:
@@ -115,14 +115,14 @@ def run_hub_profile(args: argparse.Namespace) -> int:
 
     from hetero.methods import quant_plan
     from hetero.npu.hub import _slug, measure_on_hub
-    from hetero.paths import PROFILES_DIR
+    from hetero.paths import user_profiles_dir
     from hetero.sched.profile import save_profile
 
     if not args.device:
         raise ConfigError("--hub needs --device NAME (an AI Hub device, e.g. 'Samsung Galaxy S24')")
     model = _model(args)
     prof = hub_profile(measure_on_hub(model, quant_plan(model, "qnn"), args.hub_chunks, args.device))
-    out = Path(args.hub_out) if args.hub_out else PROFILES_DIR / f"hub-{_slug(args.device)}.json"
+    out = Path(args.hub_out) if args.hub_out else user_profiles_dir() / f"hub-{_slug(args.device)}.json"
     save_profile(prof, out)
     print(f"wrote {out}")
     return 0

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import contextlib
 import os
+import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from hetero.cli.args import add_method_arg, add_model_arg, positive_int
@@ -14,10 +17,15 @@ from hetero.errors import ConfigError
 
 def register(sub: Any) -> None:
     run = sub.add_parser("run", help="prefill a chat prompt with hetero, then decode the answer")
-    run.add_argument("prompt")
+    run.add_argument("prompt", nargs="?", help="the prompt; `-` reads it from standard input")
+    run.add_argument("-f", "--file", help="read the prompt from this UTF-8 text file")
+    run.add_argument("--system", help="system message (through the model's chat template)")
     add_model_arg(run)
     run.add_argument("--chunk", type=positive_int, default=256, help="chunk length C (default 256)")
-    run.add_argument("--max-new-tokens", type=int, default=64)
+    run.add_argument("-n", "--max-new-tokens", type=int, default=64, help="tokens to decode at most (default 64; "
+                     "fewer when the context is full)")
+    run.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                     help="say where the time went (load, calibrate, build, prefill, decode) and what hetero decides")
     run.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
     run.add_argument("--raw", action="store_true", help="do not apply the chat template")
     run.add_argument("--json", action="store_true", help="print one JSON object")
@@ -29,6 +37,29 @@ def register(sub: Any) -> None:
     add_model_arg(info)
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=cmd_info)
+
+
+class Timing:
+    """Wall seconds per step of `hetero run`, in the order measured (`-v`)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, step: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[step] = time.perf_counter() - t0
+
+    def split(self, step: str, first: str, second: str, second_s: float) -> None:
+        """Replace `step` by two steps: `second` took `second_s` of it, `first` the rest."""
+        total = self.seconds.pop(step)
+        self.seconds[first], self.seconds[second] = max(0.0, total - second_s), min(second_s, total)
+
+    def line(self) -> str:
+        return ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items())
 
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:
@@ -91,27 +122,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     from hetero.loader import load_model
     from hetero.methods import make_runtime, use_threads
 
+    from hetero.prompt import encode_prompt, new_token_budget, read_prompt
+
     if args.max_new_tokens < 0:
         raise ConfigError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
-    if not args.prompt.strip():
-        raise ConfigError("prompt is empty: give the text to answer, e.g. hetero run \"What is the capital of France?\"")
+    text_in = read_prompt(args.prompt, args.file)
     if args.decoder == "hetero":
         sampling_params(args)
     use_threads(args.threads)
-    model = load_model(args.model)
+    timing = Timing()
+    with timing("load"):
+        model = load_model(args.model)
     tok = model.tokenizer
     if tok is None:
         raise ConfigError(f"model {model.path} has no tokenizer: `hetero run` needs one to encode the prompt")
-    if args.raw or not getattr(tok, "chat_template", None):
-        ids = tok(args.prompt)["input_ids"]
-    else:
-        text = tok.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=False)
-        ids = tok(text, add_special_tokens=False)["input_ids"]
-    runtime = make_runtime(model, args.method, chunk=args.chunk, threads=args.threads, weight_form=args.weight_form)
+    ids = encode_prompt(tok, text_in, system=args.system, raw=args.raw)
+    with timing("calibrate + build"):
+        runtime = make_runtime(model, args.method, chunk=args.chunk, threads=args.threads,
+                               weight_form=args.weight_form)
+    timing.split("calibrate + build", "calibrate", "build", getattr(runtime.backend, "prepare_s", 0.0))
     prompt = runtime.check_ids(ids)
-    runtime.prefill(prompt[: min(prompt.numel(), args.chunk)])  # warm-up: first-call allocations, lazy inits
+    with timing("warm-up"):
+        runtime.prefill(prompt[: min(prompt.numel(), args.chunk)])  # first-call allocations, lazy inits
     result = runtime.prefill(prompt)
+    timing.seconds["prefill"] = result.total_ms / 1e3
     use_threads(args.threads)  # the runtime may have split cores between lanes; decoding uses them all
+    budget = new_token_budget(prompt.numel(), args.max_new_tokens, runtime.max_context)
     out: dict[str, Any] = {
         "prompt_tokens": result.n_tokens,
         "prefill_ms": round(result.total_ms, 2),
@@ -122,16 +158,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         "model": model.name,
         "decoder": args.decoder,
     }
+    t0 = time.perf_counter()
     if args.decoder == "hetero":
+        args.max_new_tokens = budget
         out.update(_decode_hetero(args, model, runtime, prompt, result))
     else:
-        t0 = time.perf_counter()
-        new = generate(to_hf_model(model), prompt, result, args.max_new_tokens)
+        new = generate(to_hf_model(model), prompt, result, budget)
         decode_s = time.perf_counter() - t0
         out.update(text=tok.decode(new, skip_special_tokens=True).strip(), new_tokens=len(new),
                    decode_tokens_per_s=round(len(new) / decode_s, 1) if new and decode_s > 0 else 0.0)
         if not args.json:
             print(out["text"])
+    timing.seconds["decode"] = time.perf_counter() - t0
+    if getattr(args, "verbose", False):
+        out["seconds"] = {k: round(v, 3) for k, v in timing.seconds.items()}
+        print(f"hetero: time: {timing.line()}; {out['new_tokens']} new tokens", file=sys.stderr)
     if args.json:
         print(json.dumps(out))
     else:

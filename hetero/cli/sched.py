@@ -16,10 +16,10 @@ CLI_POLICIES = sorted(p for p in POLICIES if p != "random")  # random exists for
 
 
 def register(sub: Any) -> None:
-    prof = sub.add_parser("profile", help="measure every subgraph kind on the lanes present; write profiles/<host>.json")
+    prof = sub.add_parser("profile", help="measure every subgraph kind on the lanes present; write <cache>/profiles/<host>.json")
     add_model_arg(prof)
     add_method_arg(prof)
-    prof.add_argument("--out", help="output path (default profiles/<host>.json)")
+    prof.add_argument("--out", help="output path (default: $HETERO_CACHE or ~/.cache/hetero, profiles/<host>.json)")
     prof.add_argument("--repeats", type=positive_int, default=5)
     prof.add_argument("--chunks", default="32,64,128,256,512", help="chunk lengths C to profile")
     prof.add_argument("--kv-lens", default="256,1024,2048,4096", help="KV lengths for attention")
@@ -104,11 +104,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:
-    from hetero.sched.timeline import plot_timeline, timeline_command
+    from hetero.sched.timeline import plot_timeline, summary_text, timeline_command
 
     if not args.real:
         s = timeline_command(args.profile, args.prompt_len, args.chunk, args.policy, args.out)
-        print(f"{args.out}: simulated, profile {s.profile_name}: {s.summary()}")
+        print(f"wrote {args.out}: {args.prompt_len} tokens, {summary_text(s)}")
         return 0
     from hetero.bench.harness import prompt_ids
     from hetero.loader import load_model
@@ -123,5 +123,6 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     if result.schedule is None:
         raise ConfigError(f"method {args.method!r} ran without the out-of-order executor: nothing to draw")
     plot_timeline(result.schedule, args.out, f"real run: {model.name}, {args.prompt_len} tokens, C={args.chunk}, {args.policy}")
-    print(f"{args.out}: real run, {result.total_ms:.0f} ms, {result.tokens_per_s:.0f} tokens/s")
+    print(f"wrote {args.out}: {args.prompt_len} tokens in {result.total_ms:.0f} ms ({result.tokens_per_s:.0f} tokens/s), "
+          f"{summary_text(result.schedule)}")
     return 0

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hetero.chunking import check_chunk
 from hetero.errors import ConfigError
 from hetero.loader import Model
 from hetero.model import SITES
@@ -50,6 +51,24 @@ class PrepareReport:
         return all(r[3] for r in self.rows)
 
 
+def graph_memory_bytes(cfg, chunk: int, n_layers: int) -> int:
+    """An estimate of what the prepared graphs of `n_layers` layers hold at chunk length C: each ONNX
+    Runtime session keeps its own arena, sized by its largest activations ([C, ffn] gate/up/act and
+    their INT8 copies, [C, hidden] residuals), so the total grows with C times the graph count."""
+    per_row = 4 * (3 * cfg.ffn + 4 * cfg.hidden + cfg.q_dim + 2 * cfg.kv_dim)
+    return 2 * n_layers * chunk * per_row  # two graphs (qkv, o_ffn) per layer
+
+
+def check_graph_memory(cfg, chunk: int, n_layers: int) -> None:
+    """ConfigError when the graphs of chunk length C would not fit in the memory available now."""
+    import psutil
+
+    need, free = graph_memory_bytes(cfg, chunk, n_layers), psutil.virtual_memory().available
+    if need > free // 2:  # leave half for the weights, the KV cache and everything else
+        raise ConfigError(f"chunk {chunk} needs about {need / 2**30:.1f} GiB of graph buffers ({2 * n_layers} "
+                          f"graphs), more than half of the {free / 2**30:.1f} GiB available: use a smaller chunk")
+
+
 class NpuBackend:
     """A `LayerBackend` running prebuilt chunk-sharing INT8 graphs (`Runtime(model, chunk=C, backend=...)`).
 
@@ -68,8 +87,8 @@ class NpuBackend:
                  graphs_root=None):
         from hetero.outliers.shadow import QuantizedBackend
 
-        if not isinstance(chunk, int) or chunk <= 0:
-            raise ConfigError(f"chunk must be a positive integer, got {chunk!r}")
+        check_chunk(chunk, model.config.context_length)
+        check_graph_memory(model.config, chunk, model.config.n_layers if layers is None else len(layers))
         self.model, self.cfg, self.plan, self.chunk = model, model.config, plan, chunk
         self.provider = make_provider(provider, intra_op_threads) if isinstance(provider, str) else provider
         self.name = f"npu[{self.provider.name}]"

@@ -4,20 +4,29 @@
 context model + binary) and meta.json, written last. The key hashes the layer's parameters, the model
 fingerprint, the segment spec, provider options and library versions. Files are verified git-index style
 (size, sha256, stat stamp); a stale or corrupt entry is rebuilt with a warning. Layout: docs/design.md.
+Processes sharing the cache build an entry once, under its lock (`graphs/.locks/`), in a private staging
+folder renamed into place whole; an unwritable cache costs a warning and an uncached build.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import logging
+import os
 import shutil
+import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from filelock import FileLock
+
 from hetero.errors import GraphCacheError
-from hetero.paths import atomic_path, cache_dir
+from hetero.paths import atomic_path, cache_dir, check_files, file_record
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +61,6 @@ def entry_key(*parts: object) -> str:
 def graphs_root(cache: Path | None = None) -> Path:
     """Where compiled graphs live: `<cache>/graphs`, `cache` defaulting to the user cache (`paths.cache_dir`)."""
     return (cache or cache_dir()) / "graphs"
-
-
-def _sha(path: Path) -> str:
-    """sha256 of a whole file, read in 1 MiB blocks."""
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _stamp(path: Path) -> int:
-    return path.stat().st_mtime_ns
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,31 +104,46 @@ class CacheEntry:
         files = meta.get("files", {})
         if COMPILED not in files:
             raise GraphCacheError(f"graph cache entry {self.root}: {META} lists no {COMPILED}")
-        restamp = False
-        for name, info in files.items():
-            p = self.root / name
-            if not p.exists() or p.stat().st_size != info["size"]:
-                raise GraphCacheError(f"graph cache entry {self.root}: {name} missing or truncated")
-        for name, info in files.items():  # the compiled model may point at model.data: verify all
-            p = self.root / name
-            if not full and _stamp(p) == info.get("mtime_ns"):
-                continue
-            if _sha(p) != info["sha256"]:
-                raise GraphCacheError(f"graph cache entry {self.root}: {name} fails its sha256 (corrupt)")
-            info["mtime_ns"], restamp = _stamp(p), True
+        reason, restamp = check_files(self.root, files, full)
+        if reason is not None:
+            raise GraphCacheError(f"graph cache entry {self.root}: {reason}")
         if restamp:  # same content, new stamp (copied or touched): hash it once, not on every load
-            self._write_meta(meta)
+            try:
+                self._write_meta(meta)
+            except OSError as e:  # a read-only cache: verified all the same, hashed again next time
+                log.debug("cannot refresh the stamps of %s: %s", self.root, e)
         return self.compiled_path, sum(info["size"] for info in files.values())
 
     def discard(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def lock(self, timeout_s: float = 600.0) -> FileLock:
+        """The entry's inter-process lock (a file under graphs/.locks); hold it to build, repair or replace the entry."""
+        locks = self.root.parent.parent / ".locks"  # apart from the entries, so listings see none
+        locks.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(locks / f"{self.root.parent.name}-{self.key}.lock"), timeout=timeout_s)
+
+    @contextlib.contextmanager
+    def staging(self) -> Iterator["CacheEntry"]:
+        """A private folder to build this entry in (call under `lock()`); on success it replaces the entry
+        whole (`os.rename`), on failure it is deleted. Folders of killed builds of this key are removed."""
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        for stale in self.root.parent.glob(f".build-{self.key}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".build-{self.key}-", dir=self.root.parent))
+        try:
+            yield CacheEntry(tmp, self.key)
+            self.discard()
+            os.rename(tmp, self.root)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def commit(self, spec: object, extra: dict | None = None) -> None:
         """Write meta.json last (atomically): from now on the entry counts as built."""
         files = {}
         for p in sorted(self.root.iterdir()):
             if p.is_file() and p.name != META and not p.name.startswith("."):
-                files[p.name] = {"size": p.stat().st_size, "sha256": _sha(p), "mtime_ns": _stamp(p)}
+                files[p.name] = file_record(p)
         if COMPILED not in files:
             raise GraphCacheError(f"graph cache entry {self.root}: nothing compiled to commit")
         self._write_meta({"format": FORMAT, "key": self.key, "spec": asdict(spec) if hasattr(spec, "__dataclass_fields__") else spec,
@@ -143,12 +157,25 @@ class CacheEntry:
         return sum(p.stat().st_size for p in self.root.iterdir() if p.is_file()) if self.root.exists() else 0
 
 
+STALE_STAGING_S = 3600.0  # a staging folder older than this belongs to a killed build
+
+
+def _live_staging(d: Path) -> bool:
+    """A `.build-*` folder young enough to belong to a build in progress (listed by no one)."""
+    if not d.name.startswith(".build-"):
+        return False
+    try:
+        return time.time() - d.stat().st_mtime < STALE_STAGING_S
+    except OSError:
+        return True
+
+
 def _all_entries() -> list[tuple[str, CacheEntry, bool]]:
     """(backend folder, entry, of the current FORMAT and finished) for every entry on disk."""
     root = graphs_root()
     out = []
-    for backend in sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []:
-        for d in sorted(d for d in backend.iterdir() if d.is_dir()):
+    for backend in sorted(p for p in root.iterdir() if p.is_dir() and p.name != ".locks") if root.exists() else []:
+        for d in sorted(d for d in backend.iterdir() if d.is_dir() and not _live_staging(d)):
             try:
                 current = json.loads((d / META).read_text()).get("format") == FORMAT
             except (OSError, ValueError):
@@ -161,7 +188,7 @@ def cache_usage() -> dict[str, dict[str, int]]:
     """Per backend folder: entries of the current `FORMAT`, entries of older formats or unfinished, bytes."""
     root = graphs_root()
     out = {p.name: {"entries": 0, "other": 0, "bytes": 0}
-           for p in (sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else [])}
+           for p in (sorted(p for p in root.iterdir() if p.is_dir() and p.name != ".locks") if root.exists() else [])}
     for backend, entry, current in _all_entries():
         row = out[backend]
         row["entries" if current else "other"] += 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import logging
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,7 +129,7 @@ def qnn_devices() -> list:
     try:
         import onnxruntime_qnn
     except ImportError as e:
-        raise BackendUnavailable("QNN EP unavailable: the onnxruntime-qnn package is not installed") from e
+        raise BackendUnavailable("QNN EP unavailable: onnxruntime-qnn is not installed (pip install 'hetero[qnn]')") from e
     if not _QNN_REGISTERED:
         try:
             ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
@@ -222,9 +223,7 @@ def make_provider(kind: str = "cpu", intra_op_threads: int = 2, **options) -> Pr
         try:
             return QnnHtpProvider(options.get("provider_options"))
         except BackendUnavailable as e:
-            if "qnn" not in _WARNED:
-                _WARNED.add("qnn")
-                log.warning("%s; falling back to the ONNX Runtime CPU EP", e)
+            _warn_once("qnn", "%s; falling back to the ONNX Runtime CPU EP", e)
             return OrtCpuProvider(intra_op_threads)
     raise ConfigError(f"provider kind must be 'cpu' or 'qnn', got {kind!r}")
 
@@ -250,6 +249,9 @@ def prepare_graph(spec: segments.SegmentSpec, lq: segments.LayerQ, model_fp: str
                   graphs_root: Path | None = None) -> tuple[Graph, PrepareInfo]:
     """Load one segment's compiled graph from the cache, or export, compile and cache it.
 
+    Processes sharing the cache build an entry once: under the entry's lock, in a private folder renamed
+    into place (`cache.CacheEntry.staging`); one that waited reuses the entry the other built. A cache
+    that cannot be written gives a warning and an uncached build.
     layer_digest: `segments.layer_digest(lq)` when the caller already has it (one per layer, not per graph).
     graphs_root: the graph cache folder (default `cache.graphs_root()`).
     """
@@ -257,37 +259,72 @@ def prepare_graph(spec: segments.SegmentSpec, lq: segments.LayerQ, model_fp: str
     ins, outs = segments.segment_io(spec, lq)
     key = graph_key(spec, layer_digest or segments.layer_digest(lq), model_fp, provider)
     entry = CacheEntry.of(provider.name, key, graphs_root)
+
+    def done(sess: ort.InferenceSession, cached: bool, size: int) -> tuple[Graph, PrepareInfo]:
+        return Graph(sess, spec, ins, outs, provider.device), PrepareInfo(key, cached, time.perf_counter() - t0, size)
+
     if use_cache:
+        found = _load_entry(entry, provider, repair=False)  # the common case: no lock taken
+        if found is not None:
+            return done(*found)
         try:
-            found = entry.read_compiled()
-        except GraphCacheError as e:
+            with entry.lock():
+                found = _load_entry(entry, provider, repair=True)  # another process may have built it meanwhile
+                if found is not None:
+                    return done(*found)
+                with entry.staging() as stage:
+                    sess = _compile(spec, lq, provider, stage)
+                    stage.commit(spec, {"lane": provider.options_key()})
+                    size = stage.size_bytes()
+            return done(sess, False, size)
+        except OSError as e:  # read-only or foreign cache: build without it
+            _warn_once("unwritable", "cannot write the graph cache %s (%s); building graphs without caching them",
+                       entry.root.parent, e)
+    with tempfile.TemporaryDirectory(prefix="hetero-graph-") as d:
+        stage = CacheEntry(Path(d), key)
+        sess = _compile(spec, lq, provider, stage)
+        return done(sess, False, stage.size_bytes())
+
+
+def _warn_once(tag: str, msg: str, *args: object) -> None:
+    if tag not in _WARNED:
+        _WARNED.add(tag)
+        log.warning(msg, *args)
+
+
+def _load_entry(entry: CacheEntry, provider: Provider, repair: bool) -> tuple[ort.InferenceSession, bool, int] | None:
+    """(session, True, bytes) of a cached entry that verifies and loads; else None. repair (under the
+    entry's lock only): warn about a damaged entry and delete it."""
+    try:
+        found = entry.read_compiled()
+    except GraphCacheError as e:
+        if repair:
             log.warning("%s; rebuilding it", e)
             entry.discard()
-            found = None
-        if found is not None:
-            try:
-                sess = provider.load(found[0])
-            except Exception as e:  # a library that changed underneath, or damage the stat stamp hid
-                log.warning("graph cache entry %s fails to load (%s); rebuilding it", entry.root, e)
-            else:
-                return Graph(sess, spec, ins, outs, provider.device), PrepareInfo(key, True, time.perf_counter() - t0,
-                                                                           found[1])
-    entry.discard()
-    entry.root.mkdir(parents=True, exist_ok=True)
-    m = export.build_segment(spec, lq)
-    export.save_onnx(m, entry.model_path)
+        return None
+    if found is None:
+        return None
     try:
-        with atomic_path(entry.compiled_path) as tmp:
-            sess = provider.compile(entry.model_path, tmp)
+        return provider.load(found[0]), True, found[1]
+    except Exception as e:  # a library that changed underneath, or damage the stat stamp hid
+        if repair:
+            log.warning("graph cache entry %s fails to load (%s); rebuilding it", entry.root, e)
+            entry.discard()
+        return None
+
+
+def _compile(spec: segments.SegmentSpec, lq: segments.LayerQ, provider: Provider,
+             stage: CacheEntry) -> ort.InferenceSession:
+    """Export the segment into `stage` and compile it there; GraphCacheError names what failed."""
+    export.save_onnx(export.build_segment(spec, lq), stage.model_path)
+    try:
+        with atomic_path(stage.compiled_path) as tmp:
+            sess = provider.compile(stage.model_path, tmp)
             if not tmp.exists() or tmp.stat().st_size == 0:
                 raise GraphCacheError(f"{provider.name} wrote no compiled graph for layer {spec.layer} {spec.kind}")
+    except GraphCacheError:
+        raise
     except Exception as e:
-        entry.discard()  # nothing half-built stays on disk
-        if isinstance(e, GraphCacheError):
-            raise
         raise GraphCacheError(f"{provider.name} failed to compile layer {spec.layer} {spec.kind} "
                               f"(C={spec.chunk}, shape {spec.shape}): {e}") from e
-    if use_cache:
-        entry.commit(spec, {"lane": provider.options_key()})
-    return Graph(sess, spec, ins, outs, provider.device), PrepareInfo(key, False, time.perf_counter() - t0,
-                                                               entry.size_bytes())
+    return sess

@@ -1,8 +1,9 @@
 """Equivalent shapes (mllm-NPU §4, optimisation 1): [C, K] vs [a, C/a, K] vs a 1×1 Conv2d, per provider and C.
 
 `profile_shapes` times each candidate graph of one layer and records the winner per (provider, kind, C) in
-`profiles/shapes/equivalent_shapes_<host>.json`; `NpuBackend(shape="auto")` reads it (`recorded_shape`).
-A "simulated" entry (HTP simulator) says nothing about a device's speed. Format: docs/design.md.
+`<cache>/profiles/shapes/equivalent_shapes_<host>.json` (else the shipped `hetero/profiles/shapes/` is read);
+`NpuBackend(shape="auto")` reads it (`recorded_shape`). A "simulated" entry (HTP simulator) says nothing
+about a device's speed. Format: docs/design.md.
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ import torch
 from hetero.errors import GraphCacheError
 from hetero.npu import segments
 from hetero.npu.providers import prepare_graph
-from hetero.paths import PROFILES_DIR, atomic_path
+from hetero.paths import PROFILES_DIR, atomic_path, user_profiles_dir
 
 SHAPES_VERSION = 1
 
 
-def shapes_path(host: str | None = None) -> Path:
-    return PROFILES_DIR / "shapes" / f"equivalent_shapes_{host or socket.gethostname()}.json"
+def shapes_path(host: str | None = None, shipped: bool = False) -> Path:
+    """This host's table of equivalent shapes: measured by the user (`user_profiles_dir()`, where
+    `hetero npu shapes` writes), or `shipped` with the package (read-only)."""
+    folder = PROFILES_DIR if shipped else user_profiles_dir()
+    return folder / "shapes" / f"equivalent_shapes_{host or socket.gethostname()}.json"
 
 
 def candidates(chunk: int) -> list[str]:
@@ -122,8 +126,8 @@ def _read_table(path: str, mtime_ns: int) -> dict:
 
 def recorded_shape(provider_name: str, kind: str, chunk: int, path: Path | None = None) -> str:
     """The recorded winner for (provider, kind, C); '2d' when none is recorded. Cut segments use o_ffn's."""
-    path = path or shapes_path()
-    if not path.exists():
+    path = path or next((p for p in (shapes_path(), shapes_path(shipped=True)) if p.exists()), None)
+    if path is None or not path.exists():
         return "2d"
     table = _read_table(str(path), path.stat().st_mtime_ns)  # read once per version of the file
     kind = "qkv" if kind == "qkv" else "o_ffn"

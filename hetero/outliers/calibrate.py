@@ -145,8 +145,11 @@ class CalibrationStats:
                 arrays[f"hist/{l}/{s}"] = st.hist_abs.astype(np.float64)
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays)
-        with atomic_path(path) as tmp:
-            tmp.write_bytes(buf.getvalue())
+        try:
+            with atomic_path(path) as tmp:
+                tmp.write_bytes(buf.getvalue())
+        except OSError as e:
+            raise ConfigError(f"calibration output {str(path)!r} cannot be written: {e.strerror or e}") from e
         return path
 
     @classmethod
@@ -171,9 +174,9 @@ class CalibrationStats:
                                                    z[f"chmax/{l}/{s}"], z[f"counts/{l}/{s}"],
                                                    z[f"hist/{l}/{s}"] if f"hist/{l}/{s}" in z else None,
                                                    int(d.get("n_values", 0)))
-        except (OSError, ValueError, KeyError) as e:
-            if isinstance(e, ConfigError):
-                raise
+        except ConfigError:
+            raise
+        except Exception as e:  # zipfile.BadZipFile, EOFError, zlib.error, OSError, ValueError, KeyError, ...
             raise ModelFormatError(f"calibration file {path} is corrupt: {type(e).__name__}: {e}") from e
         stats = cls(meta["model_fingerprint"], meta["model_name"], int(meta["n_layers"]), dict(meta["dims"]),
                     meta["corpus"], int(meta["n_tokens"]), int(meta["window"]), sites)
@@ -299,6 +302,8 @@ def ensure_calibration(model, path: str | Path | None = None, corpus: str = DEFA
     if path.is_file():
         try:
             return CalibrationStats.load(path, model)
+        except ModelFormatError as e:  # truncated or garbage: computed again, never trusted
+            log.warning("%s; recalibrating", e)
         except ConfigError as e:  # an older calibration format (version, percentiles): recalibrate
             if "version" not in str(e) and "percentiles" not in str(e):
                 raise
@@ -309,7 +314,10 @@ def ensure_calibration(model, path: str | Path | None = None, corpus: str = DEFA
               f"profiling), cached at {path}", file=sys.stderr)
     text = load_corpus(corpus)
     stats = calibrate(model, text, n_tokens, window, corpus_id(corpus, text), progress=progress)
-    stats.save(path)
+    try:
+        stats.save(path)
+    except ConfigError as e:  # a read-only cache: use it now, compute it again next time
+        log.warning("%s; continuing with the calibration uncached", e)
     return stats
 
 

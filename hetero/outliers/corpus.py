@@ -42,7 +42,16 @@ def load_corpus(name: str) -> str:
         p = Path(name).expanduser()
         if not p.is_file():
             raise ConfigError(f"corpus must be one of {sorted(CORPORA)} or a text file path, got {name!r}")
-        return p.read_text(encoding="utf-8")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"corpus {name!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                              f"{e.start})") from None
+        except OSError as e:
+            raise ConfigError(f"corpus {name!r} cannot be read: {e.strerror or e}") from e
+        if "\x00" in text or not text.strip():
+            raise ConfigError(f"corpus {name!r} is {'binary' if text.strip() else 'empty'}: expected UTF-8 text")
+        return text
     data = resources.files("hetero.data").joinpath(info.file).read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest != info.sha256:

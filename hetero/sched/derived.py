@@ -2,7 +2,7 @@
 
 Nothing here ran on a phone: every number below is arithmetic on the paper's text plus the stated
 assumptions, and the profile says ``method: derived, simulated: true``. `DERIVATION` is stored in the
-JSON; profiles/README.md repeats it. Regenerate with ``python -m hetero.sched.derived``.
+JSON; hetero/profiles/README.md repeats it. Regenerate with ``python -m hetero.sched.derived``.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from hetero.dag import DEFAULT_PLACEMENT
 from hetero.errors import ConfigError
-from hetero.paths import PROFILES_DIR
+from hetero.paths import profile_search_path, user_profiles_dir
 from hetero.sched.profile import KINDS, CostEntry, Profile, load_profile
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def profile_command(out_path: str | None, run_subgraph: RunSubgraph, *,
                     chunk_lens: Sequence[int] = CHUNK_LENS, kv_lens: Sequence[int] = KV_LENS, repeats: int = 5,
                     n_layers: int = 30, layer_subgraphs: Sequence[tuple[str, str]] = DEFAULT_PLACEMENT,
                     metadata: Mapping[str, Any] | None = None, log: Callable[[str], None] | None = print) -> Profile:
-    """`hetero profile`: measure and write ``profiles/<host>.json`` (or `out_path`); returns the Profile."""
+    """`hetero profile`: measure and write ``<cache>/profiles/<host>.json`` (or `out_path`); returns the Profile."""
     from pathlib import Path
 
     from hetero.sched.profile import save_profile
@@ -121,7 +121,7 @@ def profile_command(out_path: str | None, run_subgraph: RunSubgraph, *,
     name = Path(out_path).stem if out_path else host_slug()
     prof = measure_profile(run_subgraph, kinds, lanes, chunk_lens, kv_lens, repeats, name=name, n_layers=n_layers,
                            layer_subgraphs=layer_subgraphs, metadata=meta, log=log)
-    out = Path(out_path) if out_path else PROFILES_DIR / f"{name}.json"
+    out = Path(out_path) if out_path else user_profiles_dir() / f"{name}.json"
     save_profile(prof, out)
     if log is not None:
         log(f"wrote {out}")
@@ -129,11 +129,13 @@ def profile_command(out_path: str | None, run_subgraph: RunSubgraph, *,
 
 
 def host_profile() -> Profile:
-    """This host's measured profile (`profiles/<host>.json`), else any measured profile in `profiles/`."""
-    own = PROFILES_DIR / f"{host_slug()}.json"
-    if own.is_file():
-        return load_profile(own)
-    for path in sorted(PROFILES_DIR.glob("*.json")):
+    """This host's measured profile (`<host>.json`: the user's, else a shipped one), else any measured
+    profile (`paths.profile_search_path`)."""
+    folders = profile_search_path()
+    for own in (d / f"{host_slug()}.json" for d in folders):
+        if own.is_file():
+            return load_profile(own)
+    for path in (p for d in folders for p in sorted(d.glob("*.json"))):
         try:
             p = load_profile(path)
         except Exception:  # not a sched profile (e.g. an equivalent-shapes table)
@@ -141,4 +143,4 @@ def host_profile() -> Profile:
         if p.method == "measured":
             log.info("no profile for this host; dispatching on the costs of %s", path.name)
             return p
-    raise ConfigError(f"no measured profile in {PROFILES_DIR}: run `hetero profile` first")
+    raise ConfigError(f"no measured profile in {' or '.join(map(str, folders))}: run `hetero profile` first")

@@ -2,7 +2,8 @@
 
 The problem of §3.4 (Eq. 2-4, minimise the makespan) is NP-hard, so the paper schedules greedily (Eq. 6).
 Offline we solve small instances: one interval per subgraph, `AddNoOverlap` per lane, an inequality per
-edge; the best policy's schedule is a hint and the lower bound is posted. OR-Tools is optional.
+edge; the best policy's schedule is a hint and the lower bound is posted. OR-Tools is optional (extra
+`optimal`): `solve_optimal` raises MissingExtra if it is missing.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from hetero.errors import ConfigError
+from hetero.extras import require
 from hetero.sched.dag import CompiledDag
 from hetero.schedule import Schedule
 
@@ -36,10 +37,9 @@ class OptimalResult:
 def solve_optimal(dag: CompiledDag, time_limit_s: float = 10.0, hint: Schedule | None = None,
                   workers: int = 2) -> OptimalResult:
     """Minimise the makespan of `dag` exactly (CP-SAT) within `time_limit_s`."""
-    try:
-        from ortools.sat.python import cp_model
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ConfigError("solve_optimal needs OR-Tools: pip install ortools") from e
+    require("optimal", "the optimal schedule (solve_optimal)")
+    from ortools.sat.python import cp_model
+
     t0 = time.perf_counter()
     dur = [max(0, round(c * NS_PER_US)) for c in dag.cost_us]
     horizon = sum(dur)

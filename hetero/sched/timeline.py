@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Sequence
 
 from hetero.paths import PROFILES_DIR
+from hetero.extras import require
 from hetero.schedule import Schedule
 
 
 def draw_timeline(ax, schedule: Schedule, title: str = "") -> None:
     """Draw `schedule` on a matplotlib Axes: lanes as rows, chunks as colours, idle time blank."""
+    require("plots", "drawing a timeline")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
@@ -49,6 +51,7 @@ def draw_timeline(ax, schedule: Schedule, title: str = "") -> None:
 def plot_timeline(schedule: Schedule | Sequence[Schedule], path: str | os.PathLike,
                   title: str | Sequence[str] = "") -> Path:
     """Render one schedule (or several, stacked on a shared time axis) as a PNG (matplotlib Agg)."""
+    require("plots", "drawing a timeline")
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -90,3 +93,23 @@ def timeline_command(profile_path: str | os.PathLike | None, prompt_len: int, ch
     sched = simulate(compiled_prefill_dag(profile, prompt_len, chunk), policy)
     plot_timeline(sched, out_png, title or f"{prompt_len} tokens, policy {policy}")
     return sched
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.1f} ms" if us >= 1e3 else f"{us:.0f} µs"
+
+
+def summary_text(schedule: Schedule) -> str:
+    """A few lines a reader can take in: what ran, how long, how busy each lane was, how far from the
+    lower bound (the text beside the Gantt chart)."""
+    s, dag = schedule, schedule.dag
+    how = f"simulated on profile {s.profile_name}" if s.simulated else "a real run"
+    critical = s.critical_lane
+    lanes = "; ".join(f"{lane} busy {_ms(s.busy_us.get(lane, 0.0))} ({1 - s.lane_bubble_rate(lane):.0%})"
+                      + (", critical" if lane == critical else "") for lane in dag.lanes)
+    return "\n".join([
+        f"{how}, policy {s.policy}: {dag.n_chunks} chunk(s) of C={dag.chunk_len}, {dag.n_nodes} subgraphs",
+        f"  makespan {_ms(s.makespan_us)}, {s.makespan_over_lb:.2f}x the lower bound {_ms(s.lower_bound_us)}",
+        f"  lanes: {lanes}",
+        f"  bubbles on the critical lane: {s.bubble_rate:.0%}; scheduler {s.decision_us:.1f} µs per subgraph",
+    ])

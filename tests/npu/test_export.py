@@ -226,7 +226,7 @@ def test_backend_uses_the_recorded_shape_by_default(tiny, tmp_path, monkeypatch)
         {"provider": "ort-cpu", "kind": "qkv", "chunk_len": 16, "winner": "conv:4", "latency_us": {}},
         {"provider": "ort-cpu", "kind": "o_ffn", "chunk_len": 16, "winner": "3d:2", "latency_us": {}}]}
     (tmp_path / "t.json").write_text(json.dumps(table))
-    monkeypatch.setattr(shapes, "shapes_path", lambda host=None: tmp_path / "t.json")
+    monkeypatch.setattr(shapes, "shapes_path", lambda host=None, shipped=False: tmp_path / "t.json")
     plan = tiny_plan(tiny, SHADOWS)
     be = NpuBackend(tiny, plan, 16)  # shape="auto"
     got = {g.spec.kind: g.spec.shape for pl in be.layers.values() for g in pl.graphs}

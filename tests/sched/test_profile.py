@@ -42,7 +42,7 @@ def test_bad_profiles_raise_config_error(tmp_path):
 def test_committed_profiles_load():
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2] / "profiles"
+    root = Path(__file__).resolve().parents[2] / "hetero" / "profiles"
     derived = load_profile(root / "snapdragon_8gen3_qwen1.5-1.8b.json")
     assert derived.method == "derived" and derived.simulated and "315" in derived.metadata["derivation"]
     # §3.4: NPU ~ 2x CPU for a 256-token prompt (one chunk of 256)

@@ -1,0 +1,42 @@
+"""The benchmark says when its numbers cannot be trusted; its plots draw the repeats (issue 14, item 10)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hetero.bench.conditions import trust_warnings
+from hetero.bench.plots import engine_style, plot_ablation, plot_speed
+from hetero.bench.report import markdown
+
+COMMITTED = Path(__file__).resolve().parents[1] / "bench" / "results" / "prefill.json"
+
+
+def _row(engine, runs, simulated=False):
+    med = sorted(runs)[len(runs) // 2]
+    return {"engine": engine, "prompt_len": 256, "tokens_per_s": 256 / (med / 1e3), "ttft_ms": med,
+            "peak_rss_mb": 0.0, "simulated": simulated, "runs_ms": runs, "note": ""}
+
+
+def test_loaded_machine_and_noisy_repeats_are_flagged():
+    quiet = [_row("hetero", [100.0, 101.0, 102.0])]
+    assert trust_warnings(quiet, 0.3, 0.5, cpus=2) == []
+    loaded = trust_warnings(quiet, 6.0, 9.5, cpus=2)
+    assert len(loaded) == 1 and "load average 6.0 at the start, 9.5 at the end, on 2 CPUs" in loaded[0]
+    noisy = trust_warnings([_row("torch_float", [100.0, 180.0, 120.0])], 0.2, 0.2, cpus=2)
+    assert noisy == ["torch_float at 256 tokens: repeats spread 67% (100-180 ms)"]
+
+
+def test_warnings_reach_the_report_and_the_plots(tmp_path):
+    result = json.loads(COMMITTED.read_text())
+    result["warnings"] = trust_warnings(result["rows"], 8.0, 8.0, cpus=2)
+    assert markdown(result).splitlines()[2].startswith("**Warning: the machine was loaded")
+    plot_speed(result, tmp_path / "speed.png")
+    plot_ablation(result, tmp_path / "ablation.png")
+    assert (tmp_path / "speed.png").stat().st_size > 10_000 and (tmp_path / "ablation.png").stat().st_size > 10_000
+
+
+def test_one_colour_and_name_per_engine():
+    assert engine_style("hetero") == ("tab:red", "hetero (INT8 graphs + shadow + out-of-order)")
+    assert engine_style("some_new_engine") == engine_style("some_new_engine")
+    assert engine_style("some_new_engine")[1] == "some new engine"
