@@ -20,6 +20,7 @@ class TorchBackend:
     """`hetero.model`'s layer in torch, every linear through `linear(layer, site, x)`."""
 
     name = "torch"
+    any_rows = True  # torch runs chunks of any row count: no padding to C
 
     def __init__(self, cfg: ModelConfig, weights: Weights, linear: SiteLinear):
         self.cfg, self.weights, self.linear = cfg, weights, linear

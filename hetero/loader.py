@@ -349,3 +349,49 @@ def _load_cached(entry: Path, p: Path, fp: str, repair: bool) -> Model | None:
             (entry / "meta.json").unlink(missing_ok=True)
         return None
     return Model(cfg, weights, tokenizer, p, fp, p.stem)
+
+
+_MADV_DONTNEED = 4
+
+
+def release_pages(*tensors: torch.Tensor) -> int:
+    """Hand back the resident pages of weights memory-mapped from the model cache; returns bytes released.
+
+    A later read faults them back from the file, so a float weight that only quantization reads (the NPU
+    lane's linears, mllm-NPU §3.3) does not stay in RAM. Only for a file mapping no page of which was
+    ever written (smaps `Anonymous: 0 kB`); anything else (GGUF-fresh or modified weights) is left alone.
+    """
+    import ctypes
+    import mmap
+
+    spans = _clean_file_mappings()
+    if not spans:
+        return 0
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    page, released = mmap.PAGESIZE, 0
+    for t in tensors:
+        a = t.data_ptr()
+        lo, hi = -(-a // page) * page, (a + t.numel() * t.element_size()) // page * page
+        if hi > lo and any(s <= lo and hi <= e for s, e in spans) and madvise(lo, hi - lo, _MADV_DONTNEED) == 0:
+            released += hi - lo
+    return released
+
+
+def _clean_file_mappings() -> list[tuple[int, int]]:
+    """Address ranges of this process's model-cache weight mappings with no written (anonymous) page."""
+    spans, cur = [], None
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()
+                if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                    s, e = (int(x, 16) for x in head[0].split("-"))
+                    cur = (s, e) if len(head) >= 6 and head[5].endswith("weights.safetensors") else None
+                elif cur is not None and head[0] == "Anonymous:":
+                    if head[1] == "0":
+                        spans.append(cur)
+                    cur = None
+    except OSError:  # no /proc (not Linux): nothing is released
+        return []
+    return spans

@@ -238,6 +238,7 @@ class LayerBackend(Protocol):
     into; the returned tensors are the result either way."""
 
     name: str
+    any_rows: bool  # takes chunks of any row count ≤ C (else exactly C rows: fixed-shape graphs)
 
     def qkv(self, layer: int, h: torch.Tensor, out: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -126,8 +126,8 @@ class PrefillJob:
         self.bufs.ensure(len(plan.chunks))
         self.h: list[torch.Tensor] = []  # per chunk: the current residual stream [C, hidden]
         for c in plan.chunks:
-            h = self.bufs.h[c.index][0]
-            torch.index_select(rt.model.weights.tok_emb, 0, padded_ids(plan.ids, c, rt.chunk, plan.start), out=h)
+            h = self.bufs.h[c.index][0][: c.rows]
+            torch.index_select(rt.model.weights.tok_emb, 0, padded_ids(plan.ids, c, plan.start), out=h)
             self.h.append(h)
         self.qkv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = [None] * len(plan.chunks)
         self.attn: list[torch.Tensor | None] = [None] * len(plan.chunks)
@@ -136,14 +136,14 @@ class PrefillJob:
     def run(self, i: int, layer: int, kind: str) -> None:
         rt, c = self.runtime, self.plan.chunks[i]
         if kind == "qkv":
-            self.qkv[i] = rt.backend.qkv(layer, self.h[i], out=self.bufs.qkv[i])
+            self.qkv[i] = rt.backend.qkv(layer, self.h[i], out=self.bufs.qkv[i][: c.rows])
         elif kind == "attn":
             q, k, v = self.qkv[i]
             k_cache, v_cache = self.cache.layer(layer)
             self.attn[i] = ref.attention(rt.cfg, q, k, v, rt.rope, k_cache, v_cache, c.start, c.n_valid)
         elif kind == "o_ffn":
-            a, b = self.bufs.h[i]
-            self.h[i] = rt.backend.o_ffn(layer, self.attn[i], self.h[i], out=b if self.h[i] is a else a)
+            a, b = (t[: c.rows] for t in self.bufs.h[i])
+            self.h[i] = rt.backend.o_ffn(layer, self.attn[i], self.h[i], out=b if self.h[i].data_ptr() == a.data_ptr() else a)
         else:
             raise ValueError(f"unknown subgraph kind {kind!r}")
 
@@ -186,7 +186,7 @@ class Runtime:
     def plan(self, ids: Sequence[int] | torch.Tensor, start: int = 0) -> PrefillPlan:
         """Validate `ids` (new tokens from position `start`) and fix the chunks and the DAG."""
         ids = self.check_ids(ids, start)
-        chunks = tuple(plan_chunks(ids.numel(), self.chunk, start))
+        chunks = tuple(plan_chunks(ids.numel(), self.chunk, start, getattr(self.backend, "any_rows", False)))
         return PrefillPlan(ids, start, chunks, self.executor.compile(len(chunks)))
 
     @torch.inference_mode()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hetero.chunking import plan_chunks
 from hetero.model import forward
 from hetero.runtime import Runtime
 from tests.conftest import make_tiny_model
@@ -54,6 +55,24 @@ def test_continuation_equals_concatenation(default_model, real_text_ids, split: 
     whole = Runtime(default_model, chunk=32).prefill(ids)
     torch.testing.assert_close(second.logits, whole.logits, atol=1e-4, rtol=0)
     torch.testing.assert_close(second.cache.k[:, :, :83], whole.cache.k[:, :, :83], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("n, rows", [(1, [16]), (64, [64]), (300, [160, 144]), (513, [176, 176, 176]),
+                                     (1024, [256] * 4)])
+def test_any_rows_chunks_are_near_equal_and_aligned(n: int, rows: list[int]) -> None:
+    chunks = plan_chunks(n, 256, start=5, any_rows=True)
+    assert [c.rows for c in chunks] == rows and sum(c.n_valid for c in chunks) == n
+    assert [c.start for c in chunks] == [5 + sum(c.n_valid for c in chunks[:i]) for i in range(len(chunks))]
+    assert all(c.n_valid <= c.rows for c in chunks)
+
+
+def test_fixed_rows_backend_pads_to_c(tiny_model) -> None:
+    ids = torch.randint(0, tiny_model.config.vocab, (40,), generator=torch.Generator().manual_seed(2))
+    fixed = Runtime(tiny_model, chunk=32)
+    fixed.backend.any_rows = False  # as fixed-shape graphs
+    assert [c.rows for c in fixed.plan(ids).chunks] == [32, 32]
+    torch.testing.assert_close(fixed.prefill(ids).logits, Runtime(tiny_model, chunk=32).prefill(ids).logits,
+                               atol=1e-5, rtol=0)
 
 
 def test_cache_grows_when_capacity_is_small(tiny_model) -> None:

@@ -14,14 +14,17 @@ from pathlib import Path
 from datetime import datetime, timezone
 from typing import Any
 
+from hetero.bench.bound import machine_bound
 from hetero.bench.conditions import load_avg, trust_warnings
 from hetero.bench.e2e import run_e2e
 from hetero.bench.engines import ABLATION
 from hetero.bench.harness import run_engines
 from hetero.bench.entry import bench_main
-from hetero.bench.report import ratios, write_outputs
+from hetero.bench.report import fraction_of_bound, ratios, write_outputs
 from hetero.bench.simulated import simulated_ablation, simulated_rows
+from hetero.errors import ConfigError
 from hetero.cli.args import add_model_arg, int_list, positive_int
+from hetero.loader import load_model
 
 HELP = "prefill speed, memory, ablation and end-to-end runs against other engines"
 
@@ -30,7 +33,7 @@ REAL_ENGINES = ("hetero", "hetero_in_order", "naive_npu", "torch_float", "llama_
 
 def run_prefill_bench(lens: list[int], repeats: int, threads: int, model_path: str | None = None,
                       engines: tuple[str, ...] = REAL_ENGINES, ablation_len: int = 512, e2e: bool = True,
-                      profile_path: str | None = None, progress: bool = True) -> dict[str, Any]:
+                      profile_path: str | None = None, progress: bool = True, ablation: bool = True) -> dict[str, Any]:
     from tqdm import tqdm
 
     bar = tqdm(total=len(engines) + len(ABLATION) + 2, desc="hetero bench", disable=not progress)
@@ -41,14 +44,16 @@ def run_prefill_bench(lens: list[int], repeats: int, threads: int, model_path: s
         bar.update(1)
 
     rows, skipped = run_engines(list(engines), lens, repeats, threads, model_path, progress=step)
+    bound = machine_bound(load_model(model_path).config, lens, threads)
     ablation_engines = [e for _, e in ABLATION]
-    ab_rows, ab_skipped = run_engines(ablation_engines, [ablation_len], repeats, threads, model_path, progress=step)
+    ab_rows, ab_skipped = run_engines(ablation_engines, [ablation_len], repeats, threads, model_path,
+                                      progress=step) if ablation else ([], {})
     by_engine = {r.engine: r for r in ab_rows}
     ablation_real = [{"step": label, "engine": e, "prompt_len": ablation_len, "prefill_ms": by_engine[e].ttft_ms,
                       "tokens_per_s": by_engine[e].tokens_per_s, "simulated": False}
                      for label, e in ABLATION if e in by_engine]
     sim = simulated_rows(profile_path, lens)
-    ablation_sim = simulated_ablation(profile_path, ablation_len)
+    ablation_sim = simulated_ablation(profile_path, ablation_len) if ablation else []
     step("simulated")
     e2e_rows = run_e2e(model_path, threads) if e2e else []
     step("end-to-end")
@@ -63,6 +68,7 @@ def run_prefill_bench(lens: list[int], repeats: int, threads: int, model_path: s
                        "date": datetime.now(timezone.utc).isoformat(timespec="seconds")},
         "rows": [asdict(r) for r in rows + sim],
         "ratios": ratios(rows),
+        "bound": {**bound, "hetero_fraction": fraction_of_bound(rows, bound)},
         "ablation": {"real": ablation_real, "simulated": ablation_sim},
         "e2e": e2e_rows,
         "skipped": {**skipped, **ab_skipped},
@@ -78,6 +84,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--quick", action="store_true", help="prompt lengths 64,256, one repeat, no end-to-end runs")
     p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end workloads")
+    p.add_argument("--engines", default=",".join(REAL_ENGINES), help=f"engines to compare (of {', '.join(REAL_ENGINES)})")
+    p.add_argument("--no-ablation", action="store_true", help="skip the ablation (mllm-NPU Fig. 17 steps)")
     p.add_argument("--out", default="bench/results", help="directory for prefill.json/.md/.png")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
@@ -86,8 +94,13 @@ def run(args: argparse.Namespace) -> int:
     lens = int_list(args.lens, "--lens")
     if args.quick:
         lens, args.repeats = [64, 256], 1
-    result = run_prefill_bench(lens, args.repeats, args.threads, args.model,
-                               e2e=not (args.quick or args.no_e2e), ablation_len=256 if args.quick else 512)
+    engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
+    bad = [e for e in engines if e not in REAL_ENGINES]
+    if bad or not engines:
+        raise ConfigError(f"--engines must name engines of {', '.join(REAL_ENGINES)}, got {args.engines!r}")
+    result = run_prefill_bench(lens, args.repeats, args.threads, args.model, engines=engines,
+                               e2e=not (args.quick or args.no_e2e), ablation_len=256 if args.quick else 512,
+                               ablation=not args.no_ablation)
     paths = write_outputs(result, Path(args.out))
     for w in result["warnings"]:
         print(f"hetero bench: warning: {w}", file=sys.stderr)

@@ -23,6 +23,13 @@ def ratios(rows: list[Row]) -> list[dict[str, Any]]:
     return out
 
 
+def fraction_of_bound(rows: list[Row], bound: dict[str, Any]) -> list[dict[str, Any]]:
+    """hetero's tokens/s over the machine's bound (`bench.bound`) per prompt length."""
+    ours = {r.prompt_len: r for r in rows if r.engine == "hetero" and not r.simulated}
+    return [{"prompt_len": b["prompt_len"], "fraction": round(ours[b["prompt_len"]].tokens_per_s / b["bound_tokens_per_s"], 3)}
+            for b in bound["per_len"] if b["prompt_len"] in ours]
+
+
 def write_outputs(result: dict[str, Any], out_dir: Path, name: str = "prefill") -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{name}.json", out_dir / f"{name}.md", out_dir / f"{name}_speed.png", out_dir / f"{name}_ablation.png"]
@@ -48,6 +55,15 @@ def markdown(result: dict[str, Any]) -> str:
     if result["ratios"]:
         lines += ["", "## hetero's speed over each engine (real, same run)", "", "| prompt | vs | × |", "|---:|---|---:|"]
         lines += [f"| {r['prompt_len']} | {r['vs']} | {r['hetero_over']:.2f} |" for r in result["ratios"]]
+    if result.get("bound"):
+        b = result["bound"]
+        frac = {f["prompt_len"]: f["fraction"] for f in b["hetero_fraction"]}
+        lines += ["", f"## The machine's bound (same run: u8×s8 GEMM {b['gemm_ops_per_s'] / 1e9:.0f} GOPS, "
+                  f"{b['threads']} threads; `hetero.bench.bound`)", "",
+                  "| prompt | attention GFLOP/s | bound tokens/s | hetero / bound |", "|---:|---:|---:|---:|"]
+        lines += [f"| {p['prompt_len']} | {p['attention_flop_per_s'] / 1e9:.1f} | {p['bound_tokens_per_s']:.0f} | "
+                  f"{frac.get(p['prompt_len'], float('nan')):.2f} |" for p in b["per_len"]]
+    lines += ["", f"Load average (1 min) at the start / end of the engines: {c.get('loadavg_1m_start')} / {c['loadavg_1m']}."]
     lines += ["", "## Ablation (mllm-NPU Fig. 17 steps)", "", "| step | real ms | real tokens/s | simulated ms | simulated tokens/s |",
               "|---|---:|---:|---:|---:|"]
     real = {a["step"]: a for a in result["ablation"]["real"]}

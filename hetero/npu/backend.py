@@ -8,6 +8,7 @@ which graph comes from a `Placement` (NPU memory budget, §4); by default the gi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -51,6 +52,14 @@ class PrepareReport:
         return all(r[3] for r in self.rows)
 
 
+def _shadow_only(plan):
+    """`plan` with the INT8 weights of shadowed sites only (what the CPU dequantizes for outliers)."""
+    from hetero.model import SITE_LINEARS
+
+    keep = {(layer, n) for (layer, site), sq in plan.sites.items() if sq.shadow for n in SITE_LINEARS[site]}
+    return dataclasses.replace(plan, weights={k: w for k, w in plan.weights.items() if k in keep})
+
+
 def graph_memory_bytes(cfg, chunk: int, n_layers: int) -> int:
     """An estimate of what the prepared graphs of `n_layers` layers hold at chunk length C: each ONNX
     Runtime session keeps its own arena, sized by its largest activations ([C, ffn] gate/up/act and
@@ -78,13 +87,16 @@ class NpuBackend:
     when none is recorded), or "2d", "3d:a", "conv:a" for every graph (§4, optimisation 1).
     layers: prepare only these layers (e.g. range(2) for a quick test); the others raise on use.
     graphs_root: the graph cache folder (default: under the user cache).
+    dynamic_rows: one graph set for every chunk length (rows symbolic), where the provider allows it (the
+    CPU EP); None (default): when every graph runs on the CPU EP with shape "auto" or "2d". Then `any_rows` is
+    True and a runtime may run chunks of any length up to C without padding.
     """
 
     name = "npu"
 
     def __init__(self, model: Model, plan, chunk: int, provider: "str | Provider" = "cpu", *, placement=None,
                  shape: str = "auto", layers=None, intra_op_threads: int = 2, use_cache: bool = True, rows=None,
-                 graphs_root=None):
+                 graphs_root=None, dynamic_rows: bool | None = None):
         from hetero.outliers.shadow import QuantizedBackend
 
         check_chunk(chunk, model.config.context_length)
@@ -98,11 +110,19 @@ class NpuBackend:
         self._intra = intra_op_threads
         self.shape = shape
         self._graphs_root = graphs_root
+        # On the CPU EP a recorded 3-D winner is a few percent; padding a short prompt to C costs up to C/rows.
+        can = isinstance(self.provider, OrtCpuProvider) and placement is None and shape in ("auto", "2d")
+        if dynamic_rows and not can:
+            raise ConfigError("dynamic_rows needs the CPU EP provider, no placement and shape 'auto' or '2d'")
+        self.any_rows = can if dynamic_rows is None else dynamic_rows
         self.layers: dict[int, PreparedLayer] = {}
         self.report = PrepareReport()
         t0 = time.perf_counter()
         for layer in (range(self.cfg.n_layers) if layers is None else layers):
             self.layers[layer] = self._prepare_layer(layer, use_cache)
+        if layers is None and rows is None:  # the graphs hold the INT8 weights now: keep only the shadows' (§3.3)
+            self.plan = _shadow_only(plan)
+            self.reference = QuantizedBackend(self.cfg, model.weights, self.plan)
         self.prepare_s = time.perf_counter() - t0
 
     def _provider_for(self, layer: int, kind: str) -> Provider:
@@ -113,6 +133,8 @@ class NpuBackend:
         return self._cpu_provider
 
     def _shape_for(self, provider: Provider, kind: str) -> str:
+        if self.any_rows:
+            return "2d"
         if self.shape != "auto":
             return self.shape
         from hetero.npu.shapes import recorded_shape
@@ -126,7 +148,8 @@ class NpuBackend:
         graphs = []
         for spec0 in segments.layer_segments(layer, set(shadow), self.chunk, "cpu"):
             provider = self._provider_for(layer, "qkv" if spec0.kind == "qkv" else "o_ffn")
-            spec = segments.SegmentSpec(layer, spec0.kind, spec0.pieces, self.chunk, provider.flavor,
+            rows = segments.DYNAMIC_ROWS if self.any_rows else self.chunk
+            spec = segments.SegmentSpec(layer, spec0.kind, spec0.pieces, rows, provider.flavor,
                                         self._shape_for(provider, spec0.kind), spec0.emit_x)
             g, info = prepare_graph(spec, lq, self.model.fingerprint, provider, use_cache, digest, self._graphs_root)
             graphs.append(g)
@@ -144,7 +167,7 @@ class NpuBackend:
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         pl = self._layer(layer)
         if out is None:
-            out = torch.empty(self.chunk, self.cfg.q_dim + 2 * self.cfg.kv_dim)
+            out = torch.empty(h.shape[0], self.cfg.q_dim + 2 * self.cfg.kv_dim)
         res = pl.graphs[0].run({"h": h}, {"qkv": out})  # [C, q_dim + 2·kv_dim]; q/k/v are views
         if "attn_in" in pl.shadow_sites:
             extra = self.reference.shadow_delta(layer, "attn_in", res["x"])
@@ -156,7 +179,7 @@ class NpuBackend:
     def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         pl = self._layer(layer)
         if out is None:
-            out = torch.empty(self.chunk, self.cfg.hidden)
+            out = torch.empty(h.shape[0], self.cfg.hidden)
         env = {"a": a, "h": h}
         d_extra = None
         for g in pl.graphs[1:]:

@@ -59,11 +59,11 @@ class _Graph:
         self.nodes.append(helper.make_node(op_type, inputs, [out], name=out + "_" + op_type, **attrs))
         return out
 
-    def input(self, name: str, shape: list[int]) -> str:
+    def input(self, name: str, shape: list[int | str]) -> str:
         self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
         return name
 
-    def output(self, src: str, name: str, shape: list[int]) -> None:
+    def output(self, src: str, name: str, shape: list[int | str]) -> None:
         self.nodes.append(helper.make_node("Identity", [src], [name], name=name + "_out"))
         self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
 
@@ -223,10 +223,11 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
     g = _Graph(f"L{spec.layer}_{spec.kind}_C{spec.chunk}_{spec.flavor}")
     ins, outs = segment_io(spec, lq)
     ab = shape_rows(spec.shape, spec.chunk)
+    rows: int | str = spec.chunk or "T"  # DYNAMIC_ROWS: a symbolic row count
     conv = spec.shape.startswith("conv:")
     env: dict[str, str] = {}
     for name, width in ins.items():
-        t = g.input(name, [spec.chunk, width])
+        t = g.input(name, [rows, width])
         env[name] = g.op("Reshape", [t, g.const(np.array([ab[0], ab[1], width], np.int64))]) if ab else t
     f, k = spec.flavor, cpu_kernel(lq.weight_form)
     for piece in spec.pieces:
@@ -253,7 +254,7 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
         src = env[name]
         if ab:
             src = g.op("Reshape", [src, g.const(np.array([spec.chunk, width], np.int64))])
-        g.output(src, name, [spec.chunk, width])
+        g.output(src, name, [rows, width])
     return g.model()
 
 

@@ -48,24 +48,29 @@ class Graph:
         self.buffers = {}
 
     def run(self, inputs: dict[str, torch.Tensor], out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """Run on float32 [C, width] tensors (made contiguous if they are not); returns the outputs.
+        """Run on float32 [rows, width] tensors (made contiguous if they are not); returns the outputs.
 
-        ORT writes each output into `out[name]` when given, else into this graph's own buffer, which the
-        next run of this graph overwrites: callers keep only what they passed in `out`.
+        rows = C for a fixed-shape graph, the inputs' row count for one with dynamic rows. ORT writes each
+        output into `out[name]` when given, else into this graph's own buffer (grown to the most rows seen),
+        which the next run of this graph overwrites: callers keep only what they passed in `out`.
         """
         b, c = self.binding, self.spec.chunk
         for name, width in self.inputs.items():
             t = inputs[name]
             if not t.is_contiguous() or t.dtype != torch.float32:
                 t = inputs[name] = t.contiguous().float()  # keeps it alive until run returns
+            if t.shape[0] != (c or t.shape[0]):
+                raise ConfigError(f"graph {self.spec.kind} of layer {self.spec.layer} takes {c} rows, got {t.shape[0]}")
+            c = c or t.shape[0]
             b.bind_input(name, "cpu", 0, np.float32, (c, width), t.data_ptr())
         res = {}
         for name, width in self.outputs.items():
             o = out.get(name) if out else None
             if o is None:
                 o = self.buffers.get(name)
-                if o is None:
+                if o is None or o.shape[0] < c:
                     o = self.buffers[name] = torch.empty((c, width), dtype=torch.float32)
+                o = o[:c]
             b.bind_output(name, "cpu", 0, np.float32, (c, width), o.data_ptr())
             res[name] = o
         self.session.run_with_iobinding(b)
@@ -109,6 +114,9 @@ class OrtCpuProvider(Provider):
         # No spinning: idle pool threads would otherwise burn the cores that the CPU lane (attention,
         # shadow outliers in torch) needs between two graph runs.
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # No per-session arena: one arena per graph (a model has ~100) each keeps its high-water mark of
+        # activations; plain allocations return it (peak RSS: bench/results/prefill.json).
+        so.enable_cpu_mem_arena = False
         return so
 
     def compile(self, model_path: Path, out_path: Path) -> ort.InferenceSession:

@@ -18,6 +18,7 @@ from hetero.errors import ConfigError
 from hetero.model import SITES
 from hetero.outliers.quantize import W_QMAX
 
+DYNAMIC_ROWS = 0  # SegmentSpec.chunk of a graph whose row count is symbolic (one session for every chunk length)
 FLAVORS = ("cpu", "qnn", "qnn-fp16")  # "qnn-fp16": HTP running float ops in fp16 (SoC lanes, AI Hub)
 PIECES = ("o", "gu", "act", "down")
 CUT_AFTER = {"o_in": "o", "ffn_in": "gu", "down_in": "act"}  # shadow site → piece after which we cut
@@ -30,7 +31,7 @@ class SegmentSpec:
     layer: int
     kind: str  # "qkv" | "o_ffn" | a join of PIECES ("o", "gu+act+down", ...)
     pieces: tuple[str, ...]  # ("qkv",) or a contiguous run of PIECES
-    chunk: int  # C: rows of every input/output
+    chunk: int  # C: rows of every input/output; DYNAMIC_ROWS: any rows, given at run time (CPU EP)
     flavor: str  # "cpu" | "qnn" | "qnn-fp16"
     shape: str = "2d"  # "2d" | "3d:a" | "conv:a" (equivalent shape, §4)
     emit_x: bool = False  # also output the quantized linear's float input (for its shadow on the CPU)
@@ -38,8 +39,10 @@ class SegmentSpec:
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
             raise ConfigError(f"flavor must be one of {FLAVORS}, got {self.flavor!r}")
-        if self.chunk <= 0:
-            raise ConfigError(f"chunk must be > 0, got {self.chunk}")
+        if self.chunk < 0:
+            raise ConfigError(f"chunk must be > 0 (or DYNAMIC_ROWS), got {self.chunk}")
+        if self.chunk == DYNAMIC_ROWS and self.shape != "2d":
+            raise ConfigError(f"a graph with dynamic rows must have shape '2d', got {self.shape!r}")
         shape_rows(self.shape, self.chunk)  # validates
 
 

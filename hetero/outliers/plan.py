@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hetero.errors import ConfigError
+from hetero.loader import release_pages
 from hetero.model import SITE_LINEARS, SITES
 from hetero.outliers.quantize import (
     U8S8_SAFE_WEIGHT_ABSMAX,
@@ -157,6 +158,7 @@ def quantize_weights(model, granularity: str = DEFAULT_WEIGHT_GRANULARITY, qmax:
         for names in SITE_LINEARS.values():
             for name in names:
                 out[(layer, name)] = fn(getattr(lw, name).detach().cpu().numpy(), qmax)
+        release_pages(*(getattr(lw, n) for names in SITE_LINEARS.values() for n in names))  # read once, here
     return out
 
 

@@ -30,10 +30,17 @@ def test_second_prepare_loads_from_cache(tiny):
 
 
 def test_key_changes_with_chunk_and_plan(tiny):
-    NpuBackend(tiny, tiny_plan(tiny), 16)
-    assert not NpuBackend(tiny, tiny_plan(tiny), 32).report.all_cached
-    assert not NpuBackend(tiny, tiny_plan(tiny, scale=0.05), 16).report.all_cached
+    NpuBackend(tiny, tiny_plan(tiny), 16, dynamic_rows=False)
+    assert not NpuBackend(tiny, tiny_plan(tiny), 32, dynamic_rows=False).report.all_cached
+    assert not NpuBackend(tiny, tiny_plan(tiny, scale=0.05), 16, dynamic_rows=False).report.all_cached
     assert len(_entries()) == 12
+
+
+def test_dynamic_rows_graphs_serve_every_chunk_length(tiny):
+    first = NpuBackend(tiny, tiny_plan(tiny), 16)
+    assert first.any_rows and {g.spec.chunk for pl in first.layers.values() for g in pl.graphs} == {0}
+    second = NpuBackend(tiny, tiny_plan(tiny), 32)
+    assert second.report.all_cached and len(_entries()) == 4
 
 
 def test_corrupt_entry_is_rebuilt_with_warning(tiny, caplog):

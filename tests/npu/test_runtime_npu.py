@@ -22,6 +22,17 @@ def test_runtime_with_npu_backend_matches_reference(tiny):
     torch.testing.assert_close(got.cache.k[:, :, :40], want.cache.k[:, :, :40], rtol=0, atol=1e-4)
 
 
+def test_dynamic_rows_equal_fixed_shape_graphs(tiny):
+    plan = tiny_plan(tiny, SHADOWS, scale=0.03)
+    ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1))
+    dyn = Runtime(tiny, chunk=32, backend=NpuBackend(tiny, plan, 32))
+    fixed = Runtime(tiny, chunk=32, backend=NpuBackend(tiny, plan, 32, dynamic_rows=False))
+    assert [c.rows for c in dyn.plan(ids).chunks] == [32, 16] and [c.rows for c in fixed.plan(ids).chunks] == [32, 32]
+    got, want = dyn.prefill(ids), fixed.prefill(ids)
+    torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got.cache.v[:, :, :40], want.cache.v[:, :, :40], rtol=0, atol=1e-5)
+
+
 def test_naive_prompt_graph_runs(tiny):
     plan = tiny_plan(tiny, scale=0.03)
     ids = torch.randint(0, 256, (23,), generator=torch.Generator().manual_seed(1))

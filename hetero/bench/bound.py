@@ -1,0 +1,89 @@
+"""The machine's bound on prefill speed, measured in the same run as the engines it judges.
+
+Two rates on this machine: ONNX Runtime's u8×s8 `MatMulInteger` (the static linears, one layer's widest
+GEMM at C rows) and torch's fused float attention (SDPA, causal, at the prompt's length). The bound at n
+tokens is n / (linear ops / GEMM rate + attention FLOPs / attention rate), as if both ran at full speed
+on every core with nothing else: hetero's tokens/s over it is the fraction of the machine it uses.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hetero.config import ModelConfig
+
+
+def _median_s(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs)
+
+
+def gemm_rate(cfg: ModelConfig, rows: int, threads: int, repeats: int = 5) -> float:
+    """u8×s8 MatMulInteger ops/s (2 per multiply-add) through the ORT CPU EP: [rows, hidden] × [hidden, 2·ffn]."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, n = cfg.hidden, 2 * cfg.ffn
+    w = np.random.default_rng(0).integers(-63, 64, (k, n), dtype=np.int8)
+    g = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["x", "w", "xz"], ["y"])], "gemm",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [rows, k])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [rows, n])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(128, np.uint8), "xz")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.log_severity_level = threads, 3
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).integers(0, 256, (rows, k), dtype=np.uint8)
+    return 2 * rows * k * n / _median_s(lambda: sess.run(None, {"x": x}), repeats)
+
+
+def attention_rate(cfg: ModelConfig, n: int, threads: int, repeats: int = 3) -> float:
+    """Causal float attention FLOP/s of one layer over an n-token prompt (torch SDPA, GQA)."""
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, cfg.n_heads, n, cfg.head_dim, generator=g)
+    kv = torch.randn(1, cfg.n_kv_heads, n, cfg.head_dim, generator=g)
+
+    def run() -> None:
+        with torch.inference_mode():
+            F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
+
+    return attention_flops(cfg, n) / cfg.n_layers / _median_s(run, repeats)
+
+
+def linear_ops_per_token(cfg: ModelConfig) -> float:
+    """Multiply-add ops ×2 of every static linear of every layer for one token."""
+    per_layer = cfg.hidden * (cfg.q_dim + 2 * cfg.kv_dim) + cfg.q_dim * cfg.hidden + 3 * cfg.hidden * cfg.ffn
+    return 2.0 * per_layer * cfg.n_layers
+
+
+def attention_flops(cfg: ModelConfig, n: int) -> float:
+    """QKᵀ and PV of a causal n-token prompt over all layers (half the square)."""
+    return 2 * 2 * cfg.n_heads * cfg.head_dim * (n * (n + 1) / 2) * cfg.n_layers
+
+
+def machine_bound(cfg: ModelConfig, lens: list[int], threads: int, rows: int = 256) -> dict[str, Any]:
+    """Measured rates and the bound tokens/s per prompt length."""
+    gops = gemm_rate(cfg, rows, threads)
+    out: dict[str, Any] = {"gemm_ops_per_s": round(gops), "linear_ops_per_token": linear_ops_per_token(cfg),
+                           "threads": threads, "per_len": []}
+    for n in lens:
+        att = attention_rate(cfg, n, threads)
+        seconds = n * linear_ops_per_token(cfg) / gops + attention_flops(cfg, n) / att
+        out["per_len"].append({"prompt_len": n, "attention_flop_per_s": round(att),
+                               "bound_tokens_per_s": round(n / seconds, 1)})
+    return out

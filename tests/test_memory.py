@@ -1,0 +1,63 @@
+"""Memory: weights read once are handed back, the NPU lane keeps only its shadows' INT8 weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hetero.bench.bound import attention_flops, linear_ops_per_token, machine_bound
+from hetero.loader import load_model, release_pages
+from hetero.model import SITE_LINEARS
+from tests.conftest import make_tiny_model
+
+
+def test_release_pages_of_a_cached_weight_keeps_its_values(default_model) -> None:
+    model = load_model()  # the second load maps the model cache's file
+    w = model.weights.layers[3].w_up
+    before = w.sum().item()
+    assert release_pages(w) > w.numel() * w.element_size() // 2
+    assert w.sum().item() == before  # faulted back from the file
+
+
+def test_release_pages_leaves_memory_that_is_not_a_clean_file_mapping() -> None:
+    t = torch.randn(1 << 16)
+    before = t.clone()
+    assert release_pages(t) == 0 and torch.equal(t, before)
+
+
+def test_npu_backend_keeps_only_shadow_weights() -> None:
+    from hetero.npu.backend import NpuBackend
+    from tests.npu.conftest import SHADOWS, tiny_plan
+
+    tiny = make_tiny_model()
+    plan = tiny_plan(tiny, SHADOWS, scale=0.03)
+    be = NpuBackend(tiny, plan, 16)
+    kept = {k for k in be.plan.weights}
+    assert kept and kept < set(plan.weights)
+    site_of = {n: site for site, names in SITE_LINEARS.items() for n in names}
+    assert all(plan.sites[(layer, site_of[name])].shadow for layer, name in kept)
+
+
+def test_bound_counts_and_rates() -> None:
+    cfg = make_tiny_model().config
+    per_layer = cfg.hidden * (cfg.q_dim + 2 * cfg.kv_dim) + cfg.q_dim * cfg.hidden + 3 * cfg.hidden * cfg.ffn
+    assert linear_ops_per_token(cfg) == 2 * per_layer * cfg.n_layers
+    assert attention_flops(cfg, 2) == 4 * cfg.n_heads * cfg.head_dim * 3 * cfg.n_layers
+    b = machine_bound(cfg, [8, 32], threads=1, rows=16)
+    assert b["gemm_ops_per_s"] > 0 and [p["prompt_len"] for p in b["per_len"]] == [8, 32]
+    assert all(p["bound_tokens_per_s"] > 0 and p["attention_flop_per_s"] > 0 for p in b["per_len"])
+
+
+@pytest.mark.slow
+def test_memory_worker_reports_stages_and_counts(default_model) -> None:
+    from hetero.bench.memory import markdown, run_worker
+
+    r = run_worker("hetero", None, [16, 32], threads=1)
+    assert [s["stage"] for s in r["stages"]] == ["libraries", "model (mapped)", "plan + runtime (ORT sessions)",
+                                                 "prefill 16", "prefill 32"]
+    peaks = [s["peak"] for s in r["stages"]]
+    assert peaks == sorted(peaks) and all(s["RssAnon"] > 0 and s["RssFile"] > 0 for s in r["stages"])
+    cfg = default_model.config
+    assert r["exact"]["kv_cache_32_mb"] == round(2 * cfg.n_layers * cfg.kv_dim * 32 * 4 / 2**20, 1)
+    assert 0 < r["exact"]["int8_weights_kept_on_cpu_mb"] < 50
+    assert "| prefill 32 |" in markdown({"engines": [r]})
