@@ -170,9 +170,9 @@ def attention(
     the rest padding (mllm-NPU §3.2: the last chunk is padded to C). k_cache/v_cache: [n_kv, capacity, D]
     views of one layer of the preallocated cache (Transformer-Lite §2.4): only the real rows are written,
     so padding never reaches the cache. Padded query rows see every real key and are discarded later.
-    A token tree (LLMCad §3.2, verified as one chunk): `positions` [T] gives each row its position
-    (siblings share one) and `tree` [T, T] (bool, row i sees row j) replaces the causal mask inside the
-    chunk; the rows' K/V still go to cache rows start..start+n_valid-1. Returns [T, n_heads*D].
+    Decode rows (`positions` [T] given; siblings of a token tree share a position, LLMCad §3.2): `tree`
+    [T, T] (bool, row i sees row j; None = a chain) replaces the causal mask; see `_row_attention`.
+    Returns [T, n_heads*D].
     """
     t, d = q.shape[0], cfg.head_dim
     q = rope.apply(q.view(t, cfg.n_heads, d).transpose(0, 1), start, positions)
@@ -181,17 +181,36 @@ def attention(
     end = start + n_valid
     k_cache[:, start:end] = k[:, :n_valid]
     v_cache[:, start:end] = v[:, :n_valid]
+    if positions is not None:
+        return _row_attention(cfg, q, k, v, k_cache, v_cache, start, n_valid, tree)
     keys, values = k_cache[:, :end], v_cache[:, :end]
-    if t == 1:
-        mask = None  # one row sees every key (and the fused kernel is fastest without a mask)
-    elif tree is None:
-        q_pos = torch.arange(start, start + t).unsqueeze(1)
-        mask = torch.arange(end).unsqueeze(0) <= q_pos  # [T, end]; padded rows see all real keys
-    else:
-        mask = torch.ones(t, end, dtype=torch.bool)
-        mask[:n_valid, start:] = tree[:n_valid, :n_valid]
+    q_pos = torch.arange(start, start + t).unsqueeze(1)
+    mask = torch.arange(end).unsqueeze(0) <= q_pos  # [T, end]; padded rows see all real keys
     # A batch dimension of 1 selects PyTorch's fused CPU attention kernel (3x faster than the 3-D path).
     out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
+    return out.transpose(0, 1).reshape(t, cfg.q_dim)
+
+
+def _row_attention(cfg: ModelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, start: int, n_valid: int, tree: torch.Tensor | None) -> torch.Tensor:
+    """Each decode row attends alone, over cache rows [0, its position] holding its own path: so a row's
+    output is bit for bit that of plain one-token decoding (float kernels are not row-count invariant,
+    and INT8 rounding would amplify the difference), and greedy speculation equals plain greedy.
+    q/k/v are roped [H, T, D]; the rows' K/V are already in slots start.. (tree order)."""
+    t = q.shape[1]
+    out = torch.zeros(cfg.n_heads, t, cfg.head_dim)
+    for i in range(n_valid):
+        path = list(range(i + 1)) if tree is None else tree[i, :n_valid].nonzero().flatten().tolist()
+        lead = path == list(range(len(path)))
+        if not lead:  # a side branch: put its path in the slots after the prefix for this row only
+            k_cache[:, start : start + len(path)] = k[:, path]
+            v_cache[:, start : start + len(path)] = v[:, path]
+        end = start + len(path)
+        out[:, i : i + 1] = F.scaled_dot_product_attention(q[None, :, i : i + 1], k_cache[None, :, :end],
+                                                           v_cache[None, :, :end], enable_gqa=True)[0]
+        if not lead:
+            k_cache[:, start : start + len(path)] = k[:, : len(path)]
+            v_cache[:, start : start + len(path)] = v[:, : len(path)]
     return out.transpose(0, 1).reshape(t, cfg.q_dim)
 
 

@@ -30,6 +30,7 @@ def register(sub: Any) -> None:
     run.add_argument("--raw", action="store_true", help="do not apply the chat template")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     add_method_arg(run)
+    add_decode_args(run)
     run.set_defaults(func=cmd_run)
 
     info = sub.add_parser("info", help="show the model, its config and what this machine can run")
@@ -61,6 +62,61 @@ class Timing:
         return ", ".join(f"{k} {v:.2f} s" for k, v in self.seconds.items())
 
 
+def add_decode_args(p: argparse.ArgumentParser) -> None:
+    """How `hetero run` decodes after the prefill (`hetero.decode`)."""
+    from hetero.decode import SPECULATE
+
+    p.add_argument("--decoder", choices=("hetero", "hf"), default="hetero",
+                   help="hetero: decode on hetero's cache (default); hf: hand the cache to transformers generate()")
+    p.add_argument("--speculate", choices=SPECULATE, default="lookup",
+                   help="token-tree drafter (LLMCad): lookup = n-grams of the context (default), draft = "
+                        "--draft-model, self = the model's first layers, off")
+    p.add_argument("--draft-model", help="draft model for --speculate draft (GGUF or HF directory, same tokenizer)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def sampling_params(args: argparse.Namespace) -> Any:
+    """The decode options, checked before anything is loaded."""
+    from hetero.decode import SamplingParams
+
+    if args.speculate == "draft" and not args.draft_model:
+        raise ConfigError("--speculate draft needs --draft-model PATH (a model sharing the tokenizer)")
+    return SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.seed, stop=tuple(args.stop))
+
+
+def _decode_hetero(args: argparse.Namespace, model: Any, runtime: Any, prompt: Any, result: Any) -> dict[str, Any]:
+    import sys
+
+    from hetero.decode import Decoding
+    from hetero.decode.step import TREE_SIZES, DecodeStep
+    from hetero.loader import load_model
+    from hetero.methods import make_runtime
+
+    params = sampling_params(args)
+    draft = None
+    if args.speculate == "draft":
+        draft = make_runtime(load_model(args.draft_model), args.method, chunk=args.chunk, threads=args.threads)
+    step = DecodeStep.of(runtime)  # warm-up: the decode graphs (C = 1 and the tree sizes) from the cache
+    for c in TREE_SIZES if args.speculate != "off" else (1,):
+        step.backend(c)
+    d = Decoding(runtime, result, params, args.speculate, prompt.tolist(), draft)
+    for ev in d:
+        if not args.json:
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+    if not args.json:
+        sys.stdout.write("\n")
+    g = d.result()
+    return {"text": g.text.strip(), "new_tokens": len(g.tokens), "decode_tokens_per_s": round(g.tokens_per_s, 1),
+            "finish_reason": g.finish_reason, "speculate": args.speculate, "accepted": g.accepted,
+            "drafted": g.drafted, "acceptance_rate": round(g.acceptance_rate, 3), "target_steps": g.steps}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from hetero.adapters.hf import generate, to_hf_model
     from hetero.loader import load_model
@@ -71,6 +127,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 0:
         raise ConfigError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     text_in = read_prompt(args.prompt, args.file)
+    if args.decoder == "hetero":
+        sampling_params(args)
     use_threads(args.threads)
     timing = Timing()
     with timing("load"):
@@ -88,35 +146,42 @@ def cmd_run(args: argparse.Namespace) -> int:
         runtime.prefill(prompt[: min(prompt.numel(), args.chunk)])  # first-call allocations, lazy inits
     result = runtime.prefill(prompt)
     timing.seconds["prefill"] = result.total_ms / 1e3
-    hf = to_hf_model(model)
     use_threads(args.threads)  # the runtime may have split cores between lanes; decoding uses them all
-    t0 = time.perf_counter()
-    new = generate(hf, prompt, result, new_token_budget(prompt.numel(), args.max_new_tokens, runtime.max_context))
-    decode_s = timing.seconds["decode"] = time.perf_counter() - t0
-    text = tok.decode(new, skip_special_tokens=True).strip()
+    budget = new_token_budget(prompt.numel(), args.max_new_tokens, runtime.max_context)
     out: dict[str, Any] = {
-        "text": text,
         "prompt_tokens": result.n_tokens,
         "prefill_ms": round(result.total_ms, 2),
         "prefill_tokens_per_s": round(result.tokens_per_s, 1),
-        "decode_tokens_per_s": round(len(new) / decode_s, 1) if new and decode_s > 0 else 0.0,
-        "new_tokens": len(new),
         "method": args.method,
         "weight_form": getattr(getattr(runtime.backend, "plan", None), "weight_form", None),
         "chunk": args.chunk,
         "model": model.name,
+        "decoder": args.decoder,
     }
+    t0 = time.perf_counter()
+    if args.decoder == "hetero":
+        args.max_new_tokens = budget
+        out.update(_decode_hetero(args, model, runtime, prompt, result))
+    else:
+        new = generate(to_hf_model(model), prompt, result, budget)
+        decode_s = time.perf_counter() - t0
+        out.update(text=tok.decode(new, skip_special_tokens=True).strip(), new_tokens=len(new),
+                   decode_tokens_per_s=round(len(new) / decode_s, 1) if new and decode_s > 0 else 0.0)
+        if not args.json:
+            print(out["text"])
+    timing.seconds["decode"] = time.perf_counter() - t0
     if getattr(args, "verbose", False):
         out["seconds"] = {k: round(v, 3) for k, v in timing.seconds.items()}
-        print(f"hetero: time: {timing.line()}; {len(new)} new tokens", file=sys.stderr)
+        print(f"hetero: time: {timing.line()}; {out['new_tokens']} new tokens", file=sys.stderr)
     if args.json:
         print(json.dumps(out))
     else:
-        print(text)
+        spec = (f", speculate {out['speculate']}: {out['accepted']}/{out['drafted']} drafted tokens accepted "
+                f"({100 * out['acceptance_rate']:.0f}%)") if out.get("speculate", "off") != "off" else ""
         print(
             f"[{out['prompt_tokens']} prompt tokens, prefill {out['prefill_ms']:.1f} ms "
             f"({out['prefill_tokens_per_s']:.0f} tokens/s, method {args.method}, C={args.chunk}); "
-            f"decode {out['decode_tokens_per_s']:.1f} tokens/s]"
+            f"decode {out['decode_tokens_per_s']:.1f} tokens/s ({args.decoder}{spec})]"
         )
     return 0
 

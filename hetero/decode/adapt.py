@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True)
 class TreeController:
-    max_depth: int = 8
-    sizes: tuple[int, ...] = (1, 4, 8, 16)
+    max_depth: int = 7
+    sizes: tuple[int, ...] = (1, 4, 8)
     alpha: float = 0.6  # prior acceptance per depth
     decay: float = 0.8  # EMA weight of the past
     probe_every: int = 16
@@ -28,7 +28,7 @@ class TreeController:
         if c in self.step_ms:
             return self.step_ms[c]
         base = self.step_ms.get(1, 1.0)
-        return base * (1.0 + 0.04 * (c - 1))  # prior until measured: near-flat, memory-bound
+        return base * c  # pessimistic prior until measured: compute-bound
 
     def choose(self, budget: int) -> tuple[int, int]:
         """(depth, size): levels to draft below the root and the tree's node budget."""

@@ -18,7 +18,7 @@ from hetero.decode.adapt import TreeController
 from hetero.decode.drafters import Drafter, LookupDrafter, ModelDrafter, SelfDrafter
 from hetero.decode.params import Generation, SamplingParams, TokenEvent
 from hetero.decode.sampling import accept_or_resample, choose, make_generator
-from hetero.decode.step import DecodeStep
+from hetero.decode.step import TREE_SIZES, DecodeStep
 from hetero.decode.text import TextStream
 from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
@@ -61,7 +61,8 @@ class Decoding:
     """One decode in progress; iterate it for `TokenEvent`s, then read its counters."""
 
     def __init__(self, runtime: Runtime, prefill: PrefillResult, params: SamplingParams, speculate: str = "off",
-                 context_ids: Sequence[int] | None = None, draft_runtime: Runtime | None = None):
+                 context_ids: Sequence[int] | None = None, draft_runtime: Runtime | None = None,
+                 tree: tuple[int, int] | None = None):
         if not isinstance(params, SamplingParams):
             raise ConfigError(f"params must be a SamplingParams, got {type(params).__name__}")
         self.runtime, self.params, self.cache = runtime, params, prefill.cache
@@ -79,7 +80,12 @@ class Decoding:
         self.finish_reason = "length"
         self.accepted = self.drafted = self.steps = 0
         self.decode_ms = 0.0
-        self.control = TreeController()
+        self.control = TreeController(sizes=TREE_SIZES)
+        self.fixed_tree = tree  # (depth, size): no adaptation (tests, experiments)
+        if tree is not None and not (0 <= tree[0] < tree[1] <= TREE_SIZES[-1]):
+            raise ConfigError(f"tree must be (depth, size) with 0 <= depth < size <= {TREE_SIZES[-1]}, got {tree!r}")
+        if self.drafter is not None and tree is None:  # LLMCad's cost side: what each tree size costs on this machine
+            self.control.step_ms.update(self.step.measure(self.cache))
         self._done = False
 
     def _emit(self, tok: int) -> TokenEvent:
@@ -108,6 +114,8 @@ class Decoding:
                         if self._done:
                             break
         finally:
+            if self.drafter is not None:
+                self.step.costs.update(self.control.step_ms)
             # whatever happened (finished, stopped mid-path, closed early): keep the invariant
             self.cache.truncate(min(self.cache.length, self.base + max(len(self.tokens) - 1, 0)))
             self.decode_ms = (time.perf_counter() - t0) * 1e3
@@ -118,7 +126,8 @@ class Decoding:
         budget = self.params.max_new_tokens - len(self.tokens)
         draft_ms, depth = 0.0, 0
         if self.drafter is not None:
-            depth, size = self.control.choose(budget)
+            depth, size = self.control.choose(budget) if self.fixed_tree is None else self.fixed_tree
+            depth = min(depth, budget - 1)
             t = time.perf_counter()
             tree = self.drafter.draft(self.context + self.tokens, depth, size) if depth else TokenTree([root], [-1])
             draft_ms = (time.perf_counter() - t) * 1e3
@@ -156,20 +165,22 @@ class Decoding:
 
 
 def stream(runtime: Runtime, prefill: PrefillResult, params: SamplingParams | None = None, *, speculate: str = "off",
-           context_ids: Sequence[int] | None = None, draft_runtime: Runtime | None = None) -> Iterator[TokenEvent]:
+           context_ids: Sequence[int] | None = None, draft_runtime: Runtime | None = None,
+           tree: tuple[int, int] | None = None) -> Iterator[TokenEvent]:
     """Tokens as they are decoded. Closing the iterator early leaves the cache consistent.
 
     context_ids: the ids whose K/V the cache holds (the prompt); prompt lookup searches them too.
+    tree: a fixed (depth, size) of the drafted trees instead of the adaptive choice.
     """
-    d = Decoding(runtime, prefill, params or SamplingParams(), speculate, context_ids, draft_runtime)
+    d = Decoding(runtime, prefill, params or SamplingParams(), speculate, context_ids, draft_runtime, tree)
     yield from d
 
 
 def generate(runtime: Runtime, prefill: PrefillResult, params: SamplingParams | None = None, *,
              speculate: str = "off", context_ids: Sequence[int] | None = None,
-             draft_runtime: Runtime | None = None) -> Generation:
+             draft_runtime: Runtime | None = None, tree: tuple[int, int] | None = None) -> Generation:
     """Decode until a stop token, a stop string or max_new_tokens; see `stream`."""
-    d = Decoding(runtime, prefill, params or SamplingParams(), speculate, context_ids, draft_runtime)
+    d = Decoding(runtime, prefill, params or SamplingParams(), speculate, context_ids, draft_runtime, tree)
     for _ in d:
         pass
     return d.result()

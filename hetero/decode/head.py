@@ -2,7 +2,8 @@
 
 A decode step reads every weight once per token, so the head's 49k×576 float matrix alone would cost
 as much memory traffic as a third of the layers; on an INT8 runtime it runs as one ONNX Runtime
-`DynamicQuantizeMatMul` graph (activations quantized per call, weights per output channel, symmetric).
+`MatMulInteger` graph: weights symmetric per output channel, activations symmetric per ROW (so a row's
+logits do not depend on the other rows of a token tree: speculation stays exact), rescaled in torch.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from hetero import model as ref
 from hetero.config import ModelConfig
 from hetero.model import Weights
+from hetero.outliers.quantize import W_QMAX_U8S8
 
 
 class FloatHead:
@@ -30,19 +32,20 @@ class FloatHead:
         return ref.logits(self.cfg, self.weights, h)
 
 
-def int8_head_graph(w: torch.Tensor) -> onnx.ModelProto:
-    """[T, hidden] float → [T, vocab]: DynamicQuantizeMatMul over W^T quantized per output channel."""
+def int8_head_graph(w: torch.Tensor) -> tuple[onnx.ModelProto, torch.Tensor]:
+    """[T, hidden] uint8 (zero point 128) → [T, vocab] int32 (MatMulInteger over W^T quantized per output channel), and
+    the weight scales [vocab]."""
     wt = w.detach().float().numpy().T  # [hidden, vocab]
-    scale = np.maximum(np.abs(wt).max(axis=0), 1e-12) / 127.0
-    wq = np.clip(np.round(wt / scale), -127, 127).astype(np.int8)
-    inits = [numpy_helper.from_array(wq, "w_q"), numpy_helper.from_array(scale.astype(np.float32), "w_s"),
-             numpy_helper.from_array(np.zeros(wt.shape[1], np.int8), "w_z")]
-    node = helper.make_node("DynamicQuantizeMatMul", ["x", "w_q", "w_s", "w_z"], ["logits"], domain="com.microsoft")
+    # 7-bit weights: u8·s8 pairs cannot saturate AVX2's 16-bit intermediate (as the layer graphs' plan)
+    scale = np.maximum(np.abs(wt).max(axis=0), 1e-12) / W_QMAX_U8S8
+    wq = np.clip(np.round(wt / scale), -W_QMAX_U8S8, W_QMAX_U8S8).astype(np.int8)
+    # u8·s8 (activations shifted by 128, a zero point) is ONNX Runtime's fast integer kernel
+    node = helper.make_node("MatMulInteger", ["x_q", "w_q", "x_z"], ["acc"])
     graph = helper.make_graph([node], "lm_head_int8",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", wt.shape[0]])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["T", wt.shape[1]])],
-                              inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+                              [helper.make_tensor_value_info("x_q", TensorProto.UINT8, ["T", wt.shape[0]])],
+                              [helper.make_tensor_value_info("acc", TensorProto.INT32, ["T", wt.shape[1]])],
+                              [numpy_helper.from_array(wq, "w_q"), numpy_helper.from_array(np.uint8(128), "x_z")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), torch.from_numpy(scale.astype(np.float32))
 
 
 class Int8Head:
@@ -56,10 +59,12 @@ class Int8Head:
         so.log_severity_level = 3
         so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        blob = int8_head_graph(weights.lm_head).SerializeToString()
-        self.session = ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])
+        graph, self.w_scale = int8_head_graph(weights.lm_head)
+        self.session = ort.InferenceSession(graph.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         x = ref.rms_norm(h.reshape(-1, self.cfg.hidden), self.weights.norm, self.cfg.rms_eps)
-        out = self.session.run(None, {"x": x.contiguous().numpy()})[0]
-        return torch.from_numpy(out).reshape(*h.shape[:-1], -1)
+        s = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0  # per row
+        xq = (torch.round(x / s).clamp(-127, 127) + 128).to(torch.uint8)
+        acc = torch.from_numpy(self.session.run(None, {"x_q": xq.numpy()})[0])
+        return (acc.float() * s * self.w_scale).reshape(*h.shape[:-1], -1)

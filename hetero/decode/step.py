@@ -8,6 +8,7 @@ rows are written in place at cache rows `length .. length+n-1`; the caller decid
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Sequence
 
@@ -20,7 +21,7 @@ from hetero.decode.tree import TokenTree
 from hetero.kv_cache import KVCache
 from hetero.runtime import Runtime
 
-TREE_SIZES = (1, 4, 8, 16)  # static chunk sizes of the INT8 decode graphs
+TREE_SIZES = (1, 4, 8)  # static chunk sizes of the INT8 decode graphs
 
 
 class DecodeStep:
@@ -30,8 +31,9 @@ class DecodeStep:
 
     def __init__(self, runtime: Runtime, head: str = "auto"):
         self.runtime, self.cfg, self.model = runtime, runtime.cfg, runtime.model
-        self.static = hasattr(runtime.backend, "plan") and hasattr(runtime.backend, "lane")  # NpuBackend
+        self.static = hasattr(runtime.backend, "plan") and hasattr(runtime.backend, "provider")  # NpuBackend
         self._backends: dict[int, LayerBackend] = {}
+        self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
         if head == "auto":
             head = "int8" if self.static else "float"
         self.head = Int8Head(self.cfg, self.model.weights) if head == "int8" else FloatHead(self.cfg, self.model.weights)
@@ -58,10 +60,22 @@ class DecodeStep:
             from hetero.npu.backend import NpuBackend
 
             src = self.runtime.backend
-            b = NpuBackend(self.model, src.plan, chunk=c, lane=src.lane, placement=src.placement,
-                           intra_op_threads=getattr(src.lane, "intra_op_threads", 2))
+            b = NpuBackend(self.model, src.plan, chunk=c, provider=src.provider, placement=src.placement,
+                           intra_op_threads=getattr(src.provider, "intra_op_threads", 2),
+                           graphs_root=getattr(src, "_graphs_root", None))
             self._backends[c] = b
         return b
+
+    def measure(self, cache: KVCache, sizes: Sequence[int] = TREE_SIZES) -> dict[int, float]:
+        """Time one step of each chunk size not measured yet (rows past cache.length: scratch, unchanged length)."""
+        for c in sizes:
+            if c not in self.costs:
+                tree = TokenTree.chain([self.cfg.bos_token_id or 0] * c)
+                self.forward(cache, tree)  # warm-up (first-run allocations)
+                t0 = time.perf_counter()
+                self.forward(cache, tree)
+                self.costs[c] = (time.perf_counter() - t0) * 1e3
+        return self.costs
 
     @torch.inference_mode()
     def forward(self, cache: KVCache, tree: TokenTree, *, slot: int | None = None, layers: int | None = None,
@@ -78,11 +92,8 @@ class DecodeStep:
         backend = self.backend(n)
         ids = torch.tensor(tree.tokens + [tree.tokens[0]] * (c - n), dtype=torch.long)
         h = ref.embed(self.model.weights, ids)
-        if n == 1 and c == 1:
-            positions = mask = None
-        else:
-            positions = torch.cat([tree.positions(slot), torch.full((c - n,), slot, dtype=torch.long)])
-            mask = tree.mask()
+        positions = torch.cat([tree.positions(slot), torch.full((c - n,), slot, dtype=torch.long)])
+        mask = None if tree.is_chain() else tree.mask()
         rope = self.runtime.rope
         for layer in range(self.cfg.n_layers if layers is None else layers):
             q, k, v = backend.qkv(layer, h)
@@ -90,4 +101,6 @@ class DecodeStep:
             a = ref.attention(self.cfg, q, k, v, rope, kc, vc, slot, n, positions, mask)
             h = backend.o_ffn(layer, a, h)
         sel = h[:n] if rows is None else h[list(rows)]
+        if sel.shape[0] == 0:  # K/V only (a draft model catching up)
+            return torch.empty(0, self.cfg.vocab)
         return self.head(sel)
