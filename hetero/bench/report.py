@@ -63,7 +63,7 @@ def markdown(result: dict[str, Any]) -> str:
                   "| prompt | attention GFLOP/s | bound tokens/s | hetero / bound |", "|---:|---:|---:|---:|"]
         lines += [f"| {p['prompt_len']} | {p['attention_flop_per_s'] / 1e9:.1f} | {p['bound_tokens_per_s']:.0f} | "
                   f"{frac.get(p['prompt_len'], float('nan')):.2f} |" for p in b["per_len"]]
-    lines += ["", f"Load average (1 min) at the start / end of the engines: {c.get('loadavg_1m_start')} / {c['loadavg_1m']}."]
+    lines += ["", f"Load average (1 min) at the start / end of the engines: {c.get('loadavg_1m_start')} / {c.get('loadavg_1m')}."]
     lines += ["", "## Ablation (mllm-NPU Fig. 17 steps)", "", "| step | real ms | real tokens/s | simulated ms | simulated tokens/s |",
               "|---|---:|---:|---:|---:|"]
     real = {a["step"]: a for a in result["ablation"]["real"]}

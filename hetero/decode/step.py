@@ -57,12 +57,7 @@ class DecodeStep:
         c = self.padded_size(n)
         b = self._backends.get(c)
         if b is None:
-            from hetero.npu.backend import NpuBackend
-
-            src = self.runtime.backend
-            b = NpuBackend(self.model, src.plan, chunk=c, provider=src.provider, placement=src.placement,
-                           intra_op_threads=getattr(src.provider, "intra_op_threads", 2),
-                           graphs_root=getattr(src, "_graphs_root", None))
+            b = self.runtime.backend.at_chunk(c)
             self._backends[c] = b
         return b
 

@@ -120,10 +120,21 @@ class NpuBackend:
         t0 = time.perf_counter()
         for layer in (range(self.cfg.n_layers) if layers is None else layers):
             self.layers[layer] = self._prepare_layer(layer, use_cache)
-        if layers is None and rows is None:  # the graphs hold the INT8 weights now: keep only the shadows' (§3.3)
+        self._kw = dict(provider=self.provider, placement=placement, shape=shape, intra_op_threads=intra_op_threads,
+                        use_cache=use_cache, graphs_root=graphs_root)
+        self._weights_dropped = layers is None and rows is None
+        if self._weights_dropped:  # the graphs hold the INT8 weights now: keep only the shadows' (§3.3)
             self.plan = _shadow_only(plan)
             self.reference = QuantizedBackend(self.cfg, model.weights, self.plan)
         self.prepare_s = time.perf_counter() - t0
+
+    def at_chunk(self, chunk: int) -> "NpuBackend":
+        """The same plan's graphs at another chunk length (decode steps: C = 1 and the tree sizes). The INT8
+        weights this backend dropped are recomputed from the model (`QuantPlan.from_dict`), then dropped again."""
+        from hetero.outliers.plan import QuantPlan
+
+        plan = QuantPlan.from_dict(self.plan.to_dict(), self.model) if self._weights_dropped else self.plan
+        return NpuBackend(self.model, plan, chunk, **self._kw)
 
     def _provider_for(self, layer: int, kind: str) -> Provider:
         if self.placement is None or self.placement.device_of(layer, kind) == "npu":
