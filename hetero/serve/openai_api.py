@@ -96,12 +96,17 @@ def chat_response(rid: str, model: str, reply: Reply) -> dict:
             "usage": usage(reply), "context_id": reply.context_id}
 
 
-def chat_chunk(rid: str, model: str, delta: dict, finish: str | None = None, use: dict | None = None) -> dict:
-    out = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-           "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+def _chunk(rid: str, model: str, obj: str, choice: dict, use: dict | None) -> dict:
+    """One server-sent event of a stream; the last one (`use` given) carries the usage and no choice."""
+    out = {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice]}
     if use is not None:
         out["choices"], out["usage"] = [], use
     return out
+
+
+def chat_chunk(rid: str, model: str, delta: dict, finish: str | None = None, use: dict | None = None) -> dict:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+    return _chunk(rid, model, "chat.completion.chunk", choice, use)
 
 
 def completion_response(rid: str, model: str, reply: Reply) -> dict:
@@ -111,11 +116,8 @@ def completion_response(rid: str, model: str, reply: Reply) -> dict:
 
 
 def completion_chunk(rid: str, model: str, text: str, finish: str | None = None, use: dict | None = None) -> dict:
-    out = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-           "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
-    if use is not None:
-        out["choices"], out["usage"] = [], use
-    return out
+    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+    return _chunk(rid, model, "text_completion", choice, use)
 
 
 def error_body(message: str, kind: str, code: str | None = None, param: str | None = None) -> dict:
