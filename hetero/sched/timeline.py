@@ -31,6 +31,12 @@ def draw_timeline(ax, schedule: Schedule, title: str = "") -> None:
             ax.broken_barh([(schedule.start_us[v] / scale, (schedule.end_us[v] - schedule.start_us[v]) / scale)],
                            (row - 0.4, 0.8), facecolors=cmap(dag.chunk[v] % cmap.N), edgecolor="black",
                            linewidth=0.2, hatch="//" if dag.kinds[dag.kind[v]] == "attn" else "")
+            width = (schedule.end_us[v] - schedule.start_us[v]) / max(schedule.makespan_us, 1e-9)
+            if width >= 0.012:  # label a block with its decoder layer where the label fits inside it
+                _, layer, _ = dag.node_info(v)
+                ax.text((schedule.start_us[v] + schedule.end_us[v]) / 2 / scale, row, f"L{layer}", ha="center",
+                        va="center", fontsize=6, rotation=90 if width < 0.025 else 0,
+                        bbox={"facecolor": "white", "alpha": 0.75, "pad": 0.4, "linewidth": 0})
         busy = schedule.busy_us.get(lane, 0.0)
         ax.text(schedule.makespan_us / scale * 1.005, row, f"busy {busy / max(schedule.makespan_us, 1e-9):.0%}",
                 va="center", fontsize=8)
@@ -59,8 +65,8 @@ def plot_timeline(schedule: Schedule | Sequence[Schedule], path: str | os.PathLi
 
     scheds = [schedule] if isinstance(schedule, Schedule) else list(schedule)
     titles = [title] * len(scheds) if isinstance(title, str) else list(title)
-    rows = [0.9 + 0.55 * len(s.dag.lanes) for s in scheds]
-    fig, axes = plt.subplots(len(scheds), 1, figsize=(15, sum(rows) + 0.4), sharex=True, squeeze=False,
+    rows = [1.2 + 1.1 * len(s.dag.lanes) for s in scheds]  # lanes tall enough for labelled blocks
+    fig, axes = plt.subplots(len(scheds), 1, figsize=(13, sum(rows) + 0.4), sharex=True, squeeze=False,
                              gridspec_kw={"height_ratios": rows})
     for ax, s, t in zip(axes[:, 0], scheds, titles):
         draw_timeline(ax, s, t)
