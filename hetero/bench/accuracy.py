@@ -279,10 +279,11 @@ def plot(r: dict, path: Path) -> None:
     fig, ax = plt.subplots(2, 2, figsize=(12, 8))
     rows = r["rows"]
     a = ax[0, 0]
-    a.bar([x["method"] for x in rows], [x["delta_pct"] for x in rows], color="tab:blue")
-    a.set_ylabel("perplexity Δ vs float (%)")
-    a.set_yscale("symlog", linthresh=1.0)
-    a.tick_params(axis="x", rotation=35)
+    a.barh([x["method"] for x in rows], [x["delta_pct"] for x in rows], color="tab:blue")  # horizontal: names never overlap
+    a.invert_yaxis()
+    a.set_xlabel("perplexity Δ vs float (%)")
+    a.set_xscale("symlog", linthresh=1.0)
+    a.tick_params(axis="y", labelsize=8)
     a.set_title("Table 5 analogue")
     a = ax[0, 1]
     sw = r["prune_sweep"]
