@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from hetero.model import SITES
 from hetero.outliers.plan import plan_from_scales
@@ -26,3 +27,17 @@ def tiny_plan(model, shadow=None, scale: float = 0.02, weight_granularity: str =
 @pytest.fixture
 def tiny():
     return make_tiny_model()
+
+
+def assert_layers_match(model, plan, atol: float) -> None:
+    """NpuBackend (CPU EP, C=16) against QuantizedBackend on two layers of `model`, qkv and o_ffn."""
+    from hetero.npu.backend import NpuBackend
+    from hetero.outliers.shadow import QuantizedBackend
+
+    ref, be = QuantizedBackend(model.config, model.weights, plan), NpuBackend(model, plan, 16, provider="cpu")
+    g = torch.Generator().manual_seed(1)
+    h, a = torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g) * 0.5
+    for layer in range(2):
+        for got, want in zip(be.qkv(layer, h), ref.qkv(layer, h)):
+            torch.testing.assert_close(got, want, rtol=0, atol=atol)
+        torch.testing.assert_close(be.o_ffn(layer, a, h), ref.o_ffn(layer, a, h), rtol=0, atol=atol)

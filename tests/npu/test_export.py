@@ -17,7 +17,7 @@ from hetero.outliers.plan import plan_from_scales
 from hetero.outliers.quantize import int8_linear
 from hetero.outliers.shadow import QuantizedBackend
 from tests.conftest import make_tiny_model
-from tests.npu.conftest import SHADOWS, tiny_plan
+from tests.npu.conftest import SHADOWS, assert_layers_match, tiny_plan
 
 
 def test_layer_segments_follow_shadow_sites():
@@ -108,13 +108,7 @@ def test_layers_match_reference(shadow, arch, wg):
     # instead of torch, which may differ by float32 rounding (a few ulps of |h| ≲ 10 → 1e-5 absolute).
     m = make_tiny_model(arch)
     plan = tiny_plan(m, shadow, weight_granularity=wg)
-    ref, be = QuantizedBackend(m.config, m.weights, plan), NpuBackend(m, plan, 16, provider="cpu")
-    g = torch.Generator().manual_seed(1)
-    h, a = torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g) * 0.5
-    for layer in range(2):
-        for got, want in zip(be.qkv(layer, h), ref.qkv(layer, h)):
-            torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
-        torch.testing.assert_close(be.o_ffn(layer, a, h), ref.o_ffn(layer, a, h), rtol=0, atol=1e-5)
+    assert_layers_match(m, plan, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["qkv", "o_ffn"])

@@ -17,7 +17,7 @@ from hetero.outliers.plan import plan_from_scales, quantize_weights
 from hetero.outliers.quantize import WEIGHT_FORMS
 from hetero.outliers.shadow import QuantizedBackend
 from tests.conftest import make_tiny_model
-from tests.npu.conftest import SHADOWS
+from tests.npu.conftest import SHADOWS, assert_layers_match
 
 # forms exact on this CPU (8-bit u8·s8 needs VNNI; without it only its graph structure is tested elsewhere)
 FORMS = [f for f, wf in WEIGHT_FORMS.items() if not wf.needs_vnni or isa.has_vnni()]
@@ -62,13 +62,7 @@ def test_rotated_a16_layers_match_reference(form, shadow):
     m = make_tiny_model()
     a16 = ("attn_in",) if shadow else ("attn_in", "down_in")  # SHADOWS keeps a down_in shadow on layer 0
     plan = rotated_a16_plan(m, form, a16, {k: v for k, v in (shadow or {}).items() if k[1] not in a16})
-    ref, be = QuantizedBackend(m.config, m.weights, plan), NpuBackend(m, plan, 16, provider="cpu")
-    g = torch.Generator().manual_seed(1)
-    h, a = torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g) * 0.5
-    for layer in range(2):
-        for got, want in zip(be.qkv(layer, h), ref.qkv(layer, h)):
-            torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
-        torch.testing.assert_close(be.o_ffn(layer, a, h), ref.o_ffn(layer, a, h), rtol=0, atol=1e-4)
+    assert_layers_match(m, plan, atol=1e-4)
 
 
 def test_online_transform_keeps_the_float_product():
