@@ -15,7 +15,7 @@
 5. RSS of a `hetero serve` subprocess over `--rss-requests` requests from 8 concurrent clients.
 
     python bench/service.py            # writes bench/results/service.{json,md}
-    python bench/service.py --quick    # a few minutes: 2 + 4 conversations, phases 1 and 2 only
+    python bench/service.py --quick    # a few minutes: 2 + 4 conversations, phases 1 and 2, in the temp dir
 """
 
 from __future__ import annotations
@@ -490,12 +490,13 @@ def main() -> None:
     p.add_argument("--rss-warmup", type=int, default=40)
     p.add_argument("--phases", default="sequential,concurrent,exactness,switch,accuracy,rss")
     p.add_argument("--quick", action="store_true",
-                   help="2 sequential + 4 concurrent conversations, phases 1-2, results in the temp dir")
+                   help="2 sequential + 4 concurrent conversations (no concurrent re-prefill), phases 1-2, results in the "
+                        "temp dir")
     p.add_argument("--out", type=Path, default=None, help="results prefix (default bench/results/service)")
     p.add_argument("--md-only", action="store_true", help="rewrite the .md from the committed .json")
     args = p.parse_args()
     if args.quick:
-        args.conversations, args.ratio_conversations, args.baseline_conversations = 4, 2, 2
+        args.conversations, args.ratio_conversations, args.baseline_conversations = 4, 2, 0
         args.phases = "sequential,concurrent"
     if args.out is None:
         args.out = Path(tempfile.gettempdir()) / "service_quick" if args.quick else ROOT / "bench" / "results" / "service"
