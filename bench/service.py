@@ -201,8 +201,13 @@ def summarize(records: list[dict], stats: dict, base: list[dict]) -> dict:
     ref = {(r["conversation"], r["turn"]): r["reply"] for r in base}
     for r in records:
         r["new_tokens"] = r["prompt_tokens"] - r["cached_tokens"]
-    return {key: per_turn(records, key) for key in ("ttft_ms", "server_ttft_ms", "restore_ms", "prefill_ms",
-                                                    "prompt_tokens", "cached_tokens", "new_tokens")} | {
+        # the server's TTFT less restore and prefill: prefix lookup, cache allocation, the first token
+        r["other_ms"] = round(r["server_ttft_ms"] - r["restore_ms"] - r["prefill_ms"], 1)
+        # the client's TTFT less the server's: HTTP, chat template and tokenization, the engine's queue
+        r["outside_ms"] = round(r["ttft_ms"] - r["server_ttft_ms"], 1)
+    keys = ("ttft_ms", "server_ttft_ms", "queue_ms", "restore_ms", "prefill_ms", "other_ms", "outside_ms",
+            "prompt_tokens", "cached_tokens", "new_tokens")
+    return {key: per_turn(records, key) for key in keys} | {
         "conversations": len({r["conversation"] for r in records}), "replies": len(records),
         "replies_equal_all_fit": sum(r["reply"] == ref.get((r["conversation"], r["turn"])) for r in records),
         "counts": stats["counts"], "bytes": stats["bytes"], "compression_ratio": stats["compression_ratio"]}
@@ -419,6 +424,16 @@ def write_md(r: dict, path: Path) -> None:
                   f"The budget configs hold that fraction of the {q['kv_bytes_all_fit'] / 2**20:.1f} MiB of K/V "
                   "the conversations need (run after the pair, same requests).", ""]
         lines += ttft_tables(q["configs"], n)
+        lines += [f"Where turn {n}'s time goes (medians, ms): server TTFT = restore + prefill of the new tokens + "
+                  "other (prefix lookup, cache allocation, first token); outside = client TTFT - server TTFT (HTTP, "
+                  "chat template and tokenization, the engine's queue).", "",
+                  "| config | client TTFT | server TTFT | restore | prefill | other | outside | prefilled tokens | "
+                  "prefill ms / token |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for name, v in q["configs"].items():
+            lines.append(f"| {name} | " + " | ".join(f"{v[k][-1]:.0f}" for k in (
+                "ttft_ms", "server_ttft_ms", "restore_ms", "prefill_ms", "other_ms", "outside_ms", "new_tokens")) +
+                f" | {v['prefill_ms'][-1] / max(v['new_tokens'][-1], 1):.2f} |")
+        lines.append("")
     if "concurrent" in r:
         c = r["concurrent"]
         lines += [f"## Concurrent clients ({a.get('conversations')} conversations, {a.get('clients')} clients; "
