@@ -31,3 +31,16 @@ def test_library_default_env_restores_the_users_policy(monkeypatch):
     assert _policy_in_child({**_base_env(), **env}) == "<unset>"
     monkeypatch.setattr(threads, "USER_WAIT_POLICY", "ACTIVE")
     assert threads.library_default_env({"OMP_WAIT_POLICY": "PASSIVE"})[threads.WAIT_POLICY] == "ACTIVE"
+
+
+def test_passive_in_effect_follows_what_libgomp_read(monkeypatch):
+    monkeypatch.setattr(threads, "USER_WAIT_POLICY", None)
+    monkeypatch.delenv(threads.KEEP, raising=False)
+    monkeypatch.setattr(threads, "TORCH_FIRST", False)
+    assert threads.passive_in_effect()
+    monkeypatch.setattr(threads, "TORCH_FIRST", True)  # torch loaded first: libgomp kept its spin-wait
+    assert not threads.passive_in_effect()
+    monkeypatch.setattr(threads, "USER_WAIT_POLICY", " passive")
+    assert threads.passive_in_effect()
+    monkeypatch.setattr(threads, "USER_WAIT_POLICY", "ACTIVE")
+    assert not threads.passive_in_effect()
