@@ -8,6 +8,7 @@ The table of methods and the measured thread split are in docs/design.md.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from hetero.serve.store import StoreConfig
 if TYPE_CHECKING:
     from hetero.outliers.plan import QuantPlan
     from hetero.outliers.search import SiteCosts
+
+log = logging.getLogger(__name__)
 
 SITES_ALL = ("attn_in", "o_in", "ffn_in", "down_in")
 
@@ -166,13 +169,33 @@ METHODS: dict[str, Method] = {
 DEFAULT_METHOD = "hetero"
 
 
+_SPIN_WARNED = False
+
+
+def _alone_threads(shared: int, threads: int) -> int:
+    """torch's threads for a lane running alone (attention at long prompts): every core, unless torch's
+    OpenMP threads spin when idle (torch imported before hetero), which starves ONNX Runtime's."""
+    from hetero.threads import passive_in_effect
+
+    global _SPIN_WARNED
+    if shared == threads or passive_in_effect():
+        return threads
+    if not _SPIN_WARNED:
+        _SPIN_WARNED = True
+        log.warning("torch was imported before hetero, so its OpenMP threads spin-wait and compete with ONNX "
+                    "Runtime's: import hetero first or set OMP_WAIT_POLICY=PASSIVE; torch keeps %d thread(s) per "
+                    "lane", shared)
+    return shared
+
+
 def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,
                  policy: str | None = None, weight_form: str | None = None) -> Runtime:
     """A runtime for `method`; `policy` overrides the method's default dispatch policy; `weight_form` forces
     the INT8 weight form of the quantized methods (None or "auto": this CPU's, `hetero.npu.isa`).
 
     Threads: the provider's ONNX Runtime sessions (the npu lane) get `threads` (default: all cores); when
-    lanes overlap, torch (the cpu lane) gets half of them so the lanes do not oversubscribe the cores.
+    lanes overlap, torch (the cpu lane) gets half of them so the lanes do not oversubscribe the cores, and
+    all of them while no other lane runs (`sched.executor.LaneWorkers`).
     """
     spec = METHODS.get(method)
     if spec is None:
@@ -182,12 +205,14 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     threads = threads or os.cpu_count() or 1
     policy = policy or spec.policy
     overlapped = policy is not None and spec.make is not _float
-    use_threads(max(1, threads // 2) if overlapped else threads)
+    shared = max(1, threads // 2) if overlapped else threads
+    use_threads(shared)
     executor = None
     if policy is not None:
         from hetero.sched.executor import OutOfOrderExecutor
 
-        executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy)
+        executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy,
+                                      torch_threads=(shared, _alone_threads(shared, threads)))
     return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads, weight_form),
                    executor=executor)
 
