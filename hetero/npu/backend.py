@@ -140,7 +140,7 @@ class NpuBackend:
     def _share_buffers(self) -> None:
         """The graphs at one position of every layer (qkv, then the o_ffn segments) share the buffers of the
         outputs a caller does not supply: a lane runs one subgraph at a time and every kind runs on one lane,
-        so one layer's set serves them all (30x less at C=256), and a layer's segments never alias."""
+        so one layer's set serves them all (5.8 instead of 47 MB at C=256), and a layer's segments never alias."""
         shared: dict[int, dict[str, torch.Tensor]] = {}
         for pl in self.layers.values():
             for position, g in enumerate(pl.graphs):
