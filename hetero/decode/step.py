@@ -16,6 +16,7 @@ import torch
 
 from hetero import model as ref
 from hetero.backend import LayerBackend
+from hetero.decode.bound import BoundStep
 from hetero.decode.head import FloatHead, Int8Head
 from hetero.decode.tree import TokenTree
 from hetero.kv_cache import KVCache
@@ -34,6 +35,7 @@ class DecodeStep:
         self.static = hasattr(runtime.backend, "plan") and hasattr(runtime.backend, "provider")  # NpuBackend
         self._backends: dict[int, LayerBackend] = {}
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
+        self._bound: BoundStep | None = None
         if head == "auto":
             head = "int8" if self.static else "float"
         self.head = Int8Head(self.cfg, self.model.weights) if head == "int8" else FloatHead(self.cfg, self.model.weights)
@@ -83,6 +85,11 @@ class DecodeStep:
         n = len(tree)
         slot = cache.length if slot is None else slot
         cache.reserve(slot + n - cache.length)
+        if n == 1 and self.static:  # a plain step: the graphs bound once (`bound.BoundStep`)
+            if self._bound is None:
+                self._bound = BoundStep(self.backend(1), self.runtime.rope)
+            h = self._bound.forward(cache, tree.tokens[0], slot, layers)
+            return self.head(h) if rows is None or list(rows) == [0] else torch.empty(0, self.cfg.vocab)
         c = self.padded_size(n)
         backend = self.backend(n)
         ids = torch.tensor(tree.tokens + [tree.tokens[0]] * (c - n), dtype=torch.long)
