@@ -1,14 +1,14 @@
-"""The one-token decode step on an INT8 lane with every graph bound once (IOBinding to fixed buffers).
+"""Decode steps on an INT8 lane with every graph bound once (IOBinding to fixed buffers).
 
 A plain decode step (C = 1) runs ~80 small graphs (per layer qkv, o_ffn and the shadow cuts) with
-attention between them; at C = 1 each graph's own work is small, so rebinding inputs and outputs on every
-run and the wrappers around it cost a sizeable share of the step (Transformer-Lite §2.4's point about
-preallocated buffers, applied to the decode graphs). Here each graph of the C = 1 backend gets its own
-IOBinding once, to buffers owned by this object (the hidden state ping-pongs between two), so a run is one
-call. The graphs, the shadow corrections (`NpuBackend.cut_correction`) and the attention
-(`model.attention` for one row, `model.one_row_attention`) are the ones `DecodeStep.forward` runs: the logits equal its logits for a
-one-token tree bit for bit (tested), so greedy speculation (tree rows through `forward`) still emits plain
-greedy's tokens.
+attention between them; at decode sizes each graph's own work is small, so rebinding inputs and outputs on
+every run and the wrappers around it cost a sizeable share of the step (Transformer-Lite §2.4's point about
+preallocated buffers, applied to the decode graphs). Here each graph of a chunk size's backend gets its own
+IOBinding once, to buffers owned by the `BoundStep` of that size (the hidden state ping-pongs between two),
+so a run is one call. The graphs, the shadow corrections (`NpuBackend.cut_correction`) and the attention
+(`model.attention`; for one row its `one_row_attention` without the per-row bookkeeping) are the ones the
+unbound path runs: logits and K/V equal bit for bit (tested), and a tree row equals the plain step of its
+token, so greedy speculation emits plain greedy's tokens.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import onnxruntime as ort
 import torch
 
 from hetero import model as ref
+from hetero.decode.tree import TokenTree
 from hetero.kv_cache import KVCache
 
 
@@ -33,13 +34,13 @@ class _Run:
 
 
 class BoundStep:
-    """`forward(cache, token, slot)` → the hidden state after the layers: one token, no per-run binding."""
+    """`forward(cache, tree, slot)` → the hidden states [C, hidden] of a C-row chunk, no per-run binding."""
 
-    def __init__(self, backend, rope: ref.RopeTable):
-        self.backend, self.cfg, self.rope = backend, backend.cfg, rope
+    def __init__(self, backend, rope: ref.RopeTable, rows: int):
+        self.backend, self.cfg, self.rope, self.rows = backend, backend.cfg, rope, rows
         cfg = self.cfg
-        self.h = (torch.zeros(1, cfg.hidden), torch.zeros(1, cfg.hidden))  # layer l reads h[l % 2], writes the other
-        self.a = torch.zeros(1, cfg.q_dim)  # attention output, every layer's o input
+        self.h = (torch.zeros(rows, cfg.hidden), torch.zeros(rows, cfg.hidden))  # layer l reads h[l % 2]
+        self.a = torch.zeros(rows, cfg.q_dim)  # attention output, every layer's o input
         self.runs: list[list[_Run]] = []
         for layer in range(cfg.n_layers):
             if layer not in backend.layers:
@@ -52,22 +53,23 @@ class BoundStep:
         runs = []
         for g in self.backend.layers[layer].graphs:
             ins = {name: env[name] for name in g.inputs}
-            outs = {name: self.h[(layer + 1) % 2] if name == "h_out" else torch.zeros(1, width)
+            outs = {name: self.h[(layer + 1) % 2] if name == "h_out" else torch.zeros(self.rows, width)
                     for name, width in g.outputs.items()}  # fresh buffers: an output never aliases an input
             runs.append(_Run(g.session, g.bind(ins, outs), g.spec.pieces[-1], outs))
             env.update(outs)
         return runs
 
-    def forward(self, cache: KVCache, token: int, slot: int, layers: int | None = None) -> torch.Tensor:
-        """The hidden state [1, hidden] after `layers` layers (default all) of `token` at position `slot`;
-        its K/V go to cache row `slot` of every layer (cache.length is not changed)."""
-        cfg, be = self.cfg, self.backend
-        n = len(self.runs) if layers is None else layers
+    def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> torch.Tensor:
+        """The hidden states [C, hidden] after `layers` layers (default all) of the tree's rows (padded to C
+        with the root) rooted at position `slot`; their K/V go to cache rows slot.. (cache.length unchanged)."""
+        cfg, be, c, n = self.cfg, self.backend, self.rows, len(tree)
+        depth = len(self.runs) if layers is None else layers
         qd, kd = cfg.q_dim, cfg.kv_dim
-        heads, hd, end = cfg.n_heads + cfg.n_kv_heads, cfg.head_dim, slot + 1
-        self.h[0].copy_(ref.embed(be.model.weights, torch.tensor([token])))
-        shadow = [be.layers[layer].shadow_sites for layer in range(n)]
-        for layer in range(n):
+        self.h[0].copy_(ref.embed(be.model.weights, torch.tensor(tree.tokens + [tree.tokens[0]] * (c - n))))
+        positions = torch.cat([tree.positions(slot), torch.full((c - n,), slot, dtype=torch.long)])
+        mask = None if tree.is_chain() else tree.mask()
+        shadow = [be.layers[layer].shadow_sites for layer in range(depth)]
+        for layer in range(depth):
             qkv_run, *rest = self.runs[layer]
             qkv_run.session.run_with_iobinding(qkv_run.binding)
             qkv = qkv_run.outs["qkv"]
@@ -75,13 +77,12 @@ class BoundStep:
                 extra = be.reference.shadow_delta(layer, "attn_in", qkv_run.outs["x"])
                 if extra is not None:
                     qkv += extra
-            # `model.attention` for one row: RoPE on q and k at once (elementwise, the same values), K/V to
-            # row `slot`, then the row's attention over [0, slot] (`model.one_row_attention`)
-            qk = self.rope.apply(qkv[:, : qd + kd].view(heads, hd)[:, None], slot)  # [H + n_kv, 1, D]
             kc, vc = cache.layer(layer)
-            kc[:, slot] = qk[cfg.n_heads :, 0]
-            vc[:, slot] = qkv[:, qd + kd :].view(cfg.n_kv_heads, hd)
-            self.a.view(cfg.n_heads, hd).copy_(ref.one_row_attention(cfg, qk[: cfg.n_heads], kc[:, :end], vc[:, :end])[:, 0])
+            if c == 1:
+                self._one_row(qkv, kc, vc, slot)
+            else:
+                self.a.copy_(ref.attention(cfg, qkv[:, :qd], qkv[:, qd : qd + kd], qkv[:, qd + kd :], self.rope, kc, vc,
+                                           slot, n, positions, mask))
             env: dict[str, torch.Tensor] = {"a": self.a}
             d_extra = None
             for run in rest:
@@ -95,4 +96,15 @@ class BoundStep:
             if "d" in last:  # a separate down graph: h1 + (d + shadow), as `NpuBackend.o_ffn`
                 d = last["d"] if d_extra is None else last["d"].add_(d_extra)
                 torch.add(env["h1"], d, out=self.h[(layer + 1) % 2])
-        return self.h[n % 2]
+        return self.h[depth % 2]
+
+    def _one_row(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slot: int) -> None:
+        """`model.attention` for one row into self.a: RoPE on q and k at once (elementwise: the same values),
+        K/V to row `slot`, the row's attention over [0, slot] (`model.one_row_attention`)."""
+        cfg = self.cfg
+        qd, kd, hd = cfg.q_dim, cfg.kv_dim, cfg.head_dim
+        qk = self.rope.apply(qkv[:, : qd + kd].view(cfg.n_heads + cfg.n_kv_heads, hd)[:, None], slot)  # [H + n_kv, 1, D]
+        kc[:, slot] = qk[cfg.n_heads :, 0]
+        vc[:, slot] = qkv[:, qd + kd :].view(cfg.n_kv_heads, hd)
+        a = ref.one_row_attention(cfg, qk[: cfg.n_heads], kc[:, : slot + 1], vc[:, : slot + 1])
+        self.a.view(cfg.n_heads, hd).copy_(a[:, 0])

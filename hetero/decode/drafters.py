@@ -61,11 +61,16 @@ def _trie(root: int, branches: list[list[int]], size: int) -> TokenTree:
 
 
 class LookupDrafter:
-    """Prompt lookup: continuations of the longest recent n-gram match (n from `n_max` down to `n_min`)."""
+    """Prompt lookup: continuations of the longest recent n-gram match (n from `n_max` down to `n_min`).
+
+    n_min = 2: a single repeated token predicts little (on the open-chat task of `bench/decode.py` most
+    unigram drafts were rejected, and every rejected tree costs more than a plain step); with no match of
+    two tokens the tree is the root alone, i.e. a plain step (LLMCad's fallback, decided per step).
+    """
 
     name = "lookup"
 
-    def __init__(self, n_max: int = 4, n_min: int = 1):
+    def __init__(self, n_max: int = 4, n_min: int = 2):
         self.n_max, self.n_min = n_max, n_min
 
     def draft(self, context: list[int], depth: int, size: int) -> TokenTree:
