@@ -118,7 +118,8 @@ class ChunkStore:
         self.ram -= node.ram_bytes()
         node.k, node.v, node.qk, node.qv = k, v, None, None
         self.ram += node.ram_bytes()
-        if self.disk is not None and node.disk is None and node.writing is None:
+        if self.disk is not None and self.config.budget_bytes is not None and node.disk is None \
+                and node.writing is None:  # without a budget nothing is ever demoted: no copy to write
             self._write_ahead(node)
 
     def _write_ahead(self, node: Node) -> None:

@@ -150,3 +150,30 @@ def test_a_growing_context_keeps_one_copy_of_its_tail(rt: hetero.Runtime) -> Non
         held = path
     nodes = store.index.walk()
     assert len(nodes) == len(held) == -(-52 // 4)  # 13 blocks: no stale partial tails left behind
+
+
+@pytest.mark.parametrize("slice_s, yields", [(float("inf"), 0), (-1.0, 13)])
+def test_restore_yields_by_time_slice_not_per_block(rt: hetero.Runtime, monkeypatch: pytest.MonkeyPatch,
+                                                    slice_s: float, yields: int) -> None:
+    """RAM copies yield to the engine only once a time slice has passed (a yield per block would queue a
+    restore behind every other request's chunk for each of its blocks); the copy is the same either way."""
+    import hetero.serve.restore as restore_mod
+
+    monkeypatch.setattr(restore_mod, "SLICE_S", slice_s)
+    store = ChunkStore(StoreConfig(block=4, disk=False))
+    ids = conversation(4)[-1]  # 52 tokens: 13 blocks in RAM
+    turn(store, rt, ids)
+    match = store.match(ids)
+    cache = rt.new_cache(len(ids) + 1)
+    gen = restore(store, rt, match, cache, CostModel())
+    steps = 0
+    try:
+        while True:
+            next(gen)
+            steps += 1
+    except StopIteration as stop:
+        assert dict(stop.value.tokens) == {"ram": 52}
+    assert steps == yields
+    ref = rt.new_cache(len(ids) + 1)
+    rt.prefill(ids, cache=ref)
+    assert torch.equal(cache.k[:, :, :52], ref.k[:, :, :52])
