@@ -8,6 +8,7 @@ The table of methods and the measured thread split are in docs/design.md.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ from hetero.serve.store import StoreConfig
 
 if TYPE_CHECKING:
     from hetero.outliers.plan import QuantPlan
+    from hetero.outliers.search import SiteCosts
+
+log = logging.getLogger(__name__)
 
 SITES_ALL = ("attn_in", "o_in", "ffn_in", "down_in")
 
@@ -37,16 +41,24 @@ def use_threads(threads: int | None) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Recipe:
-    """How a quantized method builds its plan: offline rotation, W8A16 sites, shadow pruning (issue 10)."""
+    """How a quantized method builds its plan: offline rotation, W8A16 sites, shadow pruning, or the
+    per-site precision search (issue 10)."""
 
     rotate: bool = False  # `outliers.rotate`: rotated residual stream + online Hadamards on o_in / down_in
     a16: tuple[str, ...] = ()  # sites that run W8A16 in every layer (`outliers.a16`)
     prune_fraction: float = 0.85  # share of the 8-bit sites whose shadow is dropped (§3.3)
+    search: bool = False  # every site's precision from `outliers.search` (a16 / prune_fraction unused)
+
+    def __post_init__(self) -> None:
+        if self.search and (self.a16 or self.prune_fraction != 0.85):
+            raise ConfigError("a searched recipe chooses every site itself: give neither a16 nor prune_fraction")
 
 
 W8A8 = Recipe()  # mllm-NPU's plan: W8A8 per tensor, shadow outliers on the 15% most important sites
+ROTATED = Recipe(rotate=True)  # the default: the same plan on the rotated model (docs/design.md, "Accuracy")
 ROT_A16_DOWN = Recipe(rotate=True, a16=("down_in",))
-DEFAULT_RECIPE = W8A8
+SEARCHED = Recipe(rotate=True, search=True)  # rotation + the searched precision of every site
+DEFAULT_RECIPE = ROTATED
 
 
 def quant_model(model: Model, recipe: Recipe) -> Model:
@@ -56,14 +68,30 @@ def quant_model(model: Model, recipe: Recipe) -> Model:
     return rotate_model(model) if recipe.rotate else model
 
 
+def site_costs(model: Model, chunk: int = 256) -> "SiteCosts":
+    """The precision search's cost model on this host: INT8 µs per MAC from the host's profile (`qkv` +
+    `o_ffn` of one layer on the npu lane at `chunk`), the shadow path's costs measured now."""
+    from hetero.outliers.search import SiteCosts, measure_shadow_costs
+    from hetero.sched.measure import host_profile
+
+    cfg, prof = model.config, host_profile()
+    macs = chunk * (cfg.hidden * (cfg.q_dim + 2 * cfg.kv_dim) + cfg.q_dim * cfg.hidden + 3 * cfg.hidden * cfg.ffn)
+    c = min(prof.chunk_lens, key=lambda n: abs(n - chunk))
+    int8 = (prof.cost_us("qkv", "npu", c) + prof.cost_us("o_ffn", "npu", c)) * (chunk / c) / macs
+    float_mac, extract = measure_shadow_costs(cfg.ffn, cfg.hidden, chunk=chunk)
+    return SiteCosts(int8, float_mac, extract, chunk=chunk)
+
+
 def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float | None = None,
-               weight_form: str | None = None, recipe: Recipe = DEFAULT_RECIPE) -> "QuantPlan":
+               weight_form: str | None = None, recipe: Recipe = DEFAULT_RECIPE,
+               budget: float | None = None) -> "QuantPlan":
     """The quantization plan of `model` (already `quant_model(model, recipe)`) for a provider ("cpu" or
     "qnn"): calibrated scales, shadow sites, 16-bit sites, online transforms, INT8 weights.
 
     weight_form (`hetero.outliers.quantize.WEIGHT_FORMS`): None picks this CPU's exact and fast form on the
     CPU EP (`hetero.npu.isa`: 8-bit weights u8·s8 with VNNI, u8·u8 on AVX2); an NPU (QNN HTP) runs the
-    paper's 8-bit weights. prune_fraction overrides the recipe's.
+    paper's 8-bit weights. prune_fraction overrides the recipe's. A searched recipe uses the model's cached
+    precision plan (`outliers.search.ensure_precision`); `budget` (percent) searches a new one.
     """
     from hetero.npu.isa import resolve_weight_form
     from hetero.outliers.calibrate import ensure_calibration
@@ -75,10 +103,16 @@ def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float | None
                           f"{'is not' if recipe.rotate else 'is'} rotated; use quant_setup(model, ...)")
     form = resolve_weight_form(weight_form) if provider == "cpu" else (weight_form or "w8-u8u8")
     online = online_sites(model.config) if recipe.rotate else {}
+    calib = ensure_calibration(model, progress=True, online=online)
+    if recipe.search:
+        from hetero.outliers.search import ensure_precision, plan_of
+
+        precision = ensure_precision(model, calib, lambda: site_costs(model), form, online, budget,
+                                     progress=True)
+        return plan_of(model, calib, precision, form, online)
     a16 = [(layer, site) for layer in range(model.config.n_layers) for site in recipe.a16]
     pf = recipe.prune_fraction if prune_fraction is None else prune_fraction
-    return plan_from_calibration(model, ensure_calibration(model, progress=True, online=online), prune_fraction=pf,
-                                 weight_form=form, a16=a16, online=online)
+    return plan_from_calibration(model, calib, prune_fraction=pf, weight_form=form, a16=a16, online=online)
 
 
 def quant_setup(model: Model, provider: str = "cpu", weight_form: str | None = None,
@@ -116,11 +150,16 @@ def _hetero(provider: str, policy: str, doc: str, recipe: Recipe = DEFAULT_RECIP
 
 
 METHODS: dict[str, Method] = {
-    "hetero": _hetero("cpu", "rank", "INT8 graphs (ORT CPU EP as NPU lane), shadow outliers, out of order"),
+    "hetero": _hetero("cpu", "rank", "INT8 graphs (ORT CPU EP as NPU lane), rotation, shadow outliers on 15% of "
+                      "the sites, out of order"),
     "hetero-qnn": _hetero("qnn", "rank", "as hetero, INT8 QDQ graphs on QNN HTP (simulator on x86)"),
     "hetero-inorder": _hetero("cpu", "in_order", "as hetero, dispatched in order"),
-    "hetero-noshadow": _hetero("cpu", "rank", "as hetero, outliers clipped (no shadow)", Recipe(prune_fraction=1.0)),
-    "hetero-rot": _hetero("cpu", "rank", "rotation, W8A8 with shadow on 15% of the sites", Recipe(rotate=True)),
+    "hetero-w8a8": _hetero("cpu", "rank", "mllm-NPU's plan: W8A8, shadow outliers on 15% of the sites, no rotation",
+                           W8A8),
+    "hetero-noshadow": _hetero("cpu", "rank", "rotation, W8A8 clipped at every site (no shadow)",
+                               Recipe(rotate=True, prune_fraction=1.0)),
+    "hetero-search": _hetero("cpu", "rank", "rotation, each site's precision searched for a perplexity budget "
+                             "(`hetero calibrate --budget`)", SEARCHED),
     "hetero-rot-a16down": _hetero("cpu", "rank", "rotation, W8A16 on down_in, W8A8 + shadow elsewhere",
                                   ROT_A16_DOWN),
     "hetero-rot-a16": _hetero("cpu", "rank", "rotation, W8A16 at every site", Recipe(rotate=True, a16=SITES_ALL)),
@@ -130,13 +169,33 @@ METHODS: dict[str, Method] = {
 DEFAULT_METHOD = "hetero"
 
 
+_SPIN_WARNED = False
+
+
+def _alone_threads(shared: int, threads: int) -> int:
+    """torch's threads for a lane running alone (attention at long prompts): every core, unless torch's
+    OpenMP threads spin when idle (torch imported before hetero), which starves ONNX Runtime's."""
+    from hetero.threads import passive_in_effect
+
+    global _SPIN_WARNED
+    if shared == threads or passive_in_effect():
+        return threads
+    if not _SPIN_WARNED:
+        _SPIN_WARNED = True
+        log.warning("torch was imported before hetero, so its OpenMP threads spin-wait and compete with ONNX "
+                    "Runtime's: import hetero first or set OMP_WAIT_POLICY=PASSIVE; torch keeps %d thread(s) per "
+                    "lane", shared)
+    return shared
+
+
 def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,
                  policy: str | None = None, weight_form: str | None = None) -> Runtime:
     """A runtime for `method`; `policy` overrides the method's default dispatch policy; `weight_form` forces
     the INT8 weight form of the quantized methods (None or "auto": this CPU's, `hetero.npu.isa`).
 
     Threads: the provider's ONNX Runtime sessions (the npu lane) get `threads` (default: all cores); when
-    lanes overlap, torch (the cpu lane) gets half of them so the lanes do not oversubscribe the cores.
+    lanes overlap, torch (the cpu lane) gets half of them so the lanes do not oversubscribe the cores, and
+    all of them while no other lane runs (`sched.executor.LaneWorkers`).
     """
     spec = METHODS.get(method)
     if spec is None:
@@ -146,12 +205,14 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     threads = threads or os.cpu_count() or 1
     policy = policy or spec.policy
     overlapped = policy is not None and spec.make is not _float
-    use_threads(max(1, threads // 2) if overlapped else threads)
+    shared = max(1, threads // 2) if overlapped else threads
+    use_threads(shared)
     executor = None
     if policy is not None:
         from hetero.sched.executor import OutOfOrderExecutor
 
-        executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy)
+        executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy,
+                                      torch_threads=(shared, _alone_threads(shared, threads)))
     return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads, weight_form),
                    executor=executor)
 

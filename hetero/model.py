@@ -266,16 +266,23 @@ def run_layers(cfg: ModelConfig, w: Weights, ids: torch.Tensor, backend: LayerBa
 
     `backend` replaces the static subgraphs (e.g. a quantized path for perplexity); None is float.
     """
-    t = ids.shape[0]
+    return layer_stack(cfg, w, embed(w, ids), backend)
+
+
+def layer_stack(cfg: ModelConfig, w: Weights, h: torch.Tensor, backend: LayerBackend | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`run_layers` from the embedded prompt h [T, hidden], outside inference mode: autograd can run
+    through it (`outliers.search` takes the loss gradient at every site)."""
+    t = h.shape[0]
     rope = RopeTable(cfg, t)
-    k_all = torch.empty(cfg.n_layers, cfg.n_kv_heads, t, cfg.head_dim)
-    v_all = torch.empty_like(k_all)
-    h = embed(w, ids)
+    # one K/V buffer per layer (not views of one tensor: autograd must not see later layers write into it)
+    k_all = [torch.empty(cfg.n_kv_heads, t, cfg.head_dim) for _ in w.layers]
+    v_all = [torch.empty(cfg.n_kv_heads, t, cfg.head_dim) for _ in w.layers]
     for layer, lw in enumerate(w.layers):
         q, k, v = backend.qkv(layer, h) if backend is not None else qkv(cfg, lw, h)
         a = attention(cfg, q, k, v, rope, k_all[layer], v_all[layer], 0, t)
         h = backend.o_ffn(layer, a, h) if backend is not None else o_ffn(cfg, lw, a, h)
-    return h, k_all, v_all
+    return h, torch.stack(k_all), torch.stack(v_all)
 
 
 @torch.inference_mode()

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
+
+import hetero  # noqa: F401  (before torch: OpenMP's wait policy, hetero/threads.py)
+import torch  # noqa: E402
 
 from hetero.config import ModelConfig
 from hetero.loader import Model, load_model

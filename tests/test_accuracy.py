@@ -22,17 +22,15 @@ from hetero.outliers.calibrate import token_windows
 from hetero.outliers.corpus import load_corpus
 
 C = 64  # every (prompt + answer) below fits one chunk: the graphs then run the whole sequence at once
-# Known gap of the W8A8 plan without rotation or A16 (issue 10): after "7 * 8 is 5" float says '6' (0.68
-# vs '4' 0.32), the INT8 graphs and the torch INT8 reference both say '4' (0.88). Strict: an XPASS fails.
-_KNOWN_GAP = pytest.mark.xfail(strict=True, reason="W8A8 without rotation/A16 flips 7*8 = 56 to 54")
 QA = [  # (question, an answer; only the positions where float is sure are checked)
     ("What is the capital of France?", "The capital of France is Paris."),
     ("What is the capital of Japan?", "The capital of Japan is Tokyo."),
-    pytest.param("What is 7 times 8?", "7 * 8 is 56.", marks=_KNOWN_GAP),
+    # after "7 * 8 is 5" float says '6' (0.68 vs '4' 0.32): mllm-NPU's W8A8 plan without rotation said '4'
+    ("What is 7 times 8?", "7 * 8 is 56."),
     ("What is the largest planet in the solar system?", "The largest planet in the solar system is Jupiter."),
 ]
 MARGIN = 0.1  # float's top-1 probability minus its runner-up's
-PPL_BOUND = 1.05  # quantized / float perplexity on 4 x 64 tokens of Austen
+PPL_BOUND = 1.03  # quantized / float perplexity on 4 x 64 tokens of Austen (measured 1.0095, rotated default)
 
 FORMS = sorted({isa.default_weight_form(), isa.FORM_AVX2})
 
@@ -90,6 +88,7 @@ def test_perplexity_bound_on_a_short_text(default_model, form):
 
     d = sum(nll(ids, _onnx_logits(m, form, ids)) - nll(ids, ref.forward(m.config, m.weights, ids)[0]) for ids in wins)
     ratio = math.exp(d / sum(ids.numel() - 1 for ids in wins))
+    print(f"{form}: quantized / float perplexity {ratio:.4f}")
     assert ratio <= PPL_BOUND, (form, ratio)
 
 

@@ -45,3 +45,25 @@ def test_failing_subgraph_stops_cleanly_and_runtime_stays_usable(tiny_model) -> 
     again = rt.prefill(ids)
     rt.close()
     assert torch.equal(again.logits, good.logits)
+
+
+def test_one_chunk_runs_as_a_chain_on_the_calling_thread(tiny_model) -> None:
+    """One chunk is a chain (Eq. 3): no lane hand-offs, the same numbers, errors still name the node."""
+    ids = torch.arange(12) * 5 % tiny_model.config.vocab
+    ref = Runtime(tiny_model, chunk=16).prefill(ids)
+    rt = Runtime(tiny_model, chunk=16, executor=OutOfOrderExecutor(tiny_model.config.n_layers, 16, "rank",
+                                                                   torch_threads=(1, 2)))
+    before = torch.get_num_threads()
+    try:
+        r = rt.prefill(ids)
+        assert torch.equal(r.logits, ref.logits) and r.schedule.policy == "serial"
+        assert torch.get_num_threads() == before
+
+        def broken(layer, a, h, out=None):
+            raise RuntimeError("lane failure")
+
+        rt.backend.o_ffn = broken
+        with pytest.raises(ScheduleError, match="o_ffn of chunk 0, layer 0.*lane failure"):
+            rt.prefill(ids)
+    finally:
+        rt.close()

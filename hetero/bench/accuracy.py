@@ -34,24 +34,19 @@ from hetero.outliers.corpus import DEFAULT_EVALUATION, corpus_id, load_corpus
 from hetero.outliers.hotstore import HotChannelStore
 from hetero.model import SITES
 from hetero.outliers.quantize import ACT_QMAX
+from hetero.outliers.search import DEFAULT_BUDGET_PCT, perplexity as search_perplexity
 from hetero.outliers.pruning import DEFAULT_PERCENTILE, plan_from_calibration, rank_sites
 from hetero.outliers.shadow import QuantizedBackend
 from hetero.paths import atomic_path
 
-METHOD_ROWS = ("float", "hetero", "hetero-rot", "hetero-rot-a16down", "hetero-rot-a16", "hetero-noshadow")
+METHOD_ROWS = ("float", "hetero", "hetero-w8a8", "hetero-search", "hetero-rot-a16down", "hetero-rot-a16", "hetero-noshadow")
 HELP = "perplexity of the quantized paths vs float and Table 5's baselines; outliers, pruning, hot channels"
 
 
 def perplexity(model, windows, backend=None) -> tuple[float, float]:
-    """exp(mean NLL) over all next-token predictions inside the windows; also the seconds it took."""
+    """`outliers.search.perplexity` over the windows, and the seconds it took."""
     t0 = time.perf_counter()
-    nll, n = 0.0, 0
-    for ids in windows:
-        logits, _, _ = forward(model.config, model.weights, ids, backend=backend)
-        lp = torch.log_softmax(logits[:-1].double(), dim=-1)
-        nll -= float(lp.gather(1, ids[1:].unsqueeze(1)).sum())
-        n += ids.numel() - 1
-    return math.exp(nll / n), time.perf_counter() - t0
+    return search_perplexity(model, windows, backend), time.perf_counter() - t0
 
 
 def outlier_stats(calib, percentile: float) -> dict:
@@ -85,6 +80,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help="methods of `hetero methods` compared on their own layer ops, chat and speed ('' = none)")
     ap.add_argument("--text", default=None, help="evaluate on this text file instead of the shipped held-out text")
     ap.add_argument("--no-speed", action="store_true", help="skip the prefill speed at 1024 tokens")
+    ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_PCT,
+                    help=f"validation perplexity budget (percent) hetero-search is searched for first "
+                         f"(default {DEFAULT_BUDGET_PCT}; 0 = use its cached plan)")
     ap.add_argument("--ablations", action="store_true",
                     help="also the reference-plan ablations (7-bit weights, per-tensor weights, p99.5)")
 
@@ -115,6 +113,11 @@ def run(args: argparse.Namespace) -> int:
         n256 = max(8, (n_win * args.window) // 256)
         mwin = token_windows(model.tokenizer, text, n256 * 256, 256)[:n256]
         speed_ids = None if args.no_speed else prompt_ids(None, 1024)
+        if "hetero-search" in methods and args.budget > 0:  # the plan it runs is searched for this budget
+            from hetero.methods import METHODS, quant_model, quant_plan
+
+            recipe = METHODS["hetero-search"].recipe
+            quant_plan(quant_model(model, recipe), recipe=recipe, budget=args.budget)
         rows += method_rows(model, methods, mwin, speed_ids, args.threads or torch.get_num_threads(), log=log)
     ablations = (("hetero_cpu_int7w", 0.85, "channel", DEFAULT_PERCENTILE, 63),
                  ("shadow_all_w8t", 0.0, "tensor", DEFAULT_PERCENTILE, 127),

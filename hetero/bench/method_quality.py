@@ -42,7 +42,7 @@ def method_rows(model, methods: list[str], windows: list[torch.Tensor], speed_id
     float_top1 = [ref.forward(model.config, model.weights, ids)[0].argmax(-1) for ids in windows]
     float_first = [int(ref.forward(model.config, model.weights, c)[0][-1].argmax()) for c in chats]
     rows = []
-    for method in methods:
+    for method in (["float"] if "float" not in methods else []) + list(methods):  # the Δ column needs float's row
         rt = make_runtime(model, method, chunk=windows[0].numel(), threads=threads)
         qm = rt.model
         nll, n, agree = 0.0, 0, 0

@@ -17,6 +17,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
 def int_list(text: str, name: str) -> list[int]:
     """Comma-separated positive integers, e.g. `--lens 64,256`; ConfigError naming `name` otherwise."""
     try:

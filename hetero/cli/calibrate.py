@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from hetero.cli.args import add_model_arg, positive_int
+from hetero.cli.args import add_model_arg, positive_float, positive_int
 from hetero.outliers.calibrate import DEFAULT_TOKENS, DEFAULT_WINDOW
 from hetero.outliers.corpus import CORPORA, DEFAULT_CALIBRATION
 
@@ -19,6 +19,12 @@ def register(subparsers) -> None:
     p.add_argument("--tokens", type=positive_int, default=DEFAULT_TOKENS, help=f"tokens to run (default {DEFAULT_TOKENS})")
     p.add_argument("--window", type=positive_int, default=DEFAULT_WINDOW, help=f"tokens per forward (default {DEFAULT_WINDOW})")
     p.add_argument("--out", help="output .npz (default: next to the model's cache entry)")
+    p.add_argument("--method", default=None,
+                   help="quantized method whose model is calibrated (default: hetero, the rotated model; with "
+                        "--budget: hetero-search, whose per-site precision is then searched again)")
+    p.add_argument("--budget", type=positive_float, default=None,
+                   help="search the per-site precision again for this validation perplexity budget in percent "
+                        "(e.g. 0.5); the result replaces the cached plan that hetero-search runs")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.set_defaults(func=cmd_calibrate)
 
@@ -30,19 +36,40 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from hetero.outliers.pruning import DEFAULT_PERCENTILE, kept_sites
     from hetero.paths import check_writable
 
+    from hetero.errors import ConfigError
+    from hetero.methods import DEFAULT_METHOD, METHODS, quant_model, quant_plan
+    from hetero.outliers.rotate import online_sites
+
+    method = args.method or ("hetero-search" if args.budget is not None else DEFAULT_METHOD)
+    spec = METHODS.get(method)
+    if spec is None or spec.recipe is None:
+        raise ConfigError(f"--method must be a quantized method, one of {sorted(k for k, m in METHODS.items() if m.recipe)}, "
+                          f"got {method!r}")
+    if args.budget is not None and (not spec.recipe.search or args.corpus != DEFAULT_CALIBRATION or args.out):
+        raise ConfigError(f"--budget searches the precision of a searched method ({method!r} is "
+                          f"{'one' if spec.recipe.search else 'not'}) on the default calibration (no --corpus, no --out)")
     text = load_corpus(args.corpus)
     if args.out:
         check_writable(args.out, "--out")  # before minutes of calibration, not after
-    model = load_model(args.model)
+    model = quant_model(load_model(args.model), spec.recipe)
+    online = online_sites(model.config) if spec.recipe.rotate else {}
     t0 = time.perf_counter()
-    stats = calibrate(model, text, args.tokens, args.window, corpus_id(args.corpus, text), progress=not args.json)
+    stats = calibrate(model, text, args.tokens, args.window, corpus_id(args.corpus, text), progress=not args.json,
+                      online=online)
     path = stats.save(args.out or calibration_path(model))
+    searched = None
+    if args.budget is not None:
+        plan = quant_plan(model, weight_form=None, recipe=spec.recipe, budget=args.budget)
+        searched = {k: plan.meta[k] for k in ("budget_pct", "validation_ppl", "float_validation_ppl", "predicted_us", "met")}
+        searched["sites"] = {kind: sum(1 for sq in plan.sites.values() if _kind(sq) == kind) for kind in ("a8", "a8s", "a16")}
     rows = summary(stats, DEFAULT_PERCENTILE)
     keep = kept_sites(stats)
     top = sorted(rows, key=lambda r: -r["importance"])[:5]
     result = {"path": str(path), "model": model.name, "fingerprint": model.fingerprint, "corpus": stats.corpus,
               "tokens": stats.n_tokens, "seconds": round(time.perf_counter() - t0, 1), "shadow_sites": len(keep),
               "most_important": [{k: r[k] for k in ("layer", "site", "absmax", "scale", "importance")} for r in top]}
+    if searched is not None:
+        result["precision"] = searched
     if args.json:
         print(json.dumps(result))
     else:
@@ -50,4 +77,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"shadow kept on {len(keep)} of {len(rows)} sites; most important (absmax / scale):")
         for r in top:
             print(f"  layer {r['layer']:2d} {r['site']:8s} absmax {r['absmax']:8.2f}  s {r['scale']:.4f}  importance {r['importance']:8.1f}")
+        if searched is not None:
+            print(f"precision plan: {searched['sites']} at validation perplexity {searched['validation_ppl']:.4f} "
+                  f"(float {searched['float_validation_ppl']:.4f}, budget +{searched['budget_pct']:g}%, "
+                  f"{'met' if searched['met'] else 'NOT met'}), predicted {searched['predicted_us'] / 1e3:.1f} ms per chunk")
     return 0
+
+
+def _kind(sq) -> str:
+    return "a16" if sq.bits == 16 else "a8s" if sq.shadow else "a8"

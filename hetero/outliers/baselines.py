@@ -10,11 +10,7 @@ import torch
 
 from hetero.backend import TorchBackend
 from hetero.model import SITE_BIASES, SITE_LINEARS
-
-
-def _fq(x: torch.Tensor, scale: torch.Tensor, qmin: int = -127, qmax: int = 127) -> torch.Tensor:
-    """Fake-quantize: clip(rint(x / scale)) · scale (scale broadcasts)."""
-    return torch.clamp(torch.round(x / scale), qmin, qmax) * scale
+from hetero.outliers.quantize import fake_quant as _fq
 
 
 def _absmax_scale(x: torch.Tensor, dim) -> torch.Tensor:

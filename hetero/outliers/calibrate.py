@@ -197,13 +197,15 @@ def calibration_path(model) -> Path:
 # ----------------------------------------------------------------------------------- the runs
 
 
-def token_windows(tokenizer, text: str, n_tokens: int, window: int) -> list[torch.Tensor]:
-    """The first n_tokens tokens of `text` as non-overlapping windows of `window` (the last may be shorter)."""
-    if n_tokens <= 0 or window <= 1:
-        raise ConfigError(f"tokens must be > 0 and window > 1, got tokens={n_tokens} window={window}")
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+def token_windows(tokenizer, text: str, n_tokens: int, window: int, offset: int = 0) -> list[torch.Tensor]:
+    """n_tokens tokens of `text` from token `offset` on, as non-overlapping windows of `window` (the last
+    may be shorter)."""
+    if n_tokens <= 0 or window <= 1 or offset < 0:
+        raise ConfigError(f"tokens must be > 0, window > 1 and offset >= 0, got tokens={n_tokens} window={window} "
+                          f"offset={offset}")
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"][offset:]
     if len(ids) < n_tokens:
-        log.warning("corpus has only %d tokens, fewer than the %d requested", len(ids), n_tokens)
+        log.warning("corpus has only %d tokens after %d, fewer than the %d requested", len(ids), offset, n_tokens)
     ids = torch.tensor(ids[:n_tokens], dtype=torch.long)
     return [w for w in torch.split(ids, window) if w.numel() > 1]
 

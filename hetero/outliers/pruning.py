@@ -9,14 +9,15 @@ docs/design.md, "Outliers".
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from hetero.errors import ConfigError
 from hetero.model import SITES
 from hetero.outliers.a16 import a16_scale
-from hetero.outliers.calibrate import ensure_calibration
+from hetero.outliers.calibrate import PERCENTILES, SiteStats, ensure_calibration
 from hetero.outliers.plan import (
     DEFAULT_WEIGHT_GRANULARITY,
     DEFAULT_WEIGHT_QMAX,
@@ -113,25 +114,60 @@ def plan_from_calibration(
     a16: (layer, site) keys run W8A16 with s = absmax / 32767 and no shadow (`a16`). online: the plan's
     online transforms (`rotate.online_sites`; the calibration must have observed them).
     """
-    weight_qmax, weight_form = weight_range(weight_qmax, weight_form)
     if calibration is None:
         calibration = ensure_calibration(model)
-    calibration.validate_for(model)
     keep = kept_sites(calibration, prune_fraction, percentile, granularity, importance, pruned_percentile)
-    sites = {}
     a16 = set(a16)
-    for key, st in calibration.sites.items():
-        if key in a16:
-            sites[key] = SiteQuant(a16_scale(st.absmax), importance=st.importance(percentile), bits=16)
-        elif key in keep:
-            channels, n_hot = hot_channels(st.channel_counts(percentile), hot_coverage)
-            sites[key] = SiteQuant(st.scale(percentile), channels, n_hot, st.importance(percentile))
-        else:
-            sites[key] = SiteQuant(st.scale(pruned_percentile), (), 0, st.importance(percentile))
-    meta = {"percentile": percentile, "pruned_percentile": pruned_percentile, "hot_coverage": hot_coverage,
-            "granularity": granularity, "importance": importance, "calibration_corpus": calibration.corpus,
+    choices = {key: SiteChoice("a16", 100.0) if key in a16 else SiteChoice("a8s", percentile) if key in keep
+               else SiteChoice("a8", pruned_percentile) for key in calibration.sites}
+    meta = {"percentile": percentile, "pruned_percentile": pruned_percentile, "granularity": granularity,
+            "importance": importance}
+    return plan_from_choices(model, calibration, choices, hot_coverage, method or "w8a8-shadow", prune_fraction, meta,
+                             weight_granularity, weight_qmax, weight_form, online)
+
+
+@dataclass(frozen=True, slots=True)
+class SiteChoice:
+    """How one activation site runs: "a8" (W8A8 per tensor, clipped at the p-th percentile of |x|), "a8s"
+    (W8A8 scaled to the p-th percentile, beyond it shadow outliers on the CPU, Eq. 1) or "a16" (W8A16)."""
+
+    kind: str
+    percentile: float
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("a8", "a8s", "a16"):
+            raise ConfigError(f"a site's precision must be 'a8', 'a8s' or 'a16', got {self.kind!r}")
+        if not any(abs(self.percentile - p) < 1e-9 for p in PERCENTILES):
+            raise ConfigError(f"a site's percentile must be one of the calibrated {PERCENTILES}, got {self.percentile!r}")
+
+    def site_quant(self, st: SiteStats, hot_coverage: float = DEFAULT_HOT_COVERAGE) -> SiteQuant:
+        """This choice on a site with calibration `st` (importance is informational: absmax / s at p99.9)."""
+        imp = st.importance(DEFAULT_PERCENTILE)
+        if self.kind == "a16":
+            return SiteQuant(a16_scale(st.absmax), importance=imp, bits=16)
+        if self.kind == "a8s":
+            channels, n_hot = hot_channels(st.channel_counts(self.percentile), hot_coverage)
+            return SiteQuant(st.scale(self.percentile), channels, n_hot, imp)
+        return SiteQuant(st.scale(self.percentile), (), 0, imp)
+
+
+def plan_from_choices(model, calibration, choices: Mapping[tuple[int, str], SiteChoice],
+                      hot_coverage: float = DEFAULT_HOT_COVERAGE, method: str = "w8a8-choices",
+                      prune_fraction: float = 0.0, meta: Mapping | None = None,
+                      weight_granularity: str = DEFAULT_WEIGHT_GRANULARITY, weight_qmax: int = DEFAULT_WEIGHT_QMAX,
+                      weight_form: str | None = None, online: Mapping[str, int] | None = None,
+                      weights: Mapping | None = None) -> QuantPlan:
+    """The plan running every site as `choices` says (`SiteChoice`), with INT8 weights (`weights`, when
+    already quantized for the same form and online transforms, are reused)."""
+    weight_qmax, weight_form = weight_range(weight_qmax, weight_form)
+    calibration.validate_for(model)
+    if set(choices) != set(calibration.sites):
+        raise ConfigError(f"choices must cover every calibrated site ({len(calibration.sites)}), got {len(choices)}")
+    sites = {key: choices[key].site_quant(st, hot_coverage) for key, st in calibration.sites.items()}
+    meta = {**(meta or {}), "hot_coverage": hot_coverage, "calibration_corpus": calibration.corpus,
             "calibration_tokens": calibration.n_tokens}
     online = dict(online or {})
-    return QuantPlan(sites, quantize_weights(model, weight_granularity, weight_qmax, online), model.fingerprint,
-                     method or "w8a8-shadow", float(prune_fraction), meta, weight_granularity, weight_qmax,
-                     weight_form, online)
+    if weights is None:
+        weights = quantize_weights(model, weight_granularity, weight_qmax, online)
+    return QuantPlan(sites, dict(weights), model.fingerprint, method, float(prune_fraction), meta, weight_granularity,
+                     weight_qmax, weight_form, online)

@@ -92,6 +92,14 @@ def quantize_act(x: np.ndarray, s: float) -> np.ndarray:
     return (q + ACT_ZERO_POINT).astype(np.uint8)
 
 
+def fake_quant(x: "torch.Tensor", scale, qmin: int = -127, qmax: int = 127) -> "torch.Tensor":
+    """Fake-quantize in torch: clip(rint(x / scale), qmin, qmax) · scale (scale broadcasts); the accuracy-only
+    stand-in of a quantizer (Table 5's baselines, `search`'s damage estimates)."""
+    import torch
+
+    return torch.clamp(torch.round(x / scale), qmin, qmax) * scale
+
+
 def int8_matmul(x_u8: np.ndarray, w: QuantWeight) -> np.ndarray:
     """int32 accumulator of (u8 - 128) @ W_q^T: [T, in] × [out, in] → [T, out] (MatMulInteger)."""
     a = x_u8.astype(np.int32) - ACT_ZERO_POINT

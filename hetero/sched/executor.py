@@ -14,27 +14,50 @@ import threading
 import time
 from typing import Callable, Mapping, Sequence
 
+import torch
+
 from hetero.dag import DEFAULT_PLACEMENT, LANES
 from hetero.errors import ConfigError, ScheduleError
 from hetero.sched.dag import CompiledDag, build_dag, compile_dag
 from hetero.sched.policy import POLICIES, Dispatcher, PolicyFactory
 from hetero.sched.profile import Profile
 from hetero.sched.measure import host_profile
+from hetero.runtime import SerialExecutor
 from hetero.schedule import Schedule
 
 NodeFn = Callable[[int], None]  # runs the subgraph of node id v (see CompiledDag.node_info)
 
 
+def node_error(dag: CompiledDag, v: int, err: BaseException) -> ScheduleError:
+    """The error a prefill raises when node v raised `err`: which subgraph of which chunk and layer."""
+    chunk, layer, kind = dag.node_info(v)
+    return ScheduleError(f"subgraph {kind} of chunk {chunk}, layer {layer} (node {v}) on lane {dag.lane_of(v)} "
+                         f"raised {type(err).__name__}: {err}")
+
+
 class LaneWorkers:
-    """A reusable set of lane workers. Use as a context manager or call `close()`."""
+    """A reusable set of lane workers. Use as a context manager or call `close()`.
+
+    torch_threads: lane -> (shared, alone): the torch thread count of that lane's worker while another lane
+    runs a node, and while it runs the only one (its OpenMP team is per thread). On a host whose lanes
+    share the cores (the CPU EP standing in for the NPU), a lane alone can use every core.
+    """
 
     def __init__(self, lanes: Sequence[str] = ("npu", "cpu"),
-                 sync: Mapping[str, Callable[[], None]] | None = None) -> None:
+                 sync: Mapping[str, Callable[[], None]] | None = None,
+                 torch_threads: Mapping[str, tuple[int, int]] | None = None) -> None:
         bad = [ln for ln in lanes if ln not in LANES]
         if bad or not lanes or len(set(lanes)) != len(lanes):
             raise ConfigError(f"lanes must be distinct names from {LANES}, got {tuple(lanes)}")
+        threads = dict(torch_threads or {})
+        wrong = {ln: t for ln, t in threads.items()
+                 if ln not in lanes or len(t) != 2 or not 1 <= t[0] <= t[1]}
+        if wrong:
+            raise ConfigError(f"torch_threads must map lanes of {tuple(lanes)} to (shared, alone) counts with "
+                              f"1 <= shared <= alone, got {wrong}")
         self.lanes = tuple(lanes)
         self._sync = dict(sync or {})
+        self._torch_threads = threads
         self._inbox: dict[str, queue.SimpleQueue] = {ln: queue.SimpleQueue() for ln in self.lanes}
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         self._run_ids = itertools.count()
@@ -47,11 +70,15 @@ class LaneWorkers:
 
     def _worker(self, lane: str) -> None:
         inbox, done, sync, clock = self._inbox[lane], self._done, self._sync.get(lane), time.perf_counter
+        counts, now = self._torch_threads.get(lane), 0
         while True:
             item = inbox.get()
             if item is None:
                 return
-            run_id, v, fn = item
+            run_id, v, fn, alone = item
+            if counts is not None and counts[alone] != now:  # this thread's OpenMP team only
+                now = counts[alone]
+                torch.set_num_threads(now)
             t0 = clock()
             try:
                 fn(v)
@@ -101,9 +128,10 @@ class LaneWorkers:
         while True:
             if failed is None:
                 t0 = clock_ns()
-                for ln, v in disp.fill(idle):
+                started = disp.fill(idle)
+                for ln, v in started:  # alone: every other lane idle, so its cores are free for this one
                     in_flight += 1
-                    inboxes[ln].put((run_id, v, fns[ln]))
+                    inboxes[ln].put((run_id, v, fns[ln], in_flight == 1 and len(started) == 1))
                 sched_ns += clock_ns() - t0
             if in_flight == 0:
                 break
@@ -125,11 +153,7 @@ class LaneWorkers:
             sched_ns += clock_ns() - t0
         if failed is not None:
             v, err = failed
-            chunk, layer, kind = dag.node_info(v)
-            raise ScheduleError(
-                f"subgraph {kind} of chunk {chunk}, layer {layer} (node {v}) on lane {dag.lane_of(v)} "
-                f"raised {type(err).__name__}: {err}"
-            ) from err
+            raise node_error(dag, v, err) from err
         if not disp.finished:
             raise ScheduleError(f"policy {disp.policy.name!r} deadlocked: {n - disp.n_done} of {n} subgraphs never ran")
         return Schedule.of_run(disp.policy.name, dag, start, end, sched_ns / 1e3 / max(n, 1))
@@ -163,11 +187,13 @@ class OutOfOrderExecutor:
 
     Keeps the lane workers alive across prefills and the compiled DAG per chunk count. Costs (from
     `profile`, default: this host's measured one) only steer the policy; with no entry for this C the
-    nearest profiled C stands in.
+    nearest profiled C stands in. torch_threads: per lane, torch's thread count while another lane runs
+    and while it runs alone (`LaneWorkers`): lanes that share the host's cores take all of them when alone.
     """
 
     def __init__(self, n_layers: int, chunk: int, policy: str, profile: Profile | None = None,
-                 placement: tuple[tuple[str, str], ...] = DEFAULT_PLACEMENT):
+                 placement: tuple[tuple[str, str], ...] = DEFAULT_PLACEMENT,
+                 torch_threads: tuple[int, int] | None = None):
         if policy not in POLICIES:
             raise ConfigError(f"policy must be one of {sorted(POLICIES)}, got {policy!r}")
         self.profile = profile or host_profile()
@@ -175,7 +201,10 @@ class OutOfOrderExecutor:
         have = self.profile.chunk_lens
         self.cost_chunk = min(have, key=lambda c: (abs(c - chunk), c)) if have else chunk
         self._dags: dict[int, CompiledDag] = {}
-        self.workers = LaneWorkers(tuple(dict.fromkeys(lane for _, lane in self.placement)))
+        self.torch_threads = torch_threads
+        self._serial = SerialExecutor(n_layers, self.placement)
+        lanes = tuple(dict.fromkeys(lane for _, lane in self.placement))
+        self.workers = LaneWorkers(lanes, torch_threads=dict.fromkeys(lanes, torch_threads) if torch_threads else None)
 
     def compile(self, n_chunks: int) -> CompiledDag:
         dag = self._dags.get(n_chunks)
@@ -185,7 +214,25 @@ class OutOfOrderExecutor:
         return dag
 
     def execute(self, dag: CompiledDag, run: NodeFn) -> Schedule:
+        if dag.n_chunks == 1:  # one chunk is a chain (Eq. 3): nothing overlaps, so skip the lane hand-offs
+            return self._chain(dag, run)
         return self.workers.run(dag, self.policy, run)
+
+    def _chain(self, dag: CompiledDag, run: NodeFn) -> Schedule:
+        """Every node in program order on the calling thread, torch on every core (a lane alone)."""
+        def guarded(v: int) -> None:
+            try:
+                run(v)
+            except Exception as e:
+                raise node_error(dag, v, e) from e
+
+        before = torch.get_num_threads()
+        if self.torch_threads:
+            torch.set_num_threads(self.torch_threads[1])
+        try:
+            return self._serial.execute(dag, guarded)
+        finally:
+            torch.set_num_threads(before)
 
     def close(self) -> None:
         self.workers.close()

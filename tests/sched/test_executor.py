@@ -136,3 +136,24 @@ def test_toy_detects_a_dependency_violation(make_dag):
     for v in [*range(dag.per_chunk, dag.n_nodes), *range(dag.per_chunk)]:  # chunk 1 first: violates Eq. 2
         toy(v)
     assert np.isnan(toy.result()).any()
+
+
+def test_a_lane_alone_runs_torch_on_its_alone_thread_count(make_dag):
+    import torch
+
+    dag = make_dag(1)  # one chunk: a chain, so every node runs while the other lane is idle
+    seen = {}
+
+    def work(v):
+        seen[v] = torch.get_num_threads()
+
+    with LaneWorkers(dag.lanes, torch_threads={"npu": (1, 1), "cpu": (1, 2)}) as ex:
+        ex.run(dag, "rank", work)
+    assert {seen[v] for v in range(dag.n_nodes) if dag.lane_of(v) == "cpu"} == {2}
+    assert {seen[v] for v in range(dag.n_nodes) if dag.lane_of(v) == "npu"} == {1}
+
+
+def test_bad_torch_threads_are_config_errors():
+    for bad in ({"tpu": (1, 2)}, {"cpu": (2, 1)}, {"cpu": (0, 1)}):
+        with pytest.raises(ConfigError, match="torch_threads"):
+            LaneWorkers(("npu", "cpu"), torch_threads=bad)
