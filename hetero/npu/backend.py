@@ -197,6 +197,20 @@ class NpuBackend:
         qd, kd = self.cfg.q_dim, self.cfg.kv_dim
         return out[:, :qd], out[:, qd : qd + kd], out[:, qd + kd :]
 
+    def cut_correction(self, layer: int, last: str, env: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """The shadow (Eq. 1) of the site after a segment ending with piece `last`, from the segment's outputs
+        in `env`: added in place to env["o"] / env["gu"]; down_in's is returned (the caller adds it to d
+        before the residual, the reference's order)."""
+        if last == "down":
+            return None
+        site = _CUT_SITE[last]
+        x = env["a"] if site == "o_in" else env["x"] if site == "ffn_in" else env["m"]
+        extra = self.reference.shadow_delta(layer, site, x)
+        if extra is None or site == "down_in":
+            return extra
+        env["o" if site == "o_in" else "gu"] += extra
+        return None
+
     def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         pl = self._layer(layer)
         if out is None:
@@ -205,19 +219,9 @@ class NpuBackend:
         d_extra = None
         for g in pl.graphs[1:]:
             env.update(g.run(env, {"h_out": out}))
-            last = g.spec.pieces[-1]
-            if last == "down":
-                continue
-            site = _CUT_SITE[last]
-            x = env["a"] if site == "o_in" else env["x"] if site == "ffn_in" else env["m"]
-            extra = self.reference.shadow_delta(layer, site, x)
-            if extra is not None:
-                if site == "o_in":
-                    env["o"] += extra
-                elif site == "ffn_in":
-                    env["gu"] += extra
-                else:
-                    d_extra = extra
+            extra = self.cut_correction(layer, g.spec.pieces[-1], env)
+            if extra is not None:  # down_in's, added to d below
+                d_extra = extra
         if "d" in env:  # a separate down graph: h1 + (d + shadow), the reference's order
             d = env["d"] if d_extra is None else env["d"].add_(d_extra)
             return torch.add(env["h1"], d, out=out)
