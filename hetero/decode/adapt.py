@@ -18,6 +18,7 @@ class TreeController:
     max_depth: int = 7
     sizes: tuple[int, ...] = (1, 4, 8)
     alpha: float = 0.6  # prior acceptance per depth
+    alphas: dict[int | None, float] = field(default_factory=dict)  # drafter's confidence → EMA acceptance
     decay: float = 0.8  # EMA weight of the past
     probe_every: int = 16
     step_ms: dict[int, float] = field(default_factory=dict)  # chunk size → EMA verify time
@@ -30,14 +31,16 @@ class TreeController:
         base = self.step_ms.get(1, 1.0)
         return base * c  # pessimistic prior until measured: compute-bound
 
-    def choose(self, budget: int) -> tuple[int, int]:
-        """(depth, size): levels to draft below the root and the tree's node budget."""
+    def choose(self, budget: int, confidence: int | None = None) -> tuple[int, int]:
+        """(depth, size): levels to draft below the root and the tree's node budget; `confidence`: the
+        drafter's class of this draft (lookup: the matched length), each with its own acceptance rate."""
+        alpha = self.alphas.get(confidence, self.alpha)
         if budget <= 1:
             return 0, 1
         best, best_rate = (0, 1), 1.0 / self.cost(1)
         for d in range(1, min(self.max_depth, budget - 1) + 1):
             size = next((c for c in self.sizes if c >= d + 1), self.sizes[-1])
-            expect = sum(self.alpha**i for i in range(d + 1))
+            expect = sum(alpha**i for i in range(d + 1))
             rate = expect / (self.cost(size) + d * self.draft_ms)
             if rate > best_rate:
                 best, best_rate = (d, size), rate
@@ -48,12 +51,14 @@ class TreeController:
                 return 2, 4
         return best
 
-    def observe(self, size: int, ms: float, tried: int, accepted: int, draft_ms: float, drafted: int) -> None:
+    def observe(self, size: int, ms: float, tried: int, accepted: int, draft_ms: float, drafted: int,
+                confidence: int | None = None) -> None:
         old = self.step_ms.get(size)
         self.step_ms[size] = ms if old is None else self.decay * old + (1 - self.decay) * ms
         if tried:
             rate = accepted / tried
-            self.alpha = self.decay * self.alpha + (1 - self.decay) * rate
+            old_alpha = self.alphas.get(confidence, self.alpha)
+            self.alphas[confidence] = self.decay * old_alpha + (1 - self.decay) * rate
         if drafted:
             per = draft_ms / drafted
             self.draft_ms = per if self.draft_ms == 0 else self.decay * self.draft_ms + (1 - self.decay) * per

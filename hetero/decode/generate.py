@@ -137,15 +137,21 @@ class Decoding:
         """One target pass over the root (+ a drafted tree); returns the tokens it decided."""
         root = self.tokens[-1]
         budget = self.params.max_new_tokens - len(self.tokens)
-        draft_ms, depth = 0.0, 0
-        if self.drafter is not None:
+        draft_ms, depth, confidence = 0.0, 0, None
+        tree = TokenTree([root], [-1])
+        if self.drafter is not None and self.fixed_tree is None and getattr(self.drafter, "free", False):
+            # drafting costs nothing: draft the deepest tree, then verify as much of it as pays for its class
+            full = self.drafter.draft(self.context + self.tokens, self.control.max_depth, TREE_SIZES[-1])
+            confidence = self.drafter.confidence
+            if len(full) > 1:
+                depth, size = self.control.choose(budget, confidence)
+                tree = full.cut(min(depth, budget - 1), size)
+        elif self.drafter is not None:
             depth, size = self.control.choose(budget) if self.fixed_tree is None else self.fixed_tree
             depth = min(depth, budget - 1)
             t = time.perf_counter()
-            tree = self.drafter.draft(self.context + self.tokens, depth, size) if depth else TokenTree([root], [-1])
+            tree = self.drafter.draft(self.context + self.tokens, depth, size) if depth else tree
             draft_ms = (time.perf_counter() - t) * 1e3
-        else:
-            tree = TokenTree([root], [-1])
         t = time.perf_counter()
         logits = self.step.forward(self.cache, tree)
         step_ms = (time.perf_counter() - t) * 1e3
@@ -167,7 +173,7 @@ class Decoding:
         if self.drafter is not None:
             tried = min(max(tree.depth), len(path))
             self.control.observe(self.step.padded_size(len(tree)), step_ms, tried, len(path) - 1, draft_ms,
-                                 n_drafted if self.speculate != "lookup" else 0)
+                                 n_drafted if self.speculate != "lookup" else 0, confidence)
         return [tree.tokens[i] for i in path[1:]] + [tok]
 
     def result(self) -> Generation:

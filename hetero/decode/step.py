@@ -16,6 +16,7 @@ import torch
 
 from hetero import model as ref
 from hetero.backend import LayerBackend
+from hetero.decode.bound import BoundStep
 from hetero.decode.head import FloatHead, Int8Head
 from hetero.decode.tree import TokenTree
 from hetero.kv_cache import KVCache
@@ -34,6 +35,7 @@ class DecodeStep:
         self.static = hasattr(runtime.backend, "plan") and hasattr(runtime.backend, "provider")  # NpuBackend
         self._backends: dict[int, LayerBackend] = {}
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
+        self._bound: dict[int, BoundStep] = {}  # static lanes: chunk size → its bound graphs
         if head == "auto":
             head = "int8" if self.static else "float"
         self.head = Int8Head(self.cfg, self.model.weights) if head == "int8" else FloatHead(self.cfg, self.model.weights)
@@ -84,17 +86,23 @@ class DecodeStep:
         slot = cache.length if slot is None else slot
         cache.reserve(slot + n - cache.length)
         c = self.padded_size(n)
-        backend = self.backend(n)
-        ids = torch.tensor(tree.tokens + [tree.tokens[0]] * (c - n), dtype=torch.long)
-        h = ref.embed(self.model.weights, ids)
-        positions = torch.cat([tree.positions(slot), torch.full((c - n,), slot, dtype=torch.long)])
-        mask = None if tree.is_chain() else tree.mask()
-        rope = self.runtime.rope
-        for layer in range(self.cfg.n_layers if layers is None else layers):
-            q, k, v = backend.qkv(layer, h)
-            kc, vc = cache.layer(layer)
-            a = ref.attention(self.cfg, q, k, v, rope, kc, vc, slot, n, positions, mask)
-            h = backend.o_ffn(layer, a, h)
+        if self.static:  # the graphs of this size bound once (`bound.BoundStep`)
+            bound = self._bound.get(c)
+            if bound is None:
+                bound = self._bound[c] = BoundStep(self.backend(c), self.runtime.rope, c)
+            h = bound.forward(cache, tree, slot, layers)
+        else:
+            backend = self.backend(n)
+            ids = torch.tensor(tree.tokens + [tree.tokens[0]] * (c - n), dtype=torch.long)
+            h = ref.embed(self.model.weights, ids)
+            positions = torch.cat([tree.positions(slot), torch.full((c - n,), slot, dtype=torch.long)])
+            mask = None if tree.is_chain() else tree.mask()
+            rope = self.runtime.rope
+            for layer in range(self.cfg.n_layers if layers is None else layers):
+                q, k, v = backend.qkv(layer, h)
+                kc, vc = cache.layer(layer)
+                a = ref.attention(self.cfg, q, k, v, rope, kc, vc, slot, n, positions, mask)
+                h = backend.o_ffn(layer, a, h)
         sel = h[:n] if rows is None else h[list(rows)]
         if sel.shape[0] == 0:  # K/V only (a draft model catching up)
             return torch.empty(0, self.cfg.vocab)

@@ -49,5 +49,11 @@ class TokenTree:
             m[i, i] = True
         return m
 
+    def cut(self, depth: int, size: int) -> "TokenTree":
+        """The first `size` nodes (DFS order) of depth <= `depth`: parents precede children, so a tree."""
+        keep = [i for i, d in enumerate(self.depth) if d <= depth][:size]
+        new = {old: k for k, old in enumerate(keep)}
+        return TokenTree([self.tokens[i] for i in keep], [-1 if self.parents[i] < 0 else new[self.parents[i]] for i in keep])
+
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parents))

@@ -76,6 +76,19 @@ class Graph:
         self.session.run_with_iobinding(b)
         return res
 
+    def bind(self, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> ort.IOBinding:
+        """A binding of its own to fixed contiguous float32 [rows, width] buffers, made once: each
+        `session.run_with_iobinding(binding)` then reads and writes them in place (the decode step's
+        graphs, `hetero.decode.bound`). The caller keeps the buffers alive while it uses the binding."""
+        b = self.session.io_binding()
+        for names, bind in ((inputs, b.bind_input), (outputs, b.bind_output)):
+            for name, t in names.items():
+                if not t.is_contiguous() or t.dtype != torch.float32:
+                    raise ConfigError(f"graph {self.spec.kind} of layer {self.spec.layer}: buffer {name} must be "
+                                      f"contiguous float32")
+                bind(name, "cpu", 0, np.float32, tuple(t.shape), t.data_ptr())
+        return b
+
 
 class Provider(abc.ABC):
     """An ONNX Runtime execution provider that runs static graphs: how to compile one into a cacheable

@@ -42,3 +42,21 @@ def test_lookup_drafts_the_continuation_of_an_earlier_ngram() -> None:
     t = LookupDrafter().draft(ctx, depth=3, size=8)
     assert t.tokens[:4] == [3, 4, 5, 6] and t.is_chain() or t.tokens[1:4] == [4, 5, 6]
     assert t.tokens[0] == 3 and t.parents[0] == -1
+
+
+def test_cut_keeps_the_shallow_dfs_prefix_as_a_tree() -> None:
+    t = TokenTree([5, 6, 7, 8, 9], [-1, 0, 1, 0, 3])  # root → 6 → 7, root → 8 → 9
+    c = t.cut(1, 8)
+    assert c.tokens == [5, 6, 8] and c.parents == [-1, 0, 0]
+    assert t.cut(2, 3).tokens == [5, 6, 7] and t.cut(0, 8).tokens == [5]
+
+
+def test_controller_keeps_an_acceptance_rate_per_confidence() -> None:
+    from hetero.decode.adapt import TreeController
+
+    ctl = TreeController(sizes=(1, 4, 8), step_ms={1: 10.0, 4: 13.0, 8: 18.0})
+    for _ in range(20):  # long matches always right, short ones never
+        ctl.observe(8, 18.0, 7, 7, 0.0, 0, confidence=3)
+        ctl.observe(4, 13.0, 3, 0, 0.0, 0, confidence=1)
+    assert ctl.choose(100, confidence=3) == (7, 8)
+    assert ctl.choose(100, confidence=1) == (0, 1)

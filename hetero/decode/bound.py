@@ -1,0 +1,110 @@
+"""Decode steps on an INT8 lane with every graph bound once (IOBinding to fixed buffers).
+
+A plain decode step (C = 1) runs ~80 small graphs (per layer qkv, o_ffn and the shadow cuts) with
+attention between them; at decode sizes each graph's own work is small, so rebinding inputs and outputs on
+every run and the wrappers around it cost a sizeable share of the step (Transformer-Lite §2.4's point about
+preallocated buffers, applied to the decode graphs). Here each graph of a chunk size's backend gets its own
+IOBinding once, to buffers owned by the `BoundStep` of that size (the hidden state ping-pongs between two),
+so a run is one call. The graphs, the shadow corrections (`NpuBackend.cut_correction`) and the attention
+(`model.attention`; for one row its `one_row_attention` without the per-row bookkeeping) are the ones the
+unbound path runs: logits and K/V equal bit for bit (tested), and a tree row equals the plain step of its
+token, so greedy speculation emits plain greedy's tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnxruntime as ort
+import torch
+
+from hetero import model as ref
+from hetero.decode.tree import TokenTree
+from hetero.kv_cache import KVCache
+
+
+@dataclass(slots=True)
+class _Run:
+    """One graph bound to its buffers; `outs` names the buffers it writes (the env after it runs)."""
+
+    session: ort.InferenceSession
+    binding: ort.IOBinding
+    last: str  # its last piece ("qkv", "o", "gu", "act", "down"): which shadow site follows it
+    outs: dict[str, torch.Tensor]
+
+
+class BoundStep:
+    """`forward(cache, tree, slot)` → the hidden states [C, hidden] of a C-row chunk, no per-run binding."""
+
+    def __init__(self, backend, rope: ref.RopeTable, rows: int):
+        self.backend, self.cfg, self.rope, self.rows = backend, backend.cfg, rope, rows
+        cfg = self.cfg
+        self.h = (torch.zeros(rows, cfg.hidden), torch.zeros(rows, cfg.hidden))  # layer l reads h[l % 2]
+        self.a = torch.zeros(rows, cfg.q_dim)  # attention output, every layer's o input
+        self.runs: list[list[_Run]] = []
+        for layer in range(cfg.n_layers):
+            if layer not in backend.layers:
+                break
+            self.runs.append(self._bind_layer(layer))
+
+    def _bind_layer(self, layer: int) -> list[_Run]:
+        """Bind the layer's graphs in order; a graph's inputs are the buffers earlier graphs wrote."""
+        env = {"h": self.h[layer % 2], "a": self.a}
+        runs = []
+        for g in self.backend.layers[layer].graphs:
+            ins = {name: env[name] for name in g.inputs}
+            outs = {name: self.h[(layer + 1) % 2] if name == "h_out" else torch.zeros(self.rows, width)
+                    for name, width in g.outputs.items()}  # fresh buffers: an output never aliases an input
+            runs.append(_Run(g.session, g.bind(ins, outs), g.spec.pieces[-1], outs))
+            env.update(outs)
+        return runs
+
+    def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> torch.Tensor:
+        """The hidden states [C, hidden] after `layers` layers (default all) of the tree's rows (padded to C
+        with the root) rooted at position `slot`; their K/V go to cache rows slot.. (cache.length unchanged)."""
+        cfg, be, c, n = self.cfg, self.backend, self.rows, len(tree)
+        depth = len(self.runs) if layers is None else layers
+        qd, kd = cfg.q_dim, cfg.kv_dim
+        self.h[0].copy_(ref.embed(be.model.weights, torch.tensor(tree.tokens + [tree.tokens[0]] * (c - n))))
+        positions = torch.cat([tree.positions(slot), torch.full((c - n,), slot, dtype=torch.long)])
+        mask = None if tree.is_chain() else tree.mask()
+        shadow = [be.layers[layer].shadow_sites for layer in range(depth)]
+        for layer in range(depth):
+            qkv_run, *rest = self.runs[layer]
+            qkv_run.session.run_with_iobinding(qkv_run.binding)
+            qkv = qkv_run.outs["qkv"]
+            if "attn_in" in shadow[layer]:
+                extra = be.reference.shadow_delta(layer, "attn_in", qkv_run.outs["x"])
+                if extra is not None:
+                    qkv += extra
+            kc, vc = cache.layer(layer)
+            if c == 1:
+                self._one_row(qkv, kc, vc, slot)
+            else:
+                self.a.copy_(ref.attention(cfg, qkv[:, :qd], qkv[:, qd : qd + kd], qkv[:, qd + kd :], self.rope, kc, vc,
+                                           slot, n, positions, mask))
+            env: dict[str, torch.Tensor] = {"a": self.a}
+            d_extra = None
+            for run in rest:
+                run.session.run_with_iobinding(run.binding)
+                env.update(run.outs)
+                if shadow[layer] and run.last != "down":
+                    extra = be.cut_correction(layer, run.last, env)
+                    if extra is not None:  # down_in's, added to d before the residual
+                        d_extra = extra
+            last = rest[-1].outs
+            if "d" in last:  # a separate down graph: h1 + (d + shadow), as `NpuBackend.o_ffn`
+                d = last["d"] if d_extra is None else last["d"].add_(d_extra)
+                torch.add(env["h1"], d, out=self.h[(layer + 1) % 2])
+        return self.h[depth % 2]
+
+    def _one_row(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slot: int) -> None:
+        """`model.attention` for one row into self.a: RoPE on q and k at once (elementwise: the same values),
+        K/V to row `slot`, the row's attention over [0, slot] (`model.one_row_attention`)."""
+        cfg = self.cfg
+        qd, kd, hd = cfg.q_dim, cfg.kv_dim, cfg.head_dim
+        qk = self.rope.apply(qkv[:, : qd + kd].view(cfg.n_heads + cfg.n_kv_heads, hd)[:, None], slot)  # [H + n_kv, 1, D]
+        kc[:, slot] = qk[cfg.n_heads :, 0]
+        vc[:, slot] = qkv[:, qd + kd :].view(cfg.n_kv_heads, hd)
+        a = ref.one_row_attention(cfg, qk[: cfg.n_heads], kc[:, : slot + 1], vc[:, : slot + 1])
+        self.a.view(cfg.n_heads, hd).copy_(a[:, 0])

@@ -1,0 +1,63 @@
+"""The bound one-token step (`decode.bound`) computes what the unbound graphs + `model.attention` compute,
+bit for bit, on every quantized plan shape: shadow cuts at every site, W8A16 sites with online Hadamards, and
+each weight form this CPU runs exactly; and a tree row verified in a chunk equals the plain step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hetero import model as ref
+from hetero.decode.step import DecodeStep
+from hetero.decode.tree import TokenTree
+from hetero.npu.backend import NpuBackend
+from hetero.runtime import Runtime
+from tests.conftest import make_tiny_model
+from tests.npu.conftest import SHADOWS, tiny_plan
+from tests.npu.test_site_ops import FORMS, rotated_a16_plan
+
+
+@pytest.fixture(autouse=True)
+def graph_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+
+
+def plans(m, form: str) -> dict:
+    shadows = dict(SHADOWS)
+    shadows[(0, "o_in")] = (2,)
+    return {"w8a8-shadows": tiny_plan(m, shadows), "rot-a16-shadows": rotated_a16_plan(m, form, ("down_in",), SHADOWS)}
+
+
+@torch.inference_mode()
+def unbound_step(rt: Runtime, be: NpuBackend, cache, token: int, slot: int) -> torch.Tensor:
+    """The reference: the C = 1 backend's qkv / o_ffn (bound per run) around `model.attention`."""
+    h = ref.embed(rt.model.weights, torch.tensor([token]))
+    for layer in range(rt.cfg.n_layers):
+        q, k, v = be.qkv(layer, h)
+        kc, vc = cache.layer(layer)
+        a = ref.attention(rt.cfg, q, k, v, rt.rope, kc, vc, slot, 1, torch.tensor([slot]), None)
+        h = be.o_ffn(layer, a, h)
+    return h
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("kind", ["w8a8-shadows", "rot-a16-shadows"])
+def test_bound_step_equals_the_unbound_graphs_and_a_tree_row(form, kind):
+    m = make_tiny_model()
+    plan = plans(m, form)[kind]
+    rt = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16, provider="cpu"))
+    step = DecodeStep(rt)
+    prompt = torch.arange(3, 40) * 5 % 256
+    r1, r2, r3 = rt.prefill(prompt), rt.prefill(prompt), rt.prefill(prompt)
+    slot = r1.cache.length
+    for token in (7, 200):  # two steps: the second reads the first's K/V
+        got = step.forward(r1.cache, TokenTree([token], [-1]))
+        h = unbound_step(rt, step.backend(1), r2.cache, token, r2.cache.length)
+        assert torch.equal(got, step.head(h))
+        tree = step.forward(r3.cache, TokenTree([token, 9, 11], [-1, 0, 0]))  # root + two siblings
+        assert torch.equal(got[0], tree[0])
+        for c in (r2.cache, r3.cache):
+            assert torch.equal(r1.cache.k[:, :, slot], c.k[:, :, slot]) and torch.equal(r1.cache.v[:, :, slot], c.v[:, :, slot])
+        for r in (r1, r2, r3):
+            r.cache.length += 1
+        slot += 1
