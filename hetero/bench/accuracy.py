@@ -202,7 +202,8 @@ def run(args: argparse.Namespace) -> int:
         "rows": rows, "prune_sweep": sweep, "hot_channel_store": store_info,
         "outliers": outlier_stats(calib, DEFAULT_PERCENTILE), "importance_ranking": importance,
         "notes": "smoothquant/llm_int8/per_group are fake-quantized in float32 torch; naive/clipped/shadow_all/"
-                 "hetero run the exact INT8 reference (QuantizedBackend). Default plan: INT8 weights per output channel "
+                 "w8a8_shadow15 run the exact INT8 reference on the model as trained (QuantizedBackend). Their plan "
+                 "(mllm-NPU's, hetero-w8a8): INT8 weights per output channel "
                  "(static scales folded into the output dequantization; activations per tensor), shadow sites "
                  "s = p99.9/127, pruned sites s = p99.999/127 (clipped), 85% of sites pruned by absmax/s; "
                  "*_w8t = the paper's strict per-tensor INT8 weights; *_p99.5 = shadow sites at s = p99.5/127. "
