@@ -8,9 +8,6 @@ on every core with nothing else: hetero's tokens/s over it is the fraction of th
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,16 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from hetero.config import ModelConfig
-
-
-def _median_s(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs)
+from hetero.timing import median_seconds
 
 
 def gemm_rate(cfg: ModelConfig, rows: int, threads: int, repeats: int = 5) -> float:
@@ -48,7 +36,7 @@ def gemm_rate(cfg: ModelConfig, rows: int, threads: int, repeats: int = 5) -> fl
     so.intra_op_num_threads, so.log_severity_level = threads, 3
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     x = np.random.default_rng(1).integers(0, 256, (rows, k), dtype=np.uint8)
-    return 2 * rows * k * n / _median_s(lambda: sess.run(None, {"x": x}), repeats)
+    return 2 * rows * k * n / median_seconds(lambda: sess.run(None, {"x": x}), repeats)
 
 
 def attention_rate(cfg: ModelConfig, n: int, threads: int, repeats: int = 3) -> float:
@@ -62,7 +50,7 @@ def attention_rate(cfg: ModelConfig, n: int, threads: int, repeats: int = 3) -> 
         with torch.inference_mode():
             F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
 
-    return attention_flops(cfg, n) / cfg.n_layers / _median_s(run, repeats)
+    return attention_flops(cfg, n) / cfg.n_layers / median_seconds(run, repeats)
 
 
 def linear_ops_per_token(cfg: ModelConfig) -> float:

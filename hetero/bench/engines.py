@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hetero.methods import make_runtime, quant_plan, use_threads
+from hetero.methods import make_runtime, use_threads
 
 PrefillFn = Callable[[torch.Tensor], None]
 EngineFactory = Callable[[str | None, int, int], PrefillFn]

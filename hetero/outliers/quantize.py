@@ -10,10 +10,14 @@ docs/design.md, "Outliers" and "Weight forms".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hetero.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 ACT_ZERO_POINT = 128  # uint8 storage of int8 activations
 ACT_QMIN, ACT_QMAX = -128, 127

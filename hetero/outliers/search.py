@@ -36,6 +36,7 @@ from hetero.outliers.quantize import ACT_QMAX, ACT_QMIN, W_QMAX, WEIGHT_FORMS, c
 from hetero.outliers.rotate import block_hadamard
 from hetero.outliers.shadow import QuantizedBackend
 from hetero.paths import atomic_path
+from hetero.timing import median_seconds
 
 log = logging.getLogger(__name__)
 
@@ -94,16 +95,8 @@ def measure_shadow_costs(n_in: int = 1536, n_out: int = 576, width: int = 64, ch
     x = torch.randn(chunk, n_in, generator=gen)
     r, rows = torch.randn(chunk, width, generator=gen), torch.randn(width, n_out, generator=gen)
 
-    def median_us(fn: Callable[[], object]) -> float:
-        fn()
-        ts = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return 1e6 * float(np.median(ts))
-
-    return median_us(lambda: r @ rows) / (chunk * width * n_out), median_us(lambda: split_outliers(x, 2.5)) / (chunk * n_in)
+    matmul, extract = (1e6 * median_seconds(f, repeats) for f in (lambda: r @ rows, lambda: split_outliers(x, 2.5)))
+    return matmul / (chunk * width * n_out), extract / (chunk * n_in)
 
 
 def validation_windows(model, calibration: CalibrationStats, n_tokens: int = VALIDATION_TOKENS,

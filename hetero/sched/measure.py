@@ -11,14 +11,13 @@ import datetime as _dt
 import logging
 import platform
 import socket
-import statistics
-import time
 from typing import Any, Callable, Mapping, Sequence
 
 from hetero.dag import DEFAULT_PLACEMENT
 from hetero.errors import ConfigError
 from hetero.paths import profile_search_path, user_profiles_dir
 from hetero.sched.profile import KINDS, CostEntry, Profile, load_profile
+from hetero.timing import median_seconds
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +66,7 @@ def measure_profile(run_subgraph: RunSubgraph, kinds: Sequence[str], lanes: Sequ
 
 
 def _median_us(fn: RunSubgraph, kind: str, lane: str, c: int, kv: int, repeats: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn(kind, lane, c, kv)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn(kind, lane, c, kv)
-        times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
+    return 1e6 * median_seconds(lambda: fn(kind, lane, c, kv), repeats, warmup)
 
 
 def host_metadata() -> dict[str, Any]:
