@@ -120,6 +120,7 @@ class NpuBackend:
         t0 = time.perf_counter()
         for layer in (range(self.cfg.n_layers) if layers is None else layers):
             self.layers[layer] = self._prepare_layer(layer, use_cache)
+        self._share_buffers()
         self._kw = dict(provider=self.provider, placement=placement, shape=shape, intra_op_threads=intra_op_threads,
                         use_cache=use_cache, graphs_root=graphs_root)
         self._weights_dropped = layers is None and rows is None
@@ -135,6 +136,15 @@ class NpuBackend:
 
         plan = QuantPlan.from_dict(self.plan.to_dict(), self.model) if self._weights_dropped else self.plan
         return NpuBackend(self.model, plan, chunk, **self._kw)
+
+    def _share_buffers(self) -> None:
+        """The graphs at one position of every layer (qkv, then the o_ffn segments) share the buffers of the
+        outputs a caller does not supply: a lane runs one subgraph at a time and every kind runs on one lane,
+        so one layer's set serves them all (5.8 instead of 47 MB at C=256), and a layer's segments never alias."""
+        shared: dict[int, dict[str, torch.Tensor]] = {}
+        for pl in self.layers.values():
+            for position, g in enumerate(pl.graphs):
+                g.buffers = shared.setdefault(position, {})
 
     def _provider_for(self, layer: int, kind: str) -> Provider:
         if self.placement is None or self.placement.device_of(layer, kind) == "npu":
