@@ -127,7 +127,7 @@ class Decoding:
                         if self._done:
                             break
         finally:
-            if self.drafter is not None:
+            if self.drafter is not None and self.fixed_tree is None:  # a fixed tree's first steps build graphs
                 self.step.costs.update(self.control.step_ms)
             # whatever happened (finished, stopped mid-path, closed early): keep the invariant
             self.cache.truncate(min(self.cache.length, self.base + max(len(self.tokens) - 1, 0)))
