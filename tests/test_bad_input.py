@@ -144,3 +144,19 @@ def test_cli_corrupt_gguf(tiny_gguf, capsys) -> None:
 def test_cli_prompt_too_long(default_model, capsys) -> None:
     code, err = run_cli(["run", "word " * 9000, "--max-new-tokens", "1"], capsys)
     assert code == 2 and "exceeds the context length 8192" in err
+
+
+@pytest.mark.parametrize("args, says", [
+    (["calibrate", "--budget", "0.5", "--method", "hetero"], "searched method"),
+    (["calibrate", "--method", "float"], "quantized method"),
+])
+def test_cli_calibrate_budget_needs_a_searched_method(args, says, capsys) -> None:
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and "Traceback" not in err
+
+
+def test_cli_calibrate_budget_must_be_positive(capsys) -> None:
+    with pytest.raises(SystemExit) as e:  # argparse's usage error
+        main(["calibrate", "--budget", "-1"])
+    assert e.value.code == 2 and "expected a positive number" in capsys.readouterr().err
