@@ -99,16 +99,12 @@ class Engines:
             return {"tokens_per_s": round(n_new / (ms / 1e3), 1), "decode_ms": round(ms, 1), "accepted": g.accepted,
                     "drafted": g.drafted, "target_steps": g.steps, "tokens": list(g.tokens)}
         if engine == "hf":
-            from hetero.adapters.hf import generate as hf_generate
-
             use_threads(self.threads)
             r = self.rt["float"].prefill(ids)
             hf = self.hf()
             s, out = median_time(lambda: hf_generate_forced(hf, ids, r, n_new), repeats)
             return {"tokens_per_s": round(n_new / s, 1), "decode_ms": round(s * 1e3, 1), "tokens": out}
         if engine == "llama_cpp":
-            from hetero.adapters.llamacpp import last_logits
-
             llm = self.llm()
             if llm is None:
                 return {"skipped": "llama-cpp-python is not installed (pip install 'hetero[bench]')"}
@@ -117,10 +113,7 @@ class Engines:
                 llm.reset()
                 llm.eval(ids)
                 t0 = time.perf_counter()
-                out = [int(np.argmax(last_logits(llm)))]
-                while len(out) < n_new:
-                    llm.eval([out[-1]])
-                    out.append(int(np.argmax(last_logits(llm))))
+                out = llama_greedy(llm, n_new)
                 return time.perf_counter() - t0, out
 
             run()
@@ -128,6 +121,17 @@ class Engines:
             s = statistics.median(r[0] for r in res)
             return {"tokens_per_s": round(n_new / s, 1), "decode_ms": round(s * 1e3, 1), "tokens": res[-1][1]}
         raise ValueError(engine)
+
+
+def llama_greedy(llm, n_new: int) -> list[int]:
+    """n_new greedy tokens from llama.cpp's state after an `eval` of the prompt (no EOS stop)."""
+    from hetero.adapters.llamacpp import last_logits
+
+    out = [int(np.argmax(last_logits(llm)))]
+    while len(out) < n_new:
+        llm.eval([out[-1]])
+        out.append(int(np.argmax(last_logits(llm))))
+    return out
 
 
 def hf_generate_forced(hf, ids: list[int], r, n_new: int) -> list[int]:
@@ -164,17 +168,12 @@ def e2e(eng: Engines, ids: list[int], n_new: int, repeats: int) -> list[dict]:
                      "decode_ms": round(res[1], 1), "total_ms": round(res[0] + res[1], 1), "load": load()})
     llm = eng.llm()
     if llm is not None:
-        from hetero.adapters.llamacpp import last_logits
-
         def run_llama():
             llm.reset()
             t0 = time.perf_counter()
             llm.eval(ids)
             t1 = time.perf_counter()
-            out = [int(np.argmax(last_logits(llm)))]
-            while len(out) < n_new:
-                llm.eval([out[-1]])
-                out.append(int(np.argmax(last_logits(llm))))
+            llama_greedy(llm, n_new)
             return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3
 
         run_llama()
