@@ -239,7 +239,8 @@ def to_markdown(r: dict) -> str:
                   "plan |", "|---|---:|---:|---:|---:|---:|---:|---|"]
         for row in mrows:
             sp = row.get("prefill_tok_s_1024")
-            plan = ", ".join(f"{k}={row[k]}" for k in ("weight_form", "rotated", "a16_sites", "shadow_sites") if k in row)
+            plan = ", ".join(f"{k}={row[k]}" for k in ("weight_form", "rotated", "a16_sites", "shadow_sites", "budget_pct",
+                                                        "validation_delta_pct") if k in row)
             ppl = f"{row['ppl']:.4f} | {row['delta_pct']:+.2f}%" if "ppl" in row else "– | –"
             top1 = f"{row['top1_agree_pct']:.1f}%" if "top1_agree_pct" in row else "–"
             speed = f"{sp:.0f} | {sp / tf:.2f}x" if sp and tf else "– | –"
