@@ -214,7 +214,7 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
         executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy,
                                       torch_threads=(shared, _alone_threads(shared, threads)))
     return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads, weight_form),
-                   executor=executor)
+                   executor=executor, attention_threads=threads)
 
 
 def make_service(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,
