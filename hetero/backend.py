@@ -27,7 +27,12 @@ class TorchBackend:
 
     def qkv(self, layer: int, h: torch.Tensor, out: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return ref.qkv(self.cfg, self.weights.layers[layer], h, self.linear, layer)
+        q, k, v = ref.qkv(self.cfg, self.weights.layers[layer], h, self.linear, layer)
+        if out is None:
+            return q, k, v
+        torch.cat((q, k, v), dim=1, out=out)  # packed, as the NPU lane's graphs write it
+        qd, kd = self.cfg.q_dim, self.cfg.kv_dim
+        return out[:, :qd], out[:, qd : qd + kd], out[:, qd + kd :]
 
     def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return ref.o_ffn(self.cfg, self.weights.layers[layer], a, h, self.linear, layer)

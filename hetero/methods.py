@@ -212,9 +212,10 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
         from hetero.sched.executor import OutOfOrderExecutor
 
         executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy,
-                                      torch_threads=(shared, _alone_threads(shared, threads)))
+                                      torch_threads=(shared, _alone_threads(shared, threads)),
+                                      learn_key=f"{model.name}-{model.fingerprint[:12]}-{method}-C{chunk}-{threads}t")
     return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads, weight_form),
-                   executor=executor)
+                   executor=executor, attention_threads=threads)
 
 
 def make_service(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,

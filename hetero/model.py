@@ -243,8 +243,9 @@ def logits(cfg: ModelConfig, w: Weights, h: torch.Tensor) -> torch.Tensor:
 
 class LayerBackend(Protocol):
     """What runs the static subgraphs of a layer (float, INT8 reference, NPU graphs); attention stays
-    float on the CPU/GPU. `out`, when given, is a buffer of the result's shape the backend may write
-    into; the returned tensors are the result either way."""
+    float on the CPU/GPU. `out`, when given, is a buffer of the result's shape: `qkv` writes its result
+    there packed (q|k|v per row, the returned tensors are views of it: the CPU lane's attention reads the
+    packed rows); `o_ffn` may write there; the returned tensors are the result either way."""
 
     name: str
     any_rows: bool  # takes chunks of any row count ≤ C (else exactly C rows: fixed-shape graphs)

@@ -8,6 +8,7 @@ allocated once per runtime; `commit` advances the KV cache and returns a frozen 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from typing import Protocol
 import torch
 
 from hetero import model as ref
+from hetero.attention import ChunkAttention
 from hetero.backend import FloatBackend, LayerBackend
 from hetero.chunking import Chunk, check_chunk, padded_ids, plan_chunks, token_ids
 from hetero.dag import DEFAULT_PLACEMENT, CompiledDag, build_dag, compile_graph
@@ -102,19 +104,22 @@ class ChunkBuffers:
     """Per-chunk activations, allocated once per runtime (grown to the most chunks a prompt needed).
 
     Chunk i owns h[i] = (a, b) [C, hidden], the residual stream ping-ponging between a and b (a backend
-    reads one and writes the other), and qkv[i] [C, q_dim + 2·kv_dim], of which q/k/v are views.
+    reads one and writes the other), qkv[i] [C, q_dim + 2·kv_dim], of which q/k/v are views, and
+    attn[i] [C, q_dim], the attention output (zeros at first: padded rows are never written).
     """
 
     def __init__(self, model: Model, chunk: int):
         self.cfg, self.chunk, self.dtype = model.config, chunk, model.weights.tok_emb.dtype
         self.h: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.qkv: list[torch.Tensor] = []
+        self.attn: list[torch.Tensor] = []
 
     def ensure(self, n_chunks: int) -> None:
         cfg, c = self.cfg, self.chunk
         while len(self.h) < n_chunks:
             self.h.append((torch.empty(c, cfg.hidden, dtype=self.dtype), torch.empty(c, cfg.hidden, dtype=self.dtype)))
             self.qkv.append(torch.empty(c, cfg.q_dim + 2 * cfg.kv_dim, dtype=self.dtype))
+            self.attn.append(torch.zeros(c, cfg.q_dim, dtype=self.dtype))
 
 
 class PrefillJob:
@@ -129,18 +134,17 @@ class PrefillJob:
             h = self.bufs.h[c.index][0][: c.rows]
             torch.index_select(rt.model.weights.tok_emb, 0, padded_ids(plan.ids, c, plan.start), out=h)
             self.h.append(h)
-        self.qkv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = [None] * len(plan.chunks)
         self.attn: list[torch.Tensor | None] = [None] * len(plan.chunks)
 
     @torch.inference_mode()  # thread-local: lane worker threads need it too
     def run(self, i: int, layer: int, kind: str) -> None:
         rt, c = self.runtime, self.plan.chunks[i]
         if kind == "qkv":
-            self.qkv[i] = rt.backend.qkv(layer, self.h[i], out=self.bufs.qkv[i][: c.rows])
+            rt.backend.qkv(layer, self.h[i], out=self.bufs.qkv[i][: c.rows])  # packed q|k|v rows
         elif kind == "attn":
-            q, k, v = self.qkv[i]
             k_cache, v_cache = self.cache.layer(layer)
-            self.attn[i] = ref.attention(rt.cfg, q, k, v, rt.rope, k_cache, v_cache, c.start, c.n_valid)
+            rt.attention(self.bufs.qkv[i][: c.n_valid], k_cache, v_cache, c.start, self.bufs.attn[i][: c.n_valid])
+            self.attn[i] = self.bufs.attn[i][: c.rows]
         elif kind == "o_ffn":
             a, b = (t[: c.rows] for t in self.bufs.h[i])
             self.h[i] = rt.backend.o_ffn(layer, self.attn[i], self.h[i], out=b if self.h[i].data_ptr() == a.data_ptr() else a)
@@ -153,7 +157,8 @@ class Runtime:
     `executor` decides the order (in program order on the calling thread by default)."""
 
     def __init__(self, model: Model, chunk: int = 256, backend: LayerBackend | None = None,
-                 max_context: int | None = None, executor: PrefillExecutor | None = None):
+                 max_context: int | None = None, executor: PrefillExecutor | None = None,
+                 attention_threads: int | None = None):
         self.model, self.cfg, self.chunk = model, model.config, check_chunk(chunk, model.config.context_length)
         ctx = self.cfg.context_length
         if max_context is not None and not 0 < max_context <= ctx:
@@ -163,6 +168,8 @@ class Runtime:
         self.executor = executor or SerialExecutor(self.cfg.n_layers)
         self.placement = self.executor.placement
         self.rope = ref.RopeTable(self.cfg, ctx + chunk)  # + chunk: padded rows of the last chunk
+        # the `attn` subgraph of every chunk (the CPU lane): ORT's GroupQueryAttention over the cache
+        self.attention = ChunkAttention(self.cfg, self.rope.cos, self.rope.sin, attention_threads or os.cpu_count() or 1)
         self.buffers = ChunkBuffers(model, chunk)
         self._busy = threading.Lock()  # the buffers serve one prefill at a time (callers may be threads)
 

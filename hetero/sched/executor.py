@@ -20,6 +20,7 @@ from hetero.dag import DEFAULT_PLACEMENT, LANES
 from hetero.errors import ConfigError, ScheduleError
 from hetero.sched.dag import CompiledDag, build_dag, compile_dag
 from hetero.sched.policy import POLICIES, Dispatcher, PolicyFactory
+from hetero.sched.learned import CostLearner, learned_path
 from hetero.sched.profile import Profile
 from hetero.sched.measure import host_profile
 from hetero.runtime import SerialExecutor
@@ -185,17 +186,26 @@ def execute(dag: CompiledDag, policy: str | PolicyFactory, work: NodeFn | Mappin
 class OutOfOrderExecutor:
     """A `hetero.runtime.PrefillExecutor` that dispatches by `policy` on one worker per lane (§3.4).
 
-    Keeps the lane workers alive across prefills and the compiled DAG per chunk count. Costs (from
-    `profile`, default: this host's measured one) only steer the policy; with no entry for this C the
-    nearest profiled C stands in. torch_threads: per lane, torch's thread count while another lane runs
-    and while it runs alone (`LaneWorkers`): lanes that share the host's cores take all of them when alone.
+    Keeps the lane workers alive across prefills and the compiled DAG per chunk count. Costs only steer
+    the policy: `profile` when given; else this host's measured one (a shipped one on an unknown host),
+    which then follows the host: with `learn_key` (the model and method) every multi-chunk prefill's real
+    durations update running averages persisted per host (`sched.learned`), and the DAGs are recompiled
+    from them every `RELEARN_EVERY` prefills. With no entry for this C the nearest profiled C stands in.
+    torch_threads: per lane, torch's thread count while another lane runs and while it runs alone
+    (`LaneWorkers`): lanes that share the host's cores take all of them when alone.
     """
+
+    RELEARN_EVERY = 4
 
     def __init__(self, n_layers: int, chunk: int, policy: str, profile: Profile | None = None,
                  placement: tuple[tuple[str, str], ...] = DEFAULT_PLACEMENT,
-                 torch_threads: tuple[int, int] | None = None):
+                 torch_threads: tuple[int, int] | None = None, learn_key: str | None = None):
         if policy not in POLICIES:
             raise ConfigError(f"policy must be one of {sorted(POLICIES)}, got {policy!r}")
+        self.learner = None
+        if profile is None and learn_key is not None:
+            self.learner = CostLearner(host_profile(), chunk, learned_path(learn_key))
+            profile = self.learner.profile()
         self.profile = profile or host_profile()
         self.n_layers, self.chunk, self.policy, self.placement = n_layers, chunk, policy, tuple(placement)
         have = self.profile.chunk_lens
@@ -216,7 +226,18 @@ class OutOfOrderExecutor:
     def execute(self, dag: CompiledDag, run: NodeFn) -> Schedule:
         if dag.n_chunks == 1:  # one chunk is a chain (Eq. 3): nothing overlaps, so skip the lane hand-offs
             return self._chain(dag, run)
-        return self.workers.run(dag, self.policy, run)
+        schedule = self.workers.run(dag, self.policy, run)
+        if self.learner is not None:  # only overlapped runs: their durations are what the policy orders
+            self._learn(dag, schedule)
+        return schedule
+
+    def _learn(self, dag: CompiledDag, schedule: Schedule) -> None:
+        learner = self.learner
+        learner.observe(dag, schedule)
+        if learner.n_observed % self.RELEARN_EVERY == 0:
+            self.profile, self.cost_chunk = learner.profile(), self.chunk
+            self._dags.clear()
+            learner.save()
 
     def _chain(self, dag: CompiledDag, run: NodeFn) -> Schedule:
         """Every node in program order on the calling thread, torch on every core (a lane alone)."""
@@ -236,3 +257,5 @@ class OutOfOrderExecutor:
 
     def close(self) -> None:
         self.workers.close()
+        if self.learner is not None:
+            self.learner.save()

@@ -1,0 +1,100 @@
+"""The CPU lane's prefill attention: ONNX Runtime's GroupQueryAttention over the KV cache, in place.
+
+mllm-NPU §3.1 keeps attention in float on the CPU/GPU; at long prompts it is the critical lane (the NPU
+lane waits on it). One `com.microsoft.GroupQueryAttention` node does a chunk's whole `attn` subgraph: it
+reads the chunk's packed Q|K|V rows (the `qkv` subgraph's output buffer, no copy), applies RoPE to Q and K
+from the runtime's own cos/sin table, writes K/V into the cache rows start..start+n in place (past and
+present bound to the same buffer: Transformer-Lite §2.4's preallocated cache) and attends causally over
+[0, start+n) without a mask tensor. Its kernel runs on ONNX Runtime's thread pool, whose workers take the
+next block of work when free, so a chunk's attention uses a core the NPU lane leaves idle (torch's OpenMP
+teams split work statically and run at the pace of a thread that shares its core). Measured against
+`model.attention`: docs/design.md, "Prefill attention".
+
+Only real rows go in: the padded rows of a last chunk never reach the cache or the kernel, and their
+output rows are left as they are (finite; discarded after the last layer).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from onnx import TensorProto, helper
+
+from hetero.config import ModelConfig
+from hetero.errors import ConfigError
+
+
+def _graph(cfg: ModelConfig) -> bytes:
+    """One GroupQueryAttention node: packed qkv [1, S, (H + 2·KV)·D], cache [1, KV, capacity, D] in and out."""
+    f, i32 = TensorProto.FLOAT, TensorProto.INT32
+    d, kv = cfg.head_dim, cfg.n_kv_heads
+    node = helper.make_node(
+        "GroupQueryAttention",
+        ["qkv", "", "", "past_key", "past_value", "seqlens_k", "total_len", "cos", "sin"],
+        ["out", "present_key", "present_value"],
+        domain="com.microsoft", num_heads=cfg.n_heads, kv_num_heads=kv, do_rotary=1, rotary_interleaved=0,
+        scale=float(d) ** -0.5,
+    )
+    cache = [1, kv, "capacity", d]
+    graph = helper.make_graph(
+        [node], "chunk_attention",
+        [helper.make_tensor_value_info("qkv", f, [1, "rows", cfg.q_dim + 2 * cfg.kv_dim]),
+         helper.make_tensor_value_info("past_key", f, cache), helper.make_tensor_value_info("past_value", f, cache),
+         helper.make_tensor_value_info("seqlens_k", i32, [1]), helper.make_tensor_value_info("total_len", i32, []),
+         helper.make_tensor_value_info("cos", f, ["positions", d // 2]),
+         helper.make_tensor_value_info("sin", f, ["positions", d // 2])],
+        [helper.make_tensor_value_info("out", f, [1, "rows", cfg.q_dim]),
+         helper.make_tensor_value_info("present_key", f, cache),
+         helper.make_tensor_value_info("present_value", f, cache)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    return model.SerializeToString()
+
+
+class ChunkAttention:
+    """`attn(qkv, k_cache, v_cache, start, out)`: the `attn` subgraph of one prefill chunk (see the module doc).
+
+    cos/sin: the runtime's RoPE table [positions, D/2] (`model.RopeTable`), kept alive and bound once per run.
+    threads: ONNX Runtime intra-op threads (every core: the pool shares them with the NPU lane's sessions).
+    """
+
+    def __init__(self, cfg: ModelConfig, cos: torch.Tensor, sin: torch.Tensor, threads: int):
+        if threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {threads}")
+        self.cfg = cfg
+        self.cos, self.sin = cos.contiguous(), sin.contiguous()
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the NPU lane's sessions
+        so.log_severity_level = 3
+        self.session = ort.InferenceSession(_graph(cfg), so, providers=["CPUExecutionProvider"])
+
+    def __call__(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
+                 out: torch.Tensor) -> torch.Tensor:
+        """qkv [n, q_dim + 2·kv_dim] (the chunk's real rows, un-roped, contiguous) at positions start..start+n-1;
+        k_cache/v_cache [n_kv, capacity, D] (one layer, contiguous); out [n, q_dim]. Returns out."""
+        cfg, n = self.cfg, qkv.shape[0]
+        cap = k_cache.shape[1]
+        if start + n > min(cap, self.cos.shape[0]):
+            raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({cap}) or RoPE table "
+                              f"({self.cos.shape[0]}) positions")
+        f32 = np.float32
+        b = self.session.io_binding()
+        b.bind_input("qkv", "cpu", 0, f32, (1, n, qkv.shape[1]), _ptr(qkv))
+        for name, t in (("past_key", k_cache), ("past_value", v_cache)):
+            b.bind_input(name, "cpu", 0, f32, (1, *t.shape), _ptr(t))
+            b.bind_output(name.replace("past", "present"), "cpu", 0, f32, (1, *t.shape), t.data_ptr())
+        b.bind_cpu_input("seqlens_k", np.array([start + n - 1], dtype=np.int32))
+        b.bind_cpu_input("total_len", np.array(start + n, dtype=np.int32))
+        b.bind_input("cos", "cpu", 0, f32, tuple(self.cos.shape), self.cos.data_ptr())
+        b.bind_input("sin", "cpu", 0, f32, tuple(self.sin.shape), self.sin.data_ptr())
+        b.bind_output("out", "cpu", 0, f32, (1, n, cfg.q_dim), _ptr(out))
+        self.session.run_with_iobinding(b)
+        return out
+
+
+def _ptr(t: torch.Tensor) -> int:
+    if not t.is_contiguous() or t.dtype != torch.float32:
+        raise ConfigError(f"attention buffers must be contiguous float32, got {t.dtype} with strides {t.stride()}")
+    return t.data_ptr()
