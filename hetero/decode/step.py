@@ -19,6 +19,7 @@ from hetero import model as ref
 from hetero.backend import LayerBackend
 from hetero.decode.bound import BoundStep
 from hetero.decode.head import FloatHead, Int8Head
+from hetero.decode.rowattn import row_attention
 from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
@@ -135,7 +136,7 @@ class DecodeStep:
             for layer in range(self.cfg.n_layers if layers is None else layers):
                 q, k, v = backend.qkv(layer, h)
                 kc, vc = cache.layer(layer)
-                a = ref.attention(self.cfg, q, k, v, rope, kc, vc, slot, n, positions, mask)
+                a = ref.attention(self.cfg, q, k, v, rope, kc, vc, slot, n, positions, mask, row_attention)
                 h = backend.o_ffn(layer, a, h)
         sel = h[:n] if rows is None else h[list(rows)]
         if sel.shape[0] == 0:  # K/V only (a draft model catching up)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hetero import model as ref
+from hetero.decode.rowattn import row_attention
 from hetero.decode.step import DecodeStep
 from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
@@ -36,7 +37,7 @@ def unbound_step(rt: Runtime, be: NpuBackend, cache, token: int, slot: int) -> t
     for layer in range(rt.cfg.n_layers):
         q, k, v = be.qkv(layer, h)
         kc, vc = cache.layer(layer)
-        a = ref.attention(rt.cfg, q, k, v, rt.rope, kc, vc, slot, 1, torch.tensor([slot]), None)
+        a = ref.attention(rt.cfg, q, k, v, rt.rope, kc, vc, slot, 1, torch.tensor([slot]), None, row_attention)
         h = be.o_ffn(layer, a, h)
     return h
 
