@@ -39,6 +39,9 @@ SITE_BIASES: dict[str, tuple[str | None, ...]] = {  # LayerWeights field of each
 # linear(layer, site, x): x [T, in] at `site` of `layer` -> one [T, out] per name in SITE_LINEARS[site]
 SiteLinear = Callable[[int, str, torch.Tensor], Sequence[torch.Tensor]]
 Observer = Callable[[int, str, torch.Tensor], None]  # observe(layer, site, x), e.g. calibration statistics
+# row_attention(cfg, q [H, 1, D] roped, k_cache, v_cache [n_kv, capacity, D], length) -> [H, 1, D]: one decode
+# row over cache rows [0, length) (default: `one_row_attention` on the views; the INT8 decode step's kernel)
+RowAttention = Callable[["ModelConfig", torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
 @dataclass(slots=True)
@@ -163,6 +166,7 @@ def attention(
     n_valid: int,
     positions: torch.Tensor | None = None,
     tree: torch.Tensor | None = None,
+    row_attention: RowAttention | None = None,
 ) -> torch.Tensor:
     """Subgraph `attn` (CPU/GPU): RoPE, write this chunk's K/V in place, causal attention over [0, start+T).
 
@@ -171,8 +175,8 @@ def attention(
     views of one layer of the preallocated cache (Transformer-Lite §2.4): only the real rows are written,
     so padding never reaches the cache. Padded query rows see every real key and are discarded later.
     Decode rows (`positions` [T] given; siblings of a token tree share a position, LLMCad §3.2): `tree`
-    [T, T] (bool, row i sees row j; None = a chain) replaces the causal mask; see `_row_attention`.
-    Returns [T, n_heads*D].
+    [T, T] (bool, row i sees row j; None = a chain) replaces the causal mask; see `_row_attention`, whose
+    rows run `row_attention` (default `one_row_attention`). Returns [T, n_heads*D].
     """
     t, d = q.shape[0], cfg.head_dim
     q = rope.apply(q.view(t, cfg.n_heads, d).transpose(0, 1), start, positions)
@@ -182,7 +186,7 @@ def attention(
     k_cache[:, start:end] = k[:, :n_valid]
     v_cache[:, start:end] = v[:, :n_valid]
     if positions is not None:
-        return _row_attention(cfg, q, k, v, k_cache, v_cache, start, n_valid, tree)
+        return _row_attention(cfg, q, k, v, k_cache, v_cache, start, n_valid, tree, row_attention)
     keys, values = k_cache[:, :end], v_cache[:, :end]
     q_pos = torch.arange(start, start + t).unsqueeze(1)
     mask = torch.arange(end).unsqueeze(0) <= q_pos  # [T, end]; padded rows see all real keys
@@ -202,7 +206,8 @@ def one_row_attention(cfg: ModelConfig, q: torch.Tensor, keys: torch.Tensor, val
 
 
 def _row_attention(cfg: ModelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                   v_cache: torch.Tensor, start: int, n_valid: int, tree: torch.Tensor | None) -> torch.Tensor:
+                   v_cache: torch.Tensor, start: int, n_valid: int, tree: torch.Tensor | None,
+                   row_attention: RowAttention | None = None) -> torch.Tensor:
     """Each decode row attends alone, over cache rows [0, its position] holding its own path: so a row's
     output is bit for bit that of plain one-token decoding (float kernels are not row-count invariant,
     and INT8 rounding would amplify the difference), and greedy speculation equals plain greedy.
@@ -216,7 +221,10 @@ def _row_attention(cfg: ModelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
             k_cache[:, start : start + len(path)] = k[:, path]
             v_cache[:, start : start + len(path)] = v[:, path]
         end = start + len(path)
-        out[:, i : i + 1] = one_row_attention(cfg, q[:, i : i + 1], k_cache[:, :end], v_cache[:, :end])
+        if row_attention is None:
+            out[:, i : i + 1] = one_row_attention(cfg, q[:, i : i + 1], k_cache[:, :end], v_cache[:, :end])
+        else:
+            out[:, i : i + 1] = row_attention(cfg, q[:, i : i + 1], k_cache, v_cache, end)
         if not lead:
             k_cache[:, start : start + len(path)] = k[:, : len(path)]
             v_cache[:, start : start + len(path)] = v[:, : len(path)]

@@ -6,8 +6,8 @@ every run and the wrappers around it cost a sizeable share of the step (Transfor
 preallocated buffers, applied to the decode graphs). Here each graph of a chunk size's backend gets its own
 IOBinding once, to buffers owned by the `BoundStep` of that size (the hidden state ping-pongs between two),
 so a run is one call. The graphs, the shadow corrections (`NpuBackend.cut_correction`) and the attention
-(`model.attention`; for one row its `one_row_attention` without the per-row bookkeeping) are the ones the
-unbound path runs: logits and K/V equal bit for bit (tested), and a tree row equals the plain step of its
+(`model.attention` with the row kernel `rowattn.row_attention`; for one row the kernel without the per-row
+bookkeeping) are the ones the unbound path runs: logits and K/V equal bit for bit (tested), and a tree row equals the plain step of its
 token, so greedy speculation emits plain greedy's tokens.
 """
 
@@ -19,6 +19,7 @@ import onnxruntime as ort
 import torch
 
 from hetero import model as ref
+from hetero.decode.rowattn import row_attention
 from hetero.decode.tree import TokenTree
 from hetero.kv_cache import KVCache
 
@@ -82,7 +83,7 @@ class BoundStep:
                 self._one_row(qkv, kc, vc, slot)
             else:
                 self.a.copy_(ref.attention(cfg, qkv[:, :qd], qkv[:, qd : qd + kd], qkv[:, qd + kd :], self.rope, kc, vc,
-                                           slot, n, positions, mask))
+                                           slot, n, positions, mask, row_attention))
             env: dict[str, torch.Tensor] = {"a": self.a}
             d_extra = None
             for run in rest:
@@ -100,11 +101,10 @@ class BoundStep:
 
     def _one_row(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slot: int) -> None:
         """`model.attention` for one row into self.a: RoPE on q and k at once (elementwise: the same values),
-        K/V to row `slot`, the row's attention over [0, slot] (`model.one_row_attention`)."""
+        K/V to row `slot`, the row's attention over [0, slot] (`rowattn.row_attention`, as a tree's rows)."""
         cfg = self.cfg
         qd, kd, hd = cfg.q_dim, cfg.kv_dim, cfg.head_dim
         qk = self.rope.apply(qkv[:, : qd + kd].view(cfg.n_heads + cfg.n_kv_heads, hd)[:, None], slot)  # [H + n_kv, 1, D]
         kc[:, slot] = qk[cfg.n_heads :, 0]
         vc[:, slot] = qkv[:, qd + kd :].view(cfg.n_kv_heads, hd)
-        a = ref.one_row_attention(cfg, qk[: cfg.n_heads], kc[:, : slot + 1], vc[:, : slot + 1])
-        self.a.view(cfg.n_heads, hd).copy_(a[:, 0])
+        row_attention(cfg, qk[: cfg.n_heads], kc, vc, slot + 1, out=self.a)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -18,11 +19,31 @@ from hetero import model as ref
 from hetero.backend import LayerBackend
 from hetero.decode.bound import BoundStep
 from hetero.decode.head import FloatHead, Int8Head
+from hetero.decode.rowattn import row_attention
 from hetero.decode.tree import TokenTree
+from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
 from hetero.runtime import Runtime
 
 TREE_SIZES = (1, 4, 8)  # static chunk sizes of the INT8 decode graphs
+# Threads of an INT8 decode step (its graph sessions and torch while it runs). A step is ~150 small ops
+# (graph runs, per-layer attention, shadow corrections) of a few to ~80 µs each; with two threads each op
+# wakes a sleeping pool thread (neither pool spins: `npu.providers`, `hetero.threads`), which costs more
+# than the second core's extra memory bandwidth gains (docs/design.md, "Decode").
+DECODE_THREADS = 1
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op thread count set to n for the block, then restored."""
+    before = torch.get_num_threads()
+    if before != n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if before != n:
+            torch.set_num_threads(before)
 
 
 class DecodeStep:
@@ -30,15 +51,19 @@ class DecodeStep:
 
     _shared: "weakref.WeakKeyDictionary[Runtime, DecodeStep]" = weakref.WeakKeyDictionary()
 
-    def __init__(self, runtime: Runtime, head: str = "auto"):
+    def __init__(self, runtime: Runtime, head: str = "auto", threads: int = DECODE_THREADS):
+        if threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {threads}")
         self.runtime, self.cfg, self.model = runtime, runtime.cfg, runtime.model
         self.static = hasattr(runtime.backend, "plan") and hasattr(runtime.backend, "provider")  # NpuBackend
+        self.threads = threads  # the INT8 lane's (the float lane keeps the runtime's: its step is a few big GEMVs)
         self._backends: dict[int, LayerBackend] = {}
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
         self._bound: dict[int, BoundStep] = {}  # static lanes: chunk size → its bound graphs
         if head == "auto":
             head = "int8" if self.static else "float"
-        self.head = Int8Head(self.cfg, self.model.weights) if head == "int8" else FloatHead(self.cfg, self.model.weights)
+        self.head = (Int8Head(self.cfg, self.model.weights, threads) if head == "int8"
+                     else FloatHead(self.cfg, self.model.weights))
 
     @classmethod
     def of(cls, runtime: Runtime) -> "DecodeStep":
@@ -59,7 +84,7 @@ class DecodeStep:
         c = self.padded_size(n)
         b = self._backends.get(c)
         if b is None:
-            b = self.runtime.backend.at_chunk(c)
+            b = self.runtime.backend.at_chunk(c, self.threads)
             self._backends[c] = b
         return b
 
@@ -77,7 +102,6 @@ class DecodeStep:
                 self.costs[c] = min(times)
         return self.costs
 
-    @torch.inference_mode()
     def forward(self, cache: KVCache, tree: TokenTree, *, slot: int | None = None, layers: int | None = None,
                 rows: Sequence[int] | None = None) -> torch.Tensor:
         """Logits [len(rows), vocab] of the tree's rows (default all) after `layers` layers (default all).
@@ -85,6 +109,14 @@ class DecodeStep:
         K/V go to cache rows slot..slot+n-1 (default slot = cache.length); the tree's root is at
         position `slot` (its depth 0). `cache.length` is not changed.
         """
+        if not self.static:
+            return self._forward(cache, tree, slot, layers, rows)
+        with torch_threads(self.threads):
+            return self._forward(cache, tree, slot, layers, rows)
+
+    @torch.inference_mode()
+    def _forward(self, cache: KVCache, tree: TokenTree, slot: int | None, layers: int | None,
+                 rows: Sequence[int] | None) -> torch.Tensor:
         n = len(tree)
         slot = cache.length if slot is None else slot
         cache.reserve(slot + n - cache.length)
@@ -104,7 +136,7 @@ class DecodeStep:
             for layer in range(self.cfg.n_layers if layers is None else layers):
                 q, k, v = backend.qkv(layer, h)
                 kc, vc = cache.layer(layer)
-                a = ref.attention(self.cfg, q, k, v, rope, kc, vc, slot, n, positions, mask)
+                a = ref.attention(self.cfg, q, k, v, rope, kc, vc, slot, n, positions, mask, row_attention)
                 h = backend.o_ffn(layer, a, h)
         sel = h[:n] if rows is None else h[list(rows)]
         if sel.shape[0] == 0:  # K/V only (a draft model catching up)

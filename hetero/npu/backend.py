@@ -129,13 +129,18 @@ class NpuBackend:
             self.reference = QuantizedBackend(self.cfg, model.weights, self.plan)
         self.prepare_s = time.perf_counter() - t0
 
-    def at_chunk(self, chunk: int) -> "NpuBackend":
+    def at_chunk(self, chunk: int, intra_op_threads: int | None = None) -> "NpuBackend":
         """The same plan's graphs at another chunk length (decode steps: C = 1 and the tree sizes). The INT8
-        weights this backend dropped are recomputed from the model (`QuantPlan.from_dict`), then dropped again."""
+        weights this backend dropped are recomputed from the model (`QuantPlan.from_dict`), then dropped again.
+        intra_op_threads: the new sessions' thread count when it differs from this backend's (CPU EP only:
+        another provider keeps its own; the graph cache does not depend on it)."""
         from hetero.outliers.plan import QuantPlan
 
         plan = QuantPlan.from_dict(self.plan.to_dict(), self.model) if self._weights_dropped else self.plan
-        return NpuBackend(self.model, plan, chunk, **self._kw)
+        kw = dict(self._kw)
+        if intra_op_threads is not None and intra_op_threads != self._intra and isinstance(self.provider, OrtCpuProvider):
+            kw.update(provider=OrtCpuProvider(intra_op_threads), intra_op_threads=intra_op_threads)
+        return NpuBackend(self.model, plan, chunk, **kw)
 
     def _share_buffers(self) -> None:
         """The graphs at one position of every layer (qkv, then the o_ffn segments) share the buffers of the

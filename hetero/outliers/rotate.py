@@ -12,6 +12,7 @@ matmul in the static graph. Q = diag(±1)·(R ⊗ H_b) with H_b the largest Hada
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from pathlib import Path
 
@@ -67,8 +68,14 @@ def block_hadamard(x: torch.Tensor, block: int) -> torch.Tensor:
     """x·T on the last dim, T = diag(H_block, …, H_block): the online transform (and, on a weight [out, in],
     the weight's counterpart W·T, so that (x·T)(W·T)ᵀ = x·Wᵀ)."""
     n = x.shape[-1]
-    h = hadamard(block).to(x.dtype)
+    h = _hadamard_as(block, x.dtype)
     return (x.reshape(*x.shape[:-1], n // block, block) @ h).reshape(x.shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _hadamard_as(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """`hadamard(n)` in `dtype`, built once (a decode step applies it ~20 times; read only)."""
+    return hadamard(n).to(dtype)
 
 
 def rotate_weights(cfg, w, seed: int = 0):

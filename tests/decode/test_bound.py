@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from hetero import model as ref
+from hetero.decode.rowattn import row_attention
 from hetero.decode.step import DecodeStep
 from hetero.decode.tree import TokenTree
+from hetero.errors import ConfigError
 from hetero.npu.backend import NpuBackend
 from hetero.runtime import Runtime
 from tests.conftest import make_tiny_model
@@ -35,7 +37,7 @@ def unbound_step(rt: Runtime, be: NpuBackend, cache, token: int, slot: int) -> t
     for layer in range(rt.cfg.n_layers):
         q, k, v = be.qkv(layer, h)
         kc, vc = cache.layer(layer)
-        a = ref.attention(rt.cfg, q, k, v, rt.rope, kc, vc, slot, 1, torch.tensor([slot]), None)
+        a = ref.attention(rt.cfg, q, k, v, rt.rope, kc, vc, slot, 1, torch.tensor([slot]), None, row_attention)
         h = be.o_ffn(layer, a, h)
     return h
 
@@ -61,3 +63,21 @@ def test_bound_step_equals_the_unbound_graphs_and_a_tree_row(form, kind):
         for r in (r1, r2, r3):
             r.cache.length += 1
         slot += 1
+
+
+def test_decode_step_threads_reach_its_sessions_and_torch_is_restored():
+    """The INT8 decode step runs on `threads` (its graph sessions and torch while it runs); torch's count
+    outside the step is left as it was. Bad counts are refused."""
+    m = make_tiny_model()
+    rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m, SHADOWS), 16, provider="cpu", intra_op_threads=2))
+    step = DecodeStep(rt, threads=1)
+    before = torch.get_num_threads()
+    r = rt.prefill(torch.arange(3, 20))
+    step.forward(r.cache, TokenTree([7], [-1]))
+    assert torch.get_num_threads() == before
+    be = step.backend(1)
+    assert be is not rt.backend and be.provider.intra_op_threads == 1
+    assert all(g.session.get_session_options().intra_op_num_threads == 1 for pl in be.layers.values() for g in pl.graphs)
+    assert rt.backend.provider.intra_op_threads == 2  # the prefill lane keeps its own
+    with pytest.raises(ConfigError, match="threads"):
+        DecodeStep(rt, threads=0)

@@ -1,0 +1,73 @@
+"""Attention of one decode row over the float32 KV cache in one compiled pass per KV group (numba).
+
+A decode step's attention reads every cached K/V byte once per token (47 MB at context 1024 on the default
+model) and does almost no arithmetic, so its speed is how fast it streams the cache. Two MKL matmuls on
+the cache views (`model.one_row_attention`) stream cold cache lines at ~12 GB/s here; this kernel reads K
+once for all query heads of a group (the g dot products of a cached row while it is in L1), takes the
+softmax in place and reads V once (Transformer-Lite §2.4: K/V read in place from the preallocated cache).
+It is the one function a plain step and every row of a token tree call (`decode.bound.BoundStep`,
+`model.attention(row_attention=...)`), so a tree row equals the plain step of its token bit for bit and
+greedy speculation emits plain greedy's tokens. Its float32 sums are reassociated (SIMD) and differ from
+the matmuls' by rounding only. Measured: docs/design.md, "Decode".
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+
+from hetero.config import ModelConfig
+
+
+@numba.njit(cache=True, fastmath=True, nogil=True)
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, length: int, scale: float, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """q [n_kv, g, D] (query heads grouped by KV head), k/v [n_kv, capacity, D], rows [0, length) valid;
+    out [n_kv, g, D] = softmax(q·kᵀ·scale)·v per query head."""
+    n_kv, g, d = q.shape
+    s = np.empty((g, length), np.float32)
+    sc = np.float32(scale)
+    for h in range(n_kv):
+        for t in range(length):  # K read once: the group's g dot products of row t
+            for j in range(g):
+                acc = np.float32(0.0)
+                for i in range(d):
+                    acc += q[h, j, i] * k[h, t, i]
+                s[j, t] = acc * sc
+        for j in range(g):
+            m = s[j, 0]
+            for t in range(1, length):
+                m = max(m, s[j, t])
+            tot = np.float32(0.0)
+            for t in range(length):
+                e = np.exp(s[j, t] - m)
+                s[j, t] = e
+                tot += e
+            inv = np.float32(1.0) / tot
+            for t in range(length):
+                s[j, t] *= inv
+            for i in range(d):
+                out[h, j, i] = 0.0
+        for t in range(length):  # V read once
+            for j in range(g):
+                w = s[j, t]
+                for i in range(d):
+                    out[h, j, i] += w * v[h, t, i]
+
+
+def row_attention(cfg: ModelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """One roped query row q [H, 1, D] (or [H, D]) over cache rows [0, length) of one layer's whole-capacity
+    views k_cache/v_cache [n_kv, capacity, D] (contiguous float32, as `KVCache.layer`). Returns [H, 1, D],
+    written into `out` (contiguous, H·D float32) when given."""
+    if not 0 < length <= k_cache.shape[1]:
+        raise ValueError(f"length must be in [1, {k_cache.shape[1]}], got {length}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == torch.float32):
+        raise ValueError("k_cache and v_cache must be contiguous float32 [n_kv, capacity, D] views")
+    g = cfg.n_heads // cfg.n_kv_heads
+    qg = q.reshape(cfg.n_kv_heads, g, cfg.head_dim).contiguous()
+    if out is None:
+        out = torch.empty(cfg.n_heads, 1, cfg.head_dim)
+    _attend(qg.numpy(), k_cache.numpy(), v_cache.numpy(), length, cfg.head_dim**-0.5,
+            out.view(cfg.n_kv_heads, g, cfg.head_dim).numpy())
+    return out.view(cfg.n_heads, 1, cfg.head_dim)
