@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from hetero.config import ModelConfig
+from hetero.model import RopeTable
 
 
 @numba.njit(cache=True, fastmath=True, nogil=True)
@@ -82,3 +83,43 @@ def row_attention(cfg: ModelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_ca
     _attend(qg.numpy(), k_cache.numpy(), v_cache.numpy(), length, cfg.head_dim**-0.5,
             out.view(cfg.n_kv_heads, g, cfg.head_dim).numpy())
     return out.view(cfg.n_heads, 1, cfg.head_dim)
+
+
+@numba.njit(cache=True, nogil=True)
+def _rope_row(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int, n_kv: int, d: int,
+              k: np.ndarray, v: np.ndarray, slot: int, q: np.ndarray) -> None:  # pragma: no cover - compiled
+    """RoPE of one row's q and k heads (qkv [q_dim + 2·kv_dim]) at one position (cos/sin [D/2]) into q [H, D] and
+    k[:, slot]; its v into v[:, slot]. No fastmath: each product and sum rounds as `model.RopeTable.apply`'s
+    elementwise torch ops, so the values equal a tree row's."""
+    half = d // 2
+    for hh in range(n_heads + n_kv):
+        base = hh * d
+        for i in range(half):
+            x1, x2 = qkv[base + i], qkv[base + half + i]
+            a = x1 * cos[i] - x2 * sin[i]
+            b = x2 * cos[i] + x1 * sin[i]
+            if hh < n_heads:
+                q[hh, i], q[hh, half + i] = a, b
+            else:
+                k[hh - n_heads, slot, i], k[hh - n_heads, slot, half + i] = a, b
+    vbase = (n_heads + n_kv) * d
+    for h in range(n_kv):
+        for i in range(d):
+            v[h, slot, i] = qkv[vbase + h * d + i]
+
+
+def decode_row(cfg: ModelConfig, qkv: torch.Tensor, rope: RopeTable, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               slot: int, out: torch.Tensor) -> None:
+    """A plain decode step's attention for its one row in two compiled calls: RoPE of qkv [1, q_dim + 2·kv_dim] at
+    position `slot`, its K/V into cache row `slot`, `row_attention` over rows [0, slot] into `out` ([1, q_dim],
+    contiguous). Equals `model.attention(..., row_attention=row_attention)` for that row bit for bit (tested)."""
+    if not 0 <= slot < k_cache.shape[1]:
+        raise ValueError(f"slot must be in [0, {k_cache.shape[1]}), got {slot}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and qkv.is_contiguous() and out.is_contiguous()):
+        raise ValueError("qkv, k_cache, v_cache and out must be contiguous")
+    g, d = cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
+    q = np.empty((cfg.n_heads, d), np.float32)
+    kn, vn = k_cache.numpy(), v_cache.numpy()
+    _rope_row(qkv.numpy().reshape(-1), rope.cos[slot].numpy(), rope.sin[slot].numpy(), cfg.n_heads, cfg.n_kv_heads, d,
+              kn, vn, slot, q)
+    _attend(q.reshape(cfg.n_kv_heads, g, d), kn, vn, slot + 1, d**-0.5, out.numpy().reshape(cfg.n_kv_heads, g, d))
