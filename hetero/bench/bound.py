@@ -1,9 +1,10 @@
 """The machine's bound on prefill speed, measured in the same run as the engines it judges.
 
 Two rates on this machine: ONNX Runtime's u8×s8 `MatMulInteger` (the static linears, one layer's widest
-GEMM at C rows) and torch's fused float attention (SDPA, causal, at the prompt's length). The bound at n
-tokens is n / (linear ops / GEMM rate + attention FLOPs / attention rate), as if both ran at full speed
-on every core with nothing else: hetero's tokens/s over it is the fraction of the machine it uses.
+GEMM at C rows) and the faster of two float attention kernels, causal at the prompt's length: torch's
+fused SDPA and ONNX Runtime's GroupQueryAttention (`hetero.attention`, what hetero's CPU lane runs). The
+bound at n tokens is n / (linear ops / GEMM rate + attention FLOPs / attention rate), as if both ran at
+full speed on every core with nothing else: hetero's tokens/s over it is the fraction of the machine it uses.
 """
 
 from __future__ import annotations
@@ -39,18 +40,28 @@ def gemm_rate(cfg: ModelConfig, rows: int, threads: int, repeats: int = 5) -> fl
     return 2 * rows * k * n / median_seconds(lambda: sess.run(None, {"x": x}), repeats)
 
 
-def attention_rate(cfg: ModelConfig, n: int, threads: int, repeats: int = 3) -> float:
-    """Causal float attention FLOP/s of one layer over an n-token prompt (torch SDPA, GQA)."""
+def attention_rates(cfg: ModelConfig, n: int, threads: int, repeats: int = 3) -> dict[str, float]:
+    """Causal float attention FLOP/s of one layer over an n-token prompt, per kernel (GQA shapes)."""
+    from hetero.attention import ChunkAttention
+    from hetero.model import RopeTable
+
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, cfg.n_heads, n, cfg.head_dim, generator=g)
     kv = torch.randn(1, cfg.n_kv_heads, n, cfg.head_dim, generator=g)
 
-    def run() -> None:
+    def sdpa() -> None:
         with torch.inference_mode():
             F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
 
-    return attention_flops(cfg, n) / cfg.n_layers / median_seconds(run, repeats)
+    rope = RopeTable(cfg, n)
+    gqa = ChunkAttention(cfg, rope.cos, rope.sin, threads)
+    qkv = torch.randn(n, cfg.q_dim + 2 * cfg.kv_dim, generator=g)
+    cache = torch.empty(2, cfg.n_kv_heads, n, cfg.head_dim)
+    out = torch.empty(n, cfg.q_dim)
+    flops = attention_flops(cfg, n) / cfg.n_layers
+    return {"torch_sdpa": flops / median_seconds(sdpa, repeats),
+            "ort_gqa": flops / median_seconds(lambda: gqa(qkv, cache[0], cache[1], 0, out), repeats)}
 
 
 def linear_ops_per_token(cfg: ModelConfig) -> float:
@@ -70,8 +81,11 @@ def machine_bound(cfg: ModelConfig, lens: list[int], threads: int, rows: int = 2
     out: dict[str, Any] = {"gemm_ops_per_s": round(gops), "linear_ops_per_token": linear_ops_per_token(cfg),
                            "threads": threads, "per_len": []}
     for n in lens:
-        att = attention_rate(cfg, n, threads)
-        seconds = n * linear_ops_per_token(cfg) / gops + attention_flops(cfg, n) / att
-        out["per_len"].append({"prompt_len": n, "attention_flop_per_s": round(att),
+        rates = attention_rates(cfg, n, threads)
+        kernel = max(rates, key=rates.get)
+        seconds = n * linear_ops_per_token(cfg) / gops + attention_flops(cfg, n) / rates[kernel]
+        out["per_len"].append({"prompt_len": n, "attention_flop_per_s": round(rates[kernel]),
+                               "attention_kernel": kernel,
+                               "attention_flop_per_s_by_kernel": {k: round(r) for k, r in rates.items()},
                                "bound_tokens_per_s": round(n / seconds, 1)})
     return out

@@ -31,9 +31,10 @@ from hetero.paths import atomic_path, cache_dir, check_files, file_record
 log = logging.getLogger(__name__)
 
 META = "meta.json"
-# 2: whole-file sha256 + stat stamps (1: sampled sha256).
+# 2: whole-file sha256 + stat stamps (1: sampled sha256). 3: the CPU EP's 8-bit linears are one
+# com.microsoft.MatMulIntegerToFloat (was MatMulInteger → Cast → Mul).
 # Part of every key: entries of an older format are never read (`hetero npu cache --clear` removes them).
-FORMAT = 2
+FORMAT = 3
 COMPILED = "compiled.onnx"
 
 

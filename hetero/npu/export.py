@@ -40,6 +40,7 @@ class _Graph:
         self.name, self.nodes, self.inits, self.inputs, self.outputs = name, [], [], [], []
         self._n = 0
         self._consts: dict[bytes, str] = {}
+        self.domains: set[str] = {""}
 
     def fresh(self, stem: str) -> str:
         self._n += 1
@@ -56,9 +57,10 @@ class _Graph:
             self._consts[key] = name
         return name
 
-    def op(self, op_type: str, inputs: list[str], stem: str | None = None, **attrs) -> str:
+    def op(self, op_type: str, inputs: list[str], stem: str | None = None, domain: str = "", **attrs) -> str:
         out = self.fresh(stem or op_type.lower())
-        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out + "_" + op_type, **attrs))
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out + "_" + op_type, domain=domain, **attrs))
+        self.domains.add(domain)
         return out
 
     def input(self, name: str, shape: list[int | str]) -> str:
@@ -71,7 +73,8 @@ class _Graph:
 
     def model(self) -> onnx.ModelProto:
         g = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.inits)
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="hetero.npu")
+        opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, 1) for d in sorted(self.domains - {""})]
+        m = helper.make_model(g, opset_imports=opsets, producer_name="hetero.npu")
         m.ir_version = 10
         return m
 
@@ -180,8 +183,12 @@ def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: 
             acc_lo = _product(g, "MatMulInteger", u_lo, w, [g.const(np.array(0, np.uint8), "lo_zp"), w_zp], conv)
             y = a16_combine(g, acc_hi, acc_lo, (s * np.float32(256)).astype(np.float32), s)
         else:
-            acc = _product(g, "MatMulInteger", xq, w, [zp, w_zp], conv)
-            y = g.op("Mul", [g.op("Cast", [acc], to=TensorProto.FLOAT), g.const(s, "acc_s")], "y")
+            if conv:
+                acc = _product(g, "MatMulInteger", xq, w, [zp, w_zp], conv)
+                y = g.op("Mul", [g.op("Cast", [acc], to=TensorProto.FLOAT), g.const(s, "acc_s")], "y")
+            else:  # the same float32 ops, float(acc)·(1·s), in the GEMM's epilogue (no int32 tensor, Cast, Mul)
+                y = g.op("MatMulIntegerToFloat", [xq, w, g.const(np.array(1.0, np.float32), "one"), g.const(s, "acc_s"),
+                                                  zp, w_zp], "y", domain="com.microsoft")
     else:
         s_xc = g.const(np.array(s_x, np.float32), "act_s")
         zp16 = g.const(np.array(ACT_ZERO_POINT_U16, np.uint16), "act_zp16")

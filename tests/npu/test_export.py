@@ -44,19 +44,20 @@ def test_linear_outputs_bit_exact_same_float_input(tiny, wg):
 
 
 def test_per_channel_weights_fold_into_output_scale(tiny, monkeypatch):
-    # Per-channel weights: the same MatMulInteger over the same int8 values' layout, only the output
-    # multiply is a per-column float32 vector s_x·s_w[col]; per tensor it stays one scalar.
+    # Per-channel weights: the same integer GEMM over the same int8 values' layout, only the output
+    # scale (MatMulIntegerToFloat's b_scale) is a per-column float32 vector s_x·s_w[col]; per tensor one scalar.
     by = {}
     for wg in ("channel", "tensor"):
         lq = segments.layer_q(tiny.config, tiny.weights.layers[0], tiny_plan(tiny, weight_granularity=wg), 0)
         m = export.build_segment(segments.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu"), lq)
         inits = {t.name: t for t in m.graph.initializer}
-        mul = next(n for n in m.graph.node if n.op_type == "Mul" and n.input[1].startswith("acc_s"))
-        by[wg] = (lq, onnx.numpy_helper.to_array(inits[mul.input[1]]), [n.op_type for n in m.graph.node])
+        mm = next(n for n in m.graph.node if n.op_type == "MatMulIntegerToFloat")
+        assert onnx.numpy_helper.to_array(inits[mm.input[2]]) == 1.0  # a_scale 1: float(acc)·(1·s) = float(acc)·s
+        by[wg] = (lq, onnx.numpy_helper.to_array(inits[mm.input[3]]), [n.op_type for n in m.graph.node])
     lq_c, s_c, ops_c = by["channel"]
     assert s_c.shape == (tiny.config.q_dim + 2 * tiny.config.kv_dim,) and len(set(s_c.tolist())) > 3
     assert len(set(by["tensor"][1].tolist())) <= 3  # per tensor: one value per linear (q, k, v)
-    assert ops_c == by["tensor"][2]  # same graph structure: MatMulInteger → Cast → Mul
+    assert ops_c == by["tensor"][2]  # same graph structure: QuantizeLinear → MatMulIntegerToFloat
     assert np.ndim(lq_c.qkv[0].w_scale) == 1 and len(set(lq_c.qkv[0].w_scale.tolist())) > 1
     # the QDQ form, default: weight DQ per tensor at max s_w, MatMul, Mul by the per-column ratio s_w[col] / max s_w
     spec_q = segments.SegmentSpec(0, "qkv", ("qkv",), 16, "qnn")
@@ -166,9 +167,9 @@ def test_cpu_graph_bit_exact_on_extreme_activations(tiny, form, fill):
     spec = segments.SegmentSpec(0, "o", ("o",), 16, "cpu")
     m = export.build_segment(spec, lq)
     inits = {t.name: t for t in m.graph.initializer}
-    mmi = next(n for n in m.graph.node if n.op_type == "MatMulInteger")
+    mmi = next(n for n in m.graph.node if n.op_type == "MatMulIntegerToFloat")  # A, B, a_s, b_s, a_zp, b_zp
     want_dtype = onnx.TensorProto.INT8 if WEIGHT_FORMS[form].kernel == "u8s8" else onnx.TensorProto.UINT8
-    assert inits[mmi.input[1]].data_type == want_dtype and inits[mmi.input[3]].data_type == want_dtype
+    assert inits[mmi.input[1]].data_type == want_dtype and inits[mmi.input[5]].data_type == want_dtype
     if WEIGHT_FORMS[form].needs_vnni and not has_vnni():
         pytest.skip("8-bit u8·s8 saturates on AVX2 without VNNI (structure checked, numbers not exact here)")
     g, _ = prepare_graph(spec, lq, tiny.fingerprint, OrtCpuProvider())
