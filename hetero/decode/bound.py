@@ -19,7 +19,7 @@ import onnxruntime as ort
 import torch
 
 from hetero import model as ref
-from hetero.decode.rowattn import row_attention
+from hetero.decode.rowattn import decode_row, row_attention
 from hetero.decode.tree import TokenTree
 from hetero.kv_cache import KVCache
 
@@ -100,11 +100,6 @@ class BoundStep:
         return self.h[depth % 2]
 
     def _one_row(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slot: int) -> None:
-        """`model.attention` for one row into self.a: RoPE on q and k at once (elementwise: the same values),
-        K/V to row `slot`, the row's attention over [0, slot] (`rowattn.row_attention`, as a tree's rows)."""
-        cfg = self.cfg
-        qd, kd, hd = cfg.q_dim, cfg.kv_dim, cfg.head_dim
-        qk = self.rope.apply(qkv[:, : qd + kd].view(cfg.n_heads + cfg.n_kv_heads, hd)[:, None], slot)  # [H + n_kv, 1, D]
-        kc[:, slot] = qk[cfg.n_heads :, 0]
-        vc[:, slot] = qkv[:, qd + kd :].view(cfg.n_kv_heads, hd)
-        row_attention(cfg, qk[: cfg.n_heads], kc, vc, slot + 1, out=self.a)
+        """`model.attention` for one row into self.a: RoPE, K/V to row `slot`, the row's attention over [0, slot]
+        (`rowattn.decode_row`: the tree rows' rounding and kernel, compiled, without the per-row bookkeeping)."""
+        decode_row(self.cfg, qkv, self.rope, kc, vc, slot, self.a)
