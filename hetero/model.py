@@ -40,7 +40,7 @@ SITE_BIASES: dict[str, tuple[str | None, ...]] = {  # LayerWeights field of each
 SiteLinear = Callable[[int, str, torch.Tensor], Sequence[torch.Tensor]]
 Observer = Callable[[int, str, torch.Tensor], None]  # observe(layer, site, x), e.g. calibration statistics
 # row_attention(cfg, q [H, 1, D] roped, k_cache, v_cache [n_kv, capacity, D], length) -> [H, 1, D]: one decode
-# row over cache rows [0, length) (default: `one_row_attention` on the views; the INT8 decode step's kernel)
+# row over cache rows [0, length) (default: `one_row_attention` on the views; decode steps pass `decode.rowattn`'s kernel)
 RowAttention = Callable[["ModelConfig", torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetero.bench import accuracy, graph_cache, htp_accuracy, memory, prefill, sched
+from hetero.bench import accuracy, decode_step, graph_cache, htp_accuracy, memory, prefill, sched
 
 # name -> module with HELP, add_args(parser), run(args); `bench/<name>.py` runs the same
 BENCHMARKS = {"prefill": prefill, "accuracy": accuracy, "sched": sched, "graph_cache": graph_cache,
-              "htp_accuracy": htp_accuracy, "memory": memory}
+              "htp_accuracy": htp_accuracy, "memory": memory, "decode_step": decode_step}
 
 
 def register(sub: Any) -> None:

@@ -1,0 +1,120 @@
+"""`hetero bench decode_step`: one plain decode step's time at given contexts, and where it goes.
+
+A decode step streams every INT8 weight (~106 MB on the default model) and the context's K/V once per token
+(issue 13). This times `DecodeStep.forward` for one token (median of `--steps` after a warm-up) and splits a
+profiled pass into its parts: the ONNX Runtime graph runs of the layers, the attention kernel
+(`decode.rowattn`), the LM head graph, the shadow corrections (mllm-NPU Eq. 1) and the rest (Python, copies).
+The parts are shares of the profiled pass applied to the unprofiled median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hetero.bench.entry import bench_main
+from hetero.cli.args import add_method_arg, add_model_arg, int_list, positive_int
+from hetero.paths import atomic_path
+
+HELP = "one plain decode step's time at given contexts, split into graph runs, attention, head, shadow, rest"
+# part -> (file name, function) whose cumulative time it is; the functions do not call each other
+_PARTS = {"graphs": ("onnxruntime_inference_collection.py", "run_with_iobinding"),
+          "attention": ("rowattn.py", "decode_row"), "head": ("head.py", "__call__"),
+          "shadow": ("shadow.py", "shadow_delta")}
+
+
+def step_parts(runtime, ids: list[int], steps: int, threads: int) -> dict[str, Any]:
+    """Median ms of a one-token step after a prefill of `ids` on `runtime`, and its parts (ms)."""
+    import torch
+
+    from hetero.decode.step import DecodeStep
+    from hetero.decode.tree import TokenTree
+
+    cache = runtime.new_cache(len(ids) + 8)
+    runtime.prefill(torch.tensor(ids), cache)
+    step = DecodeStep(runtime, threads=threads)
+    tree = TokenTree.chain([ids[-1]])
+    for _ in range(5):  # graph sessions, compiled kernels, first-run allocations
+        step.forward(cache, tree)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step.forward(cache, tree)
+        times.append((time.perf_counter() - t0) * 1e3)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(min(steps, 20)):
+        step.forward(cache, tree)
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, ncalls, own, cumulative, callers)
+    total = sum(s[2] for s in stats.values())
+    shares = {part: sum(s[3] for (file, _, name), s in stats.items() if (Path(file).name, name) == key) / total
+              for part, key in _PARTS.items()}
+    shares["rest"] = max(0.0, 1.0 - sum(shares.values()))
+    ms = statistics.median(times)
+    return {"context": len(ids), "step_ms": round(ms, 2), "p10_ms": round(sorted(times)[len(times) // 10], 2),
+            "parts_ms": {k: round(v * ms, 2) for k, v in shares.items()}, "load": round(os.getloadavg()[0], 2)}
+
+
+def markdown(r: dict[str, Any]) -> str:
+    parts = list(r["rows"][0]["parts_ms"]) if r["rows"] else []
+    lines = [f"# One plain decode step ({r['model']}, method {r['method']}, {r['threads']} decode thread(s))", "",
+             f"Reproduce: `{r['command']}`. ISA: {r['isa']}. Parts: shares of a profiled pass applied to the median.",
+             "", "| context | step ms (median) | p10 | " + " | ".join(parts) + " | load |",
+             "|---:|---:|---:|" + "---:|" * len(parts) + "---|"]
+    for row in r["rows"]:
+        lines.append(f"| {row['context']} | {row['step_ms']} | {row['p10_ms']} | "
+                     + " | ".join(str(row["parts_ms"][p]) for p in parts) + f" | {row['load']} |")
+    return "\n".join(lines) + "\n"
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    from hetero.decode.step import DECODE_THREADS
+
+    add_model_arg(p)
+    p.add_argument("--contexts", default="256,1024,2048", help="context lengths (prompt tokens before the step)")
+    p.add_argument("--steps", type=positive_int, default=60, help="timed steps per context")
+    add_method_arg(p)
+    p.add_argument("--threads", type=positive_int, default=DECODE_THREADS, help="decode step threads")
+    p.add_argument("--out", default=None, help="directory for decode_step.json/.md (default: print only)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from hetero.bench.harness import prompt_ids
+    from hetero.loader import load_model
+    from hetero.methods import make_runtime
+    from hetero.npu import isa
+
+    contexts = int_list(args.contexts, "--contexts")
+    model = load_model(args.model)
+    rt = make_runtime(model, args.method, threads=2, weight_form=args.weight_form)
+    ids = prompt_ids(args.model, max(contexts)).tolist()
+    rows = [step_parts(rt, ids[:c], args.steps, args.threads) for c in contexts]
+    result = {"model": model.name, "method": args.method, "threads": args.threads,
+              "isa": {**isa.machine(), "weight_form": isa.resolve_weight_form(args.weight_form)},
+              "command": "python bench/decode_step.py " + " ".join(sys.argv[1:]), "rows": rows}
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        with atomic_path(out / "decode_step.json") as tmp:
+            tmp.write_text(json.dumps(result, indent=1) + "\n")
+        with atomic_path(out / "decode_step.md") as tmp:
+            tmp.write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main("decode_step", HELP, add_args, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

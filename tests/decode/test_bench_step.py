@@ -1,0 +1,30 @@
+"""`hetero.bench.decode_step` attributes a profiled INT8 step to its parts (the functions it names exist and
+run) and renders its table; no timing thresholds here (bench/)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetero.bench.decode_step import markdown, step_parts
+from hetero.npu.backend import NpuBackend
+from hetero.runtime import Runtime
+from tests.conftest import make_tiny_model
+from tests.npu.conftest import SHADOWS, tiny_plan
+
+
+@pytest.fixture(autouse=True)
+def graph_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+
+
+def test_step_parts_names_every_part_of_an_int8_step():
+    m = make_tiny_model()
+    rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m, SHADOWS), 16, provider="cpu"))
+    row = step_parts(rt, list(range(3, 30)), steps=3, threads=1)
+    assert row["context"] == 27 and row["step_ms"] > 0
+    parts = row["parts_ms"]
+    assert set(parts) == {"graphs", "attention", "head", "shadow", "rest"}
+    assert parts["graphs"] > 0 and parts["attention"] > 0 and parts["head"] > 0  # found in the profile
+    assert all(v >= 0 for v in parts.values())
+    table = markdown({"model": "tiny", "method": "hetero", "threads": 1, "isa": {}, "command": "c", "rows": [row]})
+    assert "| 27 |" in table and "graphs" in table
