@@ -16,7 +16,7 @@ def test_parts_cover_every_kind_and_lane() -> None:
     serial = Runtime(m, chunk=16)
     ooo = Runtime(m, chunk=16, executor=OutOfOrderExecutor(m.config.n_layers, 16, "rank"))
     try:
-        row = parts(ooo, serial, torch.arange(40) % 256, repeats=1)
+        row = parts(ooo, serial, torch.arange(40) % 256, repeats=1, threads=2)
     finally:
         ooo.close()
     assert row["prompt_len"] == 40 and set(row["kinds_ms"]) == {"qkv", "attn", "o_ffn"}

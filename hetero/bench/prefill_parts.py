@@ -32,14 +32,23 @@ def kind_ms(schedule) -> dict[str, float]:
     return {k: round(ms, 1) for k, ms in out.items()}
 
 
-def parts(runtime, serial, ids, repeats: int) -> dict[str, Any]:
-    """Median run (by total) of each way over `ids`; the serial runtime shares the method's backend."""
+def parts(runtime, serial, ids, repeats: int, threads: int) -> dict[str, Any]:
+    """Median run (by total) of each way over `ids`; the serial runtime shares the method's backend and runs
+    torch (and the attention kernel, which follows torch's thread count) on `threads` threads."""
+    import torch
+
     def median_run(rt):
         rt.prefill(ids)  # warm-up
         runs = sorted((rt.prefill(ids) for _ in range(repeats)), key=lambda r: r.total_ms)
         return runs[len(runs) // 2]
 
-    alone, ooo = median_run(serial), median_run(runtime)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        alone = median_run(serial)
+    finally:
+        torch.set_num_threads(before)
+    ooo = median_run(runtime)
     s = ooo.schedule
     return {"prompt_len": int(ids.numel()), "in_order_ms": round(alone.total_ms, 1), "kinds_ms": kind_ms(alone.schedule),
             "out_of_order_ms": round(ooo.total_ms, 1), "lanes_busy_ms": {k: round(v / 1e3, 1) for k, v in s.busy_us.items()},
@@ -88,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     serial = Runtime(rt.model, chunk=rt.chunk, backend=rt.backend, attention_threads=args.threads)
     ids = prompt_ids(args.model, max(lens))
     try:
-        rows = [parts(rt, serial, ids[:n], args.repeats) for n in lens]
+        rows = [parts(rt, serial, ids[:n], args.repeats, args.threads) for n in lens]
     finally:
         rt.close()
     isa_flags = ", ".join(isa.machine().get("isa", [])) or "unknown"
