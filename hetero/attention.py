@@ -23,6 +23,7 @@ from onnx import TensorProto, helper
 
 from hetero.config import ModelConfig
 from hetero.errors import ConfigError
+from hetero.threads import ort_session_options
 
 
 def _graph(cfg: ModelConfig) -> bytes:
@@ -64,7 +65,7 @@ class ChunkAttention:
             raise ConfigError(f"threads must be >= 1, got {threads}")
         self.cfg = cfg
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
-        so = ort.SessionOptions()
+        so = ort_session_options()
         so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the NPU lane's sessions
         so.log_severity_level = 3
