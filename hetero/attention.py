@@ -5,10 +5,11 @@ lane waits on it). One `com.microsoft.GroupQueryAttention` node does a chunk's w
 reads the chunk's packed Q|K|V rows (the `qkv` subgraph's output buffer, no copy), applies RoPE to Q and K
 from the runtime's own cos/sin table, writes K/V into the cache rows start..start+n in place (past and
 present bound to the same buffer: Transformer-Lite §2.4's preallocated cache) and attends causally over
-[0, start+n) without a mask tensor. Its kernel runs on ONNX Runtime's thread pool, whose workers take the
-next block of work when free, so a chunk's attention uses a core the NPU lane leaves idle (torch's OpenMP
-teams split work statically and run at the pace of a thread that shares its core). Measured against
-`model.attention`: docs/design.md, "Prefill attention".
+[0, start+n) without a mask tensor. A call runs on as many ONNX Runtime threads as its lane's torch share
+(`sched.executor.LaneWorkers`): one while the NPU lane runs, every core while attention runs alone. Two
+lanes' pools asking for every core at once wait on each other's preempted threads (a 1024-token prefill
+took 0.57 s or 0.97 s from run to run that way). Measured against `model.attention`: docs/design.md,
+"Measured facts".
 
 Only real rows go in: the padded rows of a last chunk never reach the cache or the kernel, and their
 output rows are left as they are (finite; discarded after the last layer).
@@ -57,19 +58,27 @@ class ChunkAttention:
     """`attn(qkv, k_cache, v_cache, start, out)`: the `attn` subgraph of one prefill chunk (see the module doc).
 
     cos/sin: the runtime's RoPE table [positions, D/2] (`model.RopeTable`), kept alive and bound once per run.
-    threads: ONNX Runtime intra-op threads (every core: the pool shares them with the NPU lane's sessions).
+    threads: the most ONNX Runtime intra-op threads a call uses (a call uses torch's current thread count, at most this).
     """
 
     def __init__(self, cfg: ModelConfig, cos: torch.Tensor, sin: torch.Tensor, threads: int):
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
-        self.cfg = cfg
+        self.cfg, self.threads = cfg, threads
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
-        so = ort_session_options()
-        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the NPU lane's sessions
-        so.log_severity_level = 3
-        self.session = ort.InferenceSession(_graph(cfg), so, providers=["CPUExecutionProvider"])
+        self._graph = _graph(cfg)
+        self._sessions: dict[int, ort.InferenceSession] = {}
+
+    def session(self, threads: int) -> ort.InferenceSession:
+        """The session running on `threads` intra-op threads (made once; it holds no weights)."""
+        s = self._sessions.get(threads)
+        if s is None:
+            so = ort_session_options()
+            so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the NPU lane's sessions
+            so.log_severity_level = 3
+            s = self._sessions[threads] = ort.InferenceSession(self._graph, so, providers=["CPUExecutionProvider"])
+        return s
 
     def __call__(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
                  out: torch.Tensor) -> torch.Tensor:
@@ -81,7 +90,10 @@ class ChunkAttention:
             raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({cap}) or RoPE table "
                               f"({self.cos.shape[0]}) positions")
         f32 = np.float32
-        b = self.session.io_binding()
+        # as many threads as the lane's torch share (`sched.executor.LaneWorkers`: one while another lane runs,
+        # all while it runs alone): two lanes' pools on the same cores would wait on each other's threads
+        session = self.session(max(1, min(torch.get_num_threads(), self.threads)))
+        b = session.io_binding()
         b.bind_input("qkv", "cpu", 0, f32, (1, n, qkv.shape[1]), _ptr(qkv))
         for name, t in (("past_key", k_cache), ("past_value", v_cache)):
             b.bind_input(name, "cpu", 0, f32, (1, *t.shape), _ptr(t))
@@ -91,7 +103,7 @@ class ChunkAttention:
         b.bind_input("cos", "cpu", 0, f32, tuple(self.cos.shape), self.cos.data_ptr())
         b.bind_input("sin", "cpu", 0, f32, tuple(self.sin.shape), self.sin.data_ptr())
         b.bind_output("out", "cpu", 0, f32, (1, n, cfg.q_dim), _ptr(out))
-        self.session.run_with_iobinding(b)
+        session.run_with_iobinding(b)
         return out
 
 

@@ -45,3 +45,21 @@ def test_bad_buffers_and_positions_raise_config_errors() -> None:
         attend(torch.zeros(cfg.q_dim + 2 * cfg.kv_dim, 8).t(), kc, kc.clone(), 0, torch.zeros(8, cfg.q_dim))
     with pytest.raises(ConfigError, match="threads"):
         ChunkAttention(cfg, rope.cos, rope.sin, 0)
+
+
+def test_a_call_uses_the_lanes_torch_thread_count() -> None:
+    cfg = make_tiny_model().config
+    rope = ref.RopeTable(cfg, 32)
+    attend = ChunkAttention(cfg, rope.cos, rope.sin, 2)
+    kc = torch.zeros(cfg.n_kv_heads, 24, cfg.head_dim)
+    qkv = torch.randn(8, cfg.q_dim + 2 * cfg.kv_dim, generator=torch.Generator().manual_seed(1))
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2, 4):  # a lane sharing the cores, one alone, and more than the attention may take
+            torch.set_num_threads(n)
+            outs.append(attend(qkv, kc.clone(), kc.clone(), 0, torch.zeros(8, cfg.q_dim)))
+    finally:
+        torch.set_num_threads(before)
+    assert sorted(attend._sessions) == [1, 2]  # capped at its `threads`
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])  # heads split across threads, same math

@@ -47,7 +47,7 @@ def long_context_prompt(model_path: str | None, n_tokens: int = 1500) -> str:
 
 def run_e2e(model_path: str | None, threads: int, max_new_tokens: int = 32, engines: tuple[str, ...] = ("hetero", "torch_float", "llama_cpp")) -> list[dict[str, Any]]:
     """Table 4's end-to-end shape: prefill + `max_new_tokens` greedy tokens, per workload and engine."""
-    from hetero.adapters.hf import generate, to_hf_model
+    from hetero.adapters.hf import to_hf_model
     from hetero.methods import make_runtime
     from hetero.loader import load_model
 
@@ -62,7 +62,7 @@ def run_e2e(model_path: str | None, threads: int, max_new_tokens: int = 32, engi
         ids = torch.tensor(tok(chat, add_special_tokens=False)["input_ids"])
         for engine in engines:
             try:
-                prefill_ms, decode_ms, out = _e2e_one(engine, model, hf, ids, threads, max_new_tokens, make_runtime, generate)
+                prefill_ms, decode_ms, out = _e2e_one(engine, model, hf, ids, threads, max_new_tokens, make_runtime)
             except EngineUnavailable as e:
                 rows.append({"workload": wname, "engine": engine, "skipped": str(e)})
                 continue
@@ -76,14 +76,17 @@ def run_e2e(model_path: str | None, threads: int, max_new_tokens: int = 32, engi
     return rows
 
 
-def _e2e_one(engine, model, hf, ids, threads, n_new, make_runtime, generate) -> tuple[float, float, list[int]]:
-    if engine == "hetero":
+def _e2e_one(engine, model, hf, ids, threads, n_new, make_runtime) -> tuple[float, float, list[int]]:
+    if engine == "hetero":  # as `hetero run`: hetero's prefill, then its own greedy decoder on the same cache
+        from hetero.decode import SamplingParams, generate as decode
+
         rt = make_runtime(model, "hetero", threads=threads)
-        rt.prefill(ids)  # warm-up (graphs prepared/loaded from the cache)
+        decode(rt, rt.prefill(ids), SamplingParams(max_new_tokens=n_new))  # warm-up: graphs, decode graphs
         t0 = time.perf_counter()
         result = rt.prefill(ids)
         t1 = time.perf_counter()
-        out = generate(hf, ids, result, n_new)
+        use_threads(threads)  # the runtime split the cores between lanes; decoding uses them all
+        out = list(decode(rt, result, SamplingParams(max_new_tokens=n_new)).tokens)
         rt.close()
         return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3, out
     if engine == "torch_float":

@@ -90,9 +90,11 @@ def split_outliers(x: torch.Tensor, s: float) -> tuple[torch.Tensor, torch.Tenso
     range [-128·s, 127·s]; r float32 [T, k] = x − clip(x, −128·s, 127·s) on those channels.
     """
     lo, hi = ACT_QMIN * float(s), ACT_QMAX * float(s)
-    r = x - x.clamp(lo, hi)
-    channels = torch.nonzero((r != 0).any(dim=0)).flatten()
-    return channels, r[:, channels].contiguous()
+    # column extremes (amax / amin over rows: ~10x faster here than aminmax(dim=0) or the clamp-and-compare of
+    # the whole x), then only the few outlier columns are copied
+    channels = torch.nonzero((x.amin(0) < lo) | (x.amax(0) > hi)).flatten()
+    xc = x[:, channels]
+    return channels, xc - xc.clamp(lo, hi)
 
 
 class ShadowRows(Protocol):

@@ -1,0 +1,27 @@
+"""`hetero.bench.prefill_parts` splits real prefills by subgraph kind and lane and renders its table; no timing
+thresholds here (bench/)."""
+
+from __future__ import annotations
+
+import torch
+
+from hetero.bench.prefill_parts import markdown, parts
+from hetero.runtime import Runtime
+from hetero.sched.executor import OutOfOrderExecutor
+from tests.conftest import make_tiny_model
+
+
+def test_parts_cover_every_kind_and_lane() -> None:
+    m = make_tiny_model()
+    serial = Runtime(m, chunk=16)
+    ooo = Runtime(m, chunk=16, executor=OutOfOrderExecutor(m.config.n_layers, 16, "rank"))
+    try:
+        row = parts(ooo, serial, torch.arange(40) % 256, repeats=1, threads=2)
+    finally:
+        ooo.close()
+    assert row["prompt_len"] == 40 and set(row["kinds_ms"]) == {"qkv", "attn", "o_ffn"}
+    assert set(row["lanes_busy_ms"]) == {"npu", "cpu"} and row["critical_lane"] in ("npu", "cpu")
+    assert row["in_order_ms"] > 0 and row["out_of_order_ms"] > 0
+    table = markdown({"model": "tiny", "method": "float-ooo", "threads": 2, "repeats": 1, "machine": "x",
+                      "command": "c", "rows": [row]})
+    assert "| 40 |" in table and "npu busy" in table
