@@ -24,6 +24,7 @@ from onnx import TensorProto, helper
 
 from hetero.config import ModelConfig
 from hetero.errors import ConfigError
+from hetero.threads import ort_session_options
 
 
 def _graph(cfg: ModelConfig) -> bytes:
@@ -72,7 +73,7 @@ class ChunkAttention:
         """The session running on `threads` intra-op threads (made once; it holds no weights)."""
         s = self._sessions.get(threads)
         if s is None:
-            so = ort.SessionOptions()
+            so = ort_session_options()
             so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the NPU lane's sessions
             so.log_severity_level = 3

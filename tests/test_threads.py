@@ -3,8 +3,12 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from hetero import threads
+from hetero.errors import ConfigError
 
 
 def _policy_in_child(env: dict[str, str]) -> str:
@@ -44,3 +48,43 @@ def test_passive_in_effect_follows_what_libgomp_read(monkeypatch):
     assert threads.passive_in_effect()
     monkeypatch.setattr(threads, "USER_WAIT_POLICY", "ACTIVE")
     assert not threads.passive_in_effect()
+
+
+_DECODE_CHILD = """
+import hashlib, torch
+from hetero.decode.step import DecodeStep
+from hetero.decode.tree import TokenTree
+from hetero.npu.backend import NpuBackend
+from hetero.runtime import Runtime
+from tests.conftest import make_tiny_model
+from tests.npu.conftest import SHADOWS, tiny_plan
+m = make_tiny_model()
+rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m, SHADOWS), 16, provider="cpu"))
+r = rt.prefill(torch.arange(3, 30))
+step = DecodeStep(rt)
+out = step.forward(r.cache, TokenTree([7], [-1]))
+per_session = step.backend(1).layers[0].graphs[0].session.get_session_options().use_per_session_threads
+print(per_session, hashlib.sha256(out.numpy().tobytes()).hexdigest())
+"""
+
+
+def test_shared_ort_pool_runs_every_session_on_it_with_the_same_results(tmp_path):
+    """$HETERO_ORT_POOL=shared: hetero's sessions (graphs, decode head) use the process's pool, and an INT8
+    decode step's logits are those of the per-session pools bit for bit (integer matmuls, row-wise float ops)."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**_base_env(), "PYTHONPATH": str(root), "HETERO_CACHE": str(tmp_path / "cache")}
+    outs = {}
+    for mode in ("session", "shared"):
+        res = subprocess.run([sys.executable, "-c", _DECODE_CHILD], env={**env, threads.ORT_POOL: mode}, cwd=root,
+                             capture_output=True, text=True, check=True)
+        outs[mode] = res.stdout.split()
+    assert outs["session"][0] == "True" and outs["shared"][0] == "False"
+    assert outs["session"][1] == outs["shared"][1]
+
+
+def test_ort_pool_mode_is_checked(monkeypatch):
+    monkeypatch.setenv(threads.ORT_POOL, "global")
+    with pytest.raises(ConfigError, match=threads.ORT_POOL):
+        threads.shared_ort_pool()
+    monkeypatch.setenv(threads.ORT_POOL, "")
+    assert not threads.shared_ort_pool()

@@ -70,12 +70,14 @@ class BoundStep:
         positions = torch.cat([tree.positions(slot), torch.full((c - n,), slot, dtype=torch.long)])
         mask = None if tree.is_chain() else tree.mask()
         shadow = [be.layers[layer].shadow_sites for layer in range(depth)]
+        per_row = c > 1  # a tree row's shadow is its own, as in a one-row step (`shadow_delta_rows`)
+        delta = be.reference.shadow_delta_rows if per_row else be.reference.shadow_delta
         for layer in range(depth):
             qkv_run, *rest = self.runs[layer]
             qkv_run.session.run_with_iobinding(qkv_run.binding)
             qkv = qkv_run.outs["qkv"]
             if "attn_in" in shadow[layer]:
-                extra = be.reference.shadow_delta(layer, "attn_in", qkv_run.outs["x"])
+                extra = delta(layer, "attn_in", qkv_run.outs["x"])
                 if extra is not None:
                     qkv += extra
             kc, vc = cache.layer(layer)
@@ -90,7 +92,7 @@ class BoundStep:
                 run.session.run_with_iobinding(run.binding)
                 env.update(run.outs)
                 if shadow[layer] and run.last != "down":
-                    extra = be.cut_correction(layer, run.last, env)
+                    extra = be.cut_correction(layer, run.last, env, per_row)
                     if extra is not None:  # down_in's, added to d before the residual
                         d_extra = extra
             last = rest[-1].outs

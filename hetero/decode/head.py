@@ -18,6 +18,7 @@ from hetero import model as ref
 from hetero.config import ModelConfig
 from hetero.model import Weights
 from hetero.outliers.quantize import W_QMAX_U8S8
+from hetero.threads import ort_session_options
 
 
 class FloatHead:
@@ -55,7 +56,7 @@ class Int8Head:
 
     def __init__(self, cfg: ModelConfig, weights: Weights, threads: int = 2):
         self.cfg, self.weights = cfg, weights
-        so = ort.SessionOptions()
+        so = ort_session_options()
         so.log_severity_level = 3
         so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")

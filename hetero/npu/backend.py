@@ -202,15 +202,18 @@ class NpuBackend:
         qd, kd = self.cfg.q_dim, self.cfg.kv_dim
         return out[:, :qd], out[:, qd : qd + kd], out[:, qd + kd :]
 
-    def cut_correction(self, layer: int, last: str, env: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    def cut_correction(self, layer: int, last: str, env: dict[str, torch.Tensor], per_row: bool = False
+                       ) -> torch.Tensor | None:
         """The shadow (Eq. 1) of the site after a segment ending with piece `last`, from the segment's outputs
         in `env`: added in place to env["o"] / env["gu"]; down_in's is returned (the caller adds it to d
-        before the residual, the reference's order)."""
+        before the residual, the reference's order). per_row: each row's alone (`shadow_delta_rows`, the
+        rows of a decode token tree)."""
         if last == "down":
             return None
         site = _CUT_SITE[last]
         x = env["a"] if site == "o_in" else env["x"] if site == "ffn_in" else env["m"]
-        extra = self.reference.shadow_delta(layer, site, x)
+        delta = self.reference.shadow_delta_rows if per_row else self.reference.shadow_delta
+        extra = delta(layer, site, x)
         if extra is None or site == "down_in":
             return extra
         env["o" if site == "o_in" else "gu"] += extra

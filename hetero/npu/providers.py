@@ -24,6 +24,7 @@ from hetero.errors import BackendUnavailable, ConfigError, GraphCacheError
 from hetero.npu import export, isa, segments
 from hetero.npu.cache import FORMAT, CacheEntry, entry_key, library_versions
 from hetero.paths import atomic_path
+from hetero.threads import ort_session_options
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class OrtCpuProvider(Provider):
         return {"lane": self.name, "opt": "all", **isa.machine()}  # "lane": kept, it is in every cache key
 
     def _options(self) -> ort.SessionOptions:
-        so = ort.SessionOptions()
+        so = ort_session_options()
         so.log_severity_level = 3
         so.intra_op_num_threads, so.inter_op_num_threads = self.intra_op_threads, self.inter_op_threads
         # No spinning: idle pool threads would otherwise burn the cores that the CPU lane (attention,
@@ -209,7 +210,7 @@ class QnnHtpProvider(Provider):
         return {"lane": self.name, "context_embed_mode": 0, **self.provider_options}
 
     def _options(self) -> ort.SessionOptions:
-        so = ort.SessionOptions()
+        so = ort_session_options()
         so.log_severity_level = 3
         so.add_provider_for_devices(self.devices, self.provider_options)
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")

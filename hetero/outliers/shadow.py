@@ -184,6 +184,20 @@ class QuantizedBackend(TorchBackend):
             st[1] += 0 if y is None else int((x.abs() > sq.scale * ACT_QMAX).any(0).sum())
         return y
 
+    def shadow_delta_rows(self, layer: int, site: str, x: torch.Tensor) -> torch.Tensor | None:
+        """`shadow_delta` of each row alone, with its own outlier channels: a token tree's row gets the
+        correction a one-row decode step computes, bit for bit (over more rows the union of their channels
+        and the matmul's blocking round differently). None when no row has an outlier."""
+        ys = [self.shadow_delta(layer, site, x[i : i + 1]) for i in range(x.shape[0])]
+        width = next((y.shape[1] for y in ys if y is not None), None)
+        if width is None:
+            return None
+        out = x.new_zeros(x.shape[0], width)
+        for i, y in enumerate(ys):
+            if y is not None:
+                out[i] = y[0]
+        return out
+
     def shadow_correction(self, layer: int, site: str, x: torch.Tensor) -> list[torch.Tensor] | None:
         """`shadow_delta` split per linear of the site, or None (pruned / no outlier)."""
         y = self.shadow_delta(layer, site, x)

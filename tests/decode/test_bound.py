@@ -81,3 +81,26 @@ def test_decode_step_threads_reach_its_sessions_and_torch_is_restored():
     assert rt.backend.provider.intra_op_threads == 2  # the prefill lane keeps its own
     with pytest.raises(ConfigError, match="threads"):
         DecodeStep(rt, threads=0)
+
+
+def test_shadow_rows_are_each_rows_own_correction():
+    """A tree's rows get the shadow a one-row step computes (`shadow_delta_rows`), bit for bit, whatever outlier
+    channels the other rows have; a row without outliers gets zeros."""
+    from hetero.outliers.shadow import QuantizedBackend
+
+    m = make_tiny_model()
+    plan = tiny_plan(m, SHADOWS)
+    qb = QuantizedBackend(m.config, m.weights, plan)
+    layer, site = next(k for k, sq in plan.sites.items() if sq.shadow)
+    width = m.config.hidden if site != "down_in" else m.config.ffn
+    s = plan.sites[(layer, site)].scale
+    x = torch.randn(4, width, generator=torch.Generator().manual_seed(0)) * s * 20  # within range, mostly
+    x[1] = x[1].clamp(-100 * s, 100 * s)  # row 1: no outlier
+    x[0, 5] = 300 * s  # rows 0 and 2: outliers on different channels
+    x[2, :3] = -400 * s
+    got = qb.shadow_delta_rows(layer, site, x)
+    assert got is not None
+    for i in range(4):
+        alone = qb.shadow_delta(layer, site, x[i : i + 1].clone())
+        assert torch.equal(got[i], alone[0]) if alone is not None else not got[i].any()
+    assert qb.shadow_delta_rows(layer, site, x[1:2]) is None
