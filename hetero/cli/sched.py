@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -97,7 +98,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         lanes=tuple(dict.fromkeys(lane for _, lane in placement)), chunk_lens=chunk_lens, kv_lens=kv_lens,
         repeats=args.repeats, n_layers=model.config.n_layers, layer_subgraphs=placement,
         metadata={"model": {"name": model.name, "fingerprint": model.fingerprint}, "method": args.method,
-                  "threads": {"npu_lane": args.threads or "all cores", "note": "as make_runtime splits them"}},
+                  "threads": {"total": args.threads or os.cpu_count(),
+                              "note": "each lane on its make_runtime share (half each when lanes overlap)"}},
     )
     return 0
 
