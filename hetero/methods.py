@@ -193,9 +193,10 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     """A runtime for `method`; `policy` overrides the method's default dispatch policy; `weight_form` forces
     the INT8 weight form of the quantized methods (None or "auto": this CPU's, `hetero.npu.isa`).
 
-    Threads: the provider's ONNX Runtime sessions (the npu lane) get `threads` (default: all cores); when
-    lanes overlap, torch (the cpu lane) gets half of them so the lanes do not oversubscribe the cores, and
-    all of them while no other lane runs (`sched.executor.LaneWorkers`).
+    Threads (default: all cores): when lanes overlap, each lane gets half of them so the lanes do not
+    oversubscribe the cores: the provider's ONNX Runtime sessions (the npu lane) always, torch and the
+    attention kernel (the cpu lane) while another lane runs and all of them while it runs alone
+    (`sched.executor.LaneWorkers`). In program order everything gets all of them.
     """
     spec = METHODS.get(method)
     if spec is None:
@@ -214,7 +215,9 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
         executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy,
                                       torch_threads=(shared, _alone_threads(shared, threads)),
                                       learn_key=f"{model.name}-{model.fingerprint[:12]}-{method}-C{chunk}-{threads}t")
-    return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, threads, weight_form),
+    # the NPU lane's sessions get the lane's share too: their thread count is fixed per session, and a pool
+    # on every core beside attention's preempts it (docs/design.md, "Measured facts": thread split)
+    return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, shared, weight_form),
                    executor=executor, attention_threads=threads)
 
 

@@ -25,3 +25,23 @@ def test_measure_profile_times_every_supported_pair():
 def test_measure_profile_rejects_bad_repeats():
     with pytest.raises(ConfigError):
         measure_profile(lambda *a: None, ["qkv"], ["npu"], repeats=0, name="x", n_layers=1)
+
+
+def test_hetero_profile_times_the_runtimes_own_subgraphs():
+    """`hetero profile`'s runner: qkv / o_ffn on the backend, attn through the runtime's attention kernel (the
+    one a prefill runs), over kv_len keys; kinds on another lane or a C without graphs are not measured."""
+    from hetero.cli.sched import subgraph_runner
+    from hetero.runtime import Runtime
+    from tests.conftest import make_tiny_model
+
+    m = make_tiny_model()
+    rt = Runtime(m, chunk=16)
+    calls = []
+    real = rt.attention
+    rt.attention = lambda *a: calls.append(a[3]) or real(*a)  # record `start`
+    prof = measure_profile(subgraph_runner({16: rt}), ["qkv", "attn", "o_ffn"], ["npu", "cpu"], chunk_lens=[16, 32],
+                           kv_lens=[64], repeats=1, warmup=0, name="t", n_layers=m.config.n_layers)
+    assert {(e.kind, e.lane, e.chunk_len) for e in prof.costs} == {("qkv", "npu", 16), ("attn", "cpu", 16),
+                                                                   ("o_ffn", "npu", 16)}
+    assert [kv for kv, _ in next(e for e in prof.costs if e.kind == "attn").points] == [16, 64]
+    assert sorted(set(calls)) == [0, 48]  # kv_len 16 and 64 for a chunk of 16 rows
