@@ -22,7 +22,6 @@ from hetero.timing import median_seconds
 
 def gemm_rate(cfg: ModelConfig, rows: int, threads: int, repeats: int = 5) -> float:
     """u8×s8 MatMulInteger ops/s (2 per multiply-add) through the ORT CPU EP: [rows, hidden] × [hidden, 2·ffn]."""
-    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import os
 import pstats
 import statistics
@@ -20,9 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hetero.bench.entry import bench_main
+from hetero.bench.entry import bench_main, write_json_md
 from hetero.cli.args import add_method_arg, add_model_arg, int_list, positive_int
-from hetero.paths import atomic_path
 
 HELP = "one plain decode step's time at given contexts, split into graph runs, attention, head, shadow, rest"
 # part -> (file name, function) whose cumulative time it is; the functions do not call each other
@@ -102,12 +100,7 @@ def run(args: argparse.Namespace) -> int:
               "isa": {**isa.machine(), "weight_form": isa.resolve_weight_form(args.weight_form)},
               "command": "python bench/decode_step.py " + " ".join(sys.argv[1:]), "rows": rows}
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        with atomic_path(out / "decode_step.json") as tmp:
-            tmp.write_text(json.dumps(result, indent=1) + "\n")
-        with atomic_path(out / "decode_step.md") as tmp:
-            tmp.write_text(markdown(result))
+        write_json_md(Path(args.out), "decode_step", result, markdown(result))
     print(markdown(result))
     return 0
 

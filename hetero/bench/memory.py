@@ -16,9 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hetero.bench.entry import bench_main
+from hetero.bench.entry import bench_main, write_json_md
 from hetero.cli.args import add_model_arg, int_list, positive_int
-from hetero.paths import atomic_path
 
 HELP = "peak and per-component resident memory of a hetero and a torch float prefill"
 ENGINES = ("hetero", "torch_float")
@@ -109,12 +108,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(run_worker(args.worker, args.model, lens, args.threads)))
         return 0
     result = run_memory_bench(lens, args.threads, args.model)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out / "memory.json") as tmp:
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-    with atomic_path(out / "memory.md") as tmp:
-        tmp.write_text(markdown(result))
+    write_json_md(Path(args.out), "memory", result, markdown(result))
     print(markdown(result))
     return 0
 

@@ -10,16 +10,14 @@ work bounds it (mllm-NPU §3.4: the NPU lane's graphs, or attention on the CPU l
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from hetero.bench.entry import bench_main
+from hetero.bench.entry import bench_main, write_json_md
 from hetero.cli.args import add_method_arg, add_model_arg, int_list, positive_int
-from hetero.paths import atomic_path
 
 HELP = "a prefill's time per subgraph kind (in program order) and per lane (out of order)"
 
@@ -105,12 +103,7 @@ def run(args: argparse.Namespace) -> int:
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {isa_flags}",
               "command": "python bench/prefill_parts.py " + " ".join(sys.argv[1:]), "rows": rows}
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        with atomic_path(out / "prefill_parts.json") as tmp:
-            tmp.write_text(json.dumps(result, indent=1) + "\n")
-        with atomic_path(out / "prefill_parts.md") as tmp:
-            tmp.write_text(markdown(result))
+        write_json_md(Path(args.out), "prefill_parts", result, markdown(result))
     print(markdown(result))
     return 0
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from hetero.bench.entry import write_json_md
 from hetero.bench.harness import Row
 from hetero.bench.plots import plot_ablation, plot_speed
-from hetero.paths import atomic_path
 
 
 def ratios(rows: list[Row]) -> list[dict[str, Any]]:
@@ -31,12 +30,8 @@ def fraction_of_bound(rows: list[Row], bound: dict[str, Any]) -> list[dict[str, 
 
 
 def write_outputs(result: dict[str, Any], out_dir: Path, name: str = "prefill") -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{name}.json", out_dir / f"{name}.md", out_dir / f"{name}_speed.png", out_dir / f"{name}_ablation.png"]
-    with atomic_path(paths[0]) as tmp:
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-    with atomic_path(paths[1]) as tmp:
-        tmp.write_text(markdown(result))
+    paths = write_json_md(out_dir, name, result, markdown(result))
+    paths += [out_dir / f"{name}_speed.png", out_dir / f"{name}_ablation.png"]
     plot_speed(result, paths[2])
     plot_ablation(result, paths[3])
     return paths

@@ -9,14 +9,12 @@ and exit. Derivations and the HTP constraints behind each choice: docs/design.md
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from hetero.errors import ConfigError
 from hetero.npu.segments import LayerQ, LinearQ, SegmentSpec, segment_io, shape_rows
 from hetero.npu.site_ops import a16_bytes, a16_combine, online_hadamard
 from hetero.outliers.quantize import ACT_ZERO_POINT, WEIGHT_FORMS, check_weight_form
