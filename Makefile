@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # A CPU build of torch; on this project's machines pip finds it locally. Override for other builds.
 TORCH_SPEC ?= torch==2.13.0
-PROMPT ?= What is the capital of France?
+PROMPT ?= What is the capital of France? Answer in one sentence.
 
 .PHONY: setup run test test-fast bench clean
 
