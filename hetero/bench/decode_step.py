@@ -25,7 +25,7 @@ from hetero.cli.args import add_method_arg, add_model_arg, int_list, positive_in
 HELP = "one plain decode step's time at given contexts, split into graph runs, attention, head, shadow, rest"
 # part -> (file name, function) whose cumulative time it is; the functions do not call each other
 _PARTS = {"graphs": ("onnxruntime_inference_collection.py", "run_with_iobinding"),
-          "attention": ("rowattn.py", "decode_row"), "head": ("head.py", "__call__"),
+          "attention": ("rowattn.py", "decode_rows"), "head": ("head.py", "__call__"),
           "shadow": ("shadow.py", "shadow_delta")}
 
 

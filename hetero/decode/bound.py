@@ -5,10 +5,11 @@ attention between them; at decode sizes each graph's own work is small, so rebin
 every run and the wrappers around it cost a sizeable share of the step (Transformer-Lite §2.4's point about
 preallocated buffers, applied to the decode graphs). Here each graph of a chunk size's backend gets its own
 IOBinding once, to buffers owned by the `BoundStep` of that size (the hidden state ping-pongs between two),
-so a run is one call. The graphs, the shadow corrections (`NpuBackend.cut_correction`) and the attention
-(`model.attention` with the row kernel `rowattn.row_attention`; for one row the kernel without the per-row
-bookkeeping) are the ones the unbound path runs: logits and K/V equal bit for bit (tested), and a tree row equals the plain step of its
-token, so greedy speculation emits plain greedy's tokens.
+so a run is one call. The graphs and the shadow corrections (`NpuBackend.cut_correction`) are the ones the
+unbound path runs; the attention of all the chunk's rows is one compiled pass over the cache
+(`rowattn.decode_rows`), whose rows equal `model.attention` with the row kernel `rowattn.row_attention`: logits
+and K/V equal the unbound path's bit for bit (tested), and a tree row equals the plain step of its token, so
+greedy speculation emits plain greedy's tokens.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import onnxruntime as ort
 import torch
 
 from hetero import model as ref
-from hetero.decode.rowattn import decode_row, row_attention
+from hetero.decode.rowattn import decode_rows, tree_layout
 from hetero.decode.tree import TokenTree
 from hetero.kv_cache import KVCache
 
@@ -65,10 +66,9 @@ class BoundStep:
         with the root) rooted at position `slot`; their K/V go to cache rows slot.. (cache.length unchanged)."""
         cfg, be, c, n = self.cfg, self.backend, self.rows, len(tree)
         depth = len(self.runs) if layers is None else layers
-        qd, kd = cfg.q_dim, cfg.kv_dim
         self.h[0].copy_(ref.embed(be.model.weights, torch.tensor(tree.tokens + [tree.tokens[0]] * (c - n))))
-        positions = torch.cat([tree.positions(slot), torch.full((c - n,), slot, dtype=torch.long)])
-        mask = None if tree.is_chain() else tree.mask()
+        layout = tree_layout(tree.depth, tree.parents, slot)
+        self.a[n:] = 0  # padding rows: their attention stays zero (their K/V never reach the cache)
         shadow = [be.layers[layer].shadow_sites for layer in range(depth)]
         per_row = c > 1  # a tree row's shadow is its own, as in a one-row step (`shadow_delta_rows`)
         delta = be.reference.shadow_delta_rows if per_row else be.reference.shadow_delta
@@ -81,11 +81,7 @@ class BoundStep:
                 if extra is not None:
                     qkv += extra
             kc, vc = cache.layer(layer)
-            if c == 1:
-                self._one_row(qkv, kc, vc, slot)
-            else:
-                self.a.copy_(ref.attention(cfg, qkv[:, :qd], qkv[:, qd : qd + kd], qkv[:, qd + kd :], self.rope, kc, vc,
-                                           slot, n, positions, mask, row_attention))
+            decode_rows(cfg, qkv, self.rope, kc, vc, slot, layout, self.a)
             env: dict[str, torch.Tensor] = {"a": self.a}
             d_extra = None
             for run in rest:
@@ -100,8 +96,3 @@ class BoundStep:
                 d = last["d"] if d_extra is None else last["d"].add_(d_extra)
                 torch.add(env["h1"], d, out=self.h[(layer + 1) % 2])
         return self.h[depth % 2]
-
-    def _one_row(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slot: int) -> None:
-        """`model.attention` for one row into self.a: RoPE, K/V to row `slot`, the row's attention over [0, slot]
-        (`rowattn.decode_row`: the tree rows' rounding and kernel, compiled, without the per-row bookkeeping)."""
-        decode_row(self.cfg, qkv, self.rope, kc, vc, slot, self.a)

@@ -1,16 +1,20 @@
-"""Attention of one decode row over the float32 KV cache in one compiled pass per KV group (numba).
+"""Attention of decode rows over the float32 KV cache in one compiled pass per KV group (numba).
 
 A decode step's attention reads every cached K/V byte once per token (47 MB at context 1024 on the default
 model) and does almost no arithmetic, so its speed is how fast it streams the cache. Two MKL matmuls on
 the cache views (`model.one_row_attention`) stream cold cache lines at ~12 GB/s here; this kernel reads K
 once for all query heads of a group (the g dot products of a cached row while it is in L1), takes the
 softmax in place and reads V once (Transformer-Lite §2.4: K/V read in place from the preallocated cache).
-The exponentials are a vectorized polynomial (relative error < 3e-7). It is the one function a plain step and every row of a token tree call (`decode.bound.BoundStep`,
-`model.attention(row_attention=...)`), so a tree row equals the plain step of its token bit for bit and
-greedy speculation emits plain greedy's tokens. Its float32 sums are reassociated (SIMD) and differ from
-the matmuls' by rounding only. Measured: docs/design.md, "Decode".
-"""
+The exponentials are a vectorized polynomial (relative error < 3e-7).
 
+A token tree verified as one chunk (LLMCad §3.2) shares the cache prefix among its rows: `decode_rows` reads
+each cached row once for all of them (a row per tree row would read the cache once per row: a 4-row tree
+cost 2.3× a plain step). Each row still sees only the prefix and its own path, and every sum of a row is
+the same compiled statement whatever rows come with it, so a tree row equals the plain step of its token
+bit for bit (`row_attention`, the one-row form `model.attention(row_attention=...)` calls) and greedy
+speculation emits plain greedy's tokens. Its float32 sums are reassociated (SIMD) and differ from the
+matmuls' by rounding only. Measured: docs/design.md, "Decode".
+"""
 from __future__ import annotations
 
 import numba
@@ -22,49 +26,75 @@ from hetero.model import RopeTable
 
 
 @numba.njit(cache=True, fastmath=True, nogil=True)
-def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, length: int, scale: float, out: np.ndarray) -> None:  # pragma: no cover - compiled
-    """q [n_kv, g, D] (query heads grouped by KV head), k/v [n_kv, capacity, D], rows [0, length) valid;
-    out [n_kv, g, D] = softmax(q·kᵀ·scale)·v per query head."""
-    n_kv, g, d = q.shape
-    s = np.empty((g, length), np.float32)
-    bits = np.empty(length, np.int32)  # 2^z of each exp as float32 bits
+def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra: np.ndarray, n_extra: np.ndarray,
+                 scale: float, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """q [R, n_kv, g, D] (query heads grouped by KV head), k/v [n_kv, capacity, D]. Row r sees cache rows
+    [0, prefix) and then extra[r, :n_extra[r]], in that order; out [R, n_kv, g, D] = softmax(q·kᵀ·scale)·v.
+
+    Every score, softmax and output sum of a row is computed by the same statement whichever rows come with
+    it and whether a cache row is in the prefix or an extra: a row's result depends only on its query and the
+    sequence of cache rows it sees, so a tree row equals the plain step of its token bit for bit."""
+    rows, n_kv, g, d = q.shape
+    span = prefix + extra.shape[1]
+    s = np.empty((rows, g, span), np.float32)
+    bits = np.empty(span, np.int32)  # 2^z of each exp as float32 bits
     two_z = bits.view(np.float32)
     sc = np.float32(scale)
     for h in range(n_kv):
-        for t in range(length):  # K read once: the group's g dot products of row t
+        for t in range(span):  # K row read once for every row and query head that sees it
+            for r in range(rows):
+                if t < prefix:
+                    kr = t
+                elif t - prefix < n_extra[r]:
+                    kr = extra[r, t - prefix]
+                else:
+                    continue
+                for j in range(g):
+                    acc = np.float32(0.0)
+                    for i in range(d):
+                        acc += q[r, h, j, i] * k[h, kr, i]
+                    s[r, j, t] = acc * sc
+        for r in range(rows):
+            length = prefix + n_extra[r]
             for j in range(g):
-                acc = np.float32(0.0)
+                m = s[r, j, 0]
+                for t in range(1, length):
+                    m = max(m, s[r, j, t])
+                for t in range(length):  # exp(x) for x <= 0 as 2^z·e^r, |r| <= ln2/2 (Cephes expf): SIMD, unlike libm's
+                    x = max(s[r, j, t] - m, np.float32(-87.0))
+                    z = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
+                    e = x - z * np.float32(0.693359375) - z * np.float32(-2.12194440e-4)
+                    p = ((((np.float32(1.9875691500e-4) * e + np.float32(1.3981999507e-3)) * e
+                           + np.float32(8.3334519073e-3)) * e + np.float32(4.1665795894e-2)) * e
+                         + np.float32(1.6666665459e-1)) * e + np.float32(5.0000001201e-1)
+                    s[r, j, t] = p * e * e + e + np.float32(1.0)
+                    bits[t] = (np.int32(z) + np.int32(127)) << 23
+                tot = np.float32(0.0)
+                for t in range(length):
+                    w = s[r, j, t] * two_z[t]
+                    s[r, j, t] = w
+                    tot += w
+                inv = np.float32(1.0) / tot
+                for t in range(length):
+                    s[r, j, t] *= inv
                 for i in range(d):
-                    acc += q[h, j, i] * k[h, t, i]
-                s[j, t] = acc * sc
-        for j in range(g):
-            m = s[j, 0]
-            for t in range(1, length):
-                m = max(m, s[j, t])
-            for t in range(length):  # exp(x) for x <= 0 as 2^z·e^r, |r| <= ln2/2 (Cephes expf): SIMD, unlike libm's
-                x = max(s[j, t] - m, np.float32(-87.0))
-                z = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
-                r = x - z * np.float32(0.693359375) - z * np.float32(-2.12194440e-4)
-                p = ((((np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)) * r
-                       + np.float32(8.3334519073e-3)) * r + np.float32(4.1665795894e-2)) * r
-                     + np.float32(1.6666665459e-1)) * r + np.float32(5.0000001201e-1)
-                s[j, t] = p * r * r + r + np.float32(1.0)
-                bits[t] = (np.int32(z) + np.int32(127)) << 23
-            tot = np.float32(0.0)
-            for t in range(length):
-                e = s[j, t] * two_z[t]
-                s[j, t] = e
-                tot += e
-            inv = np.float32(1.0) / tot
-            for t in range(length):
-                s[j, t] *= inv
-            for i in range(d):
-                out[h, j, i] = 0.0
-        for t in range(length):  # V read once
-            for j in range(g):
-                w = s[j, t]
-                for i in range(d):
-                    out[h, j, i] += w * v[h, t, i]
+                    out[r, h, j, i] = 0.0
+        for t in range(span):  # V row read once
+            for r in range(rows):
+                if t < prefix:
+                    vr = t
+                elif t - prefix < n_extra[r]:
+                    vr = extra[r, t - prefix]
+                else:
+                    continue
+                for j in range(g):
+                    w = s[r, j, t]
+                    for i in range(d):
+                        out[r, h, j, i] += w * v[h, vr, i]
+
+
+_NO_EXTRA = np.zeros((1, 0), np.int64)
+_ZERO = np.zeros(1, np.int64)
 
 
 def row_attention(cfg: ModelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int,
@@ -80,46 +110,69 @@ def row_attention(cfg: ModelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_ca
     qg = q.reshape(cfg.n_kv_heads, g, cfg.head_dim).contiguous()
     if out is None:
         out = torch.empty(cfg.n_heads, 1, cfg.head_dim)
-    _attend(qg.numpy(), k_cache.numpy(), v_cache.numpy(), length, cfg.head_dim**-0.5,
-            out.view(cfg.n_kv_heads, g, cfg.head_dim).numpy())
+    _attend_rows(qg.numpy()[None], k_cache.numpy(), v_cache.numpy(), length, _NO_EXTRA, _ZERO, cfg.head_dim**-0.5,
+                 out.view(1, cfg.n_kv_heads, g, cfg.head_dim).numpy())
     return out.view(cfg.n_heads, 1, cfg.head_dim)
 
 
 @numba.njit(cache=True, nogil=True)
-def _rope_row(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int, n_kv: int, d: int,
-              k: np.ndarray, v: np.ndarray, slot: int, q: np.ndarray) -> None:  # pragma: no cover - compiled
-    """RoPE of one row's q and k heads (qkv [q_dim + 2·kv_dim]) at one position (cos/sin [D/2]) into q [H, D] and
-    k[:, slot]; its v into v[:, slot]. No fastmath: each product and sum rounds as `model.RopeTable.apply`'s
-    elementwise torch ops, so the values equal a tree row's."""
+def _rope_rows(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int, n_kv: int, d: int,
+               k: np.ndarray, v: np.ndarray, slot: int, q: np.ndarray) -> None:  # pragma: no cover - compiled
+    """RoPE of each row's q and k heads (qkv [R, q_dim + 2·kv_dim]) at its position (cos/sin [R, D/2]) into
+    q [R, H, D] and k[:, slot + r]; its v into v[:, slot + r]. No fastmath: each product and sum rounds as
+    `model.RopeTable.apply`'s elementwise torch ops."""
     half = d // 2
-    for hh in range(n_heads + n_kv):
-        base = hh * d
-        for i in range(half):
-            x1, x2 = qkv[base + i], qkv[base + half + i]
-            a = x1 * cos[i] - x2 * sin[i]
-            b = x2 * cos[i] + x1 * sin[i]
-            if hh < n_heads:
-                q[hh, i], q[hh, half + i] = a, b
-            else:
-                k[hh - n_heads, slot, i], k[hh - n_heads, slot, half + i] = a, b
     vbase = (n_heads + n_kv) * d
-    for h in range(n_kv):
-        for i in range(d):
-            v[h, slot, i] = qkv[vbase + h * d + i]
+    for r in range(qkv.shape[0]):
+        row = slot + r
+        for hh in range(n_heads + n_kv):
+            base = hh * d
+            for i in range(half):
+                x1, x2 = qkv[r, base + i], qkv[r, base + half + i]
+                a = x1 * cos[r, i] - x2 * sin[r, i]
+                b = x2 * cos[r, i] + x1 * sin[r, i]
+                if hh < n_heads:
+                    q[r, hh, i], q[r, hh, half + i] = a, b
+                else:
+                    k[hh - n_heads, row, i], k[hh - n_heads, row, half + i] = a, b
+        for h in range(n_kv):
+            for i in range(d):
+                v[h, row, i] = qkv[r, vbase + h * d + i]
 
 
-def decode_row(cfg: ModelConfig, qkv: torch.Tensor, rope: RopeTable, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               slot: int, out: torch.Tensor) -> None:
-    """A plain decode step's attention for its one row in two compiled calls: RoPE of qkv [1, q_dim + 2·kv_dim] at
-    position `slot`, its K/V into cache row `slot`, `row_attention` over rows [0, slot] into `out` ([1, q_dim],
-    contiguous). Equals `model.attention(..., row_attention=row_attention)` for that row bit for bit (tested)."""
-    if not 0 <= slot < k_cache.shape[1]:
-        raise ValueError(f"slot must be in [0, {k_cache.shape[1]}), got {slot}")
+def tree_layout(depth: list[int], parents: list[int], slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of a token tree whose rows sit at cache rows slot.. : its position, the cache rows of its path
+    (root .. itself: the extras after the prefix [0, slot)) and their count."""
+    n = len(parents)
+    extra = np.zeros((n, max(depth) + 1), np.int64)
+    n_extra = np.zeros(n, np.int64)
+    for i in range(n):
+        node, path = i, []
+        while node >= 0:
+            path.append(slot + node)
+            node = parents[node]
+        extra[i, : len(path)] = path[::-1]
+        n_extra[i] = len(path)
+    return np.asarray(depth, np.int64) + slot, extra, n_extra
+
+
+def decode_rows(cfg: ModelConfig, qkv: torch.Tensor, rope: RopeTable, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                slot: int, layout: tuple[np.ndarray, np.ndarray, np.ndarray], out: torch.Tensor) -> None:
+    """A decode step's attention for its n rows (one token, or a token tree as one chunk, LLMCad §3.2) in two
+    compiled calls: RoPE of qkv [>= n, q_dim + 2·kv_dim] at the rows' positions, their K/V into cache rows
+    slot..slot+n-1, and each row's attention over [0, slot) and its path (`tree_layout`) into out [>= n, q_dim]
+    (contiguous): the cache is read once for all rows. A row's result is bit for bit that of `row_attention`
+    over the same keys in a contiguous cache (tested), so greedy speculation emits plain greedy's tokens."""
+    positions, extra, n_extra = layout
+    n = len(positions)
+    if not (0 <= slot and slot + n <= k_cache.shape[1] and int(positions.max()) < rope.cos.shape[0]):
+        raise ValueError(f"rows slot..slot+{n - 1} must lie in the cache (capacity {k_cache.shape[1]}), got slot {slot}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and qkv.is_contiguous() and out.is_contiguous()):
         raise ValueError("qkv, k_cache, v_cache and out must be contiguous")
     g, d = cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
-    q = np.empty((cfg.n_heads, d), np.float32)
+    q = np.empty((n, cfg.n_heads, d), np.float32)
     kn, vn = k_cache.numpy(), v_cache.numpy()
-    _rope_row(qkv.numpy().reshape(-1), rope.cos[slot].numpy(), rope.sin[slot].numpy(), cfg.n_heads, cfg.n_kv_heads, d,
-              kn, vn, slot, q)
-    _attend(q.reshape(cfg.n_kv_heads, g, d), kn, vn, slot + 1, d**-0.5, out.numpy().reshape(cfg.n_kv_heads, g, d))
+    _rope_rows(qkv.numpy()[:n], rope.cos.numpy()[positions], rope.sin.numpy()[positions], cfg.n_heads,
+               cfg.n_kv_heads, d, kn, vn, slot, q)
+    _attend_rows(q.reshape(n, cfg.n_kv_heads, g, d), kn, vn, slot, extra, n_extra, d**-0.5,
+                 out.numpy()[:n].reshape(n, cfg.n_kv_heads, g, d))

@@ -1,5 +1,6 @@
 """The decode row kernel (`decode.rowattn`) computes `model.one_row_attention` up to float32 rounding, reads only
-cache rows [0, length), writes into the caller's buffer, and refuses views it cannot read in place."""
+cache rows [0, length), writes into the caller's buffer, and refuses views it cannot read in place; a token tree's
+rows in one pass equal one-row steps over their paths bit for bit."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from hetero import model as ref
-from hetero.decode.rowattn import row_attention
+from hetero.decode.rowattn import decode_rows, row_attention, tree_layout
+from hetero.decode.tree import TokenTree
 from tests.conftest import make_tiny_model
 
 
@@ -37,3 +39,33 @@ def test_row_attention_refuses_bad_views():
     with pytest.raises(ValueError, match="contiguous"):
         strided = torch.zeros(cfg.n_kv_heads, 16, cfg.head_dim)[:, ::2]
         row_attention(cfg, q, strided, strided, 4)
+
+
+@pytest.mark.parametrize("slot", [0, 15, 16, 300])
+def test_decode_rows_equal_one_row_steps_over_their_paths(slot):
+    """A token tree's rows in one pass (`decode_rows`): each row's output is bit for bit `row_attention` over the
+    prefix and its own path laid out contiguously (what a plain step of its token reads), its K/V land in its
+    cache row, and the rows after the tree are not read."""
+    cfg = make_tiny_model().config
+    rope = ref.RopeTable(cfg, 512)
+    gen = torch.Generator().manual_seed(slot)
+    parents = [-1, 0, 1, 0, 3, 2, 1]  # siblings at depth 1 and 2, a path of depth 3
+    tree = TokenTree(list(range(len(parents))), parents)
+    k = torch.randn(cfg.n_kv_heads, 512, cfg.head_dim, generator=gen)
+    v = torch.randn(cfg.n_kv_heads, 512, cfg.head_dim, generator=gen)
+    k[:, slot:], v[:, slot:] = float("nan"), float("nan")  # the tree's rows are written before they are read
+    qkv = torch.randn(len(parents), cfg.q_dim + 2 * cfg.kv_dim, generator=gen) * 3
+    out = torch.zeros(len(parents), cfg.q_dim)
+    decode_rows(cfg, qkv, rope, k, v, slot, tree_layout(tree.depth, tree.parents, slot), out)
+    assert torch.isfinite(out).all()
+    for i in range(len(parents)):
+        path = tree.mask()[i].nonzero().flatten().tolist()
+        kc, vc = k.clone(), v.clone()
+        kc[:, slot : slot + len(path)], vc[:, slot : slot + len(path)] = k[:, slot + torch.tensor(path)], v[:, slot + torch.tensor(path)]
+        q = qkv[i, : cfg.q_dim].view(1, cfg.n_heads, cfg.head_dim).transpose(0, 1)
+        q = rope.apply(q, 0, torch.tensor([slot + tree.depth[i]]))
+        want = row_attention(cfg, q.contiguous(), kc, vc, slot + len(path))
+        assert torch.equal(out[i].view(cfg.n_heads, 1, cfg.head_dim), want), f"row {i}"
+        kv = qkv[i, cfg.q_dim :].view(2, cfg.n_kv_heads, 1, cfg.head_dim)
+        assert torch.equal(k[:, slot + i], rope.apply(kv[0], 0, torch.tensor([slot + tree.depth[i]]))[:, 0])
+        assert torch.equal(v[:, slot + i], kv[1][:, 0])
