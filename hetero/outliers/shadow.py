@@ -187,16 +187,36 @@ class QuantizedBackend(TorchBackend):
     def shadow_delta_rows(self, layer: int, site: str, x: torch.Tensor) -> torch.Tensor | None:
         """`shadow_delta` of each row alone, with its own outlier channels: a token tree's row gets the
         correction a one-row decode step computes, bit for bit (over more rows the union of their channels
-        and the matmul's blocking round differently). None when no row has an outlier."""
-        ys = [self.shadow_delta(layer, site, x[i : i + 1]) for i in range(x.shape[0])]
-        width = next((y.shape[1] for y in ys if y is not None), None)
+        and the matmul's blocking round differently). None when no row has an outlier.
+
+        Most rows of a decode step have none: one range check of all rows (`rows_maybe_beyond`) leaves
+        only the rows that may have one to the per-row computation."""
+        sq = self.plan.sites[(layer, site)]
+        if not sq.shadow:
+            return None
+        rows = self.rows_maybe_beyond(site, sq, x)
+        ys = {i: self.shadow_delta(layer, site, x[i : i + 1]) for i in rows}
+        width = next((y.shape[1] for y in ys.values() if y is not None), None)
         if width is None:
             return None
         out = x.new_zeros(x.shape[0], width)
-        for i, y in enumerate(ys):
+        for i, y in ys.items():
             if y is not None:
                 out[i] = y[0]
         return out
+
+    def rows_maybe_beyond(self, site: str, sq: SiteQuant, x: torch.Tensor) -> list[int]:
+        """Rows of x whose site input, transformed alone, may lie beyond the INT8 range: every row that
+        `shadow_delta` of that row alone would correct, and maybe a few more. With an online transform the
+        rows are transformed together here, which rounds differently from one row alone by at most
+        √block·u·‖x_row‖₁ (u: float32's unit roundoff; the transform's entries are ±1/√block): a row
+        counts as inside only when it is inside by 4× that margin."""
+        lo, hi = ACT_QMIN * float(sq.scale), ACT_QMAX * float(sq.scale)
+        block = self.plan.online.get(site)
+        xt = self.site_input(site, x)
+        low, high = xt.amin(dim=1), xt.amax(dim=1)
+        margin = 0.0 if block is None else 4 * block**0.5 * torch.finfo(torch.float32).eps * x.abs().sum(dim=1)
+        return torch.nonzero((low < lo + margin) | (high > hi - margin)).flatten().tolist()
 
     def shadow_correction(self, layer: int, site: str, x: torch.Tensor) -> list[torch.Tensor] | None:
         """`shadow_delta` split per linear of the site, or None (pruned / no outlier)."""

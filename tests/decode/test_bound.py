@@ -104,3 +104,28 @@ def test_shadow_rows_are_each_rows_own_correction():
         alone = qb.shadow_delta(layer, site, x[i : i + 1].clone())
         assert torch.equal(got[i], alone[0]) if alone is not None else not got[i].any()
     assert qb.shadow_delta_rows(layer, site, x[1:2]) is None
+
+
+def test_shadow_rows_with_an_online_transform_near_the_range_edge():
+    """With an online transform the range check of all rows rounds unlike one row alone: rows inside the range by
+    less than its margin, at the edge or just beyond it still get exactly their one-row correction (or none)."""
+    from hetero.outliers.rotate import block_hadamard
+    from hetero.outliers.shadow import QuantizedBackend
+
+    m = make_tiny_model()
+    plan = rotated_a16_plan(m, FORMS[0], ("down_in",), SHADOWS)
+    qb = QuantizedBackend(m.config, m.weights, plan)
+    layer, site = next(k for k, sq in plan.sites.items() if sq.shadow and k[1] in plan.online)
+    width = m.config.hidden if site != "down_in" else m.config.ffn
+    s = plan.sites[(layer, site)].scale
+    x = torch.randn(6, width, generator=torch.Generator().manual_seed(1)) * s * 10
+    edge = 127 * s
+    for i, f in enumerate((1 - 1e-7, 1.0, 1 + 1e-7, 1 - 1e-3), start=1):  # rows 1..4: the largest value near the edge
+        y = block_hadamard(x[i : i + 1], plan.online[site])
+        x[i] *= edge * f / y.abs().max()
+    x[5, 3] = 500 * s  # a clear outlier
+    got = qb.shadow_delta_rows(layer, site, x)
+    assert got is not None
+    for i in range(6):
+        alone = qb.shadow_delta(layer, site, x[i : i + 1].clone())
+        assert torch.equal(got[i], alone[0]) if alone is not None else not got[i].any()
