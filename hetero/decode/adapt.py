@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 @dataclass(slots=True)
 class TreeController:
     max_depth: int = 7
-    sizes: tuple[int, ...] = (1, 4, 8)
+    sizes: tuple[int, ...] = (1, 2, 4, 8)
     alpha: float = 0.6  # prior acceptance per depth
     alphas: dict[int | None, float] = field(default_factory=dict)  # drafter's confidence → EMA acceptance
     decay: float = 0.8  # EMA weight of the past
@@ -26,8 +26,11 @@ class TreeController:
     _since_probe: int = 0
 
     def cost(self, c: int) -> float:
-        if c in self.step_ms:
-            return self.step_ms[c]
+        """Verify time of a c-row chunk: the least measured time of any size >= c (more rows never cost less;
+        a measurement above a bigger size's is noise, and a size never chosen again would keep it)."""
+        known = [ms for size, ms in self.step_ms.items() if size >= c]
+        if known:
+            return min(known)
         base = self.step_ms.get(1, 1.0)
         return base * c  # pessimistic prior until measured: compute-bound
 

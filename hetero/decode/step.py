@@ -25,7 +25,7 @@ from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
 from hetero.runtime import Runtime
 
-TREE_SIZES = (1, 4, 8)  # static chunk sizes of the INT8 decode graphs
+TREE_SIZES = (1, 2, 4, 8)  # static chunk sizes of the INT8 decode graphs (2: a one-token draft, LLMCad §3.3)
 # Threads of an INT8 decode step (its graph sessions and torch while it runs). A step is ~150 small ops
 # (graph runs, per-layer attention, shadow corrections) of a few to ~80 µs each; with two threads each op
 # wakes a sleeping pool thread (neither pool spins: `npu.providers`, `hetero.threads`), which costs more
@@ -93,9 +93,10 @@ class DecodeStep:
         for c in sizes:
             if c not in self.costs:
                 tree = TokenTree.chain([self.cfg.bos_token_id or 0] * c)
-                self.forward(cache, tree)  # warm-up (first-run allocations)
+                for _ in range(2):  # warm-up (first-run allocations)
+                    self.forward(cache, tree)
                 times = []
-                for _ in range(3):  # the least of three: one run on a shared machine can be a multiple
+                for _ in range(5):  # the least of five: one run on a shared machine can be a multiple
                     t0 = time.perf_counter()
                     self.forward(cache, tree)
                     times.append((time.perf_counter() - t0) * 1e3)
