@@ -6,8 +6,11 @@ One process, engines one after another on the same GGUF and the same context ids
 1. plain greedy decode tokens/s at context 256 / 1024 / 2048: hetero INT8 (`hetero` method: INT8 graphs
    at C = 1 on the ONNX Runtime lane, attention on the CPU lane, INT8 head), hetero float, HF generate
    (hetero's cache handed to transformers), llama.cpp (llama-cpp-python, Q4_1);
-2. speculative speedup and acceptance by drafter (lookup, self, draft) on a copy-heavy task (edit a
-   shipped text) and on open chat, INT8, 128 tokens;
+2. speculative speedup and acceptance by drafter (lookup, self, draft) on copy-heavy tasks (edit a
+   shipped text) and on open chat, INT8, 128 tokens. Every run generates exactly 128 tokens (end-of-turn
+   tokens do not stop it): the 1,400-character text's answer is a copy for all of them; the 700-character
+   one's answer ends near token 60 and the model then writes a new chat turn, novel text, which the
+   table keeps as a second row;
 3. end to end: prefill 1,500 tokens + 128 generated tokens per engine.
 Each number is the median of `--repeats` runs after a warm-up. Writes bench/results/decode.{json,md,png}.
 The machine is shared: the load average is recorded beside every section.
@@ -223,10 +226,12 @@ def main(argv: list[str] | None = None) -> int:
         row["load_after"] = load()
         result["plain"].append(row)
     emma = TEXT.read_text()
-    para = emma[emma.index("Emma Woodhouse, handsome"):][:700]
-    tasks = {
-        "copy-heavy (edit a shipped text)": "Rewrite the following text, replacing the name Emma with Anne and "
-                                            f"keeping everything else exactly the same:\n\n{para}",
+    start = emma.index("Emma Woodhouse, handsome")
+    edit = ("Rewrite the following text, replacing the name Emma with Anne and keeping everything else exactly "
+            "the same:\n\n")
+    tasks = {  # the long text's answer is a copy for all the generated tokens; the short one's ends near token 60
+        "copy-heavy (edit a 1,400-character shipped text)": edit + emma[start : start + 1400],
+        "copy-heavy, short (edit 700 characters; past its end of turn)": edit + emma[start : start + 700],
         "open chat": "Write a short story about a lighthouse keeper who befriends a seagull.",
     }
     n_spec = 32 if args.quick else 128
@@ -274,7 +279,10 @@ def write_md(r: dict, path: Path) -> None:
             lines.append(f"| {row['task']} | {row['plain_tokens_per_s']} | {spec} | {d['tokens_per_s']} | "
                          f"{d['speedup']}× | {d['acceptance']} | {d['target_steps']} | {d['same_tokens_as_plain']} |")
     lines += ["", "`draft` uses the target model itself as the draft model (the only model here sharing its "
-              "tokenizer): acceptance is an upper bound, its cost equals the target's, so it cannot pay.", "",
+              "tokenizer): acceptance is an upper bound, its cost equals the target's, so it cannot pay.",
+              "Every run generates 128 tokens (end-of-turn tokens do not stop it). The 1,400-character text's answer "
+              "is a copy for all of them; the 700-character text's answer ends near token 60, after which the model "
+              "writes a new chat turn of novel text (kept as its own row).", "",
               "## End to end: prefill 1,500 tokens + generated tokens", "", "| engine | prefill ms | decode ms | total ms | load |",
               "|---|---:|---:|---:|---|"]
     for row in r["e2e"]:

@@ -67,7 +67,7 @@ class BoundStep:
         cfg, be, c, n = self.cfg, self.backend, self.rows, len(tree)
         depth = len(self.runs) if layers is None else layers
         self.h[0].copy_(ref.embed(be.model.weights, torch.tensor(tree.tokens + [tree.tokens[0]] * (c - n))))
-        layout = tree_layout(tree.depth, tree.parents, slot)
+        layout = tree_layout(tree.depth, tree.parents, slot, self.rope)
         self.a[n:] = 0  # padding rows: their attention stays zero (their K/V never reach the cache)
         shadow = [be.layers[layer].shadow_sites for layer in range(depth)]
         per_row = c > 1  # a tree row's shadow is its own, as in a one-row step (`shadow_delta_rows`)
@@ -81,7 +81,7 @@ class BoundStep:
                 if extra is not None:
                     qkv += extra
             kc, vc = cache.layer(layer)
-            decode_rows(cfg, qkv, self.rope, kc, vc, slot, layout, self.a)
+            decode_rows(cfg, qkv, kc, vc, layout, self.a)
             env: dict[str, torch.Tensor] = {"a": self.a}
             d_extra = None
             for run in rest:

@@ -17,6 +17,8 @@ matmuls' by rounding only. Measured: docs/design.md, "Decode".
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numba
 import numpy as np
 import torch
@@ -140,10 +142,26 @@ def _rope_rows(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int, 
                 v[h, row, i] = qkv[r, vbase + h * d + i]
 
 
-def tree_layout(depth: list[int], parents: list[int], slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per row of a token tree whose rows sit at cache rows slot.. : its position, the cache rows of its path
-    (root .. itself: the extras after the prefix [0, slot)) and their count."""
+@dataclass(frozen=True, slots=True)
+class RowLayout:
+    """Where a decode chunk's n rows sit in the cache and what each sees; built once a step for every layer."""
+
+    slot: int  # the rows are cache rows slot..slot+n-1, in tree order
+    extra: np.ndarray  # [n, max depth + 1] int64: each row's path (root .. itself) as cache rows
+    n_extra: np.ndarray  # [n] int64: its length
+    cos: np.ndarray  # [n, D/2] float32: RoPE at each row's position (slot + depth)
+    sin: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.n_extra)
+
+
+def tree_layout(depth: list[int], parents: list[int], slot: int, rope: RopeTable) -> RowLayout:
+    """The `RowLayout` of a token tree (node i's parent parents[i], its depth depth[i]) rooted at cache row `slot`."""
     n = len(parents)
+    positions = np.asarray(depth, np.int64) + slot
+    if slot < 0 or int(positions.max()) >= rope.cos.shape[0]:
+        raise ValueError(f"positions {slot}..{int(positions.max())} must lie in [0, {rope.cos.shape[0]})")
     extra = np.zeros((n, max(depth) + 1), np.int64)
     n_extra = np.zeros(n, np.int64)
     for i in range(n):
@@ -153,26 +171,24 @@ def tree_layout(depth: list[int], parents: list[int], slot: int) -> tuple[np.nda
             node = parents[node]
         extra[i, : len(path)] = path[::-1]
         n_extra[i] = len(path)
-    return np.asarray(depth, np.int64) + slot, extra, n_extra
+    return RowLayout(slot, extra, n_extra, rope.cos.numpy()[positions], rope.sin.numpy()[positions])
 
 
-def decode_rows(cfg: ModelConfig, qkv: torch.Tensor, rope: RopeTable, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                slot: int, layout: tuple[np.ndarray, np.ndarray, np.ndarray], out: torch.Tensor) -> None:
+def decode_rows(cfg: ModelConfig, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: RowLayout,
+                out: torch.Tensor) -> None:
     """A decode step's attention for its n rows (one token, or a token tree as one chunk, LLMCad §3.2) in two
     compiled calls: RoPE of qkv [>= n, q_dim + 2·kv_dim] at the rows' positions, their K/V into cache rows
     slot..slot+n-1, and each row's attention over [0, slot) and its path (`tree_layout`) into out [>= n, q_dim]
     (contiguous): the cache is read once for all rows. A row's result is bit for bit that of `row_attention`
     over the same keys in a contiguous cache (tested), so greedy speculation emits plain greedy's tokens."""
-    positions, extra, n_extra = layout
-    n = len(positions)
-    if not (0 <= slot and slot + n <= k_cache.shape[1] and int(positions.max()) < rope.cos.shape[0]):
-        raise ValueError(f"rows slot..slot+{n - 1} must lie in the cache (capacity {k_cache.shape[1]}), got slot {slot}")
+    n, slot = len(layout), layout.slot
+    if slot + n > k_cache.shape[1]:
+        raise ValueError(f"rows {slot}..{slot + n - 1} must lie in the cache (capacity {k_cache.shape[1]})")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and qkv.is_contiguous() and out.is_contiguous()):
         raise ValueError("qkv, k_cache, v_cache and out must be contiguous")
     g, d = cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
-    q = np.empty((n, cfg.n_heads, d), np.float32)
+    q = np.empty((n, cfg.n_kv_heads, g, d), np.float32)
     kn, vn = k_cache.numpy(), v_cache.numpy()
-    _rope_rows(qkv.numpy()[:n], rope.cos.numpy()[positions], rope.sin.numpy()[positions], cfg.n_heads,
-               cfg.n_kv_heads, d, kn, vn, slot, q)
-    _attend_rows(q.reshape(n, cfg.n_kv_heads, g, d), kn, vn, slot, extra, n_extra, d**-0.5,
-                 out.numpy()[:n].reshape(n, cfg.n_kv_heads, g, d))
+    _rope_rows(qkv.numpy()[:n], layout.cos, layout.sin, cfg.n_heads, cfg.n_kv_heads, d, kn, vn, slot,
+               q.reshape(n, cfg.n_heads, d))
+    _attend_rows(q, kn, vn, slot, layout.extra, layout.n_extra, d**-0.5, out.numpy()[:n].reshape(n, cfg.n_kv_heads, g, d))

@@ -56,7 +56,7 @@ def test_decode_rows_equal_one_row_steps_over_their_paths(slot):
     k[:, slot:], v[:, slot:] = float("nan"), float("nan")  # the tree's rows are written before they are read
     qkv = torch.randn(len(parents), cfg.q_dim + 2 * cfg.kv_dim, generator=gen) * 3
     out = torch.zeros(len(parents), cfg.q_dim)
-    decode_rows(cfg, qkv, rope, k, v, slot, tree_layout(tree.depth, tree.parents, slot), out)
+    decode_rows(cfg, qkv, k, v, tree_layout(tree.depth, tree.parents, slot, rope), out)
     assert torch.isfinite(out).all()
     for i in range(len(parents)):
         path = tree.mask()[i].nonzero().flatten().tolist()
