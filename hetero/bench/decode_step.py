@@ -4,7 +4,8 @@ A decode step streams every INT8 weight (~106 MB on the default model) and the c
 (issue 13). This times `DecodeStep.forward` for one token (median of `--steps` after a warm-up) and splits a
 profiled pass into its parts: the ONNX Runtime graph runs of the layers, the attention kernel
 (`decode.rowattn`), the LM head graph, the shadow corrections (mllm-NPU Eq. 1) and the rest (Python, copies).
-The parts are shares of the profiled pass applied to the unprofiled median.
+The parts are shares of the profiled pass applied to the unprofiled median. It also times a step verifying
+a chain of each static chunk size (`chunk_costs`), the cost side of the token-tree controller.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any
 from hetero.bench.entry import bench_main, write_json_md
 from hetero.cli.args import add_method_arg, add_model_arg, int_list, positive_int
 
-HELP = "one plain decode step's time at given contexts, split into graph runs, attention, head, shadow, rest"
+HELP = ("one plain decode step's time at given contexts, split into graph runs, attention, head, shadow, rest; "
+        "and a step verifying a chain of each static chunk size")
 # part -> (file name, function) whose cumulative time it is; the functions do not call each other
 _PARTS = {"graphs": ("onnxruntime_inference_collection.py", "run_with_iobinding"),
           "attention": ("rowattn.py", "decode_rows"), "head": ("head.py", "__call__"),
@@ -62,6 +64,33 @@ def step_parts(runtime, ids: list[int], steps: int, threads: int) -> dict[str, A
             "parts_ms": {k: round(v * ms, 2) for k, v in shares.items()}, "load": round(os.getloadavg()[0], 2)}
 
 
+def chunk_costs(runtime, ids: list[int], steps: int, threads: int) -> dict[str, Any]:
+    """Median ms of a step verifying a chain of c rows (a token tree as one chunk, LLMCad §3.2) after a
+    prefill of `ids`, for every static chunk size, and its ratio to a one-row step: what the tree controller
+    weighs against the acceptance rate."""
+    import torch
+
+    from hetero.decode.step import TREE_SIZES, DecodeStep
+    from hetero.decode.tree import TokenTree
+
+    cache = runtime.new_cache(len(ids) + TREE_SIZES[-1])
+    runtime.prefill(torch.tensor(ids), cache)
+    step = DecodeStep(runtime, threads=threads)
+    trees = {c: TokenTree.chain(ids[-c:]) for c in TREE_SIZES}
+    for tree in trees.values():
+        for _ in range(3):
+            step.forward(cache, tree)
+    times: dict[int, list[float]] = {c: [] for c in trees}
+    for _ in range(steps):  # interleaved, so that a slow stretch of the machine touches every size alike
+        for c, tree in trees.items():
+            t0 = time.perf_counter()
+            step.forward(cache, tree)
+            times[c].append((time.perf_counter() - t0) * 1e3)
+    ms = {c: statistics.median(t) for c, t in times.items()}
+    return {"context": len(ids), "ms": {str(c): round(v, 2) for c, v in ms.items()},
+            "ratio": {str(c): round(v / ms[1], 2) for c, v in ms.items()}, "load": round(os.getloadavg()[0], 2)}
+
+
 def markdown(r: dict[str, Any]) -> str:
     parts = list(r["rows"][0]["parts_ms"]) if r["rows"] else []
     lines = [f"# One plain decode step ({r['model']}, method {r['method']}, {r['threads']} decode thread(s))", "",
@@ -71,6 +100,14 @@ def markdown(r: dict[str, Any]) -> str:
     for row in r["rows"]:
         lines.append(f"| {row['context']} | {row['step_ms']} | {row['p10_ms']} | "
                      + " | ".join(str(row["parts_ms"][p]) for p in parts) + f" | {row['load']} |")
+    if r.get("chunks"):
+        sizes = list(r["chunks"][0]["ms"])
+        lines += ["", "## A step verifying a chain of C rows (ms, and its ratio to C = 1)", "",
+                  "| context | " + " | ".join(f"C = {c}" for c in sizes) + " | load |",
+                  "|---:|" + "---:|" * len(sizes) + "---|"]
+        for row in r["chunks"]:
+            lines.append(f"| {row['context']} | " + " | ".join(f"{row['ms'][c]} ({row['ratio'][c]}×)" for c in sizes)
+                         + f" | {row['load']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -96,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
     rt = make_runtime(model, args.method, threads=2, weight_form=args.weight_form)
     ids = prompt_ids(args.model, max(contexts)).tolist()
     rows = [step_parts(rt, ids[:c], args.steps, args.threads) for c in contexts]
-    result = {"model": model.name, "method": args.method, "threads": args.threads,
+    chunks = [chunk_costs(rt, ids[:c], max(5, args.steps // 4), args.threads) for c in contexts]
+    result = {"model": model.name, "method": args.method, "threads": args.threads, "chunks": chunks,
               "isa": {**isa.machine(), "weight_form": isa.resolve_weight_form(args.weight_form)},
               "command": "python bench/decode_step.py " + " ".join(sys.argv[1:]), "rows": rows}
     if args.out:

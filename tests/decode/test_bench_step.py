@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hetero.bench.decode_step import markdown, step_parts
+from hetero.bench.decode_step import chunk_costs, markdown, step_parts
 from hetero.npu.backend import NpuBackend
 from hetero.runtime import Runtime
 from tests.conftest import make_tiny_model
@@ -28,3 +28,16 @@ def test_step_parts_names_every_part_of_an_int8_step():
     assert all(v >= 0 for v in parts.values())
     table = markdown({"model": "tiny", "method": "hetero", "threads": 1, "isa": {}, "command": "c", "rows": [row]})
     assert "| 27 |" in table and "graphs" in table
+
+
+def test_chunk_costs_time_every_static_chunk_size_and_render():
+    from hetero.decode.step import TREE_SIZES
+
+    m = make_tiny_model()
+    rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m, SHADOWS), 16, provider="cpu"))
+    row = chunk_costs(rt, list(range(3, 30)), steps=2, threads=1)
+    assert list(row["ms"]) == [str(c) for c in TREE_SIZES] and row["ratio"]["1"] == 1.0
+    assert all(isinstance(v, float) for v in row["ms"].values())
+    table = markdown({"model": "tiny", "method": "hetero", "threads": 1, "isa": {}, "command": "c", "rows": [],
+                      "chunks": [row]})
+    assert "| 27 |" in table and "C = 8" in table
