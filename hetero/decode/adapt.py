@@ -5,7 +5,9 @@ than one until the step turns compute-bound; a tree pays when the expected accep
 grow faster than its measured cost. The controller keeps a running acceptance rate α (accepted draft
 tokens per tried depth) and the measured time of each chunk size, and picks the depth that maximises
 expected tokens per second: (1 + α + … + α^d) / (verify(c) + d·draft). When even depth 1 does not pay it
-falls back to plain decoding, probing again every `probe_every` steps so α can recover.
+falls back to plain decoding, probing again after `probe_every` steps so α can recover; each probe that
+fails doubles the wait (up to `probe_max`), one that is accepted resets it: on open chat, where drafts
+are almost never right, a probe every 16 steps cost ~4% of the decode.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ class TreeController:
     alphas: dict[int | None, float] = field(default_factory=dict)  # drafter's confidence → EMA acceptance
     decay: float = 0.8  # EMA weight of the past
     probe_every: int = 16
+    probe_max: int = 128
     step_ms: dict[int, float] = field(default_factory=dict)  # chunk size → EMA verify time
     draft_ms: float = 0.0  # EMA time of drafting one token (0 for lookup)
     _since_probe: int = 0
+    _wait: int = 0  # steps until the next probe (0: probe_every)
+    _probing: bool = False  # the last choice was a probe
 
     def cost(self, c: int) -> float:
         """Verify time of a c-row chunk: the least measured time of any size >= c (more rows never cost less;
@@ -47,10 +52,11 @@ class TreeController:
             rate = expect / (self.cost(size) + d * self.draft_ms)
             if rate > best_rate:
                 best, best_rate = (d, size), rate
+        self._probing = False
         if best[0] == 0:
             self._since_probe += 1
-            if self._since_probe >= self.probe_every:  # LLMCad's fallback, and a way back out of it
-                self._since_probe = 0
+            if self._since_probe >= (self._wait or self.probe_every):  # LLMCad's fallback, and a way back out of it
+                self._since_probe, self._probing = 0, True
                 return 2, 4
         return best
 
@@ -58,6 +64,9 @@ class TreeController:
                 confidence: int | None = None) -> None:
         old = self.step_ms.get(size)
         self.step_ms[size] = ms if old is None else self.decay * old + (1 - self.decay) * ms
+        if self._probing:  # a failed probe doubles the wait for the next, an accepted one resets it
+            self._wait = self.probe_every if accepted else min(2 * (self._wait or self.probe_every), self.probe_max)
+            self._probing = False
         if tried:
             rate = accepted / tried
             old_alpha = self.alphas.get(confidence, self.alpha)

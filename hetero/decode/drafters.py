@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import numpy as np
 import torch
 
 from hetero.decode.tree import TokenTree
@@ -66,33 +65,43 @@ class LookupDrafter:
     Drafting costs nothing next to a target step (`free`), so the decoder drafts the deepest tree and the
     controller decides how much of it to verify from `confidence`, the matched length (capped at 3): on
     `bench/decode.py`'s tasks a 1-token match is right a quarter of the time, a 4-token match almost
-    always. No match: the root alone, a plain step.
+    always. No match: the root alone, a plain step. The n-grams of the context are indexed as it grows
+    (a decode's context only grows), so a draft looks its suffixes up instead of scanning the context
+    (a scan of a 200-token chat cost ~0.24 ms a step, 3% of a plain step).
     """
 
     name = "lookup"
     free = True
 
     def __init__(self, n_max: int = 4, n_min: int = 1):
+        if not 1 <= n_min <= n_max:
+            raise ConfigError(f"lookup n-gram lengths must satisfy 1 <= n_min <= n_max, got {n_min}, {n_max}")
         self.n_max, self.n_min = n_max, n_min
         self.confidence = 0  # matched length of the last draft (0: none), capped at 3
+        self._ids: list[int] = []  # the context indexed so far
+        self._starts: dict[tuple[int, ...], list[int]] = {}  # n-gram -> its start positions, ascending
+
+    def _index(self, context: list[int]) -> None:
+        """Index every n-gram that lies in context[:-1] (a match must be followed by a token)."""
+        known = len(self._ids)
+        if len(context) < known or context[:known] != self._ids:  # another context: start over
+            self._ids, self._starts, known = [], {}, 0
+        self._ids = list(context)
+        for end in range(max(known - 1, 0) + 1, len(context)):  # windows ending at end-1 <= len - 2
+            for n in range(self.n_min, min(self.n_max, end) + 1):
+                self._starts.setdefault(tuple(context[end - n : end]), []).append(end - n)
 
     def draft(self, context: list[int], depth: int, size: int) -> TokenTree:
-        ids = np.asarray(context, dtype=np.int64)
         branches: list[list[int]] = []
         seen: set[tuple[int, ...]] = set()
         width = max(1, size // max(depth, 1))
         self.confidence = 0
         if depth > 0:
-            for n in range(min(self.n_max, len(ids) - 1), self.n_min - 1, -1):
-                suffix = ids[-n:]
-                hay = ids[:-1]
-                if len(hay) < n:
-                    continue
-                win = np.lib.stride_tricks.sliding_window_view(hay, n)
-                starts = np.flatnonzero((win == suffix).all(axis=1))
-                for s in starts[::-1]:  # most recent first
-                    cont = tuple(ids[s + n : s + n + depth].tolist())
-                    if cont and cont not in seen:
+            self._index(context)
+            for n in range(min(self.n_max, len(context) - 1), self.n_min - 1, -1):
+                for s in reversed(self._starts.get(tuple(context[-n:]), ())):  # most recent first
+                    cont = tuple(context[s + n : s + n + depth])
+                    if cont not in seen:
                         seen.add(cont)
                         branches.append(list(cont))
                         self.confidence = self.confidence or min(n, 3)

@@ -44,6 +44,35 @@ def test_lookup_drafts_the_continuation_of_an_earlier_ngram() -> None:
     assert t.tokens[0] == 3 and t.parents[0] == -1
 
 
+def _scan_draft(ids: list[int], depth: int, size: int, n_max: int = 4) -> list[list[int]]:
+    """The lookup by scanning the context (the definition the index must reproduce): for each suffix length,
+    longest first, the continuations of its earlier occurrences, most recent first, distinct, until there
+    are size // depth of them."""
+    width, branches = max(1, size // depth), []
+    for n in range(min(n_max, len(ids) - 1), 0, -1):
+        for s in range(len(ids) - 1 - n, -1, -1):
+            cont = ids[s + n : s + n + depth]
+            if ids[s : s + n] == ids[-n:] and cont not in branches:
+                branches.append(cont)
+            if len(branches) >= width:
+                return branches
+    return branches
+
+
+def test_lookup_index_drafts_what_a_scan_of_the_context_drafts() -> None:
+    """As the context grows token by token (a decode), and for a context that is not a continuation."""
+    from hetero.decode.drafters import _trie
+
+    gen = torch.Generator().manual_seed(0)
+    ctx = torch.randint(0, 6, (300,), generator=gen).tolist()
+    drafter = LookupDrafter()
+    for end in list(range(2, 300, 7)) + [120]:  # the last one: a shorter context, the index starts over
+        for depth, size in ((7, 8), (1, 4), (2, 8)):
+            t = drafter.draft(ctx[:end], depth, size)
+            want = _trie(ctx[end - 1], _scan_draft(ctx[:end], depth, size), size)
+            assert (t.tokens, t.parents) == (want.tokens, want.parents)
+
+
 def test_cut_keeps_the_shallow_dfs_prefix_as_a_tree() -> None:
     t = TokenTree([5, 6, 7, 8, 9], [-1, 0, 1, 0, 3])  # root → 6 → 7, root → 8 → 9
     c = t.cut(1, 8)
@@ -60,3 +89,26 @@ def test_controller_keeps_an_acceptance_rate_per_confidence() -> None:
         ctl.observe(4, 13.0, 3, 0, 0.0, 0, confidence=1)
     assert ctl.choose(100, confidence=3) == (7, 8)
     assert ctl.choose(100, confidence=1) == (0, 1)
+
+
+def test_controller_probes_less_often_while_probes_fail() -> None:
+    from hetero.decode.adapt import TreeController
+
+    ctl = TreeController(sizes=(1, 4, 8), step_ms={1: 10.0, 4: 13.0, 8: 18.0}, probe_every=4, probe_max=16)
+    ctl.alphas[1] = 0.0  # drafts never right: plain steps, and a probe now and then
+
+    def steps_to_probe() -> int:
+        for n in range(1, 100):
+            depth, size = ctl.choose(100, confidence=1)
+            if depth:
+                ctl.observe(size, 13.0, depth, 0, 0.0, 0, confidence=1)  # the probe fails
+                ctl.alphas[1] = 0.0
+                return n
+            ctl.observe(1, 10.0, 0, 0, 0.0, 0, confidence=1)
+        return 0
+
+    assert [steps_to_probe() for _ in range(5)] == [4, 8, 16, 16, 16]
+    assert [ctl.choose(100, confidence=1) for _ in range(16)][-1] == (2, 4)
+    ctl.observe(4, 13.0, 2, 1, 0.0, 0, confidence=1)  # an accepted probe: back to every 4 steps
+    ctl.alphas[1] = 0.0
+    assert steps_to_probe() == 4
