@@ -35,6 +35,8 @@ from hetero.decode import SamplingParams, generate  # noqa: E402
 from hetero.decode.step import TREE_SIZES, DecodeStep  # noqa: E402
 from hetero.loader import load_model  # noqa: E402
 from hetero.methods import make_runtime, use_threads  # noqa: E402
+from hetero.npu import isa  # noqa: E402
+from hetero.paths import atomic_path  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"
 TEXT = Path(__file__).resolve().parents[1] / "hetero" / "data" / "austen_emma.txt"
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     eng = Engines(model, args.threads)
     text_ids = tok(TEXT.read_text())["input_ids"]
     result: dict = {"model": model.name, "threads": args.threads, "repeats": repeats, "cpu_count": os.cpu_count(),
-                    "plain": [], "speculative": [], "e2e": []}
+                    "isa": isa.machine(), "plain": [], "speculative": [], "e2e": []}
     lens = (256,) if args.quick else (256, 1024, 2048)
     for n in lens:
         ids = text_ids[5000 : 5000 + n]
@@ -253,9 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         print(r, flush=True)
     OUT.mkdir(exist_ok=True)
     name = "decode_quick" if args.quick else "decode"
-    tmp = OUT / f".{name}.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, OUT / f"{name}.json")
+    with atomic_path(OUT / f"{name}.json") as tmp:
+        tmp.write_text(json.dumps(result, indent=1))
     write_md(result, OUT / f"{name}.md")
     plot(result, OUT / f"{name}.png")
     return 0
@@ -264,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
 def write_md(r: dict, path: Path) -> None:
     lines = [f"# Decode benchmark ({r['model']}, {r['threads']} threads, median of {r['repeats']})", "",
              "Reproduce: `python bench/decode.py`. The development machine is shared by several jobs: "
-             "`load` is the 1-minute load average (2 cores) when measured.", "",
+             "`load` is the 1-minute load average (2 cores) when measured. "
+             f"Machine: {r.get('isa', {}).get('machine', '?')}, ISA {', '.join(r.get('isa', {}).get('isa', [])) or '?'}.", "",
              "## Plain greedy decode, tokens/s", "", "| context | hetero INT8 | hetero float | HF generate | llama.cpp | load |",
              "|---:|---:|---:|---:|---:|---|"]
     for row in r["plain"]:
@@ -287,7 +289,8 @@ def write_md(r: dict, path: Path) -> None:
               "|---|---:|---:|---:|---|"]
     for row in r["e2e"]:
         lines.append(f"| {row['engine']} | {row['prefill_ms']} | {row['decode_ms']} | {row['total_ms']} | {row['load']} |")
-    path.write_text("\n".join(lines) + "\n")
+    with atomic_path(path) as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
 
 
 def plot(r: dict, path: Path) -> None:
@@ -316,7 +319,8 @@ def plot(r: dict, path: Path) -> None:
     ax[1].set_ylabel("speedup over plain decode")
     ax[1].set_title("token-tree speculation (INT8)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
 
 
 if __name__ == "__main__":
