@@ -27,5 +27,14 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
+# The committed speed benchmarks of prefill and decode (~25 min on 2 cores; a quiet machine): bench/results/.
+bench: setup
+	$(BIN)/pip install --quiet -e ".[test,hub,serve,bench]"
+	$(BIN)/python bench/prefill.py
+	$(BIN)/python bench/prefill_parts.py --out bench/results
+	$(BIN)/python bench/decode.py
+	$(BIN)/python bench/decode_step.py --out bench/results
+	$(BIN)/python bench/fused_step.py --out bench/results
+
 clean:
 	rm -rf $(VENV) build *.egg-info
