@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hetero.decode.step import TREE_SIZES
+
 
 @dataclass(slots=True)
 class TreeController:
     max_depth: int = 7
-    sizes: tuple[int, ...] = (1, 2, 4, 8)
+    sizes: tuple[int, ...] = TREE_SIZES
     alpha: float = 0.6  # prior acceptance per depth
     alphas: dict[int | None, float] = field(default_factory=dict)  # drafter's confidence → EMA acceptance
     decay: float = 0.8  # EMA weight of the past

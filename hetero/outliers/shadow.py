@@ -208,9 +208,9 @@ class QuantizedBackend(TorchBackend):
     def rows_maybe_beyond(self, site: str, sq: SiteQuant, x: torch.Tensor) -> list[int]:
         """Rows of x whose site input, transformed alone, may lie beyond the INT8 range: every row that
         `shadow_delta` of that row alone would correct, and maybe a few more. With an online transform the
-        rows are transformed together here, which rounds differently from one row alone by at most
-        √block·u·‖x_row‖₁ (u: float32's unit roundoff; the transform's entries are ±1/√block): a row
-        counts as inside only when it is inside by 4× that margin."""
+        rows are transformed together here. Each way's rounding error is at most √block·u·‖x_row‖₁ (u: float32's
+        unit roundoff; the transform's entries are ±1/√block), so the two differ by at most √block·eps·‖x_row‖₁
+        (eps = 2u): a row counts as inside only when it is inside by 4× that."""
         lo, hi = ACT_QMIN * float(sq.scale), ACT_QMAX * float(sq.scale)
         block = self.plan.online.get(site)
         xt = self.site_input(site, x)
