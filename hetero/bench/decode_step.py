@@ -25,10 +25,10 @@ from hetero.cli.args import add_method_arg, add_model_arg, int_list, positive_in
 
 HELP = ("one plain decode step's time at given contexts, split into graph runs, attention, head, shadow, rest; "
         "and a step verifying a chain of each static chunk size")
-# part -> (file name, function) whose cumulative time it is; the functions do not call each other
-_PARTS = {"graphs": ("onnxruntime_inference_collection.py", "run_with_iobinding"),
-          "attention": ("rowattn.py", "decode_rows"), "head": ("head.py", "__call__"),
-          "shadow": ("shadow.py", "shadow_delta")}
+# part -> (file name, function)s whose cumulative time it is; the functions do not call each other
+_PARTS = {"graphs": {("onnxruntime_inference_collection.py", "run_with_iobinding")},
+          "attention": {("rowattn.py", "decode_rows"), ("attnpool.py", "attend")}, "head": {("head.py", "__call__")},
+          "shadow": {("shadow.py", "shadow_delta")}}
 
 
 def step_parts(runtime, ids: list[int], steps: int, threads: int) -> dict[str, Any]:
@@ -56,7 +56,7 @@ def step_parts(runtime, ids: list[int], steps: int, threads: int) -> dict[str, A
     prof.disable()
     stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, ncalls, own, cumulative, callers)
     total = sum(s[2] for s in stats.values())
-    shares = {part: sum(s[3] for (file, _, name), s in stats.items() if (Path(file).name, name) == key) / total
+    shares = {part: sum(s[3] for (file, _, name), s in stats.items() if (Path(file).name, name) in key) / total
               for part, key in _PARTS.items()}
     shares["rest"] = max(0.0, 1.0 - sum(shares.values()))
     ms = statistics.median(times)
@@ -91,6 +91,32 @@ def chunk_costs(runtime, ids: list[int], steps: int, threads: int) -> dict[str, 
             "ratio": {str(c): round(v / ms[1], 2) for c, v in ms.items()}, "load": round(os.getloadavg()[0], 2)}
 
 
+def attention_threads(runtime, ids: list[int], steps: int, threads: int) -> dict[str, Any]:
+    """Median ms of a one-token step with its attention on one thread and on two (`decode.attnpool`: the KV heads
+    shared with a helper; the INT8 head's halves too), interleaved, and whether their logits are equal."""
+    import torch
+
+    from hetero.decode.step import DecodeStep
+    from hetero.decode.tree import TokenTree
+
+    cache = runtime.new_cache(len(ids) + 8)
+    runtime.prefill(torch.tensor(ids), cache)
+    tree = TokenTree.chain([ids[-1]])
+    steps_by = {n: DecodeStep(runtime, threads=threads, attention_threads=n) for n in (1, 2)}
+    logits = {n: [step.forward(cache, tree) for _ in range(3)][-1] for n, step in steps_by.items()}
+    times: dict[int, list[float]] = {n: [] for n in steps_by}
+    for _ in range(steps):
+        for n, step in steps_by.items():
+            t0 = time.perf_counter()
+            step.forward(cache, tree)
+            times[n].append((time.perf_counter() - t0) * 1e3)
+    ms = {n: statistics.median(t) for n, t in times.items()}
+    helped = steps_by[2].pool.helped if steps_by[2].pool is not None else 0
+    return {"context": len(ids), "one_ms": round(ms[1], 2), "two_ms": round(ms[2], 2),
+            "ratio": round(ms[2] / ms[1], 2), "same_logits": bool(torch.equal(logits[1], logits[2])),
+            "helper_heads": helped, "load": round(os.getloadavg()[0], 2)}
+
+
 def markdown(r: dict[str, Any]) -> str:
     parts = list(r["rows"][0]["parts_ms"]) if r["rows"] else []
     lines = [f"# One plain decode step ({r['model']}, method {r['method']}, {r['threads']} decode thread(s))", "",
@@ -108,6 +134,13 @@ def markdown(r: dict[str, Any]) -> str:
         for row in r["chunks"]:
             lines.append(f"| {row['context']} | " + " | ".join(f"{row['ms'][c]} ({row['ratio'][c]}×)" for c in sizes)
                          + f" | {row['load']} |")
+    if r.get("attention_threads"):
+        lines += ["", "## Attention (and the INT8 head) on one thread and on two (`decode.attnpool`), interleaved", "",
+                  "| context | one thread ms | two threads ms | ratio | same logits | heads the helper took | load |",
+                  "|---:|---:|---:|---:|---|---:|---|"]
+        for row in r["attention_threads"]:
+            lines.append(f"| {row['context']} | {row['one_ms']} | {row['two_ms']} | {row['ratio']}× | "
+                         f"{row['same_logits']} | {row['helper_heads']} | {row['load']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -134,7 +167,9 @@ def run(args: argparse.Namespace) -> int:
     ids = prompt_ids(args.model, max(contexts)).tolist()
     rows = [step_parts(rt, ids[:c], args.steps, args.threads) for c in contexts]
     chunks = [chunk_costs(rt, ids[:c], max(5, args.steps // 4), args.threads) for c in contexts]
+    attn = [attention_threads(rt, ids[:c], args.steps, args.threads) for c in contexts]
     result = {"model": model.name, "method": args.method, "threads": args.threads, "chunks": chunks,
+              "attention_threads": attn,
               "isa": {**isa.machine(), "weight_form": isa.resolve_weight_form(args.weight_form)},
               "command": "python bench/decode_step.py " + " ".join(sys.argv[1:]), "rows": rows}
     if args.out:

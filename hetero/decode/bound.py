@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import onnxruntime as ort
 import torch
 
 from hetero import model as ref
+from hetero.decode.attnpool import AttentionPool
 from hetero.decode.rowattn import decode_rows, tree_layout
 from hetero.decode.tree import TokenTree
 from hetero.kv_cache import KVCache
@@ -38,11 +40,12 @@ class _Run:
 class BoundStep:
     """`forward(cache, tree, slot)` → the hidden states [C, hidden] of a C-row chunk, no per-run binding."""
 
-    def __init__(self, backend, rope: ref.RopeTable, rows: int):
-        self.backend, self.cfg, self.rope, self.rows = backend, backend.cfg, rope, rows
+    def __init__(self, backend, rope: ref.RopeTable, rows: int, pool: AttentionPool | None = None):
+        self.backend, self.cfg, self.rope, self.rows, self.pool = backend, backend.cfg, rope, rows, pool
         cfg = self.cfg
         self.h = (torch.zeros(rows, cfg.hidden), torch.zeros(rows, cfg.hidden))  # layer l reads h[l % 2]
         self.a = torch.zeros(rows, cfg.q_dim)  # attention output, every layer's o input
+        self.q = np.zeros((rows, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim), np.float32)
         self.runs: list[list[_Run]] = []
         for layer in range(cfg.n_layers):
             if layer not in backend.layers:
@@ -69,8 +72,17 @@ class BoundStep:
         self.h[0].copy_(ref.embed(be.model.weights, torch.tensor(tree.tokens + [tree.tokens[0]] * (c - n))))
         layout = tree_layout(tree.depth, tree.parents, slot, self.rope)
         self.a[n:] = 0  # padding rows: their attention stays zero (their K/V never reach the cache)
+        q = self.q[:n]
+        shared = self.pool is not None and self.pool.begin(
+            cache.k.numpy(), cache.v.numpy(), q, layout.extra, layout.n_extra, cfg.head_dim**-0.5,
+            self.a.numpy()[:n].reshape(q.shape))
+        self._layers(cache, layout, depth, shared)  # the caller ends the pool's step (after the LM head)
+        return self.h[depth % 2]
+
+    def _layers(self, cache: KVCache, layout, depth: int, shared: bool) -> None:
+        cfg, be = self.cfg, self.backend
         shadow = [be.layers[layer].shadow_sites for layer in range(depth)]
-        per_row = c > 1  # a tree row's shadow is its own, as in a one-row step (`shadow_delta_rows`)
+        per_row = self.rows > 1  # a tree row's shadow is its own, as in a one-row step (`shadow_delta_rows`)
         delta = be.reference.shadow_delta_rows if per_row else be.reference.shadow_delta
         for layer in range(depth):
             qkv_run, *rest = self.runs[layer]
@@ -81,7 +93,10 @@ class BoundStep:
                 if extra is not None:
                     qkv += extra
             kc, vc = cache.layer(layer)
-            decode_rows(cfg, qkv, kc, vc, layout, self.a)
+            if shared:  # both threads (`attnpool`): the same kernel per KV head, the same result
+                self.pool.attend(cfg, layer, qkv, kc, vc, layout)
+            else:
+                decode_rows(cfg, qkv, kc, vc, layout, self.a)
             env: dict[str, torch.Tensor] = {"a": self.a}
             d_extra = None
             for run in rest:
@@ -95,4 +110,4 @@ class BoundStep:
             if "d" in last:  # a separate down graph: h1 + (d + shadow), as `NpuBackend.o_ffn`
                 d = last["d"] if d_extra is None else last["d"].add_(d_extra)
                 torch.add(env["h1"], d, out=self.h[(layer + 1) % 2])
-        return self.h[depth % 2]
+

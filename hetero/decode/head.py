@@ -50,24 +50,46 @@ def int8_head_graph(w: torch.Tensor) -> tuple[onnx.ModelProto, torch.Tensor]:
 
 
 class Int8Head:
-    """final RMSNorm (float, CPU lane) + the INT8 LM head graph (ONNX Runtime)."""
+    """final RMSNorm (float, CPU lane) + the INT8 LM head graph (ONNX Runtime), in two halves of the vocabulary.
+
+    Each half is its own `MatMulInteger` graph over half of W's output channels: a logit is the same integer sum
+    in either, so the logits equal one whole-vocabulary graph's. During a decode step with a helper thread
+    (`attnpool.AttentionPool.pair`) the halves run on two cores, each streaming half of the 28 MB of weights."""
 
     name = "int8"
 
-    def __init__(self, cfg: ModelConfig, weights: Weights, threads: int = 2):
-        self.cfg, self.weights = cfg, weights
+    def __init__(self, cfg: ModelConfig, weights: Weights, threads: int = 2, pool=None):
+        self.cfg, self.weights, self.pool = cfg, weights, pool
         so = ort_session_options()
         so.log_severity_level = 3
         so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        graph, self.w_scale = int8_head_graph(weights.lm_head)
-        self.session = ort.InferenceSession(graph.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        half = (cfg.vocab // 2 + 63) // 64 * 64
+        self.parts = [(0, half), (half, cfg.vocab)]
+        scales = []
+        self.sessions = []
+        for lo, hi in self.parts:
+            graph, scale = int8_head_graph(weights.lm_head[lo:hi])
+            self.sessions.append(ort.InferenceSession(graph.SerializeToString(), so, providers=["CPUExecutionProvider"]))
+            scales.append(scale)
+        self.w_scale = torch.cat(scales)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         if h.numel() == 0:  # a step that only writes K/V (a drafter catching up) asks for no logits
             return h.new_empty(*h.shape[:-1], self.cfg.vocab)
         x = ref.rms_norm(h.reshape(-1, self.cfg.hidden), self.weights.norm, self.cfg.rms_eps)
         s = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0  # per row
-        xq = (torch.round(x / s).clamp(-127, 127) + 128).to(torch.uint8)
-        acc = torch.from_numpy(self.session.run(None, {"x_q": xq.numpy()})[0])
-        return (acc.float() * s * self.w_scale).reshape(*h.shape[:-1], -1)
+        xq = (torch.round(x / s).clamp(-127, 127) + 128).to(torch.uint8).contiguous()
+        accs = [torch.empty(xq.shape[0], hi - lo, dtype=torch.int32) for lo, hi in self.parts]
+        runs = []
+        for sess, acc in zip(self.sessions, accs):
+            b = sess.io_binding()
+            b.bind_input("x_q", "cpu", 0, np.uint8, tuple(xq.shape), xq.data_ptr())
+            b.bind_output("acc", "cpu", 0, np.int32, tuple(acc.shape), acc.data_ptr())
+            runs.append(lambda sess=sess, b=b: sess.run_with_iobinding(b))
+        if self.pool is not None:
+            self.pool.pair(*runs)
+        else:
+            for run in runs:
+                run()
+        return (torch.cat(accs, dim=1).float() * s * self.w_scale).reshape(*h.shape[:-1], -1)

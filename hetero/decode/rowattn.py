@@ -29,9 +29,10 @@ from hetero.model import RopeTable
 
 @numba.njit(cache=True, fastmath=True, nogil=True)
 def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra: np.ndarray, n_extra: np.ndarray,
-                 scale: float, out: np.ndarray) -> None:  # pragma: no cover - compiled
+                 scale: float, out: np.ndarray, h0: int, h1: int) -> None:  # pragma: no cover - compiled
     """q [R, n_kv, g, D] (query heads grouped by KV head), k/v [n_kv, capacity, D]. Row r sees cache rows
-    [0, prefix) and then extra[r, :n_extra[r]], in that order; out [R, n_kv, g, D] = softmax(q·kᵀ·scale)·v.
+    [0, prefix) and then extra[r, :n_extra[r]], in that order; out[:, h0:h1] = softmax(q·kᵀ·scale)·v of KV heads
+    [h0, h1) (out [R, n_kv, g, D]). The heads are independent: two threads may share them (`AttentionPool`).
 
     Every score, softmax and output sum of a row is computed by the same statement whichever rows come with
     it and whether a cache row is in the prefix or an extra: a row's result depends only on its query and the
@@ -42,7 +43,7 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
     bits = np.empty(span, np.int32)  # 2^z of each exp as float32 bits
     two_z = bits.view(np.float32)
     sc = np.float32(scale)
-    for h in range(n_kv):
+    for h in range(h0, h1):
         # The row choice is written out here and for V: an inlined helper made the kernel 1.3-2x slower.
         for t in range(span):  # K row read once for every row and query head that sees it
             for r in range(rows):
@@ -114,7 +115,7 @@ def row_attention(cfg: ModelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_ca
     if out is None:
         out = torch.empty(cfg.n_heads, 1, cfg.head_dim)
     _attend_rows(qg.numpy()[None], k_cache.numpy(), v_cache.numpy(), length, _NO_EXTRA, _ZERO, cfg.head_dim**-0.5,
-                 out.view(1, cfg.n_kv_heads, g, cfg.head_dim).numpy())
+                 out.view(1, cfg.n_kv_heads, g, cfg.head_dim).numpy(), 0, cfg.n_kv_heads)
     return out.view(cfg.n_heads, 1, cfg.head_dim)
 
 
@@ -175,21 +176,32 @@ def tree_layout(depth: list[int], parents: list[int], slot: int, rope: RopeTable
     return RowLayout(slot, extra, n_extra, rope.cos.numpy()[positions], rope.sin.numpy()[positions])
 
 
+def rope_rows(cfg: ModelConfig, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: RowLayout,
+              q: np.ndarray) -> None:
+    """RoPE of the rows' q and k (qkv [>= n, q_dim + 2·kv_dim]) at their positions: q into q [n, n_kv, g, D]
+    (C-contiguous float32), k and v into cache rows slot..slot+n-1 of one layer's views [n_kv, capacity, D]."""
+    n, slot = len(layout), layout.slot
+    if slot + n > k_cache.shape[1]:
+        raise ValueError(f"rows {slot}..{slot + n - 1} must lie in the cache (capacity {k_cache.shape[1]})")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and qkv.is_contiguous()):
+        raise ValueError("qkv, k_cache and v_cache must be contiguous")
+    d = cfg.head_dim
+    _rope_rows(qkv.numpy()[:n], layout.cos, layout.sin, cfg.n_heads, cfg.n_kv_heads, d, k_cache.numpy(),
+               v_cache.numpy(), slot, q.reshape(n, cfg.n_heads, d))
+
+
 def decode_rows(cfg: ModelConfig, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: RowLayout,
                 out: torch.Tensor) -> None:
     """A decode step's attention for its n rows (one token, or a token tree as one chunk, LLMCad §3.2) in two
     compiled calls: RoPE of qkv [>= n, q_dim + 2·kv_dim] at the rows' positions, their K/V into cache rows
-    slot..slot+n-1, and each row's attention over [0, slot) and its path (`tree_layout`) into out [>= n, q_dim]
-    (contiguous): the cache is read once for all rows. A row's result is bit for bit that of `row_attention`
-    over the same keys in a contiguous cache (tested), so greedy speculation emits plain greedy's tokens."""
-    n, slot = len(layout), layout.slot
-    if slot + n > k_cache.shape[1]:
-        raise ValueError(f"rows {slot}..{slot + n - 1} must lie in the cache (capacity {k_cache.shape[1]})")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and qkv.is_contiguous() and out.is_contiguous()):
-        raise ValueError("qkv, k_cache, v_cache and out must be contiguous")
-    g, d = cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
+    slot..slot+n-1 (`rope_rows`), and each row's attention over [0, slot) and its path (`tree_layout`) into
+    out [>= n, q_dim] (contiguous): the cache is read once for all rows. A row's result is bit for bit that of
+    `row_attention` over the same keys in a contiguous cache (tested), so greedy speculation emits plain
+    greedy's tokens. `attnpool.AttentionPool` runs the same kernel per KV head on two threads."""
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous")
+    n, g, d = len(layout), cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
     q = np.empty((n, cfg.n_kv_heads, g, d), np.float32)
-    kn, vn = k_cache.numpy(), v_cache.numpy()
-    _rope_rows(qkv.numpy()[:n], layout.cos, layout.sin, cfg.n_heads, cfg.n_kv_heads, d, kn, vn, slot,
-               q.reshape(n, cfg.n_heads, d))
-    _attend_rows(q, kn, vn, slot, layout.extra, layout.n_extra, d**-0.5, out.numpy()[:n].reshape(n, cfg.n_kv_heads, g, d))
+    rope_rows(cfg, qkv, k_cache, v_cache, layout, q)
+    _attend_rows(q, k_cache.numpy(), v_cache.numpy(), layout.slot, layout.extra, layout.n_extra, d**-0.5,
+                 out.numpy()[:n].reshape(n, cfg.n_kv_heads, g, d), 0, cfg.n_kv_heads)

@@ -17,6 +17,7 @@ import torch
 
 from hetero import model as ref
 from hetero.backend import LayerBackend
+from hetero.decode.attnpool import AttentionPool, usable_cores
 from hetero.decode.bound import BoundStep
 from hetero.decode.head import FloatHead, Int8Head
 from hetero.decode.rowattn import row_attention
@@ -31,6 +32,9 @@ TREE_SIZES = (1, 2, 4, 8)  # static chunk sizes of the INT8 decode graphs (2: a 
 # wakes a sleeping pool thread (neither pool spins: `npu.providers`, `hetero.threads`), which costs more
 # than the second core's extra memory bandwidth gains (docs/design.md, "Decode").
 DECODE_THREADS = 1
+# Threads of the step's attention on the INT8 lane: the KV heads of each layer shared with a helper thread that
+# spins only while a step runs (`attnpool`); same result on one or two.
+ATTENTION_THREADS = 2 if usable_cores() >= 2 else 1
 
 
 @contextmanager
@@ -51,18 +55,24 @@ class DecodeStep:
 
     _shared: "weakref.WeakKeyDictionary[Runtime, DecodeStep]" = weakref.WeakKeyDictionary()
 
-    def __init__(self, runtime: Runtime, head: str = "auto", threads: int = DECODE_THREADS):
+    def __init__(self, runtime: Runtime, head: str = "auto", threads: int = DECODE_THREADS,
+                 attention_threads: int = ATTENTION_THREADS):
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
+        if attention_threads not in (1, 2):
+            raise ConfigError(f"attention_threads must be 1 or 2, got {attention_threads}")
         self.runtime, self.cfg, self.model = runtime, runtime.cfg, runtime.model
         self.static = hasattr(runtime.backend, "plan") and hasattr(runtime.backend, "provider")  # NpuBackend
         self.threads = threads  # the INT8 lane's (the float lane keeps the runtime's: its step is a few big GEMVs)
         self._backends: dict[int, LayerBackend] = {}
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
         self._bound: dict[int, BoundStep] = {}  # static lanes: chunk size → its bound graphs
+        self.pool = AttentionPool() if self.static and attention_threads == 2 else None
+        if self.pool is not None:  # the helper thread ends with this step object
+            weakref.finalize(self, self.pool.close)
         if head == "auto":
             head = "int8" if self.static else "float"
-        self.head = (Int8Head(self.cfg, self.model.weights, threads) if head == "int8"
+        self.head = (Int8Head(self.cfg, self.model.weights, threads, self.pool) if head == "int8"
                      else FloatHead(self.cfg, self.model.weights))
 
     @classmethod
@@ -125,8 +135,13 @@ class DecodeStep:
         if self.static:  # the graphs of this size bound once (`bound.BoundStep`)
             bound = self._bound.get(c)
             if bound is None:
-                bound = self._bound[c] = BoundStep(self.backend(c), self.runtime.rope, c)
-            h = bound.forward(cache, tree, slot, layers)
+                bound = self._bound[c] = BoundStep(self.backend(c), self.runtime.rope, c, self.pool)
+            try:
+                h = bound.forward(cache, tree, slot, layers)
+                return self._logits(h, n, rows)
+            finally:
+                if self.pool is not None:
+                    self.pool.end()
         else:
             backend = self.backend(n)
             ids = torch.tensor(tree.tokens + [tree.tokens[0]] * (c - n), dtype=torch.long)
@@ -139,6 +154,9 @@ class DecodeStep:
                 kc, vc = cache.layer(layer)
                 a = ref.attention(self.cfg, q, k, v, rope, kc, vc, slot, n, positions, mask, row_attention)
                 h = backend.o_ffn(layer, a, h)
+        return self._logits(h, n, rows)
+
+    def _logits(self, h: torch.Tensor, n: int, rows: Sequence[int] | None) -> torch.Tensor:
         sel = h[:n] if rows is None else h[list(rows)]
         if sel.shape[0] == 0:  # K/V only (a draft model catching up)
             return torch.empty(0, self.cfg.vocab)

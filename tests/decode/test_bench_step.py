@@ -41,3 +41,16 @@ def test_chunk_costs_time_every_static_chunk_size_and_render():
     table = markdown({"model": "tiny", "method": "hetero", "threads": 1, "isa": {}, "command": "c", "rows": [],
                       "chunks": [row]})
     assert "| 27 |" in table and "C = 8" in table
+
+
+def test_attention_threads_compares_one_and_two_threads_and_renders():
+    from hetero.bench.decode_step import attention_threads
+
+    m = make_tiny_model()
+    rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m, SHADOWS), 16, provider="cpu"))
+    row = attention_threads(rt, list(range(3, 30)), steps=2, threads=1)
+    assert row["same_logits"] is True  # the shared kernel is bit for bit the one-thread kernel
+    assert isinstance(row["one_ms"], float) and isinstance(row["two_ms"], float)
+    table = markdown({"model": "tiny", "method": "hetero", "threads": 1, "isa": {}, "command": "c", "rows": [],
+                      "attention_threads": [row]})
+    assert "| 27 |" in table and "heads the helper took" in table

@@ -42,13 +42,14 @@ def unbound_step(rt: Runtime, be: NpuBackend, cache, token: int, slot: int) -> t
     return h
 
 
+@pytest.mark.parametrize("attention_threads", [1, 2])
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("kind", ["w8a8-shadows", "rot-a16-shadows"])
-def test_bound_step_equals_the_unbound_graphs_and_a_tree_row(form, kind):
+def test_bound_step_equals_the_unbound_graphs_and_a_tree_row(form, kind, attention_threads):
     m = make_tiny_model()
     plan = plans(m, form)[kind]
     rt = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16, provider="cpu"))
-    step = DecodeStep(rt)
+    step = DecodeStep(rt, attention_threads=attention_threads)  # 2: the KV heads shared with a helper (`attnpool`)
     prompt = torch.arange(3, 40) * 5 % 256
     r1, r2, r3 = rt.prefill(prompt), rt.prefill(prompt), rt.prefill(prompt)
     slot = r1.cache.length
@@ -81,6 +82,8 @@ def test_decode_step_threads_reach_its_sessions_and_torch_is_restored():
     assert rt.backend.provider.intra_op_threads == 2  # the prefill lane keeps its own
     with pytest.raises(ConfigError, match="threads"):
         DecodeStep(rt, threads=0)
+    with pytest.raises(ConfigError, match="attention_threads"):
+        DecodeStep(rt, attention_threads=3)
 
 
 def test_shadow_rows_are_each_rows_own_correction():

@@ -1,0 +1,232 @@
+"""A second core for a decode step's attention: each layer's KV heads shared with a spinning helper thread.
+
+A decode step's attention streams the whole KV cache once per token (47 MB at context 1024 on the default
+model) on the step's one thread, while the other core idles: the step's ~80 graph runs stay on one thread
+because a sleeping ONNX Runtime pool pays a wake-up on every run (`step.DECODE_THREADS`). Here a helper
+thread is woken once per step (`begin`), then spins in compiled code, without the GIL, on a small control
+array until the step ends (`end`). Each layer's attention is published there as a job; both threads claim
+its KV heads one at a time (compare-and-swap) and the main thread returns once every head is done.
+
+A head's output is computed by the same compiled kernel, `rowattn._attend_rows` over [h, h + 1), whichever
+thread claims it, with the same argument types as the one-thread call: the result is bit for bit the
+one-thread kernel's (tested), so plain and speculative decoding stay equal. If the helper is late (it has not
+woken yet, or the OS preempted it) the main thread claims the heads itself: nothing waits on the helper but
+a head it is already running. Measured: docs/design.md, "Decoding".
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+import numba
+import numpy as np
+import torch
+
+from hetero.config import ModelConfig
+from hetero.decode import atomics
+from hetero.decode.rowattn import RowLayout, _attend_rows, rope_rows
+
+# Control fields (int64), each on its own 64-byte cache line. SEQ is even when a job is published and odd
+# while the main thread writes one (a seqlock); CLAIM and DONE count heads over all jobs and never go back,
+# so a helper holding an old job can never claim a head of a newer one.
+_SEQ, _STOP, _CLAIM, _DONE, _LAYER, _PREFIX, _LIMIT, _TASK, _TASK_DONE, _HELPED = (8 * i for i in range(10))
+_FIELDS = 10
+
+
+@numba.njit(cache=True, nogil=True)
+def _claim_heads(ctrl: np.ndarray, limit: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int,
+                 extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray,
+                 helper: bool) -> None:  # pragma: no cover - compiled
+    """Claim the job's heads (head numbers limit - n_kv .. limit - 1) one at a time and attend each; the helper
+    counts its heads (`AttentionPool.helped`)."""
+    base = limit - k.shape[0]
+    while True:
+        c = atomics.load(ctrl, _CLAIM)
+        if c >= limit:
+            return
+        if atomics.cas(ctrl, _CLAIM, c, c + 1):
+            _attend_rows(q, k, v, prefix, extra, n_extra, scale, out, c - base, c - base + 1)
+            if helper:
+                atomics.add(ctrl, _HELPED, 1)
+            atomics.add(ctrl, _DONE, 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _attend_shared(ctrl: np.ndarray, layer: int, k_all: np.ndarray, v_all: np.ndarray, q: np.ndarray, prefix: int,
+                   extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray) -> None:  # pragma: no cover
+    """The main thread's side of one layer: publish the job, claim heads, wait until all are done."""
+    limit = atomics.load(ctrl, _CLAIM) + k_all.shape[1]
+    seq = atomics.load(ctrl, _SEQ)
+    atomics.store(ctrl, _SEQ, seq + 1)
+    atomics.store(ctrl, _LAYER, layer)
+    atomics.store(ctrl, _PREFIX, prefix)
+    atomics.store(ctrl, _LIMIT, limit)
+    atomics.store(ctrl, _SEQ, seq + 2)
+    _claim_heads(ctrl, limit, q, k_all[layer], v_all[layer], prefix, extra, n_extra, scale, out, False)
+    while atomics.load(ctrl, _DONE) < limit:
+        atomics.pause()
+
+
+@numba.njit(cache=True, nogil=True)
+def _helper_loop(ctrl: np.ndarray, seen: int, k_all: np.ndarray, v_all: np.ndarray, q: np.ndarray,
+                 extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray) -> bool:  # pragma: no cover
+    """The helper's side of a step: claim heads of every job published after `seen` until STOP is set (False)
+    or the main thread hands it a task (True: `AttentionPool.pair`)."""
+    while atomics.load(ctrl, _STOP) == 0:
+        if atomics.load(ctrl, _TASK) == 1 and atomics.cas(ctrl, _TASK, 1, 2):  # claimed: the main thread won't run it
+            return True
+        seq = atomics.load(ctrl, _SEQ)
+        if seq == seen or seq % 2 == 1:
+            atomics.pause()
+            continue
+        layer = atomics.load(ctrl, _LAYER)
+        prefix = atomics.load(ctrl, _PREFIX)
+        limit = atomics.load(ctrl, _LIMIT)
+        if atomics.load(ctrl, _SEQ) != seq:  # a newer job was written meanwhile: read that one
+            continue
+        seen = seq
+        _claim_heads(ctrl, limit, q, k_all[layer], v_all[layer], prefix, extra, n_extra, scale, out, True)
+    return False
+
+
+@numba.njit(cache=True, nogil=True)
+def _set(ctrl: np.ndarray, field: int, value: int) -> None:  # pragma: no cover - compiled
+    atomics.store(ctrl, field, value)
+
+
+@numba.njit(cache=True, nogil=True)
+def _take_back(ctrl: np.ndarray) -> bool:  # pragma: no cover - compiled
+    """The task back from a helper that has not claimed it yet (True: the caller runs it)."""
+    return atomics.cas(ctrl, _TASK, 1, 0)
+
+
+@numba.njit(cache=True, nogil=True)
+def _wait_for(ctrl: np.ndarray, field: int, value: int) -> None:  # pragma: no cover - compiled
+    while atomics.load(ctrl, field) != value:
+        atomics.pause()
+
+
+def usable_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class AttentionPool:
+    """A helper thread that shares each layer's attention heads during a decode step (module docstring).
+
+    `begin(...)` at the start of a step (False: the helper is still leaving the last step, so this step runs on
+    one thread), `attend(layer, prefix)` per layer, `end()` when the step's last attention is done.
+    """
+
+    def __init__(self) -> None:
+        self.ctrl = np.zeros(8 * _FIELDS, np.int64)
+        self._go, self._idle = threading.Event(), threading.Event()
+        self._idle.set()
+        self._args: tuple | None = None
+        self._step: tuple | None = None  # the arrays of the step in progress (main thread's side)
+        self._task: Callable[[], object] | None = None
+        self._error: BaseException | None = None  # raised by the helper's task
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        while True:
+            self._go.wait()
+            self._go.clear()
+            if self._closed:
+                break
+            args, self._args = self._args, None
+            if args is not None and _helper_loop(self.ctrl, *args):
+                task, self._task = self._task, None
+                try:
+                    task()
+                except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
+                    self._error = e
+                finally:
+                    _set(self.ctrl, _TASK_DONE, 1)
+            self._idle.set()
+        self._idle.set()
+
+    def begin(self, k_all: np.ndarray, v_all: np.ndarray, q: np.ndarray, extra: np.ndarray, n_extra: np.ndarray,
+              scale: float, out: np.ndarray) -> bool:
+        """Wake the helper for a step over these arrays (kept until `end`): the whole cache's K/V
+        [layers, n_kv, capacity, D], the rows' roped queries [n, n_kv, g, D] (written before each `attend`),
+        their paths (`rowattn.RowLayout`) and the output [n, n_kv, g, D]."""
+        if self._closed or not self._idle.is_set():
+            return False
+        if self._thread is None or not self._thread.is_alive():  # first step, or a child after fork()
+            self._go.clear()
+            self._thread = threading.Thread(target=self._run, name="hetero-decode-attention", daemon=True)
+            self._thread.start()
+        self._idle.clear()
+        _set(self.ctrl, _STOP, 0)
+        _set(self.ctrl, _TASK, 0)
+        _set(self.ctrl, _TASK_DONE, 0)
+        self._step = (k_all, v_all, q, extra, n_extra, float(scale), out)
+        self._args = (int(self.ctrl[_SEQ]),) + self._step
+        self._go.set()
+        return True
+
+    def attend(self, cfg: ModelConfig, layer: int, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               layout: RowLayout) -> None:
+        """`rowattn.decode_rows` of one layer on both threads: RoPE of the rows' qkv (their K/V into the layer's
+        cache views k_cache / v_cache), then their attention over cache rows [0, layout.slot) and their paths
+        into the step's output."""
+        k_all, v_all, q, extra, n_extra, scale, out = self._step
+        rope_rows(cfg, qkv, k_cache, v_cache, layout, q)
+        _attend_shared(self.ctrl, layer, k_all, v_all, q, layout.slot, extra, n_extra, scale, out)
+
+    @property
+    def helped(self) -> int:
+        """KV heads the helper has attended so far (all steps)."""
+        return int(self.ctrl[_HELPED])
+
+    @property
+    def active(self) -> bool:
+        """A step with the helper is in progress (`begin` returned True, `end` not called yet)."""
+        return self._step is not None
+
+    def pair(self, main: Callable[[], object], other: Callable[[], object]) -> None:
+        """Run `main` here and `other` on the helper at the same time (the step's last work: the helper leaves
+        the step's loop for it), or both here when no step with the helper is in progress. The helper takes the
+        GIL to start `other`; both should release it (an ONNX Runtime run does). If the helper has not claimed
+        `other` by the time `main` is done, this thread takes it back and runs it: nothing waits on a helper
+        that is late or gone."""
+        if not self.active:
+            main()
+            other()
+            return
+        self._task = other
+        _set(self.ctrl, _TASK, 1)
+        try:
+            main()
+        finally:
+            if _take_back(self.ctrl):
+                self._task = None
+                other()
+            else:
+                _wait_for(self.ctrl, _TASK_DONE, 1)
+                error, self._error = self._error, None
+                if error is not None:
+                    raise error
+
+    def end(self) -> None:
+        """The step's attention is done: the helper stops spinning and goes back to sleep."""
+        _set(self.ctrl, _STOP, 1)
+        self._step = None
+
+    def close(self) -> None:
+        """Stop the helper thread and wait for it to end. At interpreter exit (`weakref.finalize`'s atexit) this
+        matters: a daemon thread still inside the compiled loop when finalization starts is killed by
+        pthread_exit while it retakes the GIL in numba's C++ dispatcher, which aborts the process."""
+        self._closed = True
+        _set(self.ctrl, _STOP, 1)
+        self._go.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=10.0)

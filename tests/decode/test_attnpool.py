@@ -1,0 +1,97 @@
+"""The two-thread attention of a decode step (`decode.attnpool`): whichever thread attends a KV head, the
+output and the cache rows are bit for bit the one-thread kernel's; the helper's task and its errors reach the
+caller; a late or closed helper never makes the step wait."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from hetero import model as ref
+from hetero.decode.attnpool import AttentionPool, usable_cores
+from hetero.decode.rowattn import decode_rows, tree_layout
+from hetero.decode.tree import TokenTree
+from tests.conftest import make_tiny_model
+
+TWO_CORES = usable_cores() >= 2
+
+
+def random_cache(cfg, layers: int, capacity: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    shape = (layers, cfg.n_kv_heads, capacity, cfg.head_dim)
+    return torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+
+
+@pytest.mark.parametrize("slot", [5, 127, 300])
+def test_shared_attention_equals_the_one_thread_kernel(slot):
+    cfg = make_tiny_model().config
+    rope = ref.RopeTable(cfg, 512)
+    layers, capacity = 4, 512
+    tree = TokenTree([1, 2, 3, 4, 5], [-1, 0, 1, 0, 3])
+    layout = tree_layout(tree.depth, tree.parents, slot, rope)
+    n, g = len(tree), cfg.n_heads // cfg.n_kv_heads
+    gen = torch.Generator().manual_seed(slot)
+    qkvs = [torch.randn(n, cfg.q_dim + 2 * cfg.kv_dim, generator=gen) * 3 for _ in range(layers)]
+    k1, v1 = random_cache(cfg, layers, capacity, slot)
+    k2, v2 = k1.clone(), v1.clone()
+    want = [torch.zeros(n, cfg.q_dim) for _ in range(layers)]
+    for layer in range(layers):
+        decode_rows(cfg, qkvs[layer], k1[layer], v1[layer], layout, want[layer])
+    pool = AttentionPool()
+    try:
+        q = np.zeros((n, cfg.n_kv_heads, g, cfg.head_dim), np.float32)
+        out = torch.zeros(n, cfg.q_dim)
+        for rep in range(20):  # heads go to either thread; every run must give the one-thread result
+            assert pool.begin(k2.numpy(), v2.numpy(), q, layout.extra, layout.n_extra, cfg.head_dim**-0.5,
+                              out.numpy().reshape(q.shape))
+            if rep % 2:
+                time.sleep(0.005)  # the helper is spinning before the first job (else it may still be waking)
+            for layer in range(layers):
+                pool.attend(cfg, layer, qkvs[layer], k2[layer], v2[layer], layout)
+                assert torch.equal(out, want[layer]), f"layer {layer}, run {rep}"
+            pool.end()
+            deadline = time.time() + 5
+            while not pool._idle.is_set() and time.time() < deadline:  # the next begin needs the helper asleep
+                time.sleep(0.001)
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)  # the rows' K/V landed where the kernel puts them
+        if TWO_CORES:
+            assert pool.helped > 0, "the helper never attended a head: the shared path went untested"
+    finally:
+        pool.close()
+    assert not pool._thread.is_alive()
+
+
+def test_pair_runs_both_and_hands_back_the_helpers_error():
+    pool = AttentionPool()
+    ran: list[str] = []
+    pool.pair(lambda: ran.append("main"), lambda: ran.append("other"))  # no step in progress: both here, in order
+    assert ran == ["main", "other"]
+    cfg = make_tiny_model().config
+    k, v = random_cache(cfg, 1, 8, 0)
+    q = np.zeros((1, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim), np.float32)
+    layout = tree_layout([0], [-1], 3, ref.RopeTable(cfg, 16))
+    args = (k.numpy(), v.numpy(), q, layout.extra, layout.n_extra, 0.125, np.zeros_like(q))
+    try:
+        for _ in range(3):
+            assert pool.begin(*args)
+            threads: set[str] = set()
+            pool.pair(lambda: threads.add("main"), lambda: threads.add(threading.current_thread().name))
+            assert len(threads) == 2  # run here and on the helper, or both here when the helper was late
+            pool.end()
+            pool._idle.wait(5)
+        assert pool.begin(*args)
+        time.sleep(0.005)
+
+        def fail() -> None:
+            raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            pool.pair(lambda: time.sleep(0.02), fail)  # the helper claims it while main sleeps
+        pool.end()
+    finally:
+        pool.close()
+    assert not pool.begin(*args)  # closed: steps run on one thread
