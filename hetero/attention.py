@@ -73,8 +73,7 @@ class ChunkAttention:
         """The session running on `threads` intra-op threads (made once; it holds no weights)."""
         s = self._sessions.get(threads)
         if s is None:
-            so = ort_session_options()
-            so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+            so = ort_session_options(threads)
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the NPU lane's sessions
             so.log_severity_level = 3
             s = self._sessions[threads] = ort.InferenceSession(self._graph, so, providers=["CPUExecutionProvider"])

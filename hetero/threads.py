@@ -64,9 +64,11 @@ def shared_ort_pool() -> bool:
     return mode == "shared"
 
 
-def ort_session_options():
-    """A fresh `onnxruntime.SessionOptions` for a session of hetero: in the shared mode, the process's pool
-    (made on first use, before any session: ONNX Runtime reads it when it creates its environment)."""
+def ort_session_options(intra_op_threads: int | None = None, inter_op_threads: int = 1):
+    """A fresh `onnxruntime.SessionOptions` for a session of hetero on `intra_op_threads` (None: ONNX Runtime's
+    default); in the shared mode, the process's pool instead (made on first use, before any session: ONNX
+    Runtime reads it when it creates its environment; it warns once per session whose options name thread
+    counts, so none are set then)."""
     import onnxruntime as ort
 
     global _shared_pool_made
@@ -78,4 +80,6 @@ def ort_session_options():
             _pybind_state.set_global_thread_pool_sizes(os.cpu_count() or 1, 1)
             _shared_pool_made = True
         so.use_per_session_threads = False
+    elif intra_op_threads is not None:
+        so.intra_op_num_threads, so.inter_op_num_threads = intra_op_threads, inter_op_threads
     return so

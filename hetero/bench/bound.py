@@ -33,8 +33,8 @@ def gemm_rate(cfg: ModelConfig, rows: int, threads: int, repeats: int = 5) -> fl
         [helper.make_tensor_value_info("y", TensorProto.INT32, [rows, n])],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(128, np.uint8), "xz")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
-    so = ort_session_options()
-    so.intra_op_num_threads, so.log_severity_level = threads, 3
+    so = ort_session_options(threads)
+    so.log_severity_level = 3
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     x = np.random.default_rng(1).integers(0, 256, (rows, k), dtype=np.uint8)
     return 2 * rows * k * n / median_seconds(lambda: sess.run(None, {"x": x}), repeats)

@@ -104,8 +104,8 @@ def time_step(cfg: ModelConfig, graph: bytes, capacity: int, context: int, threa
 
     from hetero.threads import ort_session_options
 
-    so = ort_session_options()
-    so.intra_op_num_threads, so.log_severity_level = threads, 3
+    so = ort_session_options(threads)
+    so.log_severity_level = 3
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     session = ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(1)

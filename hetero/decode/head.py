@@ -60,9 +60,8 @@ class Int8Head:
 
     def __init__(self, cfg: ModelConfig, weights: Weights, threads: int = 2, pool=None):
         self.cfg, self.weights, self.pool = cfg, weights, pool
-        so = ort_session_options()
+        so = ort_session_options(threads)
         so.log_severity_level = 3
-        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         half = (cfg.vocab // 2 + 63) // 64 * 64
         self.parts = [(0, half), (half, cfg.vocab)]

@@ -25,6 +25,7 @@ from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
 from hetero.runtime import Runtime
+from hetero.threads import shared_ort_pool
 
 TREE_SIZES = (1, 2, 4, 8)  # static chunk sizes of the INT8 decode graphs (2: a one-token draft, LLMCad §3.3)
 # Threads of an INT8 decode step (its graph sessions and torch while it runs). A step is ~150 small ops
@@ -32,9 +33,14 @@ TREE_SIZES = (1, 2, 4, 8)  # static chunk sizes of the INT8 decode graphs (2: a 
 # wakes a sleeping pool thread (neither pool spins: `npu.providers`, `hetero.threads`), which costs more
 # than the second core's extra memory bandwidth gains (docs/design.md, "Decode").
 DECODE_THREADS = 1
-# Threads of the step's attention on the INT8 lane: the KV heads of each layer shared with a helper thread that
-# spins only while a step runs (`attnpool`); same result on one or two.
-ATTENTION_THREADS = 2 if usable_cores() >= 2 else 1
+
+
+def default_attention_threads() -> int:
+    """Threads of an INT8 step's attention and LM head: 2 (a helper thread that spins only while a step runs,
+    `attnpool`; same logits as 1) when the process may use two cores, but not beside a shared ONNX Runtime pool,
+    whose threads spin between runs too: both spinning on two cores made a step at context 1024 14.2 ms instead
+    of 10.3 (docs/design.md, "Decoding")."""
+    return 1 if shared_ort_pool() or usable_cores() < 2 else 2
 
 
 @contextmanager
@@ -56,9 +62,10 @@ class DecodeStep:
     _shared: "weakref.WeakKeyDictionary[Runtime, DecodeStep]" = weakref.WeakKeyDictionary()
 
     def __init__(self, runtime: Runtime, head: str = "auto", threads: int = DECODE_THREADS,
-                 attention_threads: int = ATTENTION_THREADS):
+                 attention_threads: int | None = None):
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
+        attention_threads = default_attention_threads() if attention_threads is None else attention_threads
         if attention_threads not in (1, 2):
             raise ConfigError(f"attention_threads must be 1 or 2, got {attention_threads}")
         self.runtime, self.cfg, self.model = runtime, runtime.cfg, runtime.model

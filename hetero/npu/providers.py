@@ -122,9 +122,8 @@ class OrtCpuProvider(Provider):
         return {"lane": self.name, "opt": "all", **isa.machine()}  # "lane": kept, it is in every cache key
 
     def _options(self) -> ort.SessionOptions:
-        so = ort_session_options()
+        so = ort_session_options(self.intra_op_threads, self.inter_op_threads)
         so.log_severity_level = 3
-        so.intra_op_num_threads, so.inter_op_num_threads = self.intra_op_threads, self.inter_op_threads
         # No spinning: idle pool threads would otherwise burn the cores that the CPU lane (attention,
         # shadow outliers in torch) needs between two graph runs.
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
