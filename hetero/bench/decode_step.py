@@ -111,10 +111,11 @@ def attention_threads(runtime, ids: list[int], steps: int, threads: int) -> dict
             step.forward(cache, tree)
             times[n].append((time.perf_counter() - t0) * 1e3)
     ms = {n: statistics.median(t) for n, t in times.items()}
-    helped = steps_by[2].pool.helped if steps_by[2].pool is not None else 0
+    pool = steps_by[2].pool
     return {"context": len(ids), "one_ms": round(ms[1], 2), "two_ms": round(ms[2], 2),
             "ratio": round(ms[2] / ms[1], 2), "same_logits": bool(torch.equal(logits[1], logits[2])),
-            "helper_heads": helped, "load": round(os.getloadavg()[0], 2)}
+            "helper_heads": pool.helped if pool else 0, "guard_skipped": pool.skipped if pool else 0,
+            "steps": steps + 3, "load": round(os.getloadavg()[0], 2)}
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -136,11 +137,13 @@ def markdown(r: dict[str, Any]) -> str:
                          + f" | {row['load']} |")
     if r.get("attention_threads"):
         lines += ["", "## Attention (and the INT8 head) on one thread and on two (`decode.attnpool`), interleaved", "",
-                  "| context | one thread ms | two threads ms | ratio | same logits | heads the helper took | load |",
-                  "|---:|---:|---:|---:|---|---:|---|"]
+                  "| context | one thread ms | two threads ms | ratio | same logits | heads the helper took | "
+                  "steps the contention guard ran on one thread | load |",
+                  "|---:|---:|---:|---:|---|---:|---:|---|"]
         for row in r["attention_threads"]:
             lines.append(f"| {row['context']} | {row['one_ms']} | {row['two_ms']} | {row['ratio']}× | "
-                         f"{row['same_logits']} | {row['helper_heads']} | {row['load']} |")
+                         f"{row['same_logits']} | {row['helper_heads']} | {row.get('guard_skipped', 0)} of "
+                         f"{row.get('steps', '?')} | {row['load']} |")
     return "\n".join(lines) + "\n"
 
 

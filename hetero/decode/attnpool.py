@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 
 import numba
@@ -55,8 +56,9 @@ def _claim_heads(ctrl: np.ndarray, limit: int, q: np.ndarray, k: np.ndarray, v: 
 
 @numba.njit(cache=True, nogil=True)
 def _attend_shared(ctrl: np.ndarray, layer: int, k_all: np.ndarray, v_all: np.ndarray, q: np.ndarray, prefix: int,
-                   extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray) -> None:  # pragma: no cover
-    """The main thread's side of one layer: publish the job, claim heads, wait until all are done."""
+                   extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray) -> int:  # pragma: no cover
+    """The main thread's side of one layer: publish the job, claim heads, wait until all are done; returns the
+    spins it waited for the helper's last head."""
     limit = atomics.load(ctrl, _CLAIM) + k_all.shape[1]
     seq = atomics.load(ctrl, _SEQ)
     atomics.store(ctrl, _SEQ, seq + 1)
@@ -65,8 +67,11 @@ def _attend_shared(ctrl: np.ndarray, layer: int, k_all: np.ndarray, v_all: np.nd
     atomics.store(ctrl, _LIMIT, limit)
     atomics.store(ctrl, _SEQ, seq + 2)
     _claim_heads(ctrl, limit, q, k_all[layer], v_all[layer], prefix, extra, n_extra, scale, out, False)
+    spins = 0
     while atomics.load(ctrl, _DONE) < limit:
         atomics.pause()
+        spins += 1
+    return spins
 
 
 @numba.njit(cache=True, nogil=True)
@@ -103,9 +108,29 @@ def _take_back(ctrl: np.ndarray) -> bool:  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _wait_for(ctrl: np.ndarray, field: int, value: int) -> None:  # pragma: no cover - compiled
+def _wait_for(ctrl: np.ndarray, field: int, value: int) -> int:  # pragma: no cover - compiled
+    spins = 0
     while atomics.load(ctrl, field) != value:
         atomics.pause()
+        spins += 1
+    return spins
+
+
+@numba.njit(cache=True, nogil=True)
+def _spin(n: int) -> None:  # pragma: no cover - compiled
+    for _ in range(n):
+        atomics.pause()
+
+
+def _spin_seconds() -> float:
+    """Seconds one wait-loop spin takes on this machine (the least of three timings of 20,000)."""
+    _spin(10)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        _spin(20_000)
+        best = min(best, time.perf_counter() - t0)
+    return best / 20_000
 
 
 def usable_cores() -> int:
@@ -133,6 +158,19 @@ class AttentionPool:
         self._error: BaseException | None = None  # raised by the helper's task
         self._closed = False
         self._thread: threading.Thread | None = None
+        # Contention guard: the helper only pays when it has a core of its own. A step in which it attended under
+        # a fifth of the heads (it could not run: another process has the cores, and its spinning took CPU time
+        # from the main thread) or the main thread waited on it for over half of the attention and head time
+        # (it was descheduled holding a head) turns the helper off for `_backoff` steps, doubling while it
+        # recurs (at most 256); a good step resets it.
+        self._spin_s = _spin_seconds()
+        self._off = 0
+        self._backoff = 1
+        self._wait_spins = 0
+        self._attend_s = 0.0
+        self._heads = 0  # heads published this step
+        self._helped_before = 0
+        self.skipped = 0  # steps run on one thread by the guard
 
     def _run(self) -> None:
         while True:
@@ -159,6 +197,10 @@ class AttentionPool:
         their paths (`rowattn.RowLayout`) and the output [n, n_kv, g, D]."""
         if self._closed or not self._idle.is_set():
             return False
+        if self._off > 0:
+            self._off -= 1
+            self.skipped += 1
+            return False
         if self._thread is None or not self._thread.is_alive():  # first step, or a child after fork()
             self._go.clear()
             self._thread = threading.Thread(target=self._run, name="hetero-decode-attention", daemon=True)
@@ -168,6 +210,7 @@ class AttentionPool:
         _set(self.ctrl, _TASK, 0)
         _set(self.ctrl, _TASK_DONE, 0)
         self._step = (k_all, v_all, q, extra, n_extra, float(scale), out)
+        self._helped_before = self.helped
         self._args = (int(self.ctrl[_SEQ]),) + self._step
         self._go.set()
         return True
@@ -179,7 +222,10 @@ class AttentionPool:
         into the step's output."""
         k_all, v_all, q, extra, n_extra, scale, out = self._step
         rope_rows(cfg, qkv, k_cache, v_cache, layout, q)
-        _attend_shared(self.ctrl, layer, k_all, v_all, q, layout.slot, extra, n_extra, scale, out)
+        t0 = time.perf_counter()
+        self._wait_spins += _attend_shared(self.ctrl, layer, k_all, v_all, q, layout.slot, extra, n_extra, scale, out)
+        self._attend_s += time.perf_counter() - t0
+        self._heads += k_all.shape[1]
 
     @property
     def helped(self) -> int:
@@ -203,6 +249,7 @@ class AttentionPool:
             return
         self._task = other
         _set(self.ctrl, _TASK, 1)
+        t0 = time.perf_counter()
         try:
             main()
         finally:
@@ -210,7 +257,8 @@ class AttentionPool:
                 self._task = None
                 other()
             else:
-                _wait_for(self.ctrl, _TASK_DONE, 1)
+                self._wait_spins += _wait_for(self.ctrl, _TASK_DONE, 1)
+                self._attend_s += time.perf_counter() - t0
                 error, self._error = self._error, None
                 if error is not None:
                     raise error
@@ -218,7 +266,15 @@ class AttentionPool:
     def end(self) -> None:
         """The step's attention is done: the helper stops spinning and goes back to sleep."""
         _set(self.ctrl, _STOP, 1)
+        if self._step is not None and self._heads >= 6:
+            waited = self._wait_spins * self._spin_s
+            away = self.helped - self._helped_before < 0.2 * self._heads
+            if away or (waited > 0.5 * self._attend_s and waited > 1e-4):
+                self._off, self._backoff = self._backoff, min(2 * self._backoff, 256)
+            else:
+                self._backoff = 1
         self._step = None
+        self._wait_spins, self._attend_s, self._heads = 0, 0.0, 0
 
     def close(self) -> None:
         """Stop the helper thread and wait for it to end. At interpreter exit (`weakref.finalize`'s atexit) this

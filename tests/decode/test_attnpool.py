@@ -46,6 +46,7 @@ def test_shared_attention_equals_the_one_thread_kernel(slot):
         q = np.zeros((n, cfg.n_kv_heads, g, cfg.head_dim), np.float32)
         out = torch.zeros(n, cfg.q_dim)
         for rep in range(20):  # heads go to either thread; every run must give the one-thread result
+            pool._off = 0  # no contention guard here: a tiny step may leave the helper few heads
             assert pool.begin(k2.numpy(), v2.numpy(), q, layout.extra, layout.n_extra, cfg.head_dim**-0.5,
                               out.numpy().reshape(q.shape))
             if rep % 2:
@@ -95,3 +96,38 @@ def test_pair_runs_both_and_hands_back_the_helpers_error():
     finally:
         pool.close()
     assert not pool.begin(*args)  # closed: steps run on one thread
+
+
+def test_a_helper_that_cannot_run_is_turned_off_with_a_growing_backoff():
+    """The contention guard: a step in which the helper attended under a fifth of the heads (here it never runs,
+    as when other processes hold the cores) turns it off for 1, then 2, 4, ... steps; those steps run on one
+    thread with the same results."""
+
+    class Asleep:  # a helper thread the OS never schedules
+        def is_alive(self) -> bool:
+            return True
+
+    cfg = make_tiny_model().config
+    layers = 3
+    k, v = random_cache(cfg, layers, 64, 1)
+    layout = tree_layout([0], [-1], 20, ref.RopeTable(cfg, 64))
+    qkv = torch.randn(1, cfg.q_dim + 2 * cfg.kv_dim, generator=torch.Generator().manual_seed(1))
+    q = np.zeros((1, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim), np.float32)
+    want_last = torch.zeros(1, cfg.q_dim)
+    decode_rows(cfg, qkv, k[layers - 1].clone(), v[layers - 1].clone(), layout, want_last)
+    pool = AttentionPool()
+    pool._thread = Asleep()
+    began = []
+    for _ in range(8):
+        out = torch.zeros(1, cfg.q_dim)
+        ok = pool.begin(k.numpy(), v.numpy(), q, layout.extra, layout.n_extra, cfg.head_dim**-0.5,
+                        out.numpy().reshape(q.shape))
+        began.append(ok)
+        if ok:
+            pool._idle.set()  # what the helper would do when it left the step
+            for layer in range(layers):
+                pool.attend(cfg, layer, qkv, k[layer], v[layer], layout)
+            assert torch.equal(out, want_last)  # the main thread attended every head
+        pool.end()
+    assert began == [True, False, True, False, False, True, False, False]
+    assert pool.skipped == 5 and pool.helped == 0
