@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hetero import model as ref
 from hetero.config import ModelConfig
+from hetero.decode.attnpool import AttentionPool
 from hetero.model import Weights
 from hetero.outliers.quantize import W_QMAX_U8S8
 from hetero.threads import ort_session_options
@@ -58,7 +59,7 @@ class Int8Head:
 
     name = "int8"
 
-    def __init__(self, cfg: ModelConfig, weights: Weights, threads: int = 2, pool=None):
+    def __init__(self, cfg: ModelConfig, weights: Weights, threads: int = 2, pool: AttentionPool | None = None):
         self.cfg, self.weights, self.pool = cfg, weights, pool
         so = ort_session_options(threads)
         so.log_severity_level = 3
