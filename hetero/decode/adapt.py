@@ -21,8 +21,9 @@ from hetero.decode.step import TREE_SIZES
 class TreeController:
     max_depth: int = 7
     sizes: tuple[int, ...] = TREE_SIZES
-    alpha: float = 0.6  # prior acceptance per depth
+    alpha: float = 0.6  # prior acceptance per depth, until a draft has been tried
     alphas: dict[int | None, float] = field(default_factory=dict)  # drafter's confidence → EMA acceptance
+    alpha_all: float | None = None  # EMA acceptance over every class: the prior of a class not tried yet
     decay: float = 0.8  # EMA weight of the past
     probe_every: int = 16
     probe_max: int = 128
@@ -41,14 +42,19 @@ class TreeController:
         base = self.step_ms.get(1, 1.0)
         return base * c  # pessimistic prior until measured: compute-bound
 
-    def choose(self, budget: int, confidence: int | None = None) -> tuple[int, int]:
+    def choose(self, budget: int, confidence: int | None = None, depth: int | None = None) -> tuple[int, int]:
         """(depth, size): levels to draft below the root and the tree's node budget; `confidence`: the
-        drafter's class of this draft (lookup: the matched length), each with its own acceptance rate."""
-        alpha = self.alphas.get(confidence, self.alpha)
+        drafter's class of this draft (lookup: the matched length), each with its own acceptance rate;
+        `depth`: how deep the draft at hand goes (a drafted tree: verifying rows below it cannot pay). A class
+        not tried yet starts from the acceptance seen over all classes (on open chat a new class at the
+        0.6 prior verified a depth-1 lookup draft as an 8-row chunk)."""
+        prior = self.alpha if self.alpha_all is None else self.alpha_all
+        alpha = self.alphas.get(confidence, prior)
         if budget <= 1:
             return 0, 1
         best, best_rate = (0, 1), 1.0 / self.cost(1)
-        for d in range(1, min(self.max_depth, budget - 1) + 1):
+        cap = self.max_depth if depth is None else min(self.max_depth, depth)
+        for d in range(1, min(cap, budget - 1) + 1):
             size = next((c for c in self.sizes if c >= d + 1), self.sizes[-1])
             expect = sum(alpha**i for i in range(d + 1))
             rate = expect / (self.cost(size) + d * self.draft_ms)
@@ -59,7 +65,8 @@ class TreeController:
             self._since_probe += 1
             if self._since_probe >= (self._wait or self.probe_every):  # LLMCad's fallback, and a way back out of it
                 self._since_probe, self._probing = 0, True
-                return 2, 4
+                d = min(2, cap)
+                return d, next((c for c in self.sizes if c >= d + 1), self.sizes[-1])
         return best
 
     def observe(self, size: int, ms: float, tried: int, accepted: int, draft_ms: float, drafted: int,
@@ -71,8 +78,10 @@ class TreeController:
             self._probing = False
         if tried:
             rate = accepted / tried
-            old_alpha = self.alphas.get(confidence, self.alpha)
+            prior = self.alpha if self.alpha_all is None else self.alpha_all
+            old_alpha = self.alphas.get(confidence, prior)
             self.alphas[confidence] = self.decay * old_alpha + (1 - self.decay) * rate
+            self.alpha_all = self.decay * prior + (1 - self.decay) * rate
         if drafted:
             per = draft_ms / drafted
             self.draft_ms = per if self.draft_ms == 0 else self.decay * self.draft_ms + (1 - self.decay) * per

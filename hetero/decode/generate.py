@@ -144,7 +144,7 @@ class Decoding:
             full = self.drafter.draft(self.context + self.tokens, self.control.max_depth, TREE_SIZES[-1])
             confidence = self.drafter.confidence
             if len(full) > 1:
-                depth, size = self.control.choose(budget, confidence)
+                depth, size = self.control.choose(budget, confidence, max(full.depth))
                 tree = full.cut(min(depth, budget - 1), size)
         elif self.drafter is not None:
             depth, size = self.control.choose(budget) if self.fixed_tree is None else self.fixed_tree

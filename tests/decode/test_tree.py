@@ -112,3 +112,19 @@ def test_controller_probes_less_often_while_probes_fail() -> None:
     ctl.observe(4, 13.0, 2, 1, 0.0, 0, confidence=1)  # an accepted probe: back to every 4 steps
     ctl.alphas[1] = 0.0
     assert steps_to_probe() == 4
+
+
+def test_controller_verifies_no_deeper_than_the_draft_and_new_classes_start_from_what_was_seen() -> None:
+    """A depth-1 draft is never verified as a deeper chunk (probes included), and a confidence class not tried
+    yet starts from the acceptance seen over all classes, not the optimistic prior (open chat: drafts never
+    right, so a new class is not verified at all)."""
+    from hetero.decode.adapt import TreeController
+
+    ctl = TreeController(sizes=(1, 2, 4, 8), step_ms={1: 10.0, 2: 12.0, 4: 15.0, 8: 22.0}, probe_every=2)
+    assert ctl.choose(100, confidence=5, depth=1) == (1, 2)  # the 0.6 prior pays at depth 1, capped there
+    for _ in range(10):
+        ctl.observe(2, 12.0, 1, 0, 0.0, 0, confidence=1)  # class 1 never right
+    assert ctl.alpha_all < 0.2
+    # new classes 2, 3, 4 start near 0.06: plain steps, and every second call a probe (probe_every=2), depth 1
+    assert [ctl.choose(100, confidence=c, depth=1) for c in (2, 3, 4, 1)] == [(0, 1), (1, 2), (0, 1), (1, 2)]
+    assert ctl.choose(100, confidence=9) == (0, 1)  # a new class with no depth cap: no deep tree on the prior
