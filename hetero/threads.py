@@ -53,6 +53,14 @@ def library_default_env(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity; all of them where the OS has none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 _shared_pool_made = False
 
 

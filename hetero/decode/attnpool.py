@@ -16,7 +16,7 @@ a head it is already running. Measured: docs/design.md, "Decoding".
 
 from __future__ import annotations
 
-import os
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -122,6 +122,7 @@ def _spin(n: int) -> None:  # pragma: no cover - compiled
         atomics.pause()
 
 
+@functools.cache
 def _spin_seconds() -> float:
     """Seconds one wait-loop spin takes on this machine (the least of three timings of 20,000)."""
     _spin(10)
@@ -131,14 +132,6 @@ def _spin_seconds() -> float:
         _spin(20_000)
         best = min(best, time.perf_counter() - t0)
     return best / 20_000
-
-
-def usable_cores() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 class AttentionPool:

@@ -17,7 +17,7 @@ import torch
 
 from hetero import model as ref
 from hetero.backend import LayerBackend
-from hetero.decode.attnpool import AttentionPool, usable_cores
+from hetero.decode.attnpool import AttentionPool
 from hetero.decode.bound import BoundStep
 from hetero.decode.head import FloatHead, Int8Head
 from hetero.decode.rowattn import row_attention
@@ -25,7 +25,7 @@ from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
 from hetero.runtime import Runtime
-from hetero.threads import shared_ort_pool
+from hetero.threads import shared_ort_pool, usable_cores
 
 TREE_SIZES = (1, 2, 4, 8)  # static chunk sizes of the INT8 decode graphs (2: a one-token draft, LLMCad §3.3)
 # Threads of an INT8 decode step (its graph sessions and torch while it runs). A step is ~150 small ops

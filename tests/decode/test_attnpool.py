@@ -12,12 +12,11 @@ import pytest
 import torch
 
 from hetero import model as ref
-from hetero.decode.attnpool import AttentionPool, usable_cores
-from hetero.decode.rowattn import decode_rows, tree_layout
+from hetero.decode.attnpool import AttentionPool, _claim_heads
+from hetero.decode.rowattn import decode_rows, rope_rows, tree_layout
 from hetero.decode.tree import TokenTree
 from tests.conftest import make_tiny_model
 
-TWO_CORES = usable_cores() >= 2
 
 
 def random_cache(cfg, layers: int, capacity: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,8 +58,6 @@ def test_shared_attention_equals_the_one_thread_kernel(slot):
             while not pool._idle.is_set() and time.time() < deadline:  # the next begin needs the helper asleep
                 time.sleep(0.001)
         assert torch.equal(k1, k2) and torch.equal(v1, v2)  # the rows' K/V landed where the kernel puts them
-        if TWO_CORES:
-            assert pool.helped > 0, "the helper never attended a head: the shared path went untested"
     finally:
         pool.close()
     assert not pool._thread.is_alive()
@@ -131,3 +128,24 @@ def test_a_helper_that_cannot_run_is_turned_off_with_a_growing_backoff():
         pool.end()
     assert began == [True, False, True, False, False, True, False, False]
     assert pool.skipped == 5 and pool.helped == 0
+
+
+def test_the_helpers_claims_compute_the_one_thread_kernels_heads():
+    """The helper's side (`_claim_heads` as the helper calls it), run here so that it claims every head of a job
+    whatever the OS schedules: each head equals the one-thread kernel's, and the helper's count covers them."""
+    cfg = make_tiny_model().config
+    slot = 40
+    tree = TokenTree([1, 2, 3], [-1, 0, 0])
+    layout = tree_layout(tree.depth, tree.parents, slot, ref.RopeTable(cfg, 128))
+    n, g = len(tree), cfg.n_heads // cfg.n_kv_heads
+    qkv = torch.randn(n, cfg.q_dim + 2 * cfg.kv_dim, generator=torch.Generator().manual_seed(3)) * 3
+    k, v = random_cache(cfg, 1, 128, 3)
+    want = torch.zeros(n, cfg.q_dim)
+    decode_rows(cfg, qkv, k[0].clone(), v[0].clone(), layout, want)
+    pool = AttentionPool()
+    q = np.zeros((n, cfg.n_kv_heads, g, cfg.head_dim), np.float32)
+    rope_rows(cfg, qkv, k[0], v[0], layout, q)
+    out = torch.zeros(n, cfg.q_dim)
+    _claim_heads(pool.ctrl, cfg.n_kv_heads, q, k.numpy()[0], v.numpy()[0], slot, layout.extra, layout.n_extra,
+                 cfg.head_dim**-0.5, out.numpy().reshape(q.shape), True)
+    assert torch.equal(out, want) and pool.helped == cfg.n_kv_heads
