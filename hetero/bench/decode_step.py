@@ -28,7 +28,7 @@ HELP = ("one plain decode step's time at given contexts, split into graph runs, 
 # part -> (file name, function)s whose cumulative time it is; the functions do not call each other
 _PARTS = {"graphs": {("onnxruntime_inference_collection.py", "run_with_iobinding")},
           "attention": {("rowattn.py", "decode_rows"), ("attnpool.py", "attend")}, "head": {("head.py", "__call__")},
-          "shadow": {("shadow.py", "shadow_delta")}}
+          "shadow": {("shadow.py", "shadow_delta_rows")}}
 
 
 def step_parts(runtime, ids: list[int], steps: int, threads: int) -> dict[str, Any]:

@@ -82,8 +82,7 @@ class BoundStep:
     def _layers(self, cache: KVCache, layout, depth: int, shared: bool) -> None:
         cfg, be = self.cfg, self.backend
         shadow = [be.layers[layer].shadow_sites for layer in range(depth)]
-        per_row = self.rows > 1  # a tree row's shadow is its own, as in a one-row step (`shadow_delta_rows`)
-        delta = be.reference.shadow_delta_rows if per_row else be.reference.shadow_delta
+        delta = be.reference.shadow_delta_rows  # each row's own, after one compiled range check of all rows
         for layer in range(depth):
             qkv_run, *rest = self.runs[layer]
             qkv_run.session.run_with_iobinding(qkv_run.binding)
@@ -103,7 +102,7 @@ class BoundStep:
                 run.session.run_with_iobinding(run.binding)
                 env.update(run.outs)
                 if shadow[layer] and run.last != "down":
-                    extra = be.cut_correction(layer, run.last, env, per_row)
+                    extra = be.cut_correction(layer, run.last, env, per_row=True)
                     if extra is not None:  # down_in's, added to d before the residual
                         d_extra = extra
             last = rest[-1].outs

@@ -27,6 +27,7 @@ from hetero.outliers.quantize import (
     QuantWeightPerChannel,
     quantize_act,
 )
+from hetero.outliers.rangecheck import rows_inside, split_beyond
 from hetero.outliers.rotate import block_hadamard
 
 # float32 sums of integers are exact while every partial sum stays below 2^24: |a·w| <= 128·127, so a
@@ -89,12 +90,7 @@ def split_outliers(x: torch.Tensor, s: float) -> tuple[torch.Tensor, torch.Tenso
     Returns (channels, r): channels int64 [k], the input channels where some |x| lies beyond the INT8
     range [-128·s, 127·s]; r float32 [T, k] = x − clip(x, −128·s, 127·s) on those channels.
     """
-    lo, hi = ACT_QMIN * float(s), ACT_QMAX * float(s)
-    # column extremes (amax / amin over rows: ~10x faster here than aminmax(dim=0) or the clamp-and-compare of
-    # the whole x), then only the few outlier columns are copied
-    channels = torch.nonzero((x.amin(0) < lo) | (x.amax(0) > hi)).flatten()
-    xc = x[:, channels]
-    return channels, xc - xc.clamp(lo, hi)
+    return split_beyond(x, ACT_QMIN * float(s), ACT_QMAX * float(s))
 
 
 class ShadowRows(Protocol):
@@ -131,10 +127,7 @@ def shadow_part(x: torch.Tensor, sq: SiteQuant, w_rows) -> torch.Tensor | None:
     """
     if not sq.shadow:
         return None
-    lo, hi = torch.aminmax(x)  # most site inputs of a decode step lie in range: one pass says so (NaN does not)
-    if ACT_QMIN * float(sq.scale) <= lo.item() and hi.item() <= ACT_QMAX * float(sq.scale):
-        return None
-    channels, r = split_outliers(x, sq.scale)
+    channels, r = split_outliers(x, sq.scale)  # one compiled pass: most decode site inputs have no outlier
     if channels.numel() == 0:
         return None
     rows = w_rows[channels] if isinstance(w_rows, torch.Tensor) else w_rows(channels)
@@ -185,17 +178,19 @@ class QuantizedBackend(TorchBackend):
         return y
 
     def shadow_delta_rows(self, layer: int, site: str, x: torch.Tensor) -> torch.Tensor | None:
-        """`shadow_delta` of each row alone, with its own outlier channels: a token tree's row gets the
-        correction a one-row decode step computes, bit for bit (over more rows the union of their channels
+        """`shadow_delta` of each row alone, with its own outlier channels (a decode step's rows: a token tree's
+        row gets the correction a one-row step computes, bit for bit; over more rows the union of their channels
         and the matmul's blocking round differently). None when no row has an outlier.
 
-        Most rows of a decode step have none: one range check of all rows (`rows_maybe_beyond`) leaves
+        Most rows of a decode step have none: one compiled range check of all rows (`rows_maybe_beyond`) leaves
         only the rows that may have one to the per-row computation."""
         sq = self.plan.sites[(layer, site)]
         if not sq.shadow:
             return None
         rows = self.rows_maybe_beyond(site, sq, x)
         ys = {i: self.shadow_delta(layer, site, x[i : i + 1]) for i in rows}
+        if x.shape[0] == 1:
+            return ys.get(0)
         width = next((y.shape[1] for y in ys.values() if y is not None), None)
         if width is None:
             return None
@@ -207,16 +202,10 @@ class QuantizedBackend(TorchBackend):
 
     def rows_maybe_beyond(self, site: str, sq: SiteQuant, x: torch.Tensor) -> list[int]:
         """Rows of x whose site input, transformed alone, may lie beyond the INT8 range: every row that
-        `shadow_delta` of that row alone would correct, and maybe a few more. With an online transform the
-        rows are transformed together here. Each way's rounding error is at most √block·u·‖x_row‖₁ (u: float32's
-        unit roundoff; the transform's entries are ±1/√block), so the two differ by at most √block·eps·‖x_row‖₁
-        (eps = 2u): a row counts as inside only when it is inside by 4× that."""
+        `shadow_delta` of that row alone would correct, and maybe a few more (`rangecheck.rows_inside`: one
+        compiled pass, with a margin for the transform's rounding)."""
         lo, hi = ACT_QMIN * float(sq.scale), ACT_QMAX * float(sq.scale)
-        block = self.plan.online.get(site)
-        xt = self.site_input(site, x)
-        low, high = xt.amin(dim=1), xt.amax(dim=1)
-        margin = 0.0 if block is None else 4 * block**0.5 * torch.finfo(torch.float32).eps * x.abs().sum(dim=1)
-        return torch.nonzero((low < lo + margin) | (high > hi - margin)).flatten().tolist()
+        return np.flatnonzero(~rows_inside(x, lo, hi, self.plan.online.get(site))).tolist()
 
     def shadow_correction(self, layer: int, site: str, x: torch.Tensor) -> list[torch.Tensor] | None:
         """`shadow_delta` split per linear of the site, or None (pruned / no outlier)."""

@@ -1,0 +1,27 @@
+"""The INT8 LM head (hetero/decode/head.py): its compiled quantization and rescaling equal the torch formulas."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hetero import model as ref
+from hetero.decode.head import Int8Head
+from tests.conftest import make_tiny_model
+
+
+def test_int8_head_equals_the_torch_formula_for_every_row_count():
+    m = make_tiny_model()
+    cfg = m.config
+    head = Int8Head(cfg, m.weights, threads=1)
+    g = torch.Generator().manual_seed(0)
+    for rows in (1, 2, 4, 8, 1):  # the bound buffers of a row count are reused
+        h = torch.randn(rows, cfg.hidden, generator=g) * (rows + 0.5)
+        x = ref.rms_norm(h, m.weights.norm, cfg.rms_eps)
+        s = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0
+        xq = (torch.round(x / s).clamp(-127, 127) + 128).to(torch.uint8).numpy()
+        acc = np.concatenate([sess.run(None, {"x_q": xq})[0] for sess in head.sessions], axis=1)
+        want = torch.from_numpy(acc).float() * s * torch.from_numpy(head.w_scale)
+        got = head(h)
+        assert torch.equal(got, want)
+        assert got.data_ptr() != head(h).data_ptr()  # each call returns its own logits
