@@ -20,20 +20,46 @@ import functools
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numba
 import numpy as np
 import torch
 
 from hetero.config import ModelConfig
-from hetero.decode import atomics
-from hetero.decode.rowattn import RowLayout, _attend_rows, rope_rows
+from hetero.decode import atomics, native
+from hetero.decode.rowattn import RowLayout, _attend_rows, _rope_rows
 
 # Control fields (int64), each on its own 64-byte cache line. SEQ is even when a job is published and odd
 # while the main thread writes one (a seqlock); CLAIM and DONE count heads over all jobs and never go back,
-# so a helper holding an old job can never claim a head of a newer one.
-_SEQ, _STOP, _CLAIM, _DONE, _LAYER, _PREFIX, _LIMIT, _TASK, _TASK_DONE, _HELPED = (8 * i for i in range(10))
-_FIELDS = 10
+# so a helper holding an old job can never claim a head of a newer one. A graph half (`run_stages`) is one
+# job at a time: GSTATE 1 published (stage GIDX), 2 claimed by the helper, 3 done (its OrtStatus* in GSTATUS),
+# 0 none or taken back by the main thread.
+(_SEQ, _STOP, _CLAIM, _DONE, _LAYER, _PREFIX, _LIMIT, _TASK, _TASK_DONE, _HELPED, _GSTATE, _GIDX, _GSTATUS,
+ _GHELPED) = (8 * i for i in range(14))
+_FIELDS = 14
+_NO_STAGES = np.zeros(0, np.int64)
+_NO_CTRL = np.zeros(8 * _FIELDS, np.int64)  # `StageTable.run_alone` touches no control field
+
+
+@dataclass(frozen=True, slots=True)
+class StageTable:
+    """A step's split graphs as the compiled loops see them (`bound.BoundStep`): stage i's own half (or tail) runs
+    as session ms[i] with binding mb[i], its other half as hs[i] / hb[i] (0: none), through the C function at
+    run_fn (ONNX Runtime's RunWithBinding); raise_for(status) raises a failed run's error."""
+
+    run_fn: int
+    ms: np.ndarray
+    mb: np.ndarray
+    hs: np.ndarray
+    hb: np.ndarray
+    raise_for: Callable[[int], None]
+
+    def run_alone(self, first: int, last: int) -> None:
+        """Stages first..last-1, both halves on this thread (a step without the helper)."""
+        status, _ = _run_stages(_NO_CTRL, self.run_fn, self.ms, self.mb, self.hs, self.hb, first, last, True)
+        if status:
+            self.raise_for(status)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -55,11 +81,16 @@ def _claim_heads(ctrl: np.ndarray, limit: int, q: np.ndarray, k: np.ndarray, v: 
 
 
 @numba.njit(cache=True, nogil=True)
-def _attend_shared(ctrl: np.ndarray, layer: int, k_all: np.ndarray, v_all: np.ndarray, q: np.ndarray, prefix: int,
-                   extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray) -> int:  # pragma: no cover
-    """The main thread's side of one layer: publish the job, claim heads, wait until all are done; returns the
-    spins it waited for the helper's last head."""
-    limit = atomics.load(ctrl, _CLAIM) + k_all.shape[1]
+def _attend_shared(ctrl: np.ndarray, layer: int, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int,
+                   k_all: np.ndarray, v_all: np.ndarray, q: np.ndarray, prefix: int, extra: np.ndarray,
+                   n_extra: np.ndarray, scale: float, out: np.ndarray) -> int:  # pragma: no cover - compiled
+    """The main thread's side of one layer: RoPE of the rows (`rowattn.rope_rows`, their K/V into cache rows
+    prefix..), publish the job, claim heads, wait until all are done; returns the spins it waited for the
+    helper's last head."""
+    n_kv, d = k_all.shape[1], k_all.shape[3]
+    _rope_rows(qkv, cos, sin, n_heads, n_kv, d, k_all[layer], v_all[layer], prefix,
+               q.reshape((q.shape[0], n_heads, d)))
+    limit = atomics.load(ctrl, _CLAIM) + n_kv
     seq = atomics.load(ctrl, _SEQ)
     atomics.store(ctrl, _SEQ, seq + 1)
     atomics.store(ctrl, _LAYER, layer)
@@ -76,12 +107,20 @@ def _attend_shared(ctrl: np.ndarray, layer: int, k_all: np.ndarray, v_all: np.nd
 
 @numba.njit(cache=True, nogil=True)
 def _helper_loop(ctrl: np.ndarray, seen: int, k_all: np.ndarray, v_all: np.ndarray, q: np.ndarray,
-                 extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray) -> bool:  # pragma: no cover
-    """The helper's side of a step: claim heads of every job published after `seen` until STOP is set (False)
-    or the main thread hands it a task (True: `AttentionPool.pair`)."""
+                 extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray, run_fn: int,
+                 hs: np.ndarray, hb: np.ndarray) -> bool:  # pragma: no cover
+    """The helper's side of a step: run the graph halves (`_run_stages`: session hs[i], binding hb[i] through
+    the C function run_fn) and claim heads of every attention job published after `seen`, until STOP is set
+    (False) or the main thread hands it a task (True: `AttentionPool.pair`)."""
     while atomics.load(ctrl, _STOP) == 0:
         if atomics.load(ctrl, _TASK) == 1 and atomics.cas(ctrl, _TASK, 1, 2):  # claimed: the main thread won't run it
             return True
+        if atomics.load(ctrl, _GSTATE) == 1 and atomics.cas(ctrl, _GSTATE, 1, 2):
+            i = atomics.load(ctrl, _GIDX)
+            atomics.store(ctrl, _GSTATUS, native.call3(run_fn, hs[i], 0, hb[i]))
+            atomics.add(ctrl, _GHELPED, 1)
+            atomics.store(ctrl, _GSTATE, 3)
+            continue
         seq = atomics.load(ctrl, _SEQ)
         if seq == seen or seq % 2 == 1:
             atomics.pause()
@@ -94,6 +133,43 @@ def _helper_loop(ctrl: np.ndarray, seen: int, k_all: np.ndarray, v_all: np.ndarr
         seen = seq
         _claim_heads(ctrl, limit, q, k_all[layer], v_all[layer], prefix, extra, n_extra, scale, out, True)
     return False
+
+
+@numba.njit(cache=True, nogil=True)
+def _run_stages(ctrl: np.ndarray, run_fn: int, ms: np.ndarray, mb: np.ndarray, hs: np.ndarray, hb: np.ndarray,
+                first: int, last: int, alone: bool) -> tuple[int, int]:  # pragma: no cover - compiled
+    """The main thread's side of stages first..last-1 of split graphs (`halves`): publish the helper's half of a
+    stage (hs[i] != 0), run its own (session ms[i], binding mb[i]; a tail has no helper half), then take the
+    helper's half back if it was not claimed, or wait for it (alone: run both halves here, ctrl untouched).
+    Returns (the first non-zero OrtStatus*, or 0; the spins it waited)."""
+    spins = 0
+    for i in range(first, last):
+        if alone:
+            status = native.call3(run_fn, ms[i], 0, mb[i])
+            if status == 0 and hs[i] != 0:
+                status = native.call3(run_fn, hs[i], 0, hb[i])
+            if status != 0:
+                return status, spins
+            continue
+        shared = hs[i] != 0
+        if shared:
+            atomics.store(ctrl, _GIDX, i)
+            atomics.store(ctrl, _GSTATE, 1)
+        status = native.call3(run_fn, ms[i], 0, mb[i])
+        if shared:
+            if atomics.cas(ctrl, _GSTATE, 1, 0):
+                other = native.call3(run_fn, hs[i], 0, hb[i])
+            else:
+                while atomics.load(ctrl, _GSTATE) != 3:
+                    atomics.pause()
+                    spins += 1
+                other = atomics.load(ctrl, _GSTATUS)
+                atomics.store(ctrl, _GSTATE, 0)
+            if status == 0:
+                status = other
+        if status != 0:
+            return status, spins
+    return 0, spins
 
 
 @numba.njit(cache=True, nogil=True)
@@ -147,6 +223,7 @@ class AttentionPool:
         self._idle.set()
         self._args: tuple | None = None
         self._step: tuple | None = None  # the arrays of the step in progress (main thread's side)
+        self._stages: StageTable | None = None
         self._task: Callable[[], object] | None = None
         self._error: BaseException | None = None  # raised by the helper's task
         self._closed = False
@@ -184,10 +261,11 @@ class AttentionPool:
         self._idle.set()
 
     def begin(self, k_all: np.ndarray, v_all: np.ndarray, q: np.ndarray, extra: np.ndarray, n_extra: np.ndarray,
-              scale: float, out: np.ndarray) -> bool:
+              scale: float, out: np.ndarray, stages: StageTable | None = None) -> bool:
         """Wake the helper for a step over these arrays (kept until `end`): the whole cache's K/V
         [layers, n_kv, capacity, D], the rows' roped queries [n, n_kv, g, D] (written before each `attend`),
-        their paths (`rowattn.RowLayout`) and the output [n, n_kv, g, D]."""
+        their paths (`rowattn.RowLayout`) and the output [n, n_kv, g, D]; and the step's split graphs
+        (`run_stages`), if any."""
         if self._closed or not self._idle.is_set():
             return False
         if self._off > 0:
@@ -204,21 +282,41 @@ class AttentionPool:
         _set(self.ctrl, _TASK_DONE, 0)
         self._step = (k_all, v_all, q, extra, n_extra, float(scale), out)
         self._helped_before = self.helped
-        self._args = (int(self.ctrl[_SEQ]),) + self._step
+        self._stages = stages
+        graphs = (0, _NO_STAGES, _NO_STAGES) if stages is None else (stages.run_fn, stages.hs, stages.hb)
+        self._args = (int(self.ctrl[_SEQ]),) + self._step + graphs
         self._go.set()
         return True
 
-    def attend(self, cfg: ModelConfig, layer: int, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               layout: RowLayout) -> None:
-        """`rowattn.decode_rows` of one layer on both threads: RoPE of the rows' qkv (their K/V into the layer's
-        cache views k_cache / v_cache), then their attention over cache rows [0, layout.slot) and their paths
-        into the step's output."""
+    def attend(self, cfg: ModelConfig, layer: int, qkv: torch.Tensor, layout: RowLayout) -> None:
+        """`rowattn.decode_rows` of one layer on both threads, in one compiled call: RoPE of the rows' qkv
+        [>= n, q_dim + 2·kv_dim] (contiguous; their K/V into the layer's cache rows layout.slot..), then their
+        attention over cache rows [0, layout.slot) and their paths into the step's output."""
         k_all, v_all, q, extra, n_extra, scale, out = self._step
-        rope_rows(cfg, qkv, k_cache, v_cache, layout, q)
+        n = len(layout)
+        if layout.slot + n > k_all.shape[2]:
+            raise ValueError(f"rows {layout.slot}..{layout.slot + n - 1} must lie in the cache (capacity {k_all.shape[2]})")
         t0 = time.perf_counter()
-        self._wait_spins += _attend_shared(self.ctrl, layer, k_all, v_all, q, layout.slot, extra, n_extra, scale, out)
+        self._wait_spins += _attend_shared(self.ctrl, layer, qkv.numpy()[:n], layout.cos, layout.sin, cfg.n_heads,
+                                           k_all, v_all, q, layout.slot, extra, n_extra, scale, out)
         self._attend_s += time.perf_counter() - t0
         self._heads += k_all.shape[1]
+
+    def run_stages(self, first: int, last: int) -> None:
+        """Stages first..last-1 of the step's split graphs (`begin(stages=...)`) on both threads: each stage's
+        two column halves at once, a tail on this thread; raises ONNX Runtime's error if a run fails."""
+        st = self._stages
+        t0 = time.perf_counter()
+        status, spins = _run_stages(self.ctrl, st.run_fn, st.ms, st.mb, st.hs, st.hb, first, last, False)
+        self._attend_s += time.perf_counter() - t0
+        self._wait_spins += spins
+        if status:
+            st.raise_for(status)
+
+    @property
+    def graph_halves(self) -> int:
+        """Graph halves the helper has run so far (all steps)."""
+        return int(self.ctrl[_GHELPED])
 
     @property
     def helped(self) -> int:
@@ -266,7 +364,7 @@ class AttentionPool:
                 self._off, self._backoff = self._backoff, min(2 * self._backoff, 256)
             else:
                 self._backoff = 1
-        self._step = None
+        self._step = self._stages = None
         self._wait_spins, self._attend_s, self._heads = 0, 0.0, 0
 
     def close(self) -> None:

@@ -17,11 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import torch
 
 from hetero import model as ref
-from hetero.decode.attnpool import AttentionPool
+from hetero.decode import halves, ortc
+from hetero.decode.attnpool import AttentionPool, StageTable
 from hetero.decode.rowattn import decode_rows, tree_layout
 from hetero.decode.tree import TokenTree
 from hetero.kv_cache import KVCache
@@ -31,10 +33,65 @@ from hetero.kv_cache import KVCache
 class _Run:
     """One graph bound to its buffers; `outs` names the buffers it writes (the env after it runs)."""
 
-    session: ort.InferenceSession
-    binding: ort.IOBinding
+    session: ort.InferenceSession | None  # None: it runs split only (`stages`)
+    binding: ort.IOBinding | None
     last: str  # its last piece ("qkv", "o", "gu", "act", "down"): which shadow site follows it
     outs: dict[str, torch.Tensor]
+    stages: tuple[int, int] | None = None  # its split form: stages first..last-1 of the step's `_Stages`
+
+
+class _Stages:
+    """The split forms (`halves`) of a one-row step's graphs as C API sessions bound to the step's buffers: stage i
+    is session ms[i] / binding mb[i] (its first column half, or a tail) and hs[i] / hb[i] (its second half)."""
+
+    def __init__(self) -> None:
+        self.ortc = ortc.OrtC.get()
+        self.ms: list[int] = []
+        self.mb: list[int] = []
+        self.hs: list[int] = []
+        self.hb: list[int] = []
+        self._keep: list[object] = []  # sessions, bindings and intermediate buffers
+
+    def add(self, model: onnx.ModelProto, ins: dict[str, torch.Tensor], outs: dict[str, torch.Tensor]
+            ) -> tuple[int, int] | None:
+        """The stages of one graph reading `ins` and writing `outs` ([1, width] buffers); None if it has no
+        splittable matmul."""
+        split = halves.split_graph(model)
+        if split is None:
+            return None
+        env = dict(ins) | dict(outs)
+        for name, width in split.widths.items():
+            if name not in env:
+                env[name] = torch.zeros(1, width)
+        self._keep.append(env)
+        first = len(self.ms)
+        for stage in split.stages:
+            bound = []
+            for h, half in enumerate(stage.halves):
+                sess = self.ortc.session(half)
+                names_in = [i.name for i in half.graph.input]
+                names_out = [o.name for o in half.graph.output]
+                b = sess.bind({n: (env[n].data_ptr(), tuple(env[n].shape)) for n in names_in},
+                              {n: self._column_half(env[n], stage.split, n, h) for n in names_out})
+                self._keep += [sess, b]
+                bound.append((sess.ptr, b.ptr))
+            (ms, mb), (hs, hb) = bound[0], bound[1] if len(bound) == 2 else (0, 0)
+            self.ms.append(ms), self.mb.append(mb), self.hs.append(hs), self.hb.append(hb)
+        return first, len(self.ms)
+
+    @staticmethod
+    def _column_half(t: torch.Tensor, split: dict[str, int], name: str, half: int) -> tuple[int, tuple[int, ...]]:
+        """(address, shape) of what a half writes of buffer t: its columns of a split matmul's output, else all."""
+        if name not in split:
+            return t.data_ptr(), tuple(t.shape)
+        n = split[name]
+        lo, hi = (0, n // 2) if half == 0 else (n // 2, n)
+        return t.data_ptr() + 4 * lo, (1, hi - lo)
+
+    def table(self) -> StageTable:
+        as_array = lambda xs: np.asarray(xs, np.int64)  # noqa: E731
+        return StageTable(self.ortc.run_fn, as_array(self.ms), as_array(self.mb), as_array(self.hs),
+                          as_array(self.hb), self.ortc.check)
 
 
 class BoundStep:
@@ -46,11 +103,15 @@ class BoundStep:
         self.h = (torch.zeros(rows, cfg.hidden), torch.zeros(rows, cfg.hidden))  # layer l reads h[l % 2]
         self.a = torch.zeros(rows, cfg.q_dim)  # attention output, every layer's o input
         self.q = np.zeros((rows, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim), np.float32)
+        # One-row steps beside a helper thread run split graphs (`halves`): each matmul's column halves on two
+        # cores. Not for QNN graphs (context binaries) nor graphs built without the cache (no model file).
+        self._stages = _Stages() if rows == 1 and pool is not None and split_available(backend) else None
         self.runs: list[list[_Run]] = []
         for layer in range(cfg.n_layers):
             if layer not in backend.layers:
                 break
             self.runs.append(self._bind_layer(layer))
+        self.stages = None if self._stages is None else self._stages.table()
 
     def _bind_layer(self, layer: int) -> list[_Run]:
         """Bind the layer's graphs in order; a graph's inputs are the buffers earlier graphs wrote."""
@@ -60,9 +121,26 @@ class BoundStep:
             ins = {name: env[name] for name in g.inputs}
             outs = {name: self.h[(layer + 1) % 2] if name == "h_out" else torch.zeros(self.rows, width)
                     for name, width in g.outputs.items()}  # fresh buffers: an output never aliases an input
-            runs.append(_Run(g.session, g.bind(ins, outs), g.spec.pieces[-1], outs))
+            stages = None
+            if self._stages is not None and g.path is not None:
+                stages = self._stages.add(onnx.load(str(g.path)), ins, outs)
+            if stages is None:
+                runs.append(_Run(g.session, g.bind(ins, outs), g.spec.pieces[-1], outs))
+            else:  # the split form replaces the whole graph, whose session (its weights) this step lets go
+                runs.append(_Run(None, None, g.spec.pieces[-1], outs, stages))
+                g.session = g.binding = None
             env.update(outs)
         return runs
+
+    def _run(self, run: _Run, shared: bool) -> None:
+        """One graph: split over both threads when the helper is in this step, its halves one after the other
+        when not (the contention guard turned the helper off), or whole."""
+        if run.stages is None:
+            run.session.run_with_iobinding(run.binding)
+        elif shared:
+            self.pool.run_stages(*run.stages)
+        else:
+            self.stages.run_alone(*run.stages)
 
     def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> torch.Tensor:
         """The hidden states [C, hidden] after `layers` layers (default all) of the tree's rows (padded to C
@@ -75,7 +153,7 @@ class BoundStep:
         q = self.q[:n]
         shared = self.pool is not None and self.pool.begin(
             cache.k.numpy(), cache.v.numpy(), q, layout.extra, layout.n_extra, cfg.head_dim**-0.5,
-            self.a.numpy()[:n].reshape(q.shape))
+            self.a.numpy()[:n].reshape(q.shape), self.stages)
         self._layers(cache, layout, depth, shared)  # the caller ends the pool's step (after the LM head)
         return self.h[depth % 2]
 
@@ -85,21 +163,20 @@ class BoundStep:
         delta = be.reference.shadow_delta_rows  # each row's own, after one compiled range check of all rows
         for layer in range(depth):
             qkv_run, *rest = self.runs[layer]
-            qkv_run.session.run_with_iobinding(qkv_run.binding)
+            self._run(qkv_run, shared)
             qkv = qkv_run.outs["qkv"]
             if "attn_in" in shadow[layer]:
                 extra = delta(layer, "attn_in", qkv_run.outs["x"])
                 if extra is not None:
                     qkv += extra
-            kc, vc = cache.layer(layer)
             if shared:  # both threads (`attnpool`): the same kernel per KV head, the same result
-                self.pool.attend(cfg, layer, qkv, kc, vc, layout)
+                self.pool.attend(cfg, layer, qkv, layout)
             else:
-                decode_rows(cfg, qkv, kc, vc, layout, self.a)
+                decode_rows(cfg, qkv, *cache.layer(layer), layout, self.a)
             env: dict[str, torch.Tensor] = {"a": self.a}
             d_extra = None
             for run in rest:
-                run.session.run_with_iobinding(run.binding)
+                self._run(run, shared)
                 env.update(run.outs)
                 if shadow[layer] and run.last != "down":
                     extra = be.cut_correction(layer, run.last, env, per_row=True)
@@ -110,3 +187,17 @@ class BoundStep:
                 d = last["d"] if d_extra is None else last["d"].add_(d_extra)
                 torch.add(env["h1"], d, out=self.h[(layer + 1) % 2])
 
+
+
+def split_available(backend) -> bool:
+    """Whether a backend's one-row graphs can run split (`halves`): ONNX Runtime CPU graphs from the graph cache,
+    and the wheel's C library loads."""
+    from hetero.npu.providers import OrtCpuProvider
+
+    if not isinstance(getattr(backend, "provider", None), OrtCpuProvider):
+        return False
+    try:
+        ortc.OrtC.get()
+    except Exception:  # noqa: BLE001 - BackendUnavailable or a loader error: run the graphs whole
+        return False
+    return True

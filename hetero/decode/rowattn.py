@@ -158,22 +158,37 @@ class RowLayout:
         return len(self.n_extra)
 
 
-def tree_layout(depth: list[int], parents: list[int], slot: int, rope: RopeTable) -> RowLayout:
-    """The `RowLayout` of a token tree (node i's parent parents[i], its depth depth[i]) rooted at cache row `slot`."""
-    n = len(parents)
-    positions = np.asarray(depth, np.int64) + slot
-    if slot < 0 or int(positions.max()) >= rope.cos.shape[0]:
-        raise ValueError(f"positions {slot}..{int(positions.max())} must lie in [0, {rope.cos.shape[0]})")
-    extra = np.zeros((n, max(depth) + 1), np.int64)
+@numba.njit(cache=True, nogil=True)
+def _paths(parents: np.ndarray, slot: int, width: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
+    """Each node's path (root .. itself) as cache rows slot + index, and its length."""
+    n = parents.shape[0]
+    extra = np.zeros((n, width), np.int64)
     n_extra = np.zeros(n, np.int64)
     for i in range(n):
-        node, path = i, []
+        length, node = 0, i
         while node >= 0:
-            path.append(slot + node)
+            length += 1
             node = parents[node]
-        extra[i, : len(path)] = path[::-1]
-        n_extra[i] = len(path)
-    return RowLayout(slot, extra, n_extra, rope.cos.numpy()[positions], rope.sin.numpy()[positions])
+        node = i
+        for j in range(length - 1, -1, -1):
+            extra[i, j] = slot + node
+            node = parents[node]
+        n_extra[i] = length
+    return extra, n_extra
+
+
+def tree_layout(depth: list[int], parents: list[int], slot: int, rope: RopeTable) -> RowLayout:
+    """The `RowLayout` of a token tree (node i's parent parents[i], its depth depth[i]) rooted at cache row `slot`.
+    Built once a step: a chain's RoPE rows are a slice of the table, a tree's are gathered."""
+    n, deepest = len(parents), max(depth)
+    if slot < 0 or slot + deepest >= rope.cos.shape[0]:
+        raise ValueError(f"positions {slot}..{slot + deepest} must lie in [0, {rope.cos.shape[0]})")
+    extra, n_extra = _paths(np.asarray(parents, np.int64), slot, deepest + 1)
+    cos, sin = rope.cos.numpy(), rope.sin.numpy()
+    if list(depth) == list(range(n)):  # a chain: positions slot .. slot + n - 1
+        return RowLayout(slot, extra, n_extra, cos[slot : slot + n], sin[slot : slot + n])
+    positions = np.asarray(depth, np.int64) + slot
+    return RowLayout(slot, extra, n_extra, cos[positions], sin[positions])
 
 
 def rope_rows(cfg: ModelConfig, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: RowLayout,

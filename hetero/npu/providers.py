@@ -41,6 +41,7 @@ class Graph:
     inputs: dict[str, int]  # name → width ([C, width] float32)
     outputs: dict[str, int]
     device: str  # "cpu" | "npu": the hardware its provider runs on
+    path: Path | None = None  # the compiled model in the graph cache (None: built without the cache)
     binding: ort.IOBinding = field(init=False)
     buffers: dict[str, torch.Tensor] = field(init=False)  # outputs not given by the caller, made once
 
@@ -281,23 +282,24 @@ def prepare_graph(spec: segments.SegmentSpec, lq: segments.LayerQ, model_fp: str
     key = graph_key(spec, layer_digest or segments.layer_digest(lq), model_fp, provider)
     entry = CacheEntry.of(provider.name, key, graphs_root)
 
-    def done(sess: ort.InferenceSession, cached: bool, size: int) -> tuple[Graph, PrepareInfo]:
-        return Graph(sess, spec, ins, outs, provider.device), PrepareInfo(key, cached, time.perf_counter() - t0, size)
+    def done(sess: ort.InferenceSession, cached: bool, size: int, path: Path | None = None) -> tuple[Graph, PrepareInfo]:
+        return (Graph(sess, spec, ins, outs, provider.device, path),
+                PrepareInfo(key, cached, time.perf_counter() - t0, size))
 
     if use_cache:
         found = _load_entry(entry, provider, repair=False)  # the common case: no lock taken
         if found is not None:
-            return done(*found)
+            return done(*found, entry.compiled_path)
         try:
             with entry.lock():
                 found = _load_entry(entry, provider, repair=True)  # another process may have built it meanwhile
                 if found is not None:
-                    return done(*found)
+                    return done(*found, entry.compiled_path)
                 with entry.staging() as stage:
                     sess = _compile(spec, lq, provider, stage)
                     stage.commit(spec, {"lane": provider.options_key()})
                     size = stage.size_bytes()
-            return done(sess, False, size)
+            return done(sess, False, size, entry.compiled_path)
         except OSError as e:  # read-only or foreign cache: build without it
             _warn_once("unwritable", "cannot write the graph cache %s (%s); building graphs without caching them",
                        entry.root.parent, e)

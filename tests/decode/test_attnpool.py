@@ -51,7 +51,7 @@ def test_shared_attention_equals_the_one_thread_kernel(slot):
             if rep % 2:
                 time.sleep(0.005)  # the helper is spinning before the first job (else it may still be waking)
             for layer in range(layers):
-                pool.attend(cfg, layer, qkvs[layer], k2[layer], v2[layer], layout)
+                pool.attend(cfg, layer, qkvs[layer], layout)
                 assert torch.equal(out, want[layer]), f"layer {layer}, run {rep}"
             pool.end()
             deadline = time.time() + 5
@@ -123,7 +123,7 @@ def test_a_helper_that_cannot_run_is_turned_off_with_a_growing_backoff():
         if ok:
             pool._idle.set()  # what the helper would do when it left the step
             for layer in range(layers):
-                pool.attend(cfg, layer, qkv, k[layer], v[layer], layout)
+                pool.attend(cfg, layer, qkv, layout)
             assert torch.equal(out, want_last)  # the main thread attended every head
         pool.end()
     assert began == [True, False, True, False, False, True, False, False]

@@ -1,0 +1,155 @@
+"""A one-row decode graph cut at its INT8 matmuls into stages whose matmuls run as two column halves.
+
+A plain decode step streams ~106 MB of INT8 weights through ~80 small graphs on one core (~26 GB/s here),
+while the other core mostly idles; both cores together stream ~42 GB/s. A graph cannot be handed to the
+second core whole (each layer's graphs depend on the one before), but each of its matmuls can be shared by
+output columns: stage k holds the nodes between matmul k-1 and matmul k (norms, quantizers, activations,
+online Hadamards: small, so both threads compute them) and matmul k, whose weight, scales and bias are cut
+into column halves, one graph per half (`Halves.stages[k]`); the halves write the two halves of one [1, N]
+output, so the next stage reads it whole. Nodes after the last matmul (a residual add) form a tail that one
+thread runs. A column of `MatMulIntegerToFloat` is the same integer sum and the same scaling whichever
+columns come with it, so a split graph computes its outputs bit for bit as the whole graph (tested).
+
+Only row counts of one are split (the halves of a [C, N] output are not contiguous for C > 1), and only
+`MatMulIntegerToFloat` with constant weights (the CPU EP's INT8 matmul); a graph without one stays whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+SPLIT_OP = "MatMulIntegerToFloat"  # inputs: A, B, a_scale, b_scale[, a_zero_point, b_zero_point, bias]
+
+
+@dataclass
+class Stage:
+    """One stage of a split graph: `halves[h]` computes columns cols[h] of each of its matmuls' outputs (and the
+    stage's other outputs, which half 1 writes to scratch); a tail (no matmul) has one graph."""
+
+    halves: list[onnx.ModelProto]
+    inputs: list[str]  # tensors it reads: graph inputs or earlier stages' outputs
+    outputs: list[str]  # tensors later stages or the caller read
+    split: dict[str, int] = field(default_factory=dict)  # matmul output → its width N (halves [0, N/2), [N/2, N))
+
+
+@dataclass
+class Halves:
+    stages: list[Stage]
+    widths: dict[str, int]  # every tensor a stage reads or writes → its width ([1, width] float32)
+
+
+def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    return {o: n for n in graph.node for o in n.output}
+
+
+def _splittable(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
+    return node.op_type == SPLIT_OP and node.domain == "com.microsoft" and node.input[1] in inits
+
+
+def _needed(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
+    """The nodes (in order) that `outputs` depend on."""
+    want, keep = set(outputs), []
+    for n in reversed(nodes):
+        if want.intersection(n.output):
+            keep.append(n)
+            want.update(n.input)
+    return keep[::-1]
+
+
+def split_graph(model: onnx.ModelProto) -> Halves | None:
+    """The graph as stages cut after each splittable matmul (module docstring); None when it has none."""
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    graph_inputs = [i.name for i in g.input if i.name not in inits]
+    graph_outputs = [o.name for o in g.output]
+    level: dict[str, int] = {name: 0 for name in graph_inputs}
+    stage_of: list[int] = []
+    for n in g.node:
+        s = max((level[i] for i in n.input if i in level), default=0)
+        stage_of.append(s)
+        for o in n.output:
+            level[o] = s + 1 if _splittable(n, inits) else s
+    if not any(_splittable(n, inits) for n in g.node):
+        return None
+    n_stages = max(stage_of) + 1
+    consumers: dict[str, set[int]] = {}
+    for n, s in zip(g.node, stage_of):
+        for i in n.input:
+            consumers.setdefault(i, set()).add(s)
+    stages = []
+    for s in range(n_stages):
+        nodes = [n for n, k in zip(g.node, stage_of) if k == s]
+        produced = {o for n in nodes for o in n.output}
+        outputs = [o for o in produced if o in graph_outputs or any(k > s for k in consumers.get(o, ()))]
+        inputs = sorted({i for n in nodes for i in n.input if i and i not in produced and i not in inits})
+        matmuls = [n for n in nodes if _splittable(n, inits)]
+        if not matmuls:
+            stages.append(Stage([_subgraph(model, nodes, inputs, outputs, {}, 0)], inputs, sorted(outputs)))
+            continue
+        split = {n.output[0]: int(inits[n.input[1]].dims[1]) for n in matmuls}
+        halves = []
+        for h in (0, 1):
+            outs = outputs if h == 0 else [o for o in outputs if o in split]
+            part = _needed(nodes, set(outs))
+            ins = sorted({i for n in part for i in n.input if i and i not in {o for m in part for o in m.output}
+                          and i not in inits})
+            halves.append(_subgraph(model, part, ins, outs, split, h))
+        stages.append(Stage(halves, inputs, sorted(outputs), split))
+    return Halves(stages, _widths(model, graph_inputs, {t for st in stages for t in st.inputs + st.outputs}))
+
+
+def _subgraph(model: onnx.ModelProto, nodes: list[onnx.NodeProto], inputs: list[str], outputs: list[str],
+              split: dict[str, int], half: int) -> onnx.ModelProto:
+    """A model of `nodes` reading `inputs` and writing `outputs`, with the matmuls writing `split` outputs cut to
+    column half `half` (their outputs keep their names, [1, N/2])."""
+    g = model.graph
+    used = {i for n in nodes for i in n.input}
+    inits = [t for t in g.initializer if t.name in used]
+    new_nodes, new_inits = [], []
+    for n in nodes:
+        n2 = onnx.NodeProto()
+        n2.CopyFrom(n)
+        if n.output and n.output[0] in split:
+            width = split[n.output[0]]
+            lo, hi = (0, width // 2) if half == 0 else (width // 2, width)
+            # B [K, N], b_scale and b_zero_point [N] or [1], bias [N]: each sliced to the half's columns under a new name
+            for slot in (1, 3, 5, 6):
+                if slot >= len(n.input) or not n.input[slot]:
+                    continue
+                t = next(x for x in g.initializer if x.name == n.input[slot])
+                a = numpy_helper.to_array(t)
+                if a.ndim == 0 or a.shape[-1] == 1:
+                    continue  # a per-tensor scale applies to every column
+                name = f"{t.name}__cols{half}"
+                new_inits.append(numpy_helper.from_array(np.ascontiguousarray(a[..., lo:hi]), name))
+                n2.input[slot] = name
+        new_nodes.append(n2)
+    elem = onnx.TensorProto.FLOAT
+    graph = helper.make_graph(new_nodes, f"{g.name}_stage", [helper.make_tensor_value_info(i, elem, None) for i in inputs],
+                              [helper.make_tensor_value_info(o, elem, None) for o in outputs],
+                              inits + new_inits)
+    return helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+
+
+def _widths(model: onnx.ModelProto, graph_inputs: list[str], names: set[str]) -> dict[str, int]:
+    """Each tensor's width, from one run of the whole graph on zeros with those tensors as extra outputs."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None)
+                          for t in sorted(names - have - set(graph_inputs)))
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    feeds = {i.name: np.zeros([1 if not isinstance(d, int) else d for d in i.shape], np.float32)
+             for i in sess.get_inputs()}
+    outs = sess.run(None, feeds)
+    return {o.name: int(v.shape[-1]) for o, v in zip(sess.get_outputs(), outs) if o.name in names} | {
+        name: int(feeds[name].shape[-1]) for name in graph_inputs if name in names}
