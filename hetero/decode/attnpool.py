@@ -39,7 +39,6 @@ from hetero.decode.rowattn import RowLayout, _attend_rows, _rope_rows
  _GHELPED) = (8 * i for i in range(14))
 _FIELDS = 14
 _NO_STAGES = np.zeros(0, np.int64)
-_NO_CTRL = np.zeros(8 * _FIELDS, np.int64)  # `StageTable.run_alone` touches no control field
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +54,6 @@ class StageTable:
     hb: np.ndarray
     raise_for: Callable[[int], None]
 
-    def run_alone(self, first: int, last: int) -> None:
-        """Stages first..last-1, both halves on this thread (a step without the helper)."""
-        status, _ = _run_stages(_NO_CTRL, self.run_fn, self.ms, self.mb, self.hs, self.hb, first, last, True)
-        if status:
-            self.raise_for(status)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -137,20 +131,13 @@ def _helper_loop(ctrl: np.ndarray, seen: int, k_all: np.ndarray, v_all: np.ndarr
 
 @numba.njit(cache=True, nogil=True)
 def _run_stages(ctrl: np.ndarray, run_fn: int, ms: np.ndarray, mb: np.ndarray, hs: np.ndarray, hb: np.ndarray,
-                first: int, last: int, alone: bool) -> tuple[int, int]:  # pragma: no cover - compiled
+                first: int, last: int) -> tuple[int, int]:  # pragma: no cover - compiled
     """The main thread's side of stages first..last-1 of split graphs (`halves`): publish the helper's half of a
     stage (hs[i] != 0), run its own (session ms[i], binding mb[i]; a tail has no helper half), then take the
-    helper's half back if it was not claimed, or wait for it (alone: run both halves here, ctrl untouched).
-    Returns (the first non-zero OrtStatus*, or 0; the spins it waited)."""
+    helper's half back if it was not claimed, or wait for it. Returns (the first non-zero OrtStatus*, or 0;
+    the spins it waited)."""
     spins = 0
     for i in range(first, last):
-        if alone:
-            status = native.call3(run_fn, ms[i], 0, mb[i])
-            if status == 0 and hs[i] != 0:
-                status = native.call3(run_fn, hs[i], 0, hb[i])
-            if status != 0:
-                return status, spins
-            continue
         shared = hs[i] != 0
         if shared:
             atomics.store(ctrl, _GIDX, i)
@@ -307,7 +294,7 @@ class AttentionPool:
         two column halves at once, a tail on this thread; raises ONNX Runtime's error if a run fails."""
         st = self._stages
         t0 = time.perf_counter()
-        status, spins = _run_stages(self.ctrl, st.run_fn, st.ms, st.mb, st.hs, st.hb, first, last, False)
+        status, spins = _run_stages(self.ctrl, st.run_fn, st.ms, st.mb, st.hs, st.hb, first, last)
         self._attend_s += time.perf_counter() - t0
         self._wait_spins += spins
         if status:

@@ -95,9 +95,7 @@ class DecodeStep:
         return next((c for c in TREE_SIZES if c >= n), n)
 
     def backend(self, n: int) -> LayerBackend:
-        """The layer backend for a chunk of n rows (padded up to a prepared size on a static lane). On a static lane
-        with the helper thread, C = 1's graphs are handed to the split step once it is built (`bound.BoundStep`:
-        their halves run on two cores) and their whole sessions released."""
+        """The layer backend for a chunk of n rows (padded up to a prepared size on a static lane)."""
         if not self.static:
             return self.runtime.backend
         c = self.padded_size(n)

@@ -50,13 +50,13 @@ def test_bound_step_equals_the_unbound_graphs_and_a_tree_row(form, kind, attenti
     plan = plans(m, form)[kind]
     rt = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16, provider="cpu"))
     step = DecodeStep(rt, attention_threads=attention_threads)  # 2: the KV heads shared with a helper (`attnpool`)
-    whole = rt.backend.at_chunk(1, DECODE_THREADS)  # the same graphs, unsplit (2: the step runs its own split)
+    whole = rt.backend.at_chunk(1, DECODE_THREADS)  # the same graphs, whole (with 2 threads the step runs them split)
     prompt = torch.arange(3, 40) * 5 % 256
     r1, r2, r3 = rt.prefill(prompt), rt.prefill(prompt), rt.prefill(prompt)
     slot = r1.cache.length
     for token in (7, 200):  # two steps: the second reads the first's K/V
         if attention_threads == 2 and token == 200:
-            step.pool._off = 1  # the contention guard's case: the split graphs' halves both on this thread
+            step.pool._off = 1  # the contention guard's case: the whole graphs on this thread
         got = step.forward(r1.cache, TokenTree([token], [-1]))
         if attention_threads == 2:  # a one-row step beside the helper runs the graphs split (`halves`)
             assert step._bound[1].stages is not None and any(r.stages for rs in step._bound[1].runs for r in rs)
@@ -81,7 +81,7 @@ def test_decode_step_threads_reach_its_sessions_and_torch_is_restored():
     r = rt.prefill(torch.arange(3, 20))
     step.forward(r.cache, TokenTree([7], [-1]))
     assert torch.get_num_threads() == before
-    be = step.backend(2)  # (C = 1's graphs run split beside the helper: `halves`)
+    be = step.backend(1)
     assert be is not rt.backend and be.provider.intra_op_threads == 1
     assert all(g.session.get_session_options().intra_op_num_threads == 1 for pl in be.layers.values() for g in pl.graphs)
     assert rt.backend.provider.intra_op_threads == 2  # the prefill lane keeps its own
