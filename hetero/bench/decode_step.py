@@ -92,8 +92,9 @@ def chunk_costs(runtime, ids: list[int], steps: int, threads: int) -> dict[str, 
 
 
 def attention_threads(runtime, ids: list[int], steps: int, threads: int) -> dict[str, Any]:
-    """Median ms of a one-token step with its attention on one thread and on two (`decode.attnpool`: the KV heads
-    shared with a helper; the INT8 head's halves too), interleaved, and whether their logits are equal."""
+    """Median ms of a one-token step on one thread and on two (`decode.attnpool`: the KV heads, the graphs' column
+    halves (`decode.halves`) and the INT8 head's halves shared with a helper), interleaved, and whether their
+    logits are equal."""
     import torch
 
     from hetero.decode.step import DecodeStep
@@ -114,7 +115,8 @@ def attention_threads(runtime, ids: list[int], steps: int, threads: int) -> dict
     pool = steps_by[2].pool
     return {"context": len(ids), "one_ms": round(ms[1], 2), "two_ms": round(ms[2], 2),
             "ratio": round(ms[2] / ms[1], 2), "same_logits": bool(torch.equal(logits[1], logits[2])),
-            "helper_heads": pool.helped if pool else 0, "guard_skipped": pool.skipped if pool else 0,
+            "helper_heads": pool.helped if pool else 0, "helper_graph_halves": pool.graph_halves if pool else 0,
+            "guard_skipped": pool.skipped if pool else 0,
             "steps": steps + 3, "load": round(os.getloadavg()[0], 2)}
 
 
@@ -136,14 +138,15 @@ def markdown(r: dict[str, Any]) -> str:
             lines.append(f"| {row['context']} | " + " | ".join(f"{row['ms'][c]} ({row['ratio'][c]}×)" for c in sizes)
                          + f" | {row['load']} |")
     if r.get("attention_threads"):
-        lines += ["", "## Attention (and the INT8 head) on one thread and on two (`decode.attnpool`), interleaved", "",
+        lines += ["", "## The step on one thread and on two (`decode.attnpool`: attention, split graphs, head), "
+                  "interleaved", "",
                   "| context | one thread ms | two threads ms | ratio | same logits | heads the helper took | "
-                  "steps the contention guard ran on one thread | load |",
-                  "|---:|---:|---:|---:|---|---:|---:|---|"]
+                  "graph halves the helper ran | steps the contention guard ran on one thread | load |",
+                  "|---:|---:|---:|---:|---|---:|---:|---:|---|"]
         for row in r["attention_threads"]:
             lines.append(f"| {row['context']} | {row['one_ms']} | {row['two_ms']} | {row['ratio']}× | "
-                         f"{row['same_logits']} | {row['helper_heads']} | {row.get('guard_skipped', 0)} of "
-                         f"{row.get('steps', '?')} | {row['load']} |")
+                         f"{row['same_logits']} | {row['helper_heads']} | {row.get('helper_graph_halves', '')} | "
+                         f"{row.get('guard_skipped', 0)} of {row.get('steps', '?')} | {row['load']} |")
     return "\n".join(lines) + "\n"
 
 
