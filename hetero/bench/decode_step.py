@@ -26,7 +26,7 @@ from hetero.cli.args import add_method_arg, add_model_arg, int_list, positive_in
 HELP = ("one plain decode step's time at given contexts, split into graph runs, attention, head, shadow, rest; "
         "and a step verifying a chain of each static chunk size")
 # part -> (file name, function)s whose cumulative time it is; the functions do not call each other
-_PARTS = {"graphs": {("onnxruntime_inference_collection.py", "run_with_iobinding"), ("attnpool.py", "run_stages")},
+_PARTS = {"graphs": {("bound.py", "_run")},
           "attention": {("rowattn.py", "decode_rows"), ("attnpool.py", "attend")}, "head": {("head.py", "__call__")},
           "shadow": {("shadow.py", "shadow_delta_rows")}}
 

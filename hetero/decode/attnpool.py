@@ -1,17 +1,21 @@
-"""A second core for a decode step's attention: each layer's KV heads shared with a spinning helper thread.
+"""A second core for a decode step: each layer's attention heads and its graphs' matmul halves shared with a
+spinning helper thread.
 
-A decode step's attention streams the whole KV cache once per token (47 MB at context 1024 on the default
-model) on the step's one thread, while the other core idles: the step's ~80 graph runs stay on one thread
-because a sleeping ONNX Runtime pool pays a wake-up on every run (`step.DECODE_THREADS`). Here a helper
-thread is woken once per step (`begin`), then spins in compiled code, without the GIL, on a small control
-array until the step ends (`end`). Each layer's attention is published there as a job; both threads claim
-its KV heads one at a time (compare-and-swap) and the main thread returns once every head is done.
+A decode step streams the whole KV cache (47 MB at context 1024 on the default model) and ~106 MB of INT8
+weights once per token; the step's ~80 graph runs stay on one thread of ONNX Runtime's own because a sleeping
+pool pays a wake-up on every run (`step.DECODE_THREADS`). Here a helper thread is woken once per step
+(`begin`), then spins in compiled code, without the GIL, on a small control array until the step ends
+(`end`). Each layer's attention is published there as a job; both threads claim its KV heads one at a time
+(compare-and-swap) and the main thread returns once every head is done. A stage of a split graph
+(`halves`, `run_stages`) is a job too: the helper runs its column half through ONNX Runtime's C API (`ortc`,
+`native.call3`) while the main thread runs the other.
 
 A head's output is computed by the same compiled kernel, `rowattn._attend_rows` over [h, h + 1), whichever
-thread claims it, with the same argument types as the one-thread call: the result is bit for bit the
-one-thread kernel's (tested), so plain and speculative decoding stay equal. If the helper is late (it has not
-woken yet, or the OS preempted it) the main thread claims the heads itself: nothing waits on the helper but
-a head it is already running. Measured: docs/design.md, "Decoding".
+thread claims it, with the same argument types as the one-thread call, and a split graph's outputs are the
+whole graph's: the result is bit for bit the one-thread step's (tested), so plain and speculative decoding
+stay equal. If the helper is late (it has not woken yet, or the OS preempted it) the main thread claims the
+heads and takes the graph halves back itself: nothing waits on the helper but work it is already running.
+Measured: docs/design.md, "Decoding".
 """
 
 from __future__ import annotations
@@ -198,7 +202,8 @@ def _spin_seconds() -> float:
 
 
 class AttentionPool:
-    """A helper thread that shares each layer's attention heads during a decode step (module docstring).
+    """A helper thread that shares each layer's attention heads and graph halves during a decode step (module
+    docstring).
 
     `begin(...)` at the start of a step (False: the helper is still leaving the last step, so this step runs on
     one thread), `attend(layer, prefix)` per layer, `end()` when the step's last attention is done.
