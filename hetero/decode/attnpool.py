@@ -31,18 +31,17 @@ import numpy as np
 import torch
 
 from hetero.config import ModelConfig
-from hetero.decode import atomics, native
+from hetero.decode import atomics, native, ortc
 from hetero.decode.rowattn import RowLayout, _attend_rows, _rope_rows
 
 # Control fields (int64), each on its own 64-byte cache line. SEQ is even when a job is published and odd
 # while the main thread writes one (a seqlock); CLAIM and DONE count heads over all jobs and never go back,
 # so a helper holding an old job can never claim a head of a newer one. A graph half (`run_stages`) is one
-# job at a time: GSTATE 1 published (stage GIDX), 2 claimed by the helper, 3 done (its OrtStatus* in GSTATUS),
-# 0 none or taken back by the main thread.
-(_SEQ, _STOP, _CLAIM, _DONE, _LAYER, _PREFIX, _LIMIT, _TASK, _TASK_DONE, _HELPED, _GSTATE, _GIDX, _GSTATUS,
- _GHELPED) = (8 * i for i in range(14))
-_FIELDS = 14
-_NO_STAGES = np.zeros(0, np.int64)
+# job at a time: GSTATE 1 published (its OrtSession* and OrtIoBinding* in GSESS and GBIND), 2 claimed by the
+# helper, 3 done (its OrtStatus* in GSTATUS), 0 none or taken back by the main thread.
+(_SEQ, _STOP, _CLAIM, _DONE, _LAYER, _PREFIX, _LIMIT, _HELPED, _GSTATE, _GSESS, _GBIND, _GSTATUS,
+ _GHELPED) = (8 * i for i in range(13))
+_FIELDS = 13
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +56,14 @@ class StageTable:
     hs: np.ndarray
     hb: np.ndarray
     raise_for: Callable[[int], None]
+
+    def run_here(self, first: int, last: int) -> None:
+        """Stages first..last-1 on this thread: with no helper on a control array of its own, the main side of
+        `_run_stages` takes every half back."""
+        status, _ = _run_stages(np.zeros(8 * _FIELDS, np.int64), self.run_fn, self.ms, self.mb, self.hs, self.hb,
+                                first, last)
+        if status:
+            self.raise_for(status)
 
 
 
@@ -105,17 +112,14 @@ def _attend_shared(ctrl: np.ndarray, layer: int, qkv: np.ndarray, cos: np.ndarra
 
 @numba.njit(cache=True, nogil=True)
 def _helper_loop(ctrl: np.ndarray, seen: int, k_all: np.ndarray, v_all: np.ndarray, q: np.ndarray,
-                 extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray, run_fn: int,
-                 hs: np.ndarray, hb: np.ndarray) -> bool:  # pragma: no cover
-    """The helper's side of a step: run the graph halves (`_run_stages`: session hs[i], binding hb[i] through
-    the C function run_fn) and claim heads of every attention job published after `seen`, until STOP is set
-    (False) or the main thread hands it a task (True: `AttentionPool.pair`)."""
+                 extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray,
+                 run_fn: int) -> None:  # pragma: no cover
+    """The helper's side of a step, until STOP is set: run the graph halves published to it (`_run_stages`,
+    through the C function run_fn) and claim heads of every attention job published after `seen`."""
     while atomics.load(ctrl, _STOP) == 0:
-        if atomics.load(ctrl, _TASK) == 1 and atomics.cas(ctrl, _TASK, 1, 2):  # claimed: the main thread won't run it
-            return True
         if atomics.load(ctrl, _GSTATE) == 1 and atomics.cas(ctrl, _GSTATE, 1, 2):
-            i = atomics.load(ctrl, _GIDX)
-            atomics.store(ctrl, _GSTATUS, native.call3(run_fn, hs[i], 0, hb[i]))
+            status = native.call3(run_fn, atomics.load(ctrl, _GSESS), 0, atomics.load(ctrl, _GBIND))
+            atomics.store(ctrl, _GSTATUS, status)
             atomics.add(ctrl, _GHELPED, 1)
             atomics.store(ctrl, _GSTATE, 3)
             continue
@@ -130,7 +134,6 @@ def _helper_loop(ctrl: np.ndarray, seen: int, k_all: np.ndarray, v_all: np.ndarr
             continue
         seen = seq
         _claim_heads(ctrl, limit, q, k_all[layer], v_all[layer], prefix, extra, n_extra, scale, out, True)
-    return False
 
 
 @numba.njit(cache=True, nogil=True)
@@ -144,7 +147,8 @@ def _run_stages(ctrl: np.ndarray, run_fn: int, ms: np.ndarray, mb: np.ndarray, h
     for i in range(first, last):
         shared = hs[i] != 0
         if shared:
-            atomics.store(ctrl, _GIDX, i)
+            atomics.store(ctrl, _GSESS, hs[i])
+            atomics.store(ctrl, _GBIND, hb[i])
             atomics.store(ctrl, _GSTATE, 1)
         status = native.call3(run_fn, ms[i], 0, mb[i])
         if shared:
@@ -166,21 +170,6 @@ def _run_stages(ctrl: np.ndarray, run_fn: int, ms: np.ndarray, mb: np.ndarray, h
 @numba.njit(cache=True, nogil=True)
 def _set(ctrl: np.ndarray, field: int, value: int) -> None:  # pragma: no cover - compiled
     atomics.store(ctrl, field, value)
-
-
-@numba.njit(cache=True, nogil=True)
-def _take_back(ctrl: np.ndarray) -> bool:  # pragma: no cover - compiled
-    """The task back from a helper that has not claimed it yet (True: the caller runs it)."""
-    return atomics.cas(ctrl, _TASK, 1, 0)
-
-
-@numba.njit(cache=True, nogil=True)
-def _wait_for(ctrl: np.ndarray, field: int, value: int) -> int:  # pragma: no cover - compiled
-    spins = 0
-    while atomics.load(ctrl, field) != value:
-        atomics.pause()
-        spins += 1
-    return spins
 
 
 @numba.njit(cache=True, nogil=True)
@@ -215,9 +204,7 @@ class AttentionPool:
         self._idle.set()
         self._args: tuple | None = None
         self._step: tuple | None = None  # the arrays of the step in progress (main thread's side)
-        self._stages: StageTable | None = None
-        self._task: Callable[[], object] | None = None
-        self._error: BaseException | None = None  # raised by the helper's task
+        self._run_fn = 0  # ONNX Runtime's RunWithBinding (`ortc`), looked up at the first step
         self._closed = False
         self._thread: threading.Thread | None = None
         # Contention guard: the helper only pays when it has a core of its own. A step in which it attended under
@@ -241,23 +228,16 @@ class AttentionPool:
             if self._closed:
                 break
             args, self._args = self._args, None
-            if args is not None and _helper_loop(self.ctrl, *args):
-                task, self._task = self._task, None
-                try:
-                    task()
-                except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
-                    self._error = e
-                finally:
-                    _set(self.ctrl, _TASK_DONE, 1)
+            if args is not None:
+                _helper_loop(self.ctrl, *args)
             self._idle.set()
         self._idle.set()
 
     def begin(self, k_all: np.ndarray, v_all: np.ndarray, q: np.ndarray, extra: np.ndarray, n_extra: np.ndarray,
-              scale: float, out: np.ndarray, stages: StageTable | None = None) -> bool:
+              scale: float, out: np.ndarray) -> bool:
         """Wake the helper for a step over these arrays (kept until `end`): the whole cache's K/V
         [layers, n_kv, capacity, D], the rows' roped queries [n, n_kv, g, D] (written before each `attend`),
-        their paths (`rowattn.RowLayout`) and the output [n, n_kv, g, D]; and the step's split graphs
-        (`run_stages`), if any."""
+        their paths (`rowattn.RowLayout`) and the output [n, n_kv, g, D]."""
         if self._closed or not self._idle.is_set():
             return False
         if self._off > 0:
@@ -270,13 +250,11 @@ class AttentionPool:
             self._thread.start()
         self._idle.clear()
         _set(self.ctrl, _STOP, 0)
-        _set(self.ctrl, _TASK, 0)
-        _set(self.ctrl, _TASK_DONE, 0)
+        if not self._run_fn:
+            self._run_fn = ortc.run_fn()
         self._step = (k_all, v_all, q, extra, n_extra, float(scale), out)
         self._helped_before = self.helped
-        self._stages = stages
-        graphs = (0, _NO_STAGES, _NO_STAGES) if stages is None else (stages.run_fn, stages.hs, stages.hb)
-        self._args = (int(self.ctrl[_SEQ]),) + self._step + graphs
+        self._args = (int(self.ctrl[_SEQ]),) + self._step + (self._run_fn,)
         self._go.set()
         return True
 
@@ -294,10 +272,13 @@ class AttentionPool:
         self._attend_s += time.perf_counter() - t0
         self._heads += k_all.shape[1]
 
-    def run_stages(self, first: int, last: int) -> None:
-        """Stages first..last-1 of the step's split graphs (`begin(stages=...)`) on both threads: each stage's
-        two column halves at once, a tail on this thread; raises ONNX Runtime's error if a run fails."""
-        st = self._stages
+    def run_stages(self, st: StageTable, first: int, last: int) -> None:
+        """Stages first..last-1 of split graphs (`halves`; the LM head's vocabulary halves too) on both threads
+        when a step with the helper is in progress (`active`), else on this one: each stage's two halves at once,
+        a tail on this thread; raises ONNX Runtime's error if a run fails."""
+        if not self.active:
+            st.run_here(first, last)
+            return
         t0 = time.perf_counter()
         status, spins = _run_stages(self.ctrl, st.run_fn, st.ms, st.mb, st.hs, st.hb, first, last)
         self._attend_s += time.perf_counter() - t0
@@ -320,32 +301,6 @@ class AttentionPool:
         """A step with the helper is in progress (`begin` returned True, `end` not called yet)."""
         return self._step is not None
 
-    def pair(self, main: Callable[[], object], other: Callable[[], object]) -> None:
-        """Run `main` here and `other` on the helper at the same time (the step's last work: the helper leaves
-        the step's loop for it), or both here when no step with the helper is in progress. The helper takes the
-        GIL to start `other`; both should release it (an ONNX Runtime run does). If the helper has not claimed
-        `other` by the time `main` is done, this thread takes it back and runs it: nothing waits on a helper
-        that is late or gone."""
-        if not self.active:
-            main()
-            other()
-            return
-        self._task = other
-        _set(self.ctrl, _TASK, 1)
-        t0 = time.perf_counter()
-        try:
-            main()
-        finally:
-            if _take_back(self.ctrl):
-                self._task = None
-                other()
-            else:
-                self._wait_spins += _wait_for(self.ctrl, _TASK_DONE, 1)
-                self._attend_s += time.perf_counter() - t0
-                error, self._error = self._error, None
-                if error is not None:
-                    raise error
-
     def end(self) -> None:
         """The step's attention is done: the helper stops spinning and goes back to sleep."""
         _set(self.ctrl, _STOP, 1)
@@ -356,7 +311,7 @@ class AttentionPool:
                 self._off, self._backoff = self._backoff, min(2 * self._backoff, 256)
             else:
                 self._backoff = 1
-        self._step = self._stages = None
+        self._step = None
         self._wait_spins, self._attend_s, self._heads = 0, 0.0, 0
 
     def close(self) -> None:

@@ -8,6 +8,8 @@ logits do not depend on the other rows of a token tree: speculation stays exact)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numba
 import numpy as np
 import onnx
@@ -17,7 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hetero import model as ref
 from hetero.config import ModelConfig
-from hetero.decode.attnpool import AttentionPool
+from hetero.decode import ortc
+from hetero.decode.attnpool import AttentionPool, StageTable
 from hetero.model import Weights
 from hetero.outliers.quantize import W_QMAX_U8S8
 from hetero.threads import ort_session_options
@@ -55,55 +58,67 @@ class Int8Head:
     """final RMSNorm (float, CPU lane) + the INT8 LM head graph (ONNX Runtime), in two halves of the vocabulary.
 
     Each half is its own `MatMulInteger` graph over half of W's output channels: a logit is the same integer sum
-    in either, so the logits equal one whole-vocabulary graph's. During a decode step with a helper thread
-    (`attnpool.AttentionPool.pair`) the halves run on two cores, each streaming half of the 28 MB of weights."""
+    in either, so the logits equal one whole-vocabulary graph's. Beside a helper thread (`attnpool`) the halves
+    are C API sessions (`ortc`) and run on two cores as one stage (`AttentionPool.run_stages`), each streaming half
+    of the 28 MB of weights; without one they are Python API sessions (on the process's pool in its shared mode)."""
 
     name = "int8"
 
     def __init__(self, cfg: ModelConfig, weights: Weights, threads: int = 2, pool: AttentionPool | None = None):
         self.cfg, self.weights, self.pool = cfg, weights, pool
-        so = ort_session_options(threads)
-        so.log_severity_level = 3
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         half = (cfg.vocab // 2 + 63) // 64 * 64
         self.parts = [(0, half), (half, cfg.vocab)]
-        scales = []
-        self.sessions = []
-        for lo, hi in self.parts:
-            graph, scale = int8_head_graph(weights.lm_head[lo:hi])
-            self.sessions.append(ort.InferenceSession(graph.SerializeToString(), so, providers=["CPUExecutionProvider"]))
-            scales.append(scale)
+        graphs, scales = zip(*(int8_head_graph(weights.lm_head[lo:hi]) for lo, hi in self.parts))
         self.w_scale = torch.cat(scales).numpy()
-        self._bindings: dict[int, tuple[np.ndarray, list[np.ndarray], list]] = {}
+        self._ortc = ortc.OrtC.get() if pool is not None and ortc.run_fn() else None
+        if self._ortc is not None:
+            self.sessions = [self._ortc.session(g) for g in graphs]
+        else:
+            so = ort_session_options(threads)
+            so.log_severity_level = 3
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            self.sessions = [ort.InferenceSession(g.SerializeToString(), so, providers=["CPUExecutionProvider"])
+                             for g in graphs]
+        self._bindings: dict[int, tuple[np.ndarray, list[np.ndarray], Callable[[], None]]] = {}
 
-    def _bound(self, rows: int) -> tuple[np.ndarray, list[np.ndarray], list]:
-        """The input and output buffers of `rows` rows and the halves' runs bound to them, made once per row count
-        (a decode step asks for 1, 2, 4 or 8 rows)."""
+    def _bound(self, rows: int) -> tuple[np.ndarray, list[np.ndarray], Callable[[], None]]:
+        """The input and output buffers of `rows` rows and a run of both halves bound to them, made once per row
+        count (a decode step asks for 1, 2, 4 or 8 rows)."""
         b = self._bindings.get(rows)
         if b is None:
             xq = np.empty((rows, self.cfg.hidden), np.uint8)
             accs = [np.empty((rows, hi - lo), np.int32) for lo, hi in self.parts]
-            runs = []
-            for sess, acc in zip(self.sessions, accs):
-                binding = sess.io_binding()
-                binding.bind_input("x_q", "cpu", 0, np.uint8, xq.shape, xq.ctypes.data)
-                binding.bind_output("acc", "cpu", 0, np.int32, acc.shape, acc.ctypes.data)
-                runs.append(lambda sess=sess, binding=binding: sess.run_with_iobinding(binding))
-            b = self._bindings[rows] = (xq, accs, runs)
+            if self._ortc is not None:
+                bound = [sess.bind({"x_q": (xq.ctypes.data, xq.shape, np.uint8)},
+                                   {"acc": (acc.ctypes.data, acc.shape, np.int32)})
+                         for sess, acc in zip(self.sessions, accs)]
+                table = StageTable(self._ortc.run_fn, *(np.array([x.ptr], np.int64) for x in (
+                    bound[0].session, bound[0], bound[1].session, bound[1])), self._ortc.check)
+
+                def run(table=table, keep=bound) -> None:  # both halves at once beside the helper
+                    self.pool.run_stages(table, 0, 1)
+            else:
+                bindings = []
+                for sess, acc in zip(self.sessions, accs):
+                    binding = sess.io_binding()
+                    binding.bind_input("x_q", "cpu", 0, np.uint8, xq.shape, xq.ctypes.data)
+                    binding.bind_output("acc", "cpu", 0, np.int32, acc.shape, acc.ctypes.data)
+                    bindings.append((sess, binding))
+
+                def run(bindings=bindings) -> None:
+                    for sess, binding in bindings:
+                        sess.run_with_iobinding(binding)
+            b = self._bindings[rows] = (xq, accs, run)
         return b
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         if h.numel() == 0:  # a step that only writes K/V (a drafter catching up) asks for no logits
             return h.new_empty(*h.shape[:-1], self.cfg.vocab)
         x = ref.rms_norm(h.reshape(-1, self.cfg.hidden), self.weights.norm, self.cfg.rms_eps)
-        xq, accs, runs = self._bound(x.shape[0])
+        xq, accs, run = self._bound(x.shape[0])
         s = np.empty(x.shape[0], np.float32)
         _quantize_rows(x.contiguous().numpy(), xq, s)
-        if self.pool is not None:
-            self.pool.pair(*runs)
-        else:
-            for run in runs:
-                run()
+        run()
         out = np.empty((x.shape[0], self.cfg.vocab), np.float32)
         _scale_logits(accs[0], accs[1], s, self.w_scale, out)
         return torch.from_numpy(out).reshape(*h.shape[:-1], -1)

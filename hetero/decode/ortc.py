@@ -56,7 +56,7 @@ _PROTOS = {
     "BindInput": CFUNCTYPE(_STATUS, c_void_p, c_char_p, c_void_p),
     "BindOutput": CFUNCTYPE(_STATUS, c_void_p, c_char_p, c_void_p),
 }
-_FLOAT = 1  # ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
+_ELEMENT = {np.dtype(np.float32): 1, np.dtype(np.uint8): 2, np.dtype(np.int32): 6}  # ONNXTensorElementDataType
 _LOG_ERROR = 3
 _DISABLE_ALL = 0  # the decode graphs come optimized from the graph cache
 _DEVICE_ALLOCATOR, _MEM_DEFAULT = 0, 0
@@ -125,6 +125,15 @@ class OrtC:
         return Session(self, sess.value)
 
 
+@functools.cache
+def run_fn() -> int:
+    """RunWithBinding's address for compiled callers (`native.call3`), 0 when the C library is unavailable."""
+    try:
+        return OrtC.get().run_fn
+    except BackendUnavailable:
+        return 0
+
+
 class Session:
     """An OrtSession* (released with this object)."""
 
@@ -132,28 +141,28 @@ class Session:
         self.ortc, self.ptr = ortc, ptr
         weakref.finalize(self, ortc.fn["ReleaseSession"], ptr)
 
-    def bind(self, inputs: dict[str, tuple[int, tuple[int, ...]]],
-             outputs: dict[str, tuple[int, tuple[int, ...]]]) -> "Binding":
-        """An IOBinding of the named inputs and outputs to float32 buffers (address, shape) the caller keeps alive."""
+    def bind(self, inputs: dict[str, tuple], outputs: dict[str, tuple]) -> "Binding":
+        """An IOBinding of the named inputs and outputs to buffers the caller keeps alive: (address, shape) of
+        float32, or (address, shape, numpy dtype) of uint8 / int32."""
         return Binding(self, inputs, outputs)
 
 
 class Binding:
     """An OrtIoBinding* over fixed buffers, with its OrtValues (released with this object)."""
 
-    def __init__(self, session: Session, inputs: dict[str, tuple[int, tuple[int, ...]]],
-                 outputs: dict[str, tuple[int, tuple[int, ...]]]):
+    def __init__(self, session: Session, inputs: dict[str, tuple], outputs: dict[str, tuple]):
         ortc, f = session.ortc, session.ortc.fn
         b = c_void_p()
         ortc.check(f["CreateIoBinding"](session.ptr, byref(b)))
         self.session, self.ptr, self._values = session, b.value, []
         weakref.finalize(self, _release_binding, f, self.ptr, self._values)
         for names, bind in ((inputs, f["BindInput"]), (outputs, f["BindOutput"])):
-            for name, (addr, shape) in names.items():
+            for name, (addr, shape, *dtype) in names.items():
+                dt = np.dtype(dtype[0] if dtype else np.float32)
                 dims = (c_int64 * len(shape))(*shape)
                 value = c_void_p()
-                ortc.check(f["CreateTensorWithDataAsOrtValue"](ortc.mem, addr, 4 * int(np.prod(shape)), dims,
-                                                               len(shape), _FLOAT, byref(value)))
+                ortc.check(f["CreateTensorWithDataAsOrtValue"](ortc.mem, addr, dt.itemsize * int(np.prod(shape)),
+                                                               dims, len(shape), _ELEMENT[dt], byref(value)))
                 self._values.append(value.value)
                 ortc.check(bind(self.ptr, name.encode(), value))
 

@@ -4,7 +4,6 @@ caller; a late or closed helper never makes the step wait."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -63,33 +62,43 @@ def test_shared_attention_equals_the_one_thread_kernel(slot):
     assert not pool._thread.is_alive()
 
 
-def test_pair_runs_both_and_hands_back_the_helpers_error():
+def test_a_failed_graph_half_raises_onnx_runtimes_message_whoever_ran_it():
+    """A stage job (`run_stages`) whose second half cannot run (an input never bound): the main thread raises the
+    C API's message whether the helper ran that half or the main thread took it back, in a step or outside one."""
+    from onnx import TensorProto, helper
+
+    from hetero.decode import ortc
+    from hetero.decode.attnpool import StageTable
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    api = ortc.OrtC.get()
+    sess = api.session(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    x, y = np.ones((1, 4), np.float32), np.zeros((1, 4), np.float32)
+    good = sess.bind({"x": (x.ctypes.data, (1, 4))}, {"y": (y.ctypes.data, (1, 4))})
+    bad = sess.bind({}, {"y": (y.ctypes.data, (1, 4))})
+    table = StageTable(api.run_fn, *(np.array([p], np.int64) for p in (sess.ptr, good.ptr, sess.ptr, bad.ptr)),
+                       api.check)
     pool = AttentionPool()
-    ran: list[str] = []
-    pool.pair(lambda: ran.append("main"), lambda: ran.append("other"))  # no step in progress: both here, in order
-    assert ran == ["main", "other"]
     cfg = make_tiny_model().config
     k, v = random_cache(cfg, 1, 8, 0)
     q = np.zeros((1, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim), np.float32)
     layout = tree_layout([0], [-1], 3, ref.RopeTable(cfg, 16))
     args = (k.numpy(), v.numpy(), q, layout.extra, layout.n_extra, 0.125, np.zeros_like(q))
     try:
-        for _ in range(3):
+        with pytest.raises(ortc.OrtError, match="x"):
+            pool.run_stages(table, 0, 1)  # no step in progress: both halves here
+        for rep in range(3):
+            pool._off = 0
             assert pool.begin(*args)
-            threads: set[str] = set()
-            pool.pair(lambda: threads.add("main"), lambda: threads.add(threading.current_thread().name))
-            assert len(threads) == 2  # run here and on the helper, or both here when the helper was late
+            if rep:
+                time.sleep(0.005)  # the helper spinning: it claims the half
+            with pytest.raises(ortc.OrtError, match="x"):
+                pool.run_stages(table, 0, 1)
             pool.end()
             pool._idle.wait(5)
-        assert pool.begin(*args)
-        time.sleep(0.005)
-
-        def fail() -> None:
-            raise RuntimeError("boom")
-
-        with pytest.raises(RuntimeError, match="boom"):
-            pool.pair(lambda: time.sleep(0.02), fail)  # the helper claims it while main sleeps
-        pool.end()
+        assert np.array_equal(y, x)  # the good half ran
     finally:
         pool.close()
     assert not pool.begin(*args)  # closed: steps run on one thread

@@ -10,7 +10,7 @@ import torch
 from onnx import TensorProto, helper
 
 from hetero.decode import ortc
-from hetero.decode.attnpool import _FIELDS, AttentionPool, StageTable, _run_stages
+from hetero.decode.attnpool import AttentionPool
 from hetero.decode.bound import _Stages
 from hetero.decode.halves import split_graph
 from hetero.decode.step import DECODE_THREADS
@@ -25,14 +25,6 @@ def _one_row_graphs(form: str, kind: str):
     plan = tiny_plan(m, SHADOWS) if kind == "w8a8" else rotated_a16_plan(m, form, ("down_in",), SHADOWS)
     be = NpuBackend(m, plan, 16, provider="cpu").at_chunk(1, DECODE_THREADS)
     return [g for pl in be.layers.values() for g in pl.graphs]
-
-
-def _run_here(table: StageTable, first: int, last: int) -> None:
-    """The stages on this thread: with no helper on its own control array, the main side takes every half back."""
-    status, _ = _run_stages(np.zeros(8 * _FIELDS, np.int64), table.run_fn, table.ms, table.mb, table.hs, table.hb,
-                            first, last)
-    if status:
-        table.raise_for(status)
 
 
 def _whole(g, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -55,7 +47,7 @@ def test_split_graphs_compute_the_whole_graphs_outputs_bit_for_bit(form, kind):
             assert not any(n.op_type == "MatMulIntegerToFloat" for n in onnx.load(str(g.path)).graph.node)
             continue
         split += 1
-        _run_here(stages.table(), *span)
+        stages.table().run_here(*span)
         want = _whole(g, {k: v.numpy() for k, v in ins.items()})
         for name, t in outs.items():
             assert np.array_equal(t.numpy(), want[name]), f"layer {g.spec.layer} {g.spec.kind}: {name}"
@@ -82,12 +74,10 @@ def test_shared_stages_equal_whatever_thread_runs_a_half():
             for t in outs.values():
                 t.zero_()
             pool._off = 0
-            shared = pool.begin(k, k, q, none, np.ones(1, np.int64), 1.0, q.copy(), table)
+            shared = pool.begin(k, k, q, none, np.ones(1, np.int64), 1.0, q.copy())
+            pool.run_stages(table, *span)  # both threads, or this one when the helper is still leaving a step
             if shared:
-                pool.run_stages(*span)
                 pool.end()
-            else:  # the helper is still leaving the last step: the same stages on this thread
-                _run_here(table, *span)
             for name, t in outs.items():
                 assert np.array_equal(t.numpy(), want[name]), f"run {rep}: {name}"
             while not pool._idle.wait(0.01):

@@ -3,25 +3,35 @@
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime as ort
+import pytest
 import torch
 
 from hetero import model as ref
-from hetero.decode.head import Int8Head
+from hetero.decode.attnpool import AttentionPool
+from hetero.decode.head import Int8Head, int8_head_graph
 from tests.conftest import make_tiny_model
 
 
-def test_int8_head_equals_the_torch_formula_for_every_row_count():
+@pytest.mark.parametrize("helper", [False, True])
+def test_int8_head_equals_the_torch_formula_for_every_row_count(helper):
+    """Python API sessions without a helper thread, C API sessions beside one (its halves at once in a step)."""
     m = make_tiny_model()
     cfg = m.config
-    head = Int8Head(cfg, m.weights, threads=1)
+    pool = AttentionPool() if helper else None
+    head = Int8Head(cfg, m.weights, threads=1, pool=pool)
     g = torch.Generator().manual_seed(0)
     for rows in (1, 2, 4, 8, 1):  # the bound buffers of a row count are reused
         h = torch.randn(rows, cfg.hidden, generator=g) * (rows + 0.5)
         x = ref.rms_norm(h, m.weights.norm, cfg.rms_eps)
         s = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0
         xq = (torch.round(x / s).clamp(-127, 127) + 128).to(torch.uint8).numpy()
-        acc = np.concatenate([sess.run(None, {"x_q": xq})[0] for sess in head.sessions], axis=1)
+        acc = np.concatenate([ort.InferenceSession(int8_head_graph(m.weights.lm_head[lo:hi])[0].SerializeToString(),
+                                                   providers=["CPUExecutionProvider"]).run(None, {"x_q": xq})[0]
+                              for lo, hi in head.parts], axis=1)
         want = torch.from_numpy(acc).float() * s * torch.from_numpy(head.w_scale)
         got = head(h)
         assert torch.equal(got, want)
         assert got.data_ptr() != head(h).data_ptr()  # each call returns its own logits
+    if pool is not None:
+        pool.close()
