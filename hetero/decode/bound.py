@@ -84,8 +84,7 @@ class _Stages:
         """(address, shape) of what a half writes of buffer t: its columns of a split matmul's output, else all."""
         if name not in split:
             return t.data_ptr(), tuple(t.shape)
-        n = split[name]
-        lo, hi = (0, n // 2) if half == 0 else (n // 2, n)
+        lo, hi = halves.columns(split[name], half)
         return t.data_ptr() + 4 * lo, (1, hi - lo)
 
     def table(self) -> StageTable:
@@ -182,16 +181,9 @@ class BoundStep:
                 torch.add(env["h1"], d, out=self.h[(layer + 1) % 2])
 
 
-
 def split_available(backend) -> bool:
     """Whether a backend's one-row graphs can run split (`halves`): ONNX Runtime CPU graphs from the graph cache,
     and the wheel's C library loads."""
     from hetero.npu.providers import OrtCpuProvider
 
-    if not isinstance(getattr(backend, "provider", None), OrtCpuProvider):
-        return False
-    try:
-        ortc.OrtC.get()
-    except Exception:  # noqa: BLE001 - BackendUnavailable or a loader error: run the graphs whole
-        return False
-    return True
+    return isinstance(getattr(backend, "provider", None), OrtCpuProvider) and ortc.run_fn() != 0

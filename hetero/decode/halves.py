@@ -28,8 +28,8 @@ SPLIT_OP = "MatMulIntegerToFloat"  # inputs: A, B, a_scale, b_scale[, a_zero_poi
 
 @dataclass
 class Stage:
-    """One stage of a split graph: `halves[h]` computes columns cols[h] of each of its matmuls' outputs (and the
-    stage's other outputs, which half 1 writes to scratch); a tail (no matmul) has one graph."""
+    """One stage of a split graph: `halves[h]` computes column half h (`columns`) of each of its matmuls' outputs;
+    half 0 also the stage's other outputs. A tail (no matmul) has one graph."""
 
     halves: list[onnx.ModelProto]
     inputs: list[str]  # tensors it reads: graph inputs or earlier stages' outputs
@@ -43,8 +43,9 @@ class Halves:
     widths: dict[str, int]  # every tensor a stage reads or writes → its width ([1, width] float32)
 
 
-def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
-    return {o: n for n in graph.node for o in n.output}
+def columns(width: int, half: int) -> tuple[int, int]:
+    """The columns [lo, hi) of column half `half` (0 or 1) of a width-N output."""
+    return (0, width // 2) if half == 0 else (width // 2, width)
 
 
 def _splittable(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
@@ -109,19 +110,19 @@ def _subgraph(model: onnx.ModelProto, nodes: list[onnx.NodeProto], inputs: list[
     column half `half` (their outputs keep their names, [1, N/2])."""
     g = model.graph
     used = {i for n in nodes for i in n.input}
+    by_name = {t.name: t for t in g.initializer}
     inits = [t for t in g.initializer if t.name in used]
     new_nodes, new_inits = [], []
     for n in nodes:
         n2 = onnx.NodeProto()
         n2.CopyFrom(n)
         if n.output and n.output[0] in split:
-            width = split[n.output[0]]
-            lo, hi = (0, width // 2) if half == 0 else (width // 2, width)
+            lo, hi = columns(split[n.output[0]], half)
             # B [K, N], b_scale and b_zero_point [N] or [1], bias [N]: each sliced to the half's columns under a new name
             for slot in (1, 3, 5, 6):
                 if slot >= len(n.input) or not n.input[slot]:
                     continue
-                t = next(x for x in g.initializer if x.name == n.input[slot])
+                t = by_name[n.input[slot]]
                 a = numpy_helper.to_array(t)
                 if a.ndim == 0 or a.shape[-1] == 1:
                     continue  # a per-tensor scale applies to every column

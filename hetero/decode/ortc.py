@@ -166,10 +166,6 @@ class Binding:
                 self._values.append(value.value)
                 ortc.check(bind(self.ptr, name.encode(), value))
 
-    def run(self) -> None:
-        """One run (from Python; compiled code calls `OrtC.run_fn` with the same pointers)."""
-        self.session.ortc.check(self.session.ortc.fn["RunWithBinding"](self.session.ptr, None, self.ptr))
-
 
 def _release_binding(f: dict, ptr: int, values: list[int]) -> None:
     f["ReleaseIoBinding"](ptr)
