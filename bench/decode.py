@@ -65,8 +65,10 @@ class Engines:
     def __init__(self, model, threads: int):
         self.model, self.threads = model, threads
         self.rt = {m: make_runtime(model, m, chunk=256, threads=threads) for m in ("hetero", "float")}
+        step = DecodeStep.of(self.rt["hetero"])
+        step.split_after = 0  # the steady state: graphs split over both cores from the first step (SPLIT_AFTER_STEPS)
         for c in TREE_SIZES:
-            DecodeStep.of(self.rt["hetero"]).backend(c)  # decode graphs prepared before timing
+            step.prepare(c)  # decode graphs bound before timing
         self._hf = self._llm = None
 
     def hf(self):

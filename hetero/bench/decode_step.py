@@ -40,7 +40,7 @@ def step_parts(runtime, ids: list[int], steps: int, threads: int) -> dict[str, A
 
     cache = runtime.new_cache(len(ids) + 8)
     runtime.prefill(torch.tensor(ids), cache)
-    step = DecodeStep(runtime, threads=threads)
+    step = DecodeStep(runtime, threads=threads, split_after=0)
     tree = TokenTree.chain([ids[-1]])
     for _ in range(5):  # graph sessions, compiled kernels, first-run allocations
         step.forward(cache, tree)
@@ -75,7 +75,7 @@ def chunk_costs(runtime, ids: list[int], steps: int, threads: int) -> dict[str, 
 
     cache = runtime.new_cache(len(ids) + TREE_SIZES[-1])
     runtime.prefill(torch.tensor(ids), cache)
-    step = DecodeStep(runtime, threads=threads)
+    step = DecodeStep(runtime, threads=threads, split_after=0)
     trees = {c: TokenTree.chain(ids[-c:]) for c in TREE_SIZES}
     for tree in trees.values():
         for _ in range(3):
@@ -103,7 +103,7 @@ def attention_threads(runtime, ids: list[int], steps: int, threads: int) -> dict
     cache = runtime.new_cache(len(ids) + 8)
     runtime.prefill(torch.tensor(ids), cache)
     tree = TokenTree.chain([ids[-1]])
-    steps_by = {n: DecodeStep(runtime, threads=threads, attention_threads=n) for n in (1, 2)}
+    steps_by = {n: DecodeStep(runtime, threads=threads, attention_threads=n, split_after=0) for n in (1, 2)}
     logits = {n: [step.forward(cache, tree) for _ in range(3)][-1] for n, step in steps_by.items()}
     times: dict[int, list[float]] = {n: [] for n in steps_by}
     for _ in range(steps):

@@ -6,6 +6,7 @@ Every deliberate error (`HeteroError`) becomes one line on stderr and exit code 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 
@@ -27,20 +28,26 @@ def _version() -> str:
         return __version__
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of `argv`'s command (default sys.argv), or of every command when none is given."""
     parser = argparse.ArgumentParser(prog="hetero", description="Fast LLM prefill on NPU + CPU/GPU (mllm-NPU).")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what hetero decides (and, for run, where the time went)")
     parser.add_argument("--version", action="version", version=f"hetero {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    from hetero.cli import bench, calibrate, npu, run, sched, serve  # here: hetero.bench imports hetero.cli.args
-
-    for group in (run, calibrate, npu, sched, bench, serve):
-        group.register(sub)
+    command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    groups = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for group in groups:  # only the given command's module: `hetero run` imports no benchmark (issue 28)
+        importlib.import_module(f"hetero.cli.{group}").register(sub)
     return parser
 
 
+# command -> the module of `hetero.cli` that registers it
+COMMANDS = {"run": "run", "info": "run", "calibrate": "calibrate", "npu": "npu", "profile": "sched",
+            "timeline": "sched", "bench": "bench", "serve": "serve"}
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     try:
         import transformers

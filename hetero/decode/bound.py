@@ -36,7 +36,9 @@ class _Run:
     session: ort.InferenceSession
     binding: ort.IOBinding
     last: str  # its last piece ("qkv", "o", "gu", "act", "down"): which shadow site follows it
+    ins: dict[str, torch.Tensor]
     outs: dict[str, torch.Tensor]
+    path: object = None  # the compiled graph in the graph cache (its split form is cut from it), or None
     stages: tuple[int, int] | None = None  # its split form: stages first..last-1 of the step's `_Stages`
 
 
@@ -102,15 +104,29 @@ class BoundStep:
         self.h = (torch.zeros(rows, cfg.hidden), torch.zeros(rows, cfg.hidden))  # layer l reads h[l % 2]
         self.a = torch.zeros(rows, cfg.q_dim)  # attention output, every layer's o input
         self.q = np.zeros((rows, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim), np.float32)
-        # One-row steps beside a helper thread run split graphs (`halves`): each matmul's column halves on two
-        # cores. Not for QNN graphs (context binaries) nor graphs built without the cache (no model file).
-        self._stages = _Stages() if rows == 1 and pool is not None and split_available(backend) else None
         self.runs: list[list[_Run]] = []
         for layer in range(cfg.n_layers):
             if layer not in backend.layers:
                 break
             self.runs.append(self._bind_layer(layer))
-        self.stages = None if self._stages is None else self._stages.table()
+        self.stages: StageTable | None = None  # the split forms, once `split` has built them
+
+    def split(self) -> bool:
+        """Build the split forms (`halves`) of a one-row step's graphs, so that a step beside the helper thread runs
+        each matmul's column halves on two cores; whether they exist now. Not for QNN graphs (context binaries) nor
+        graphs built without the cache (no model file). Building them costs ~1 s (270 sessions), which a step
+        repays ~2 ms at a time: `DecodeStep` splits once a decode has run long enough (`SPLIT_AFTER_STEPS`)."""
+        if self.stages is not None:
+            return True
+        if self.rows != 1 or self.pool is None or not split_available(self.backend):
+            return False
+        stages = _Stages()
+        for runs in self.runs:
+            for run in runs:
+                if run.path is not None:
+                    run.stages = stages.add(onnx.load(str(run.path)), run.ins, run.outs)
+        self._stages, self.stages = stages, stages.table()
+        return True
 
     def _bind_layer(self, layer: int) -> list[_Run]:
         """Bind the layer's graphs in order; a graph's inputs are the buffers earlier graphs wrote."""
@@ -120,10 +136,7 @@ class BoundStep:
             ins = {name: env[name] for name in g.inputs}
             outs = {name: self.h[(layer + 1) % 2] if name == "h_out" else torch.zeros(self.rows, width)
                     for name, width in g.outputs.items()}  # fresh buffers: an output never aliases an input
-            run = _Run(g.session, g.bind(ins, outs), g.spec.pieces[-1], outs)
-            if self._stages is not None and g.path is not None:
-                run.stages = self._stages.add(onnx.load(str(g.path)), ins, outs)
-            runs.append(run)
+            runs.append(_Run(g.session, g.bind(ins, outs), g.spec.pieces[-1], ins, outs, g.path))
             env.update(outs)
         return runs
 

@@ -152,6 +152,7 @@ class Decoding:
             t = time.perf_counter()
             tree = self.drafter.draft(self.context + self.tokens, depth, size) if depth else tree
             draft_ms = (time.perf_counter() - t) * 1e3
+        self.step.prepare(len(tree))  # a size's first use binds its graphs: not part of the step's time
         t = time.perf_counter()
         logits = self.step.forward(self.cache, tree)
         step_ms = (time.perf_counter() - t) * 1e3

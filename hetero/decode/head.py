@@ -21,7 +21,9 @@ from hetero import model as ref
 from hetero.config import ModelConfig
 from hetero.decode import ortc
 from hetero.decode.attnpool import AttentionPool, StageTable
+from hetero.loader import Model
 from hetero.model import Weights
+from hetero.outliers.weightcache import cached_arrays
 from hetero.outliers.quantize import W_QMAX_U8S8
 from hetero.threads import ort_session_options
 
@@ -38,20 +40,30 @@ class FloatHead:
         return ref.logits(self.cfg, self.weights, h)
 
 
-def int8_head_graph(w: torch.Tensor) -> tuple[onnx.ModelProto, torch.Tensor]:
-    """[T, hidden] uint8 (zero point 128) → [T, vocab] int32 (MatMulInteger over W^T quantized per output channel), and
-    the weight scales [vocab]."""
+def quantize_head(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """W^T [hidden, vocab] quantized per output channel to 7 bits (u8·s8 pairs cannot saturate AVX2's 16-bit
+    intermediate, as the layer graphs' plan), and the scales [vocab] float32."""
     wt = w.detach().float().numpy().T  # [hidden, vocab]
-    # 7-bit weights: u8·s8 pairs cannot saturate AVX2's 16-bit intermediate (as the layer graphs' plan)
     scale = np.maximum(np.abs(wt).max(axis=0), 1e-12) / W_QMAX_U8S8
     wq = np.clip(np.round(wt / scale), -W_QMAX_U8S8, W_QMAX_U8S8).astype(np.int8)
-    # u8·s8 (activations shifted by 128, a zero point) is ONNX Runtime's fast integer kernel
+    return wq, scale.astype(np.float32)
+
+
+def head_graph(wq: np.ndarray) -> onnx.ModelProto:
+    """[T, hidden] uint8 (zero point 128) → [T, vocab] int32: MatMulInteger over the quantized W^T (`quantize_head`);
+    u8·s8 (activations shifted by 128, a zero point) is ONNX Runtime's fast integer kernel."""
     node = helper.make_node("MatMulInteger", ["x_q", "w_q", "x_z"], ["acc"])
     graph = helper.make_graph([node], "lm_head_int8",
-                              [helper.make_tensor_value_info("x_q", TensorProto.UINT8, ["T", wt.shape[0]])],
-                              [helper.make_tensor_value_info("acc", TensorProto.INT32, ["T", wt.shape[1]])],
+                              [helper.make_tensor_value_info("x_q", TensorProto.UINT8, ["T", wq.shape[0]])],
+                              [helper.make_tensor_value_info("acc", TensorProto.INT32, ["T", wq.shape[1]])],
                               [numpy_helper.from_array(wq, "w_q"), numpy_helper.from_array(np.uint8(128), "x_z")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), torch.from_numpy(scale.astype(np.float32))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def int8_head_graph(w: torch.Tensor) -> tuple[onnx.ModelProto, torch.Tensor]:
+    """The head graph of `w` (`head_graph`) and its weight scales [vocab]."""
+    wq, scale = quantize_head(w)
+    return head_graph(wq), torch.from_numpy(scale)
 
 
 class Int8Head:
@@ -64,12 +76,21 @@ class Int8Head:
 
     name = "int8"
 
-    def __init__(self, cfg: ModelConfig, weights: Weights, threads: int = 2, pool: AttentionPool | None = None):
+    def __init__(self, cfg: ModelConfig, weights: Weights, threads: int = 2, pool: AttentionPool | None = None,
+                 model: Model | None = None):
+        """model: the model of `weights` when it has a cache entry, which then keeps the quantized head
+        (`outliers.weightcache`: quantizing 49k×576 weights took ~0.3-1 s a start)."""
         self.cfg, self.weights, self.pool = cfg, weights, pool
         half = (cfg.vocab // 2 + 63) // 64 * 64
         self.parts = [(0, half), (half, cfg.vocab)]
-        graphs, scales = zip(*(int8_head_graph(weights.lm_head[lo:hi]) for lo, hi in self.parts))
-        self.w_scale = torch.cat(scales).numpy()
+
+        def quantize() -> dict[str, np.ndarray]:
+            wq, scale = quantize_head(weights.lm_head)
+            return {"wq": wq, "scale": scale}
+
+        q = quantize() if model is None else cached_arrays(model, "head-int8", {"qmax": W_QMAX_U8S8}, quantize)
+        graphs = [head_graph(np.ascontiguousarray(q["wq"][:, lo:hi])) for lo, hi in self.parts]
+        self.w_scale = q["scale"]
         self._ortc = ortc.OrtC.get() if pool is not None and ortc.run_fn() else None
         if self._ortc is not None:
             self.sessions = [self._ortc.session(g) for g in graphs]

@@ -8,6 +8,8 @@ rows are written in place at cache rows `length .. length+n-1`; the caller decid
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 import weakref
 from collections.abc import Iterator, Sequence
@@ -21,6 +23,7 @@ from hetero.decode.attnpool import AttentionPool
 from hetero.decode.bound import BoundStep
 from hetero.decode.head import FloatHead, Int8Head
 from hetero.decode.rowattn import row_attention
+from hetero.decode.stepcosts import load_costs, save_costs
 from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
@@ -33,6 +36,10 @@ TREE_SIZES = (1, 2, 4, 8)  # static chunk sizes of the INT8 decode graphs (2: a 
 # wakes a sleeping pool thread (neither pool spins: `npu.providers`, `hetero.threads`), which costs more
 # than the second core's extra memory bandwidth gains (docs/design.md, "Decode").
 DECODE_THREADS = 1
+# One-row steps a `DecodeStep` runs before it splits its graphs over both cores (`BoundStep.split`): the split costs
+# ~1 s once and saves ~2 ms a step at context 1024 (docs/design.md, "Decoding"), so a short answer (`hetero run`'s
+# 64 tokens) never pays for it and a long decode or a server does after a few hundred tokens.
+SPLIT_AFTER_STEPS = 256
 
 
 def default_attention_threads() -> int:
@@ -62,7 +69,8 @@ class DecodeStep:
     _shared: "weakref.WeakKeyDictionary[Runtime, DecodeStep]" = weakref.WeakKeyDictionary()
 
     def __init__(self, runtime: Runtime, head: str = "auto", threads: int = DECODE_THREADS,
-                 attention_threads: int | None = None):
+                 attention_threads: int | None = None, split_after: int | None = SPLIT_AFTER_STEPS):
+        """split_after: one-row steps before the graphs split over both cores (0: at the first, None: never)."""
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
         attention_threads = default_attention_threads() if attention_threads is None else attention_threads
@@ -74,12 +82,14 @@ class DecodeStep:
         self._backends: dict[int, LayerBackend] = {}
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
         self._bound: dict[int, BoundStep] = {}  # static lanes: chunk size → its bound graphs
+        self.split_after = split_after
+        self.one_row_steps = 0
         self.pool = AttentionPool() if self.static and attention_threads == 2 else None
         if self.pool is not None:  # the helper thread ends with this step object
             weakref.finalize(self, self.pool.close)
         if head == "auto":
             head = "int8" if self.static else "float"
-        self.head = (Int8Head(self.cfg, self.model.weights, threads, self.pool) if head == "int8"
+        self.head = (Int8Head(self.cfg, self.model.weights, threads, self.pool, self.model) if head == "int8"
                      else FloatHead(self.cfg, self.model.weights))
 
     @classmethod
@@ -105,9 +115,34 @@ class DecodeStep:
             self._backends[c] = b
         return b
 
+    @property
+    def costs_key(self) -> str:
+        """What the measured step costs depend on: the model, its backend's graphs (the plan's site table) and
+        the threads (`stepcosts`; the host is in the file name)."""
+        plan = getattr(self.runtime.backend, "plan", None)
+        digest = "" if plan is None else hashlib.sha256(json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()
+        return (f"{self.model.name}-{self.model.fingerprint[:12]}-{self.runtime.backend.name}-{digest[:12]}-"
+                f"t{self.threads}-a{1 if self.pool is None else 2}-{self.head.__class__.__name__}")
+
+    def prepare(self, n: int) -> BoundStep | None:
+        """The bound graphs of a chunk of n rows on a static lane, bound at first use (None on a float lane)."""
+        if not self.static:
+            return None
+        c = self.padded_size(n)
+        bound = self._bound.get(c)
+        if bound is None:
+            bound = self._bound[c] = BoundStep(self.backend(c), self.runtime.rope, c, self.pool)
+        if c == 1 and self.split_after is not None and self.one_row_steps >= self.split_after:
+            bound.split()
+        return bound
+
     def measure(self, cache: KVCache, sizes: Sequence[int] = TREE_SIZES) -> dict[int, float]:
-        """Time one step of each chunk size not measured yet (rows past cache.length: scratch, unchanged length)."""
-        for c in sizes:
+        """The step cost of each chunk size: stored ones (`stepcosts`, measured by an earlier process on this
+        host), else timed now (rows past cache.length: scratch, unchanged length) and stored."""
+        if not self.costs:
+            self.costs.update(load_costs(self.costs_key))
+        missing = [c for c in sizes if c not in self.costs]
+        for c in missing:
             if c not in self.costs:
                 tree = TokenTree.chain([self.cfg.bos_token_id or 0] * c)
                 for _ in range(2):  # warm-up (first-run allocations)
@@ -118,7 +153,13 @@ class DecodeStep:
                     self.forward(cache, tree)
                     times.append((time.perf_counter() - t0) * 1e3)
                 self.costs[c] = min(times)
+        if missing:
+            self.save_costs()
         return self.costs
+
+    def save_costs(self) -> None:
+        """Store the step costs for the next process (`stepcosts`)."""
+        save_costs(self.costs_key, self.costs)
 
     def forward(self, cache: KVCache, tree: TokenTree, *, slot: int | None = None, layers: int | None = None,
                 rows: Sequence[int] | None = None) -> torch.Tensor:
@@ -140,9 +181,8 @@ class DecodeStep:
         cache.reserve(slot + n - cache.length)
         c = self.padded_size(n)
         if self.static:  # the graphs of this size bound once (`bound.BoundStep`)
-            bound = self._bound.get(c)
-            if bound is None:
-                bound = self._bound[c] = BoundStep(self.backend(c), self.runtime.rope, c, self.pool)
+            bound = self.prepare(n)
+            self.one_row_steps += c == 1
             try:
                 h = bound.forward(cache, tree, slot, layers)
                 return self._logits(h, n, rows)

@@ -130,12 +130,16 @@ class NpuBackend:
         self.prepare_s = time.perf_counter() - t0
 
     def at_chunk(self, chunk: int, intra_op_threads: int | None = None) -> "NpuBackend":
-        """The same plan's graphs at another chunk length (decode steps: C = 1 and the tree sizes). The INT8
-        weights this backend dropped are recomputed from the model (`QuantPlan.from_dict`), then dropped again.
+        """The same plan's graphs at another chunk length (decode steps: C = 1 and the tree sizes): this backend
+        itself when its graphs take any row count and the thread count is the same (no new session), else a new
+        backend over the same cached INT8 weights (`QuantPlan.from_dict`, `outliers.weightcache`).
         intra_op_threads: the new sessions' thread count when it differs from this backend's (CPU EP only:
         another provider keeps its own; the graph cache does not depend on it)."""
         from hetero.outliers.plan import QuantPlan
 
+        same_threads = intra_op_threads in (None, self._intra) or not isinstance(self.provider, OrtCpuProvider)
+        if self.any_rows and chunk <= self.chunk and same_threads:
+            return self  # one graph set serves every row count: the decode sizes share these sessions
         plan = QuantPlan.from_dict(self.plan.to_dict(), self.model) if self._weights_dropped else self.plan
         kw = dict(self._kw)
         if intra_op_threads is not None and intra_op_threads != self._intra and isinstance(self.provider, OrtCpuProvider):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from hetero.errors import ConfigError
 from hetero.loader import release_pages
 from hetero.model import SITE_LINEARS, SITES
+from hetero.outliers.weightcache import cached_weights
 from hetero.outliers.quantize import (
     U8S8_SAFE_WEIGHT_ABSMAX,
     W_QMAX,
@@ -159,13 +160,19 @@ def quantize_weights(model, granularity: str = DEFAULT_WEIGHT_GRANULARITY, qmax:
                      online: dict[str, int] | None = None) -> dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]:
     """INT8 weight of every linear of every layer: per output channel (`quantize.quantize_weight_per_channel`,
     default) or per tensor (`quantize.quantize_weight`), q in [-qmax, qmax]; the linears of `online` sites
-    quantize W·T (`rotate.block_hadamard`)."""
-    from hetero.outliers.rotate import block_hadamard
-
+    quantize W·T (`rotate.block_hadamard`). Computed once per model and form (`weightcache`)."""
     if granularity not in ("tensor", "channel"):
         raise ConfigError(f"weight_granularity must be 'tensor' or 'channel', got {granularity!r}")
-    fn = quantize_weight if granularity == "tensor" else quantize_weight_per_channel
     online = online or {}
+    return dict(cached_weights(model, granularity, qmax, online,
+                               lambda: _quantize_all(model, granularity, qmax, online)))
+
+
+def _quantize_all(model, granularity: str, qmax: int, online: dict[str, int]
+                  ) -> dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]:
+    from hetero.outliers.rotate import block_hadamard
+
+    fn = quantize_weight if granularity == "tensor" else quantize_weight_per_channel
     out: dict[tuple[int, str], QuantWeight | QuantWeightPerChannel] = {}
     for layer, lw in enumerate(model.weights.layers):
         for site, names in SITE_LINEARS.items():
@@ -174,7 +181,8 @@ def quantize_weights(model, granularity: str = DEFAULT_WEIGHT_GRANULARITY, qmax:
                 if site in online:
                     w = block_hadamard(w.double(), online[site]).float()
                 out[(layer, name)] = fn(w.numpy(), qmax)
-        release_pages(*(getattr(lw, n) for names in SITE_LINEARS.values() for n in names))  # read once, here
+    # read once, here: one pass over /proc/self/smaps for all layers (one a layer cost 85 ms each)
+    release_pages(*(getattr(lw, n) for lw in model.weights.layers for names in SITE_LINEARS.values() for n in names))
     return out
 
 

@@ -49,7 +49,7 @@ def test_bound_step_equals_the_unbound_graphs_and_a_tree_row(form, kind, attenti
     m = make_tiny_model()
     plan = plans(m, form)[kind]
     rt = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16, provider="cpu"))
-    step = DecodeStep(rt, attention_threads=attention_threads)  # 2: the KV heads shared with a helper (`attnpool`)
+    step = DecodeStep(rt, attention_threads=attention_threads, split_after=0)  # 2: the KV heads shared with a helper (`attnpool`)
     whole = rt.backend.at_chunk(1, DECODE_THREADS)  # the same graphs, whole (with 2 threads the step runs them split)
     prompt = torch.arange(3, 40) * 5 % 256
     r1, r2, r3 = rt.prefill(prompt), rt.prefill(prompt), rt.prefill(prompt)

@@ -1,0 +1,25 @@
+"""The CLI imports only what its command uses (issue 28): `hetero run` pulls in no benchmark or server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from hetero.cli import COMMANDS, build_parser
+
+
+def test_every_command_is_mapped_to_the_module_that_registers_it():
+    full = build_parser([])  # no command given: every group registers
+    sub = next(a for a in full._actions if a.dest == "command")
+    assert set(sub.choices) == set(COMMANDS)
+    for command, group in COMMANDS.items():
+        one = build_parser([command])
+        assert command in next(a for a in one._actions if a.dest == "command").choices, group
+
+
+def test_run_imports_no_benchmark_nor_server():
+    code = ("import sys; from hetero.cli import build_parser; build_parser(['run', 'hi']).parse_args(['run', 'hi']); "
+            "print(sorted(m for m in sys.modules if m.startswith(('hetero.bench', 'hetero.serve.http', 'fastapi', "
+            "'matplotlib'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
