@@ -24,7 +24,7 @@ from hetero.model import SITES, FloatLinear, Observer, observed
 from hetero.errors import ConfigError, ModelFormatError
 from hetero.outliers.corpus import DEFAULT_CALIBRATION, corpus_id, load_corpus
 from hetero.outliers.rotate import block_hadamard
-from hetero.paths import atomic_path, cache_dir
+from hetero.paths import atomic_path, cache_dir, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -319,17 +319,45 @@ def ensure_calibration(model, path: str | Path | None = None, corpus: str = DEFA
             if "version" not in str(e) and "percentiles" not in str(e):
                 raise
             log.info("recalibrating: %s", e)
-    log.info("no calibration at %s: calibrating %s on %s (%d tokens)", path, model.name, corpus, n_tokens)
-    if progress:
-        print(f"hetero: calibrating {model.name} on {corpus} ({n_tokens} tokens, once; mllm-NPU §3.3 offline "
-              f"profiling), cached at {path}", file=sys.stderr)
-    text = load_corpus(corpus)
-    stats = calibrate(model, text, n_tokens, window, corpus_id(corpus, text), progress=progress, online=online)
+    stats = shipped_calibration(model, corpus, n_tokens, window)
+    if stats is None:
+        log.info("no calibration at %s: calibrating %s on %s (%d tokens)", path, model.name, corpus, n_tokens)
+        if progress:
+            print(f"hetero: calibrating {model.name} on {corpus} ({n_tokens} tokens, once; mllm-NPU §3.3 offline "
+                  f"profiling), cached at {path}", file=sys.stderr)
+        text = load_corpus(corpus)
+        stats = calibrate(model, text, n_tokens, window, corpus_id(corpus, text), progress=progress, online=online)
     try:
         stats.save(path)
     except ConfigError as e:  # a read-only cache: use it now, compute it again next time
         log.warning("%s; continuing with the calibration uncached", e)
     return stats
+
+
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "calibration"
+
+
+def shipped_calibration(model, corpus: str = DEFAULT_CALIBRATION, n_tokens: int = DEFAULT_TOKENS,
+                        window: int = DEFAULT_WINDOW) -> CalibrationStats | None:
+    """The calibration shipped with the package for this model and these settings, or None.
+
+    The default model's calibration (of its rotated copy, what the default method quantizes) is the same on every
+    machine, so it ships as package data (`hetero/data/calibration/`, each file with its sha256 in `manifest.json`)
+    and a first run does not spend ~30-40 s computing it (issue 28). A file that fails its sha256 is not used."""
+    manifest = SHIPPED_DIR / "manifest.json"
+    try:
+        entry = json.loads(manifest.read_text()).get(model.fingerprint)
+    except (OSError, ValueError) as e:
+        log.warning("ignoring the shipped calibrations (%s: %s)", manifest, e)
+        return None
+    if entry is None or (entry["corpus"], entry["n_tokens"], entry["window"]) != (corpus, n_tokens, window):
+        return None
+    path = SHIPPED_DIR / entry["file"]
+    if not path.is_file() or sha256_file(path) != entry["sha256"]:
+        log.warning("the shipped calibration %s fails its sha256: calibrating instead", path)
+        return None
+    log.info("calibration of %s from the package (%s)", model.name, path.name)
+    return CalibrationStats.load(path, model)
 
 
 def load_calibration(model, path: str | Path | None = None) -> CalibrationStats:
