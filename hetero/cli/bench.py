@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from hetero.bench import (accuracy, decode_step, fused_step, graph_cache, htp_accuracy, memory, prefill, prefill_parts,
-                          sched)
+                          sched, startup)
 
 # name -> module with HELP, add_args(parser), run(args); `bench/<name>.py` runs the same
 BENCHMARKS = {"prefill": prefill, "accuracy": accuracy, "sched": sched, "graph_cache": graph_cache,
               "htp_accuracy": htp_accuracy, "memory": memory, "decode_step": decode_step,
-              "prefill_parts": prefill_parts, "fused_step": fused_step}
+              "prefill_parts": prefill_parts, "fused_step": fused_step, "startup": startup}
 
 
 def register(sub: Any) -> None:

@@ -1,0 +1,143 @@
+"""The demo's end-to-end time from a warm cache, beside llama.cpp in the same run (issue 28).
+
+Each round runs, in their own processes, `hetero run PROMPT -n 8` and llama.cpp (llama-cpp-python) answering the
+same chat question from the same GGUF on the same threads; a round's order alternates. Every hetero run reports its
+phases (`hetero -v run --json`: load, calibrate, build, warm-up, prefill, decode set-up, decode); what the wall time
+has beyond them is the interpreter's start, the imports and the exit. Medians of the rounds, after one warm-up run
+of each engine (the warm cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hetero.bench.conditions import load_avg
+from hetero.bench.entry import bench_main, write_json_md
+from hetero.errors import ConfigError
+
+HELP = "a warm `hetero run` end to end, beside llama.cpp (issue 28)"
+PROMPT = "What is the capital of France? Answer in one sentence."
+NEW_TOKENS = 8
+
+_LLAMA = """
+import sys, time
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx=2048, n_threads=int(sys.argv[2]), n_threads_batch=int(sys.argv[2]),
+            verbose=False)
+out = llm.create_chat_completion([{"role": "user", "content": sys.argv[3]}], max_tokens=int(sys.argv[4]),
+                                 temperature=0.0)
+print(out["choices"][0]["message"]["content"].strip())
+"""
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds (default 5), after one warm-up of each engine")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--out", type=Path, default=None, help="write startup.{json,md} into this folder")
+    p.add_argument("--no-llama", action="store_true", help="time hetero alone (llama-cpp-python absent)")
+
+
+def _timed(cmd: list[str]) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise ConfigError(f"{cmd[0]} ... failed (exit {done.returncode}): {done.stderr.strip()[-400:]}")
+    return wall, done.stdout
+
+
+def hetero_run(threads: int) -> dict[str, Any]:
+    wall, out = _timed([sys.executable, "-m", "hetero", "-v", "run", PROMPT, "-n", str(NEW_TOKENS), "--json",
+                        "--threads", str(threads)])
+    res = json.loads(out.strip().splitlines()[-1])
+    phases = res.get("seconds", {})
+    return {"wall_s": wall, "text": res["text"], "phases_s": phases,
+            "start_imports_exit_s": max(0.0, wall - sum(phases.values()))}
+
+
+def llama_run(gguf: str, threads: int) -> dict[str, Any]:
+    wall, out = _timed([sys.executable, "-c", _LLAMA, gguf, str(threads), PROMPT, str(NEW_TOKENS)])
+    return {"wall_s": wall, "text": out.strip()}
+
+
+def run(args: argparse.Namespace) -> int:
+    from hetero.default_model import default_model_path
+    from hetero.sched.measure import host_metadata
+
+    if args.rounds < 1:
+        raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
+    if not args.no_llama:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError as e:
+            raise ConfigError("llama.cpp is the reference here: pip install 'hetero[bench]' (or --no-llama)") from e
+    gguf = str(default_model_path())
+    load0 = load_avg()
+    engines = {"hetero": lambda: hetero_run(args.threads)}
+    if not args.no_llama:
+        engines["llama.cpp"] = lambda: llama_run(gguf, args.threads)
+    for fn in engines.values():  # warm-up: the caches of both are warm from here on
+        fn()
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
+    for r in range(args.rounds):
+        order = list(engines) if r % 2 == 0 else list(engines)[::-1]
+        for name in order:
+            runs[name].append(engines[name]())
+    rows = []
+    for name, rs in runs.items():
+        row = {"engine": name, "wall_s": round(statistics.median(x["wall_s"] for x in rs), 3),
+               "runs_s": [round(x["wall_s"], 3) for x in rs], "text": rs[-1]["text"]}
+        if name == "hetero":
+            keys = list(rs[-1]["phases_s"]) + ["start_imports_exit_s"]
+            row["phases_s"] = {k: round(statistics.median(x["phases_s"].get(k, 0.0) if k != "start_imports_exit_s"
+                                                          else x[k] for x in rs), 3) for k in keys}
+        rows.append(row)
+    result: dict[str, Any] = {"prompt": PROMPT, "new_tokens": NEW_TOKENS, "threads": args.threads,
+                              "rounds": args.rounds, "host": host_metadata(), "cpu_flags": _isa_flags(),
+                              "load_avg": [round(load0, 2), round(load_avg(), 2)], "rows": rows}
+    if len(rows) == 2:
+        result["hetero_over_llama_cpp"] = round(rows[0]["wall_s"] / rows[1]["wall_s"], 2)
+    md = render_md(result)
+    print(md)
+    if args.out is not None:
+        write_json_md(args.out, "startup", result, md)
+    return 0
+
+
+def _isa_flags() -> list[str]:
+    """The CPU flags that decide hetero's and its peers' kernels (VNNI, BF16, AMX)."""
+    try:
+        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return [platform.machine()]
+    want = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+    return [f for f in want if f in flags]
+
+
+def render_md(r: dict[str, Any]) -> str:
+    lines = [f"# A warm `hetero run` beside llama.cpp (issue 28)", "",
+             f"`{r['prompt']}`, {r['new_tokens']} new tokens, {r['threads']} threads, median of {r['rounds']} rounds "
+             f"(engines alternate). CPU: {r['host']['device']}; flags {', '.join(r['cpu_flags'])}; load "
+             f"{r['load_avg'][0]} → {r['load_avg'][1]}.", "",
+             "| engine | wall s | runs | answer |", "|---|---:|---|---|"]
+    for row in r["rows"]:
+        lines.append(f"| {row['engine']} | {row['wall_s']:.2f} | {', '.join(f'{x:.2f}' for x in row['runs_s'])} | "
+                     f"{row['text']} |")
+    if "hetero_over_llama_cpp" in r:
+        lines += ["", f"hetero / llama.cpp: **{r['hetero_over_llama_cpp']:.2f}×** the wall time."]
+    het = next(row for row in r["rows"] if row["engine"] == "hetero")
+    lines += ["", "hetero's phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in het["phases_s"].items()), ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main("startup", HELP, add_args, run, argv)
