@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
+import logging
 import os
 import weakref
 from ctypes import CFUNCTYPE, POINTER, byref, c_char_p, c_int, c_int64, c_size_t, c_uint32, c_void_p
@@ -25,6 +26,8 @@ import numpy as np
 import onnx
 
 from hetero.errors import BackendUnavailable
+
+log = logging.getLogger(__name__)
 
 _API_VERSION = 16  # every function used here exists since API version 5; 1.32 serves up to its own
 _SLOTS = {"GetErrorMessage": 2, "CreateEnv": 3, "CreateSessionFromArray": 8, "CreateSessionOptions": 10,
@@ -69,10 +72,17 @@ class OrtError(RuntimeError):
 class OrtC:
     """The C API of the wheel's ONNX Runtime library, one per process (`OrtC.get()`)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, expect_version: str | None = None):
+        """expect_version: the Python module's ONNX Runtime version, which the library must report (the slots
+        above are checked against this release's header; another build's table may differ)."""
         lib = ctypes.CDLL(path)
         base = CFUNCTYPE(c_void_p)(("OrtGetApiBase", lib))()
         get_api = CFUNCTYPE(c_void_p, c_uint32).from_address(base)  # OrtApiBase.GetApi
+        version = CFUNCTYPE(c_char_p).from_address(base + ctypes.sizeof(c_void_p))().decode()  # GetVersionString
+        if expect_version is not None and version != expect_version:
+            raise BackendUnavailable(f"ONNX Runtime's C library {path} is version {version}, the Python module "
+                                     f"{expect_version}")
+        self.version = version
         api = get_api(_API_VERSION)
         if not api:
             raise BackendUnavailable(f"ONNX Runtime's C library {path} does not serve API version {_API_VERSION}")
@@ -94,10 +104,13 @@ class OrtC:
         found = sorted(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so*")))
         if not found:
             raise BackendUnavailable("onnxruntime ships no C library (capi/libonnxruntime.so*) here")
+        # the file named for the module's version, when several releases' libraries lie there (onnxruntime-qnn
+        # installs its own copy beside onnxruntime's)
+        path = next((f for f in found if f.endswith(f".so.{onnxruntime.__version__}")), found[-1])
         try:
-            return OrtC(found[-1])
+            return OrtC(path, onnxruntime.__version__)
         except OSError as e:
-            raise BackendUnavailable(f"cannot load ONNX Runtime's C library {found[-1]}: {e}") from e
+            raise BackendUnavailable(f"cannot load ONNX Runtime's C library {path}: {e}") from e
 
     def check(self, status: int | None) -> None:
         """Raise OrtError with the message of a non-NULL OrtStatus* (and release it)."""
@@ -130,7 +143,8 @@ def run_fn() -> int:
     """RunWithBinding's address for compiled callers (`native.call3`), 0 when the C library is unavailable."""
     try:
         return OrtC.get().run_fn
-    except BackendUnavailable:
+    except BackendUnavailable as e:
+        log.warning("%s: decode steps run their graphs whole, on one thread (the attention helper stays)", e)
         return 0
 
 
