@@ -63,7 +63,7 @@ rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m, SHADOWS), 16, provi
 r = rt.prefill(torch.arange(3, 30))
 step = DecodeStep(rt)
 out = step.forward(r.cache, TokenTree([7], [-1]))
-per_session = step.backend(1).layers[0].graphs[0].session.get_session_options().use_per_session_threads
+per_session = step.backend(1).program(0).runs[0].graph.session.get_session_options().use_per_session_threads
 print(per_session, hashlib.sha256(out.numpy().tobytes()).hexdigest(), step.pool is None)
 """
 

@@ -5,8 +5,8 @@ attention between them; at decode sizes each graph's own work is small, so rebin
 every run and the wrappers around it cost a sizeable share of the step (Transformer-Lite §2.4's point about
 preallocated buffers, applied to the decode graphs). Here each graph of a chunk size's backend gets its own
 IOBinding once, to buffers owned by the `BoundStep` of that size (the hidden state ping-pongs between two),
-so a run is one call. The graphs and the shadow corrections (`NpuBackend.cut_correction`) are the ones the
-unbound path runs; the attention of all the chunk's rows is one compiled pass over the cache
+so a run is one call. The graphs and the shadow corrections are the layer's program (`npu.program.LayerProgram`),
+which the prefill interprets too; the attention of all the chunk's rows is one compiled pass over the cache
 (`rowattn.decode_rows`), whose rows equal `model.attention` with the row kernel `rowattn.row_attention`: logits
 and K/V equal the unbound path's bit for bit (tested), and a tree row equals the plain step of its token, so
 greedy speculation emits plain greedy's tokens.
@@ -27,18 +27,18 @@ from hetero.decode.attnpool import AttentionPool, StageTable
 from hetero.decode.rowattn import decode_rows, tree_layout
 from hetero.decode.tree import TokenTree
 from hetero.kv_cache import KVCache
+from hetero.npu.program import GraphRun
+from hetero.npu.segments import Buffer
 
 
 @dataclass(slots=True)
 class _Run:
-    """One graph bound to its buffers; `outs` names the buffers it writes (the env after it runs)."""
+    """One graph of a layer's program bound to its buffers (`ins` it reads, `outs` it writes)."""
 
-    session: ort.InferenceSession
+    graph: GraphRun
     binding: ort.IOBinding
-    last: str  # its last piece ("qkv", "o", "gu", "act", "down"): which shadow site follows it
     ins: dict[str, torch.Tensor]
     outs: dict[str, torch.Tensor]
-    path: object = None  # the compiled graph in the graph cache (its split form is cut from it), or None
     stages: tuple[int, int] | None = None  # its split form: stages first..last-1 of the step's `_Stages`
 
 
@@ -104,11 +104,7 @@ class BoundStep:
         self.h = (torch.zeros(rows, cfg.hidden), torch.zeros(rows, cfg.hidden))  # layer l reads h[l % 2]
         self.a = torch.zeros(rows, cfg.q_dim)  # attention output, every layer's o input
         self.q = np.zeros((rows, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim), np.float32)
-        self.runs: list[list[_Run]] = []
-        for layer in range(cfg.n_layers):
-            if layer not in backend.layers:
-                break
-            self.runs.append(self._bind_layer(layer))
+        self.runs = [self._bind_layer(layer) for layer in backend.layers]
         self.stages: StageTable | None = None  # the split forms, once `split` has built them
 
     def split(self) -> bool:
@@ -123,20 +119,20 @@ class BoundStep:
         stages = _Stages()
         for runs in self.runs:
             for run in runs:
-                if run.path is not None:
-                    run.stages = stages.add(onnx.load(str(run.path)), run.ins, run.outs)
+                if run.graph.source is not None:
+                    run.stages = stages.add(onnx.load(str(run.graph.source)), run.ins, run.outs)
         self._stages, self.stages = stages, stages.table()
         return True
 
     def _bind_layer(self, layer: int) -> list[_Run]:
-        """Bind the layer's graphs in order; a graph's inputs are the buffers earlier graphs wrote."""
-        env = {"h": self.h[layer % 2], "a": self.a}
+        """Bind the layer's program in order; a graph's inputs are the buffers earlier graphs wrote."""
+        env = {Buffer.H: self.h[layer % 2], Buffer.A: self.a}
         runs = []
-        for g in self.backend.layers[layer].graphs:
+        for g in self.backend.program(layer).runs:
             ins = {name: env[name] for name in g.inputs}
-            outs = {name: self.h[(layer + 1) % 2] if name == "h_out" else torch.zeros(self.rows, width)
+            outs = {name: self.h[(layer + 1) % 2] if name == Buffer.H_OUT else torch.zeros(self.rows, width)
                     for name, width in g.outputs.items()}  # fresh buffers: an output never aliases an input
-            runs.append(_Run(g.session, g.bind(ins, outs), g.spec.pieces[-1], ins, outs, g.path))
+            runs.append(_Run(g, g.bind(ins, outs), ins, outs))
             env.update(outs)
         return runs
 
@@ -146,7 +142,7 @@ class BoundStep:
         if shared and run.stages is not None:
             self.pool.run_stages(self.stages, *run.stages)
         else:
-            run.session.run_with_iobinding(run.binding)
+            run.graph.run_bound(run.binding)
 
     def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> torch.Tensor:
         """The hidden states [C, hidden] after `layers` layers (default all) of the tree's rows (padded to C
@@ -165,38 +161,37 @@ class BoundStep:
 
     def _layers(self, cache: KVCache, layout, depth: int, shared: bool) -> None:
         cfg, be = self.cfg, self.backend
-        shadow = [be.layers[layer].shadow_sites for layer in range(depth)]
-        delta = be.reference.shadow_delta_rows  # each row's own, after one compiled range check of all rows
         for layer in range(depth):
             qkv_run, *rest = self.runs[layer]
             self._run(qkv_run, shared)
-            qkv = qkv_run.outs["qkv"]
-            if "attn_in" in shadow[layer]:
-                extra = delta(layer, "attn_in", qkv_run.outs["x"])
-                if extra is not None:
-                    qkv += extra
+            self._correct(layer, qkv_run, qkv_run.outs)  # attn_in's shadow, before attention reads q, k, v
+            qkv = qkv_run.outs[Buffer.QKV]
             if shared:  # both threads (`attnpool`): the same kernel per KV head, the same result
                 self.pool.attend(cfg, layer, qkv, layout)
             else:
                 decode_rows(cfg, qkv, *cache.layer(layer), layout, self.a)
-            env: dict[str, torch.Tensor] = {"a": self.a}
+            env: dict[str, torch.Tensor] = {Buffer.A: self.a}
             d_extra = None
             for run in rest:
                 self._run(run, shared)
                 env.update(run.outs)
-                if shadow[layer] and run.last != "down":
-                    extra = be.cut_correction(layer, run.last, env, per_row=True)
-                    if extra is not None:  # down_in's, added to d before the residual
-                        d_extra = extra
+                extra = self._correct(layer, run, env)
+                if extra is not None:  # down_in's, added to d before the residual
+                    d_extra = extra
             last = rest[-1].outs
-            if "d" in last:  # a separate down graph: h1 + (d + shadow), as `NpuBackend.o_ffn`
-                d = last["d"] if d_extra is None else last["d"].add_(d_extra)
-                torch.add(env["h1"], d, out=self.h[(layer + 1) % 2])
+            if Buffer.D in last:  # a separate down graph: h1 + (d + shadow), as `NpuBackend.o_ffn`
+                d = last[Buffer.D] if d_extra is None else last[Buffer.D].add_(d_extra)
+                torch.add(env[Buffer.H1], d, out=self.h[(layer + 1) % 2])
+
+    def _correct(self, layer: int, run: _Run, env: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """The shadow correction after a run (each row's own, after one compiled range check of all rows)."""
+        shadow = run.graph.shadow
+        if shadow is None:
+            return None
+        return shadow.apply(env, self.backend.shadow_delta(layer, shadow.site, env[shadow.source], per_row=True))
 
 
 def split_available(backend) -> bool:
     """Whether a backend's one-row graphs can run split (`halves`): ONNX Runtime CPU graphs from the graph cache,
     and the wheel's C library loads."""
-    from hetero.npu.providers import OrtCpuProvider
-
-    return isinstance(getattr(backend, "provider", None), OrtCpuProvider) and ortc.run_fn() != 0
+    return backend.splittable and ortc.run_fn() != 0

@@ -20,17 +20,11 @@ from hetero.errors import ConfigError
 from hetero.loader import Model
 from hetero.model import SITES
 from hetero.npu import segments
-from hetero.npu.providers import Graph, OrtCpuProvider, Provider, make_provider, prepare_graph
+from hetero.npu.program import LayerProgram, layer_program
+from hetero.npu.providers import OrtCpuProvider, Provider, make_provider, prepare_graph
+from hetero.npu.segments import Buffer
 
 log = logging.getLogger(__name__)
-
-_CUT_SITE = {"o": "o_in", "gu": "ffn_in", "act": "down_in"}  # a segment ending here corrects this site next
-
-
-@dataclass(slots=True)
-class PreparedLayer:
-    graphs: list[Graph]  # segments in execution order; graphs[0] is qkv
-    shadow_sites: frozenset[str]
 
 
 @dataclass(slots=True)
@@ -104,7 +98,7 @@ class NpuBackend:
         self.model, self.cfg, self.plan, self.chunk = model, model.config, plan, chunk
         self.provider = make_provider(provider, intra_op_threads) if isinstance(provider, str) else provider
         self.name = f"npu[{self.provider.name}]"
-        self.reference = QuantizedBackend(self.cfg, model.weights, plan, rows)  # its shadow_correction
+        self._reference = QuantizedBackend(self.cfg, model.weights, plan, rows)  # its shadow_delta(_rows)
         self.placement = placement
         self._cpu_provider = self.provider if isinstance(self.provider, OrtCpuProvider) else None
         self._intra = intra_op_threads
@@ -115,18 +109,18 @@ class NpuBackend:
         if dynamic_rows and not can:
             raise ConfigError("dynamic_rows needs the CPU EP provider, no placement and shape 'auto' or '2d'")
         self.any_rows = can if dynamic_rows is None else dynamic_rows
-        self.layers: dict[int, PreparedLayer] = {}
+        self._programs: dict[int, LayerProgram] = {}
         self.report = PrepareReport()
         t0 = time.perf_counter()
         for layer in (range(self.cfg.n_layers) if layers is None else layers):
-            self.layers[layer] = self._prepare_layer(layer, use_cache)
+            self._programs[layer] = self._prepare_layer(layer, use_cache)
         self._share_buffers()
         self._kw = dict(provider=self.provider, placement=placement, shape=shape, intra_op_threads=intra_op_threads,
                         use_cache=use_cache, graphs_root=graphs_root)
         self._weights_dropped = layers is None and rows is None
         if self._weights_dropped:  # the graphs hold the INT8 weights now: keep only the shadows' (§3.3)
             self.plan = _shadow_only(plan)
-            self.reference = QuantizedBackend(self.cfg, model.weights, self.plan)
+            self._reference = QuantizedBackend(self.cfg, model.weights, self.plan)
         self.prepare_s = time.perf_counter() - t0
 
     def at_chunk(self, chunk: int, intra_op_threads: int | None = None) -> "NpuBackend":
@@ -151,9 +145,33 @@ class NpuBackend:
         outputs a caller does not supply: a lane runs one subgraph at a time and every kind runs on one lane,
         so one layer's set serves them all (5.8 instead of 47 MB at C=256), and a layer's segments never alias."""
         shared: dict[int, dict[str, torch.Tensor]] = {}
-        for pl in self.layers.values():
-            for position, g in enumerate(pl.graphs):
-                g.buffers = shared.setdefault(position, {})
+        for program in self._programs.values():
+            for position, run in enumerate(program.runs):
+                run.graph.buffers = shared.setdefault(position, {})
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """The layers prepared (all of them unless `layers=` asked for some)."""
+        return tuple(self._programs)
+
+    @property
+    def splittable(self) -> bool:
+        """Whether its graphs are ONNX Runtime CPU EP graphs, which a one-row decode step may cut into column
+        halves (`decode.halves`; not QNN context binaries)."""
+        return isinstance(self.provider, OrtCpuProvider) and self.placement is None
+
+    def program(self, layer: int) -> LayerProgram:
+        """The layer's graphs in order and where shadow corrections follow them (`program`)."""
+        program = self._programs.get(layer)
+        if program is None:
+            raise ConfigError(f"layer {layer} was not prepared (prepared: {sorted(self._programs)})")
+        return program
+
+    def shadow_delta(self, layer: int, site: str, x: torch.Tensor, per_row: bool = False) -> torch.Tensor | None:
+        """The CPU side of Eq. 1 for a site's float input x [C, in] (None when no value lies beyond its scale).
+        per_row: each row's alone (the rows of a decode token tree, `QuantizedBackend.shadow_delta_rows`)."""
+        delta = self._reference.shadow_delta_rows if per_row else self._reference.shadow_delta
+        return delta(layer, site, x)
 
     def _provider_for(self, layer: int, kind: str) -> Provider:
         if self.placement is None or self.placement.device_of(layer, kind) == "npu":
@@ -171,7 +189,7 @@ class NpuBackend:
 
         return recorded_shape(provider.name, kind, self.chunk)
 
-    def _prepare_layer(self, layer: int, use_cache: bool) -> PreparedLayer:
+    def _prepare_layer(self, layer: int, use_cache: bool) -> LayerProgram:
         shadow = frozenset(s for s in SITES if self.plan.sites[(layer, s)].shadow)
         lq = segments.layer_q(self.cfg, self.model.weights.layers[layer], self.plan, layer)
         digest = segments.layer_digest(lq)
@@ -184,57 +202,32 @@ class NpuBackend:
             g, info = prepare_graph(spec, lq, self.model.fingerprint, provider, use_cache, digest, self._graphs_root)
             graphs.append(g)
             self.report.rows.append((layer, spec.kind, provider.name, info.cached, info.seconds, info.size_bytes))
-        return PreparedLayer(graphs, shadow)
-
-    def _layer(self, layer: int) -> PreparedLayer:
-        pl = self.layers.get(layer)
-        if pl is None:
-            raise ConfigError(f"layer {layer} was not prepared (prepared: {sorted(self.layers)})")
-        return pl
+        return layer_program(layer, graphs, shadow)
 
     # --------------------------------------------------------------------------- LayerBackend
     def qkv(self, layer: int, h: torch.Tensor, out: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        pl = self._layer(layer)
+        first = self.program(layer).runs[0]
         if out is None:
             out = torch.empty(h.shape[0], self.cfg.q_dim + 2 * self.cfg.kv_dim)
-        res = pl.graphs[0].run({"h": h}, {"qkv": out})  # [C, q_dim + 2·kv_dim]; q/k/v are views
-        if "attn_in" in pl.shadow_sites:
-            extra = self.reference.shadow_delta(layer, "attn_in", res["x"])
-            if extra is not None:
-                out += extra
+        env = first.run({Buffer.H: h}, {Buffer.QKV: out})  # [C, q_dim + 2·kv_dim]; q/k/v are views
+        if first.shadow is not None:
+            first.shadow.apply(env, self.shadow_delta(layer, first.shadow.site, env[first.shadow.source]))
         qd, kd = self.cfg.q_dim, self.cfg.kv_dim
         return out[:, :qd], out[:, qd : qd + kd], out[:, qd + kd :]
 
-    def cut_correction(self, layer: int, last: str, env: dict[str, torch.Tensor], per_row: bool = False
-                       ) -> torch.Tensor | None:
-        """The shadow (Eq. 1) of the site after a segment ending with piece `last`, from the segment's outputs
-        in `env`: added in place to env["o"] / env["gu"]; down_in's is returned (the caller adds it to d
-        before the residual, the reference's order). per_row: each row's alone (`shadow_delta_rows`, the
-        rows of a decode token tree)."""
-        if last == "down":
-            return None
-        site = _CUT_SITE[last]
-        x = env["a"] if site == "o_in" else env["x"] if site == "ffn_in" else env["m"]
-        delta = self.reference.shadow_delta_rows if per_row else self.reference.shadow_delta
-        extra = delta(layer, site, x)
-        if extra is None or site == "down_in":
-            return extra
-        env["o" if site == "o_in" else "gu"] += extra
-        return None
-
     def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        pl = self._layer(layer)
         if out is None:
             out = torch.empty(h.shape[0], self.cfg.hidden)
-        env = {"a": a, "h": h}
+        env: dict[str, torch.Tensor] = {Buffer.A: a, Buffer.H: h}
         d_extra = None
-        for g in pl.graphs[1:]:
-            env.update(g.run(env, {"h_out": out}))
-            extra = self.cut_correction(layer, g.spec.pieces[-1], env)
-            if extra is not None:  # down_in's, added to d below
-                d_extra = extra
-        if "d" in env:  # a separate down graph: h1 + (d + shadow), the reference's order
-            d = env["d"] if d_extra is None else env["d"].add_(d_extra)
-            return torch.add(env["h1"], d, out=out)
+        for run in self.program(layer).runs[1:]:
+            env.update(run.run(env, {Buffer.H_OUT: out}))
+            if run.shadow is not None:
+                extra = run.shadow.apply(env, self.shadow_delta(layer, run.shadow.site, env[run.shadow.source]))
+                if extra is not None:  # down_in's, added to d below
+                    d_extra = extra
+        if Buffer.D in env:  # a separate down graph: h1 + (d + shadow), the reference's order
+            d = env[Buffer.D] if d_extra is None else env[Buffer.D].add_(d_extra)
+            return torch.add(env[Buffer.H1], d, out=out)
         return out

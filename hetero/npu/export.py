@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from hetero.npu.segments import LayerQ, LinearQ, SegmentSpec, segment_io, shape_rows
+from hetero.npu.segments import Buffer, LayerQ, LinearQ, SegmentSpec, segment_io, shape_rows
 from hetero.npu.site_ops import a16_bytes, a16_combine, online_hadamard
 from hetero.outliers.quantize import ACT_ZERO_POINT, WEIGHT_FORMS, check_weight_form
 
@@ -62,10 +62,12 @@ class _Graph:
         return out
 
     def input(self, name: str, shape: list[int | str]) -> str:
+        name = str(name)
         self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
         return name
 
     def output(self, src: str, name: str, shape: list[int | str]) -> None:
+        name = str(name)
         self.nodes.append(helper.make_node("Identity", [src], [name], name=name + "_out"))
         self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
 
@@ -255,26 +257,27 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
     def online(site: str, x: str, width: int) -> str:  # x·T in front of a rotated site's quantization
         return online_hadamard(g, x, list(ab or (spec.chunk,)), width, blocks[site]) if site in blocks else x
 
+    B = Buffer
     for piece in spec.pieces:
         if piece == "qkv":
-            env["x"] = _rms_norm(g, env["h"], lq.attn_norm, lq.eps, f)
-            env["qkv"] = _linears(g, env["x"], list(lq.qkv), f, conv=conv, kernel=k)
+            env[B.X] = _rms_norm(g, env[B.H], lq.attn_norm, lq.eps, f)
+            env[B.QKV] = _linears(g, env[B.X], list(lq.qkv), f, conv=conv, kernel=k)
         elif piece == "o":
-            env["x"] = env["a"]
-            env["o"] = _linears(g, online("o_in", env["a"], lq.q_dim), [lq.o], f, conv=conv, kernel=k)
+            env[B.X] = env[B.A]
+            env[B.O] = _linears(g, online("o_in", env[B.A], lq.q_dim), [lq.o], f, conv=conv, kernel=k)
         elif piece == "gu":
-            env["h1"] = g.op("Add", [env["h"], env["o"]], "h1")
-            env["x"] = _rms_norm(g, env["h1"], lq.ffn_norm, lq.eps, f)
-            env["gu"] = _linears(g, env["x"], list(lq.gate_up), f, conv=conv, kernel=k)
+            env[B.H1] = g.op("Add", [env[B.H], env[B.O]], B.H1)
+            env[B.X] = _rms_norm(g, env[B.H1], lq.ffn_norm, lq.eps, f)
+            env[B.GU] = _linears(g, env[B.X], list(lq.gate_up), f, conv=conv, kernel=k)
         elif piece == "act":
-            gate = _slice_last(g, env["gu"], 0, lq.ffn)
-            up = _slice_last(g, env["gu"], lq.ffn, 2 * lq.ffn)
+            gate = _slice_last(g, env[B.GU], 0, lq.ffn)
+            up = _slice_last(g, env[B.GU], lq.ffn, 2 * lq.ffn)
             silu = g.op("Mul", [gate, g.op("Sigmoid", [gate])], "silu")
-            env["m"] = g.op("Mul", [silu, up], "m")
+            env[B.M] = g.op("Mul", [silu, up], B.M)
         elif piece == "down":
-            env["d"] = _linears(g, online("down_in", env["m"], lq.ffn), [lq.down], f, conv=conv, kernel=k)
-            if "h1" in env:
-                env["h_out"] = g.op("Add", [env["h1"], env["d"]], "h_out")
+            env[B.D] = _linears(g, online("down_in", env[B.M], lq.ffn), [lq.down], f, conv=conv, kernel=k)
+            if B.H1 in env:
+                env[B.H_OUT] = g.op("Add", [env[B.H1], env[B.D]], B.H_OUT)
     for name, width in outs.items():
         src = env[name]
         if ab:

@@ -11,12 +11,29 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
 from hetero.errors import ConfigError
 from hetero.model import SITES
 from hetero.outliers.quantize import W_QMAX
+
+class Buffer(StrEnum):
+    """The tensors a layer's graphs pass between them and the CPU, every one [C, width] float32: the one definition
+    of their names (ONNX inputs/outputs of `export.build_segment`, buffers of `NpuBackend` and `decode.bound`)."""
+
+    H = "h"  # the layer's input hidden state [C, hidden]
+    QKV = "qkv"  # q | k | v [C, q_dim + 2·kv_dim]
+    X = "x"  # a normed linear input emitted for its shadow: attn_in's (qkv graph) or ffn_in's (a graph ending at gu)
+    A = "a"  # attention's output [C, q_dim]: o_in
+    O = "o"  # o_proj's output [C, hidden]
+    H1 = "h1"  # the residual after attention [C, hidden]
+    GU = "gu"  # gate | up [C, 2·ffn]
+    M = "m"  # SiLU(gate)·up [C, ffn]: down_in
+    D = "d"  # down_proj's output of a separate down graph, before the residual [C, hidden]
+    H_OUT = "h_out"  # the layer's output hidden state [C, hidden]
+
 
 DYNAMIC_ROWS = 0  # SegmentSpec.chunk of a graph whose row count is symbolic (one session for every chunk length)
 FLAVORS = ("cpu", "qnn", "qnn-fp16")  # "qnn-fp16": HTP running float ops in fp16 (SoC lanes, AI Hub)
@@ -104,41 +121,41 @@ class LayerQ:
     online: tuple[tuple[str, int], ...] = ()  # (site, Hadamard block) of the plan's online transforms
 
 
-def segment_io(spec: SegmentSpec, lq: LayerQ) -> tuple[dict[str, int], dict[str, int]]:
-    """Input and output names of a segment → their width (every tensor is [C, width] float32)."""
+def segment_io(spec: SegmentSpec, lq: LayerQ) -> tuple[dict[Buffer, int], dict[Buffer, int]]:
+    """Input and output buffers of a segment → their width (every tensor is [C, width] float32)."""
     p = spec.pieces
     if p == ("qkv",):
-        outs = {"qkv": lq.q_dim + 2 * lq.kv_dim}
+        outs = {Buffer.QKV: lq.q_dim + 2 * lq.kv_dim}
         if spec.emit_x:
-            outs["x"] = lq.hidden
-        return {"h": lq.hidden}, outs
-    ins: dict[str, int] = {}
+            outs[Buffer.X] = lq.hidden
+        return {Buffer.H: lq.hidden}, outs
+    ins: dict[Buffer, int] = {}
     first = p[0]
     if first == "o":
-        ins["a"] = lq.q_dim
+        ins[Buffer.A] = lq.q_dim
     elif first == "gu":
-        ins["o"] = lq.hidden
+        ins[Buffer.O] = lq.hidden
     elif first == "act":
-        ins["gu"] = 2 * lq.ffn
+        ins[Buffer.GU] = 2 * lq.ffn
     elif first == "down":
-        ins["m"] = lq.ffn
+        ins[Buffer.M] = lq.ffn
     if "gu" in p:
-        ins["h"] = lq.hidden
+        ins[Buffer.H] = lq.hidden
     elif first == "act":
-        ins["h1"] = lq.hidden
+        ins[Buffer.H1] = lq.hidden
     last = p[-1]
     if p == ("down",):  # its shadow is added before the residual, as the reference: h1 + (d + shadow)
-        outs = {"d": lq.hidden}
+        outs = {Buffer.D: lq.hidden}
     elif last == "down":
-        outs = {"h_out": lq.hidden}
+        outs = {Buffer.H_OUT: lq.hidden}
     elif last == "o":
-        outs = {"o": lq.hidden}
+        outs = {Buffer.O: lq.hidden}
     elif last == "gu":
-        outs = {"gu": 2 * lq.ffn, "h1": lq.hidden}
+        outs = {Buffer.GU: 2 * lq.ffn, Buffer.H1: lq.hidden}
         if spec.emit_x:
-            outs["x"] = lq.hidden
+            outs[Buffer.X] = lq.hidden
     else:  # act
-        outs = {"m": lq.ffn, "h1": lq.hidden}
+        outs = {Buffer.M: lq.ffn, Buffer.H1: lq.hidden}
     return ins, outs
 
 

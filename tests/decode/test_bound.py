@@ -83,7 +83,7 @@ def test_decode_step_threads_reach_its_sessions_and_torch_is_restored():
     assert torch.get_num_threads() == before
     be = step.backend(1)
     assert be is not rt.backend and be.provider.intra_op_threads == 1
-    assert all(g.session.get_session_options().intra_op_num_threads == 1 for pl in be.layers.values() for g in pl.graphs)
+    assert all(g.session.get_session_options().intra_op_num_threads == 1 for layer in be.layers for g in (r.graph for r in be.program(layer).runs))
     assert rt.backend.provider.intra_op_threads == 2  # the prefill lane keeps its own
     with pytest.raises(ConfigError, match="threads"):
         DecodeStep(rt, threads=0)

@@ -24,7 +24,7 @@ def _one_row_graphs(form: str, kind: str):
     m = make_tiny_model()
     plan = tiny_plan(m, SHADOWS) if kind == "w8a8" else rotated_a16_plan(m, form, ("down_in",), SHADOWS)
     be = NpuBackend(m, plan, 16, provider="cpu").at_chunk(1, DECODE_THREADS)
-    return [g for pl in be.layers.values() for g in pl.graphs]
+    return [r.graph for layer in be.layers for r in be.program(layer).runs]
 
 
 def _whole(g, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -32,7 +32,7 @@ def test_decode_sizes_share_the_prefill_sessions(runtime):
     assert be.any_rows
     assert all(be.at_chunk(c, 1) is be for c in (1, 2, 4, 8))
     other = be.at_chunk(4, 2)  # another thread count: its own sessions, the same graphs
-    assert other is not be and other.layers[0].graphs[0].path == be.layers[0].graphs[0].path
+    assert other is not be and other.program(0).runs[0].source == be.program(0).runs[0].source
 
 
 def test_step_costs_are_measured_once_per_host_and_read_back(runtime, monkeypatch):

@@ -225,7 +225,7 @@ def test_backend_uses_the_recorded_shape_by_default(tiny, tmp_path, monkeypatch)
     monkeypatch.setattr(shapes, "shapes_path", lambda host=None, shipped=False: tmp_path / "t.json")
     plan = tiny_plan(tiny, SHADOWS)
     be = NpuBackend(tiny, plan, 16, dynamic_rows=False)  # shape="auto"
-    got = {g.spec.kind: g.spec.shape for pl in be.layers.values() for g in pl.graphs}
+    got = {g.spec.kind: g.spec.shape for layer in be.layers for g in (r.graph for r in be.program(layer).runs)}
     assert got["qkv"] == "conv:4" and all(v == "3d:2" for k, v in got.items() if k != "qkv")
     ref = QuantizedBackend(tiny.config, tiny.weights, plan)
     h, a = torch.randn(16, 64), torch.randn(16, 64) * 0.5

@@ -23,6 +23,6 @@ def test_ffn_first_then_qkv(tiny):
 def test_backend_follows_placement(tiny):
     p = place(tiny.config, graph_weight_bytes(tiny.config, "o_ffn"))
     be = NpuBackend(tiny, tiny_plan(tiny), 16, provider="cpu", placement=p)
-    assert be.layers[0].graphs[1].device == "cpu"  # the CPU provider serves both (no QNN here)
+    assert be.program(0).runs[1].graph.device == "cpu"  # the CPU provider serves both (no QNN here)
     h = torch.randn(16, 64)
     assert be.qkv(1, h)[0].shape == (16, 64)
