@@ -1,9 +1,9 @@
 """Methods: named ways to run a prefill (layer ops + dispatch policy), and `make_runtime` to build one.
 
 The composition layer: the only module that picks techniques (`outliers/`, `npu/`, `sched/`) and wires
-them into a core `Runtime`, and the one place that sets torch's thread count. Quantized methods need
+them into a core `Runtime`. Quantized methods need
 the model's calibration (mllm-NPU §3.3, offline): the first use computes and caches it.
-The table of methods and the measured thread split are in docs/design.md.
+The table of methods is in docs/design.md; the measured thread split in docs/journal.md, "Measured facts".
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Recipe:
 
 
 W8A8 = Recipe()  # mllm-NPU's plan: W8A8 per tensor, shadow outliers on the 15% most important sites
-ROTATED = Recipe(rotate=True)  # the default: the same plan on the rotated model (docs/design.md, "Accuracy")
+ROTATED = Recipe(rotate=True)  # the default: the same plan on the rotated model (bench/results/accuracy.md)
 ROT_A16_DOWN = Recipe(rotate=True, a16=("down_in",))
 SEARCHED = Recipe(rotate=True, search=True)  # rotation + the searched precision of every site
 DEFAULT_RECIPE = ROTATED
@@ -216,7 +216,7 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
                                       torch_threads=(shared, _alone_threads(shared, threads)),
                                       learn_key=f"{model.name}-{model.fingerprint[:12]}-{method}-C{chunk}-{threads}t")
     # the NPU lane's sessions get the lane's share too: their thread count is fixed per session, and a pool
-    # on every core beside attention's preempts it (docs/design.md, "Measured facts": thread split)
+    # on every core beside attention's preempts it (docs/journal.md, "Measured facts": thread split)
     return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, shared, weight_form),
                    executor=executor, attention_threads=threads)
 

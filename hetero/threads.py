@@ -5,12 +5,12 @@ A hetero prefill alternates ONNX Runtime sessions (the NPU lane on the CPU EP) a
 shadow outliers: the CPU lane, mllm-NPU §3.4). libgomp, torch's OpenMP, spin-waits after every parallel
 region by default, so its idle threads burn the cores the next ORT run needs (ORT's own pools never spin:
 `npu.providers.OrtCpuProvider`). The policy is read once, when torch loads libgomp: `hetero/__init__.py`
-calls `passive_openmp()` before any module imports torch. Measured: docs/design.md "Measured facts".
+calls `passive_openmp()` before any module imports torch. Measured: docs/journal.md, "Measured facts".
 
 ONNX Runtime: by default each session has its own intra-op pool that never spins. $HETERO_ORT_POOL=shared
 gives the process one pool of every core, shared by all of hetero's sessions, spinning between runs
 (ONNX Runtime's default): a decode step's ~80 small graph runs then split across the cores without a wake-up
-each (docs/design.md, "Decoding"); the sessions' own thread counts no longer apply. Every session hetero makes
+each (docs/journal.md, "Decoding"); the sessions' own thread counts no longer apply. Every session hetero makes
 takes its options from `ort_session_options()`.
 """
 

@@ -9,7 +9,7 @@ and the LM head) with SYNTHETIC INT8 weights (random, the real shapes: the time 
 values) and times it at given contexts on 1 thread, on 2 threads, and on 2 threads whose pool spins while
 the run lasts. No shadow corrections, no online transforms: a lower bound for such a design, not hetero's
 decode. Why hetero does not decode this way yet (GroupQueryAttention has no tree mask and its rows are not
-the same at S = 1 and S = k, so tree verification would not stay exact): docs/design.md, "Decoding".
+the same at S = 1 and S = k, so tree verification would not stay exact): docs/journal.md, "Decoding".
 """
 
 from __future__ import annotations

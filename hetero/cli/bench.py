@@ -1,4 +1,4 @@
-"""`hetero bench NAME`: each benchmark of `hetero.bench` as a subcommand, with the arguments of `bench/NAME.py`."""
+"""`hetero bench NAME`: each benchmark of `hetero.bench` as a subcommand, with the arguments of `bench/<name>.py`."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ TREE_SIZES = (1, 2, 4, 8)  # static chunk sizes of the INT8 decode graphs (2: a 
 # Threads of an INT8 decode step (its graph sessions and torch while it runs). A step is ~150 small ops
 # (graph runs, per-layer attention, shadow corrections) of a few to ~80 µs each; with two threads each op
 # wakes a sleeping pool thread (neither pool spins: `npu.providers`, `hetero.threads`), which costs more
-# than the second core's extra memory bandwidth gains (docs/design.md, "Decode").
+# than the second core's extra memory bandwidth gains (docs/journal.md, "Decoding").
 DECODE_THREADS = 1
 
 
@@ -39,7 +39,7 @@ def default_attention_threads() -> int:
     """Threads of an INT8 step's attention and LM head: 2 (a helper thread that spins only while a step runs,
     `attnpool`; same logits as 1) when the process may use two cores, but not beside a shared ONNX Runtime pool,
     whose threads spin between runs too: both spinning on two cores made a step at context 1024 14.2 ms instead
-    of 10.3 (docs/design.md, "Decoding")."""
+    of 10.3 (docs/journal.md, "Decoding")."""
     return 1 if shared_ort_pool() or usable_cores() < 2 else 2
 
 

@@ -28,7 +28,7 @@ from hetero.outliers.plan import (
 )
 
 DEFAULT_PRUNE_FRACTION = 0.85
-# Shadow sites clip at p99.9 of |x|, pruned ones at p99.999: the measured choice (docs/design.md, "Outliers").
+# Shadow sites clip at p99.9 of |x|, pruned ones at p99.999: the measured choice (docs/journal.md, "Outliers").
 DEFAULT_PERCENTILE = 99.9
 DEFAULT_PRUNED_PERCENTILE = 99.999
 DEFAULT_HOT_COVERAGE = 0.8  # hot channels: smallest set covering >= 80% of outlier occurrences (§3.3)
