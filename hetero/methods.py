@@ -174,7 +174,7 @@ _SPIN_WARNED = False
 
 def _alone_threads(shared: int, threads: int) -> int:
     """torch's threads for a lane running alone (attention at long prompts): every core, unless torch's
-    OpenMP threads spin when idle (torch imported before hetero), which starves ONNX Runtime's."""
+    OpenMP threads spin when idle (OMP_WAIT_POLICY not PASSIVE when torch loaded), which starves ONNX Runtime's."""
     from hetero.threads import passive_in_effect
 
     global _SPIN_WARNED
@@ -182,9 +182,8 @@ def _alone_threads(shared: int, threads: int) -> int:
         return threads
     if not _SPIN_WARNED:
         _SPIN_WARNED = True
-        log.warning("torch was imported before hetero, so its OpenMP threads spin-wait and compete with ONNX "
-                    "Runtime's: import hetero first or set OMP_WAIT_POLICY=PASSIVE; torch keeps %d thread(s) per "
-                    "lane", shared)
+        log.warning("torch's OpenMP threads spin-wait and compete with ONNX Runtime's: set OMP_WAIT_POLICY=PASSIVE "
+                    "before torch loads (the hetero command does); torch keeps %d thread(s) per lane", shared)
     return shared
 
 

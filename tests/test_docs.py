@@ -108,6 +108,9 @@ def resolve_in(obj: object, chain: list[str]) -> bool:
                 return False
             if not hasattr(obj, attr):
                 return True  # an instance attribute: its type is not known here
+        elif inspect.ismodule(obj) and f"{obj.__name__}.{attr}" in modules():
+            obj = importlib.import_module(f"{obj.__name__}.{attr}")  # a submodule, imported or not
+            continue
         elif not hasattr(obj, attr):
             return False
         obj = getattr(obj, attr)

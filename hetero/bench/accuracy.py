@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hetero.bench.entry import bench_main
 from hetero.extras import require
 from hetero.loader import load_model
 from hetero.bench.harness import prompt_ids
@@ -86,12 +85,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help="also the reference-plan ablations (7-bit weights, per-tensor weights, p99.5)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # a library setting, not a parameter
-    return bench_main("accuracy", HELP, add_args, run, argv)
-
-
 def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # a library setting, not a parameter
     if args.threads:
         use_threads(args.threads)
     n_win = args.windows or (2 if args.quick else 12)

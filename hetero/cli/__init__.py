@@ -9,10 +9,10 @@ import argparse
 import logging
 import sys
 
-from hetero.cli.args import add_method_arg, add_model_arg, int_list, positive_int
 from hetero.errors import HeteroError
+from hetero.threads import passive_openmp
 
-__all__ = ["add_method_arg", "add_model_arg", "build_parser", "int_list", "main", "positive_int"]
+__all__ = ["build_parser", "main"]
 
 
 def _version() -> str:
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log what hetero decides (and, for run, where the time went)")
     parser.add_argument("--version", action="version", version=f"hetero {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    from hetero.cli import bench, calibrate, npu, run, sched, serve  # here: hetero.bench imports hetero.cli.args
+    from hetero.cli import bench, calibrate, npu, run, sched, serve  # here: after main() chose OpenMP's wait policy
 
     for group in (run, calibrate, npu, sched, bench, serve):
         group.register(sub)
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    passive_openmp()  # the edge: before a command module loads torch (hetero/threads.py)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     try:
