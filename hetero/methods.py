@@ -95,10 +95,10 @@ def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float | None
     """
     from hetero.npu.isa import resolve_weight_form
     from hetero.outliers.calibrate import ensure_calibration
-    from hetero.outliers.pruning import plan_from_calibration
-    from hetero.outliers.rotate import is_rotated, online_sites
+    from hetero.outliers.pruning import PlanOptions, plan_from_calibration
+    from hetero.outliers.rotate import online_sites
 
-    if recipe.rotate != is_rotated(model):
+    if recipe.rotate != model.rotated:
         raise ConfigError(f"quant_plan: the recipe {'rotates' if recipe.rotate else 'does not rotate'} but the model "
                           f"{'is not' if recipe.rotate else 'is'} rotated; use quant_setup(model, ...)")
     form = resolve_weight_form(weight_form) if provider == "cpu" else (weight_form or "w8-u8u8")
@@ -112,7 +112,7 @@ def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float | None
         return plan_of(model, calib, precision, form, online)
     a16 = [(layer, site) for layer in range(model.config.n_layers) for site in recipe.a16]
     pf = recipe.prune_fraction if prune_fraction is None else prune_fraction
-    return plan_from_calibration(model, calib, prune_fraction=pf, weight_form=form, a16=a16, online=online)
+    return plan_from_calibration(model, calib, PlanOptions(prune_fraction=pf, weight_form=form, a16=a16, online=online))
 
 
 def quant_setup(model: Model, provider: str = "cpu", weight_form: str | None = None,

@@ -24,6 +24,7 @@ from hetero.decode.rowattn import row_attention
 from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
+from hetero.npu.backend import NpuBackend
 from hetero.runtime import Runtime
 from hetero.threads import shared_ort_pool, usable_cores
 
@@ -31,7 +32,7 @@ TREE_SIZES = (1, 2, 4, 8)  # static chunk sizes of the INT8 decode graphs (2: a 
 # Threads of an INT8 decode step (its graph sessions and torch while it runs). A step is ~150 small ops
 # (graph runs, per-layer attention, shadow corrections) of a few to ~80 µs each; with two threads each op
 # wakes a sleeping pool thread (neither pool spins: `npu.providers`, `hetero.threads`), which costs more
-# than the second core's extra memory bandwidth gains (docs/journal.md, "Decoding").
+# than the second core's extra memory bandwidth gains (docs/design.md, "Decode").
 DECODE_THREADS = 1
 
 
@@ -39,7 +40,7 @@ def default_attention_threads() -> int:
     """Threads of an INT8 step's attention and LM head: 2 (a helper thread that spins only while a step runs,
     `attnpool`; same logits as 1) when the process may use two cores, but not beside a shared ONNX Runtime pool,
     whose threads spin between runs too: both spinning on two cores made a step at context 1024 14.2 ms instead
-    of 10.3 (docs/journal.md, "Decoding")."""
+    of 10.3 (docs/design.md, "Decoding")."""
     return 1 if shared_ort_pool() or usable_cores() < 2 else 2
 
 
@@ -69,7 +70,7 @@ class DecodeStep:
         if attention_threads not in (1, 2):
             raise ConfigError(f"attention_threads must be 1 or 2, got {attention_threads}")
         self.runtime, self.cfg, self.model = runtime, runtime.cfg, runtime.model
-        self.static = hasattr(runtime.backend, "plan") and hasattr(runtime.backend, "provider")  # NpuBackend
+        self.static = isinstance(runtime.backend, NpuBackend)  # prebuilt graphs of fixed chunk sizes
         self.threads = threads  # the INT8 lane's (the float lane keeps the runtime's: its step is a few big GEMVs)
         self._backends: dict[int, LayerBackend] = {}
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
