@@ -147,6 +147,42 @@ def dotted_exists(name: str) -> bool | None:
     return any(resolve_module(m, chain) for m, chain in candidates + named)
 
 
+def callables(name: str) -> list[object]:
+    """What a call's name can mean in hetero: `DecodeStep` (a class of hetero), `hetero.methods.make_runtime`,
+    `rowattn.decode_rows` (a module's tail); [] when it is none of these."""
+    parts = name.split(".")
+    found = []
+    for m, chain in [(m, parts[1:]) for m in classes().get(parts[0], [])] + [
+            (m, parts[k:]) for k in range(len(parts) - 1, 0, -1) for m in modules()
+            if m == ".".join(parts[:k]) or m.endswith("." + ".".join(parts[:k]))]:
+        obj = getattr(importlib.import_module(m), parts[0]) if chain == parts[1:] and parts[0] in classes() \
+            else importlib.import_module(m)
+        for attr in chain:
+            obj = getattr(obj, attr, None)
+        if callable(obj):
+            found.append(obj)
+    return found
+
+
+def top_keywords(args: str) -> list[str]:
+    """The `name=` arguments of a call's argument text, not those of calls nested in it."""
+    depth, flat = 0, []
+    for c in args:
+        depth += (c in "([{") - (c in ")]}")
+        flat.append(c if depth == 0 else " ")
+    return re.findall(r"(?:^|,)\s*(\w+)=(?!=)", "".join(flat))
+
+
+def takes_keywords(obj: object, keywords: list[str]) -> bool:
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return True  # no signature to check (a builtin)
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return True
+    return all(k in params for k in keywords)
+
+
 # --- files and sections ----------------------------------------------------------------------------------
 
 TOP = {p.name for p in ROOT.iterdir() if not p.name.startswith(".")}
@@ -243,6 +279,12 @@ def problems(t: Text) -> list[str]:
                     bad.append(f"{token} (no such test)")
             elif PATHLIKE.fullmatch(token) and path_exists(token, t.folder) is False:
                 bad.append(f"{token} (no such file)")
+        call = re.fullmatch(r"([\w.]+)\((.*)\)", span.strip())
+        keywords = top_keywords(call.group(2)) if call else []
+        if keywords:  # `DecodeStep(..., attention_threads=1)`: the keywords are the callable's parameters
+            found = callables(call.group(1))
+            if found and not any(takes_keywords(f, keywords) for f in found):
+                bad.append(f"{span} (no such parameter)")
         name = span.split("(")[0].strip()
         if DOTTED.fullmatch(name) and not re.search(r"\.(py|md|json|onnx|bin|npz|png|txt|gguf|so)$", name):
             if dotted_exists(name) is False:
@@ -272,6 +314,7 @@ BAD = {
     "`tests/npu/test_export.py::test_no_such_test`": "test_no_such_test",
     'docs/design.md, "No such section"': "No such section",
     "docs/design.md#no-such-anchor": "no-such-anchor",
+    "`DecodeStep(..., attention_thread=1)`": "attention_thread",
 }
 
 
