@@ -326,3 +326,17 @@ def test_the_check_passes_good_names() -> None:
 def test_the_check_fails_on_a_planted_bad_name(planted: str) -> None:
     found = problems(Text("planted", f"Good: {GOOD}\nBad: {planted}.", ROOT))
     assert len(found) == 1 and BAD[planted] in found[0], found
+
+
+def test_the_layer_table_is_the_layer_test():
+    """docs/design.md's table of layers lists what `tests/test_layers.py` enforces, no more, no less."""
+    from tests.test_layers import LAYER_OF
+
+    text = (ROOT / "docs" / "design.md").read_text()
+    table = text[text.index("| layer | modules | may import |"):].split("\n\n")[0]
+    rows = {r.split("|")[1].strip(): r.split("|")[2] for r in table.splitlines()[2:]}
+    for layer in ("core", "techniques", "composition", "tools"):
+        listed = {name.strip("/") for name in re.findall(r"`([^`]+)`", rows[layer])}
+        enforced = {name for name, of in LAYER_OF.items() if of == layer}
+        assert listed == enforced, f"layer {layer}: design.md lists {sorted(listed - enforced)} that the test does " \
+                                   f"not, and misses {sorted(enforced - listed)}"
