@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hetero.bench.prefill import main  # noqa: E402
+from hetero.bench.entry import bench_main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(bench_main("prefill", sys.argv[1:]))

@@ -1,6 +1,6 @@
 """A warm `hetero run` end to end beside llama.cpp, with hetero's phases (issue 28); `hetero.bench.startup`.
 
-    python bench/startup.py --out bench/results       # writes startup.{json,md}
+    python bench/startup.py --out bench/results       # writes bench/results/startup.{json,md}
 """
 
 import sys
@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hetero.bench.startup import main  # noqa: E402
+from hetero.bench.entry import bench_main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(bench_main("startup", sys.argv[1:]))

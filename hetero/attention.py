@@ -8,7 +8,7 @@ present bound to the same buffer: Transformer-Lite §2.4's preallocated cache) a
 [0, start+n) without a mask tensor. A call runs on as many ONNX Runtime threads as its lane's torch share
 (`sched.executor.LaneWorkers`): one while the NPU lane runs, every core while attention runs alone. Two
 lanes' pools asking for every core at once wait on each other's preempted threads (a 1024-token prefill
-took 0.57 s or 0.97 s from run to run that way). Measured against `model.attention`: docs/design.md,
+took 0.57 s or 0.97 s from run to run that way). Measured against `model.attention`: docs/journal.md,
 "Measured facts".
 
 Only real rows go in: the padded rows of a last chunk never reach the cache or the kernel, and their

@@ -1,7 +1,7 @@
 """The prefill DAG G[i][j] (mllm-NPU §3.4, Eq. 2-3): chunk i, subgraph j of the chain of L layers × M kinds.
 
 Node G[i][j] has id ``i * (L*M) + j``, so ids are program order (chunk-major). Edges: Eq. 3 within a
-chunk, and attn of chunk i-1 → attn of chunk i (its K/V; docs/design.md, "The prefill DAG", says why this
+chunk, and attn of chunk i-1 → attn of chunk i (its K/V; docs/design.md, "Scheduler", says why this
 differs from Eq. 2 as printed). networkx builds and checks the graph once; `compile_graph` flattens it into
 the integer tuples the dispatch loop reads, so no decision walks networkx objects.
 """

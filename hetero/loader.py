@@ -59,6 +59,7 @@ class Model:
     path: Path
     fingerprint: str  # content hash of the source file(s): keys calibration and graph caches
     name: str
+    rotated: bool = False  # residual stream rotated offline (`outliers.rotate.rotate_model`)
 
 
 def load_model(path: str | os.PathLike | None = None) -> Model:

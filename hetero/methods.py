@@ -1,9 +1,9 @@
 """Methods: named ways to run a prefill (layer ops + dispatch policy), and `make_runtime` to build one.
 
 The composition layer: the only module that picks techniques (`outliers/`, `npu/`, `sched/`) and wires
-them into a core `Runtime`, and the one place that sets torch's thread count. Quantized methods need
+them into a core `Runtime`. Quantized methods need
 the model's calibration (mllm-NPU §3.3, offline): the first use computes and caches it.
-The table of methods and the measured thread split are in docs/design.md.
+The table of methods is in docs/design.md; the measured thread split in docs/journal.md, "Measured facts".
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Recipe:
 
 
 W8A8 = Recipe()  # mllm-NPU's plan: W8A8 per tensor, shadow outliers on the 15% most important sites
-ROTATED = Recipe(rotate=True)  # the default: the same plan on the rotated model (docs/design.md, "Accuracy")
+ROTATED = Recipe(rotate=True)  # the default: the same plan on the rotated model (bench/results/accuracy.md)
 ROT_A16_DOWN = Recipe(rotate=True, a16=("down_in",))
 SEARCHED = Recipe(rotate=True, search=True)  # rotation + the searched precision of every site
 DEFAULT_RECIPE = ROTATED
@@ -95,10 +95,10 @@ def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float | None
     """
     from hetero.npu.isa import resolve_weight_form
     from hetero.outliers.calibrate import ensure_calibration
-    from hetero.outliers.pruning import plan_from_calibration
-    from hetero.outliers.rotate import is_rotated, online_sites
+    from hetero.outliers.pruning import PlanOptions, plan_from_calibration
+    from hetero.outliers.rotate import online_sites
 
-    if recipe.rotate != is_rotated(model):
+    if recipe.rotate != model.rotated:
         raise ConfigError(f"quant_plan: the recipe {'rotates' if recipe.rotate else 'does not rotate'} but the model "
                           f"{'is not' if recipe.rotate else 'is'} rotated; use quant_setup(model, ...)")
     form = resolve_weight_form(weight_form) if provider == "cpu" else (weight_form or "w8-u8u8")
@@ -112,7 +112,7 @@ def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float | None
         return plan_of(model, calib, precision, form, online)
     a16 = [(layer, site) for layer in range(model.config.n_layers) for site in recipe.a16]
     pf = recipe.prune_fraction if prune_fraction is None else prune_fraction
-    return plan_from_calibration(model, calib, prune_fraction=pf, weight_form=form, a16=a16, online=online)
+    return plan_from_calibration(model, calib, PlanOptions(prune_fraction=pf, weight_form=form, a16=a16, online=online))
 
 
 def quant_setup(model: Model, provider: str = "cpu", weight_form: str | None = None,
@@ -174,7 +174,7 @@ _SPIN_WARNED = False
 
 def _alone_threads(shared: int, threads: int) -> int:
     """torch's threads for a lane running alone (attention at long prompts): every core, unless torch's
-    OpenMP threads spin when idle (torch imported before hetero), which starves ONNX Runtime's."""
+    OpenMP threads spin when idle (OMP_WAIT_POLICY not PASSIVE when torch loaded), which starves ONNX Runtime's."""
     from hetero.threads import passive_in_effect
 
     global _SPIN_WARNED
@@ -182,9 +182,8 @@ def _alone_threads(shared: int, threads: int) -> int:
         return threads
     if not _SPIN_WARNED:
         _SPIN_WARNED = True
-        log.warning("torch was imported before hetero, so its OpenMP threads spin-wait and compete with ONNX "
-                    "Runtime's: import hetero first or set OMP_WAIT_POLICY=PASSIVE; torch keeps %d thread(s) per "
-                    "lane", shared)
+        log.warning("torch's OpenMP threads spin-wait and compete with ONNX Runtime's: set OMP_WAIT_POLICY=PASSIVE "
+                    "before torch loads (the hetero command does); torch keeps %d thread(s) per lane", shared)
     return shared
 
 
@@ -216,7 +215,7 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
                                       torch_threads=(shared, _alone_threads(shared, threads)),
                                       learn_key=f"{model.name}-{model.fingerprint[:12]}-{method}-C{chunk}-{threads}t")
     # the NPU lane's sessions get the lane's share too: their thread count is fixed per session, and a pool
-    # on every core beside attention's preempts it (docs/design.md, "Measured facts": thread split)
+    # on every core beside attention's preempts it (docs/journal.md, "Measured facts": thread split)
     return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, shared, weight_form),
                    executor=executor, attention_threads=threads)
 

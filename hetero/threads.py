@@ -4,13 +4,16 @@ ONNX Runtime's pool mode (one pool per session, or one shared by the process).
 A hetero prefill alternates ONNX Runtime sessions (the NPU lane on the CPU EP) and torch ops (attention,
 shadow outliers: the CPU lane, mllm-NPU §3.4). libgomp, torch's OpenMP, spin-waits after every parallel
 region by default, so its idle threads burn the cores the next ORT run needs (ORT's own pools never spin:
-`npu.providers.OrtCpuProvider`). The policy is read once, when torch loads libgomp: `hetero/__init__.py`
-calls `passive_openmp()` before any module imports torch. Measured: docs/design.md "Measured facts".
+`npu.providers.OrtCpuProvider`). libgomp reads its policy once, from the environment, when torch loads it,
+and has no call to change it later. So the edges of a process choose it before torch loads (`passive_openmp`:
+the `hetero` command, a benchmark's entry, the tests), a child process is given it in its environment
+(`passive_env`), and the library only reads it (`passive_in_effect`): importing hetero changes no
+environment variable. Measured: docs/journal.md, "Measured facts".
 
 ONNX Runtime: by default each session has its own intra-op pool that never spins. $HETERO_ORT_POOL=shared
 gives the process one pool of every core, shared by all of hetero's sessions, spinning between runs
 (ONNX Runtime's default): a decode step's ~80 small graph runs then split across the cores without a wake-up
-each (docs/design.md, "Decoding"); the sessions' own thread counts no longer apply. Every session hetero makes
+each (docs/journal.md, "Decoding"); the sessions' own thread counts no longer apply. Every session hetero makes
 takes its options from `ort_session_options()`.
 """
 
@@ -25,22 +28,31 @@ from hetero.errors import ConfigError
 WAIT_POLICY = "OMP_WAIT_POLICY"
 KEEP = "HETERO_OMP_WAIT_POLICY"  # "default": leave the libraries' default (a baseline engine's process)
 ORT_POOL = "HETERO_ORT_POOL"  # "session" (default): a pool per session; "shared": one for the process
-USER_WAIT_POLICY = os.environ.get(WAIT_POLICY)  # as the user started the process, before passive_openmp()
-TORCH_FIRST = "torch" in sys.modules  # torch loaded before hetero: libgomp has read its policy already
+USER_WAIT_POLICY = os.environ.get(WAIT_POLICY)  # as the user started the process (read, never written here)
 
 
-def passive_openmp() -> None:
-    """OMP_WAIT_POLICY=PASSIVE unless the user set a policy or $HETERO_OMP_WAIT_POLICY is "default"."""
-    if USER_WAIT_POLICY is None and os.environ.get(KEEP) != "default":
-        os.environ[WAIT_POLICY] = "PASSIVE"
+def passive_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` with OMP_WAIT_POLICY=PASSIVE, unless it names a policy or $HETERO_OMP_WAIT_POLICY is "default":
+    the environment of a process that runs hetero."""
+    out = dict(env)
+    if WAIT_POLICY not in out and out.get(KEEP) != "default":
+        out[WAIT_POLICY] = "PASSIVE"
+    return out
+
+
+def passive_openmp() -> bool:
+    """For an entry point, before torch loads: this process's OpenMP threads wait passively (`passive_env`).
+    Once torch is loaded libgomp has read its policy, so nothing is set then. Returns `passive_in_effect()`."""
+    if "torch" not in sys.modules:
+        os.environ.update(passive_env(os.environ))
+    return passive_in_effect()
 
 
 def passive_in_effect() -> bool:
-    """Whether torch's OpenMP threads sleep when idle: the policy libgomp read when torch loaded. If not,
-    a torch op on more threads than its lane's share spins on cores that ONNX Runtime needs."""
-    if USER_WAIT_POLICY is not None:
-        return USER_WAIT_POLICY.strip().upper() == "PASSIVE"
-    return not TORCH_FIRST and os.environ.get(KEEP) != "default"
+    """Whether torch's OpenMP threads sleep when idle: the policy in the environment, which libgomp reads when
+    torch loads (an entry point sets it before). If not, a torch op on more threads than its lane's share
+    spins on cores that ONNX Runtime needs."""
+    return os.environ.get(WAIT_POLICY, "").strip().upper() == "PASSIVE"
 
 
 def library_default_env(env: Mapping[str, str]) -> dict[str, str]:

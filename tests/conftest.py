@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-import hetero  # noqa: F401  (before torch: OpenMP's wait policy, hetero/threads.py)
+from hetero.threads import passive_openmp
+
+passive_openmp()  # the tests are an edge too: OpenMP's wait policy before torch loads (hetero/threads.py)
 import torch  # noqa: E402
 
 from hetero.config import ModelConfig

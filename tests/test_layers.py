@@ -26,7 +26,7 @@ LAYER_OF = {
     **dict.fromkeys(("outliers", "npu", "sched", "adapters", "decode", "serve"), "techniques"),
     "methods": "composition",
     "": "api",  # hetero/__init__.py: the public API
-    **dict.fromkeys(("cli", "bench", "__main__"), "tools"),
+    **dict.fromkeys(("cli", "bench", "__main__", "arguments"), "tools"),
 }
 MAY_IMPORT = {
     "core": {"core"},

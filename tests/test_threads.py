@@ -1,4 +1,5 @@
-"""OpenMP wait policy: hetero's processes wait passively; baseline engines keep the libraries' default."""
+"""OpenMP's wait policy: importing hetero changes no environment variable; the edges (the `hetero` command, a
+benchmark's process) make OpenMP wait passively before torch loads; baseline engines keep the libraries' default."""
 
 import os
 import subprocess
@@ -10,44 +11,91 @@ import pytest
 from hetero import threads
 from hetero.errors import ConfigError
 
+ROOT = Path(__file__).resolve().parents[1]
 
-def _policy_in_child(env: dict[str, str]) -> str:
-    code = "import hetero, os; print(os.environ.get('OMP_WAIT_POLICY', '<unset>'))"
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          check=True).stdout.strip()
+_IMPORT_ALL = """
+import importlib, json, os, pkgutil, sys
+before = dict(os.environ)
+import hetero
+hetero.Runtime, hetero.make_runtime  # the public names, loaded on first use
+for m in pkgutil.walk_packages(hetero.__path__, "hetero."):
+    if not m.name.endswith("__main__"):
+        importlib.import_module(m.name)
+changed = {k: (before.get(k), os.environ.get(k)) for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)}
+print(json.dumps(changed))
+"""
+
+
+def _child(code: str, env: dict[str, str]) -> str:
+    res = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip().splitlines()[-1]
 
 
 def _base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in (threads.WAIT_POLICY, threads.KEEP)}
 
 
-def test_import_sets_passive_unless_the_user_chose():
+def test_importing_hetero_leaves_the_environment_unchanged():
+    """Every module of hetero imported, with no policy set and with the user's: os.environ as it was."""
+    assert _child(_IMPORT_ALL, _base_env()) == "{}"
+    assert _child(_IMPORT_ALL, {**_base_env(), threads.WAIT_POLICY: "ACTIVE"}) == "{}"
+
+
+def test_importing_hetero_loads_no_torch():
+    """So that an entry point still chooses OpenMP's wait policy after `import hetero` (and `hetero.cli`)."""
+    code = "import sys, hetero, hetero.cli, hetero.bench.entry; print('torch' in sys.modules)"
+    assert _child(code, _base_env()) == "False"
+
+
+_CLI_POLICY = """
+import os
+from hetero.cli import main
+try:
+    main(["--version"])
+except SystemExit:
+    pass
+import torch
+from hetero.threads import passive_in_effect
+print(os.environ.get("OMP_WAIT_POLICY", "<unset>"), passive_in_effect())
+"""
+
+
+def test_the_hetero_command_waits_passively_unless_the_user_chose():
     env = _base_env()
-    assert _policy_in_child(env) == "PASSIVE"
-    assert _policy_in_child({**env, "OMP_WAIT_POLICY": "ACTIVE"}) == "ACTIVE"
-    assert _policy_in_child({**env, threads.KEEP: "default"}) == "<unset>"
+    assert _child(_CLI_POLICY, env) == "PASSIVE True"
+    assert _child(_CLI_POLICY, {**env, threads.WAIT_POLICY: "ACTIVE"}) == "ACTIVE False"
+    assert _child(_CLI_POLICY, {**env, threads.KEEP: "default"}) == "<unset> False"
+
+
+def test_passive_openmp_sets_nothing_once_torch_is_loaded():
+    code = "import os, torch; from hetero.threads import passive_openmp; print(passive_openmp(), 'OMP_WAIT_POLICY' in os.environ)"
+    assert _child(code, _base_env()) == "False False"
+
+
+def test_passive_env_for_a_child_process():
+    assert threads.passive_env({"PATH": "/bin"}) == {"PATH": "/bin", threads.WAIT_POLICY: "PASSIVE"}
+    assert threads.passive_env({threads.WAIT_POLICY: "ACTIVE"}) == {threads.WAIT_POLICY: "ACTIVE"}
+    assert threads.WAIT_POLICY not in threads.passive_env({threads.KEEP: "default"})
 
 
 def test_library_default_env_restores_the_users_policy(monkeypatch):
     monkeypatch.setattr(threads, "USER_WAIT_POLICY", None)
     env = threads.library_default_env({"OMP_WAIT_POLICY": "PASSIVE", "PATH": "/bin"})
     assert env == {"PATH": "/bin", threads.KEEP: "default"}
-    assert _policy_in_child({**_base_env(), **env}) == "<unset>"
+    assert _child(_CLI_POLICY, {**_base_env(), **env}) == "<unset> False"
     monkeypatch.setattr(threads, "USER_WAIT_POLICY", "ACTIVE")
     assert threads.library_default_env({"OMP_WAIT_POLICY": "PASSIVE"})[threads.WAIT_POLICY] == "ACTIVE"
 
 
-def test_passive_in_effect_follows_what_libgomp_read(monkeypatch):
-    monkeypatch.setattr(threads, "USER_WAIT_POLICY", None)
-    monkeypatch.delenv(threads.KEEP, raising=False)
-    monkeypatch.setattr(threads, "TORCH_FIRST", False)
+def test_passive_in_effect_reads_the_policy(monkeypatch):
+    monkeypatch.setenv(threads.WAIT_POLICY, " passive")
     assert threads.passive_in_effect()
-    monkeypatch.setattr(threads, "TORCH_FIRST", True)  # torch loaded first: libgomp kept its spin-wait
+    monkeypatch.setenv(threads.WAIT_POLICY, "ACTIVE")
     assert not threads.passive_in_effect()
-    monkeypatch.setattr(threads, "USER_WAIT_POLICY", " passive")
-    assert threads.passive_in_effect()
-    monkeypatch.setattr(threads, "USER_WAIT_POLICY", "ACTIVE")
-    assert not threads.passive_in_effect()
+    monkeypatch.delenv(threads.WAIT_POLICY)
+    assert not threads.passive_in_effect()  # libgomp's default: spin
 
 
 _DECODE_CHILD = """
@@ -71,7 +119,7 @@ print(per_session, hashlib.sha256(out.numpy().tobytes()).hexdigest(), step.pool 
 def test_shared_ort_pool_runs_every_session_on_it_with_the_same_results(tmp_path):
     """$HETERO_ORT_POOL=shared: hetero's sessions (graphs, decode head) use the process's pool, and an INT8
     decode step's logits are those of the per-session pools bit for bit (integer matmuls, row-wise float ops)."""
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     env = {**_base_env(), "PYTHONPATH": str(root), "HETERO_CACHE": str(tmp_path / "cache")}
     outs = {}
     for mode in ("session", "shared"):

@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hetero.bench.entry import bench_main
 from hetero.extras import require
 from hetero.loader import load_model
 from hetero.bench.harness import prompt_ids
@@ -34,7 +33,7 @@ from hetero.outliers.hotstore import HotChannelStore
 from hetero.model import SITES
 from hetero.outliers.quantize import ACT_QMAX
 from hetero.outliers.search import DEFAULT_BUDGET_PCT, perplexity as search_perplexity
-from hetero.outliers.pruning import DEFAULT_PERCENTILE, plan_from_calibration, rank_sites
+from hetero.outliers.pruning import DEFAULT_PERCENTILE, PlanOptions, plan_from_calibration, rank_sites
 from hetero.outliers.shadow import QuantizedBackend
 from hetero.paths import atomic_path
 
@@ -86,12 +85,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help="also the reference-plan ablations (7-bit weights, per-tensor weights, p99.5)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # a library setting, not a parameter
-    return bench_main("accuracy", HELP, add_args, run, argv)
-
-
 def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # a library setting, not a parameter
     if args.threads:
         use_threads(args.threads)
     n_win = args.windows or (2 if args.quick else 12)
@@ -147,15 +142,16 @@ def run(args: argparse.Namespace) -> int:
         return CountingBackend(cfg, w, plan, rows=rows_src), rows_src
 
     measure("float_ref", None)
-    naive = plan_from_calibration(model, calib, prune_fraction=1.0, pruned_percentile=100.0, method="naive_w8a8")
+    naive = plan_from_calibration(model, calib, PlanOptions(prune_fraction=1.0, pruned_percentile=100.0, method="naive_w8a8"))
     measure("naive_w8a8", QuantizedBackend(cfg, w, naive), scale="absmax", shadow_sites=0)
-    clipped = plan_from_calibration(model, calib, prune_fraction=1.0, pruned_percentile=DEFAULT_PERCENTILE, method="clipped_w8a8")
+    clipped = plan_from_calibration(model, calib, PlanOptions(prune_fraction=1.0, pruned_percentile=DEFAULT_PERCENTILE,
+                                                              method="clipped_w8a8"))
     measure("clipped_w8a8", QuantizedBackend(cfg, w, clipped), scale=f"p{DEFAULT_PERCENTILE}", shadow_sites=0)
     # w8a8_shadow15: mllm-NPU's plan (the old hetero default) on the exact INT8 torch reference
     for method, frac, wg, pct, qmax in (("shadow_all", 0.0, "channel", DEFAULT_PERCENTILE, 127),
                                         ("w8a8_shadow15", 0.85, "channel", DEFAULT_PERCENTILE, 127), *ablations):
-        plan = plan_from_calibration(model, calib, prune_fraction=frac, method=method, weight_granularity=wg, percentile=pct,
-                          weight_qmax=qmax)
+        plan = plan_from_calibration(model, calib, PlanOptions(prune_fraction=frac, method=method, weight_granularity=wg,
+                                                               percentile=pct, weight_qmax=qmax))
         be, store = plan_backend(plan, store=True)
         be.stats = {}
         be.chunk_channels = []
@@ -178,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     by = {r["method"]: r["ppl"] for r in rows if "ppl" in r}
     sweep = [{"prune_fraction": 0.0, "ppl": by["shadow_all"]}, {"prune_fraction": 0.85, "ppl": by["w8a8_shadow15"]}]
     for frac in ((1.0,) if args.quick else (0.5, 0.7, 0.95, 1.0)):  # the default plan at other fractions
-        plan = plan_from_calibration(model, calib, prune_fraction=frac)
+        plan = plan_from_calibration(model, calib, PlanOptions(prune_fraction=frac))
         ppl, _ = perplexity(model, windows, QuantizedBackend(cfg, w, plan))
         log(f"  sweep prune {frac:.2f}             ppl {ppl:9.4f}")
         sweep.append({"prune_fraction": frac, "ppl": ppl})

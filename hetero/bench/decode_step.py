@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hetero.bench.entry import bench_main, write_json_md
-from hetero.cli.args import add_method_arg, add_model_arg, int_list, positive_int
+from hetero.bench.entry import write_json_md
+from hetero.arguments import add_method_arg, add_model_arg, int_list, positive_int
 
 HELP = ("one plain decode step's time at given contexts, split into graph runs, attention, head, shadow, rest; "
         "and a step verifying a chain of each static chunk size")
@@ -182,11 +182,3 @@ def run(args: argparse.Namespace) -> int:
         write_json_md(Path(args.out), "decode_step", result, markdown(result))
     print(markdown(result))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    return bench_main("decode_step", HELP, add_args, run, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,7 @@ and the LM head) with SYNTHETIC INT8 weights (random, the real shapes: the time 
 values) and times it at given contexts on 1 thread, on 2 threads, and on 2 threads whose pool spins while
 the run lasts. No shadow corrections, no online transforms: a lower bound for such a design, not hetero's
 decode. Why hetero does not decode this way yet (GroupQueryAttention has no tree mask and its rows are not
-the same at S = 1 and S = k, so tree verification would not stay exact): docs/design.md, "Decoding".
+the same at S = 1 and S = k, so tree verification would not stay exact): docs/journal.md, "Decoding".
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from hetero.bench.entry import bench_main, write_json_md
-from hetero.cli.args import add_model_arg, int_list, positive_int
+from hetero.bench.entry import write_json_md
+from hetero.arguments import add_model_arg, int_list, positive_int
 from hetero.config import ModelConfig
 
 HELP = "a design probe: a whole decode step of the model's shapes as one ONNX Runtime graph (synthetic INT8 weights)"
@@ -174,11 +174,3 @@ def run(args: argparse.Namespace) -> int:
         write_json_md(Path(args.out), "fused_step", result, markdown(result))
     print(markdown(result))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    return bench_main("fused_step", HELP, add_args, run, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 
 from hetero import model as ref
-from hetero.bench.entry import bench_main
-from hetero.cli.args import positive_int
+from hetero.arguments import positive_int
 from hetero.loader import load_model
 from hetero.methods import quant_plan, quant_setup, use_threads
 from hetero.npu.backend import NpuBackend
@@ -162,7 +161,3 @@ def run(args: argparse.Namespace) -> int:
             print(f"T={c['prompt_len']:5d} {c['strategy']:14s} graphs={c['n_graphs']:4d} weights={c['weight_mib']:7.1f} MiB")
         print("layer latency:", lat)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    return bench_main("graph_cache", HELP, add_args, run, argv)

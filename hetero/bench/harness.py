@@ -22,7 +22,7 @@ import torch
 
 from hetero.bench.engines import ENGINES, EngineUnavailable
 from hetero.methods import use_threads
-from hetero.threads import library_default_env
+from hetero.threads import library_default_env, passive_env
 
 
 BASELINES = ("torch_float", "llama_cpp")  # other engines (the rest are hetero's methods and its naive NPU path)
@@ -90,8 +90,8 @@ def run_engines(engines: list[str], lens: list[int], repeats: int, threads: int,
         if model_path:
             cmd += ["--model", model_path]
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        if engine in BASELINES:  # as their users run them: OpenMP's default wait policy, not hetero's
-            env = library_default_env(env)
+        # baselines as their users run them (OpenMP's default wait policy), hetero's engines as hetero runs
+        env = library_default_env(env) if engine in BASELINES else passive_env(env)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode == 3:
             skipped[engine] = proc.stdout.strip() or proc.stderr.strip()

@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-from hetero.bench.entry import bench_main
 from hetero.errors import HeteroError
 from hetero.npu.cache import library_versions
 from hetero.paths import atomic_path
@@ -63,7 +62,7 @@ def layer_steps() -> dict:
 def _child(config: str, what: str) -> dict:
     env = {**os.environ, "HETERO_QNN_OPTIONS": CONFIGS[config]}
     if what == "steps":
-        cmd = [sys.executable, "-m", "hetero.bench.htp_accuracy", "--child-steps"]
+        cmd = [sys.executable, "-m", "hetero.bench", "htp_accuracy", "--child-steps"]
     else:
         cmd = [sys.executable, "-m", "hetero", "run", PROMPT, "--method", "hetero-qnn", "--chunk",
                str(E2E[config]), "--max-new-tokens", "8", "--json"]
@@ -105,11 +104,3 @@ def run(args: argparse.Namespace) -> int:
         with atomic_path(Path(args.out) / "htp_accuracy.json") as tmp:
             tmp.write_text(json.dumps(result, indent=1) + "\n")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    return bench_main("htp_accuracy", HELP, add_args, run, argv)
-
-
-if __name__ == "__main__":  # the per-configuration child process (--child-steps)
-    sys.exit(main())

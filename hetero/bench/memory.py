@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hetero.bench.entry import bench_main, write_json_md
-from hetero.cli.args import add_model_arg, int_list, positive_int
+from hetero.bench.entry import write_json_md
+from hetero.arguments import add_model_arg, int_list, positive_int
 
 HELP = "peak and per-component resident memory of a hetero and a torch float prefill"
 ENGINES = ("hetero", "torch_float")
@@ -76,7 +76,7 @@ def run_worker(engine: str, model_path: str | None, lens: list[int], threads: in
 def run_memory_bench(lens: list[int], threads: int, model_path: str | None = None) -> dict[str, Any]:
     rows = []
     for engine in ENGINES:
-        cmd = [sys.executable, "-m", "hetero.bench.memory", "--worker", engine, "--lens", ",".join(map(str, lens)),
+        cmd = [sys.executable, "-m", "hetero.bench", "memory", "--worker", engine, "--lens", ",".join(map(str, lens)),
                "--threads", str(threads)] + (["--model", model_path] if model_path else [])
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
@@ -111,11 +111,3 @@ def run(args: argparse.Namespace) -> int:
     write_json_md(Path(args.out), "memory", result, markdown(result))
     print(markdown(result))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    return bench_main("memory", HELP, add_args, run, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

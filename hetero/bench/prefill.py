@@ -19,11 +19,10 @@ from hetero.bench.conditions import load_avg, trust_warnings
 from hetero.bench.e2e import run_e2e
 from hetero.bench.engines import ABLATION
 from hetero.bench.harness import run_engines
-from hetero.bench.entry import bench_main
 from hetero.bench.report import fraction_of_bound, ratios, write_outputs
 from hetero.bench.simulated import simulated_ablation, simulated_rows
 from hetero.errors import ConfigError
-from hetero.cli.args import add_model_arg, int_list, positive_int
+from hetero.arguments import add_model_arg, int_list, positive_int
 from hetero.loader import load_model
 
 HELP = "prefill speed, memory, ablation and end-to-end runs against other engines"
@@ -110,7 +109,3 @@ def run(args: argparse.Namespace) -> int:
         print(paths[1].read_text())
         print("wrote " + ", ".join(str(p) for p in paths))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    return bench_main("prefill", HELP, add_args, run, argv)

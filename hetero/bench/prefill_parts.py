@@ -16,8 +16,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from hetero.bench.entry import bench_main, write_json_md
-from hetero.cli.args import add_method_arg, add_model_arg, int_list, positive_int
+from hetero.bench.entry import write_json_md
+from hetero.arguments import add_method_arg, add_model_arg, int_list, positive_int
 
 HELP = "a prefill's time per subgraph kind (in program order) and per lane (out of order)"
 
@@ -106,11 +106,3 @@ def run(args: argparse.Namespace) -> int:
         write_json_md(Path(args.out), "prefill_parts", result, markdown(result))
     print(markdown(result))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    return bench_main("prefill_parts", HELP, add_args, run, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,7 +14,6 @@ import statistics
 import sys
 from pathlib import Path
 
-from hetero.bench.entry import bench_main
 from hetero.paths import PROFILES_DIR, atomic_path, profile_search_path
 from hetero.sched.dag import compiled_prefill_dag
 from hetero.sched.optimal import solve_optimal
@@ -127,7 +126,3 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    return bench_main("sched", HELP, add_args, run, argv)

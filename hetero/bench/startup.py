@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero.bench.conditions import load_avg
-from hetero.bench.entry import bench_main, write_json_md
+from hetero.bench.entry import write_json_md
 from hetero.errors import ConfigError
 
 HELP = "a warm `hetero run` end to end, beside llama.cpp (issue 28)"
@@ -137,7 +137,3 @@ def render_md(r: dict[str, Any]) -> str:
     het = next(row for row in r["rows"] if row["engine"] == "hetero")
     lines += ["", "hetero's phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in het["phases_s"].items()), ""]
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return bench_main("startup", HELP, add_args, run, argv)

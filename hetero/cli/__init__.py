@@ -10,10 +10,10 @@ import importlib
 import logging
 import sys
 
-from hetero.cli.args import add_method_arg, add_model_arg, int_list, positive_int
 from hetero.errors import HeteroError
+from hetero.threads import passive_openmp
 
-__all__ = ["add_method_arg", "add_model_arg", "build_parser", "int_list", "main", "positive_int"]
+__all__ = ["build_parser", "main"]
 
 
 def _version() -> str:
@@ -47,6 +47,7 @@ COMMANDS = {"run": "run", "info": "run", "calibrate": "calibrate", "npu": "npu",
 
 
 def main(argv: list[str] | None = None) -> int:
+    passive_openmp()  # the edge: before a command module loads torch (hetero/threads.py)
     args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     try:

@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from hetero.cli.args import add_model_arg, positive_float, positive_int
+from hetero.arguments import add_model_arg, positive_float, positive_int
 from hetero.outliers.calibrate import DEFAULT_TOKENS, DEFAULT_WINDOW
 from hetero.outliers.corpus import CORPORA, DEFAULT_CALIBRATION
 

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from hetero.cli.args import add_model_arg, positive_int
+from hetero.arguments import add_model_arg, positive_int
 from hetero.errors import ConfigError
 
 

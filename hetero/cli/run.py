@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from hetero.cli.args import add_method_arg, add_model_arg, positive_int
+from hetero.arguments import add_method_arg, add_model_arg, positive_int
 from hetero.errors import ConfigError
 
 

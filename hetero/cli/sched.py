@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from hetero.cli.args import add_method_arg, add_model_arg, int_list, positive_int
+from hetero.arguments import add_method_arg, add_model_arg, int_list, positive_int
 from hetero.cli.npu import add_hub_profile_args, run_hub_profile
 from hetero.dag import SUBGRAPH_KINDS
 from hetero.errors import ConfigError

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hetero.cli.args import add_method_arg, add_model_arg, positive_int
+from hetero.arguments import add_method_arg, add_model_arg, positive_int
 from hetero.errors import ConfigError
 
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}

@@ -1,6 +1,6 @@
 """Atomic loads, stores, compare-and-swap and a spin-wait pause on int64 arrays, callable from numba code.
 
-Two threads that share a decode step's attention (`rowattn.AttentionPool`) hand work over through a small
+Two threads that share a decode step's attention (`attnpool.AttentionPool`) hand work over through a small
 int64 control array while both run compiled code without the GIL. Plain numba loads in a wait loop may be
 hoisted out of it by the compiler, and a work claim needs compare-and-swap: these emit LLVM's atomic
 instructions (acquire / release / sequentially consistent) and x86's `pause` in a spin.

@@ -15,7 +15,7 @@ thread claims it, with the same argument types as the one-thread call, and a spl
 whole graph's: the result is bit for bit the one-thread step's (tested), so plain and speculative decoding
 stay equal. If the helper is late (it has not woken yet, or the OS preempted it) the main thread claims the
 heads and takes the graph halves back itself: nothing waits on the helper but work it is already running.
-Measured: docs/design.md, "Decoding".
+Measured: docs/journal.md, "Decoding".
 """
 
 from __future__ import annotations

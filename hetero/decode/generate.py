@@ -4,7 +4,7 @@ Each target step feeds the last emitted token (the root) plus, with speculation,
 as one chunk (LLMCad §3.2): every row's K/V is written in place, the longest accepted path stays (moved
 to the front if needed), the rest is forgotten. Greedy speculation emits exactly plain greedy's tokens;
 sampling uses the speculative acceptance rule (`sampling.accept_or_resample`). The cache invariant
-(DECODE_SERVE_API.md): after a decode, `cache.length` = prompt + all generated tokens but the last.
+(docs/design.md, "Invariants"): after a decode, `cache.length` = prompt + all generated tokens but the last.
 """
 
 from __future__ import annotations

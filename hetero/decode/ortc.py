@@ -3,7 +3,7 @@
 The onnxruntime wheel ships its C library (`capi/libonnxruntime.so.*`, exporting `OrtGetApiBase`) beside the
 Python module, which links its own static copy; loading the library gives a second, independent runtime in
 the process. A decode step's helper thread runs graph halves through it from numba (`native.call3` on
-`run_fn` = RunWithBinding), with no GIL to hand over (~40 µs a hand-off, measured: docs/design.md).
+`run_fn` = RunWithBinding), with no GIL to hand over (~40 µs a hand-off, measured: docs/journal.md, "Decoding").
 
 Only what the split decode graphs need (`halves`, `bound.BoundStep`): a session from a model in memory on one
 thread without spinning or arena, as `npu.providers.OrtCpuProvider.load`, and a binding of its inputs and

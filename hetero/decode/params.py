@@ -1,6 +1,6 @@
 """What a caller asks of a decode (`SamplingParams`) and what it gets back (`TokenEvent`, `Generation`).
 
-The interface `hetero.serve` builds on (notes: DECODE_SERVE_API.md); validated at the edge with
+The interface `hetero.serve` builds on; validated at the edge with
 `ConfigError`, one line naming the argument.
 """
 

@@ -13,7 +13,7 @@ cost 2.3× a plain step). Each row still sees only the prefix and its own path, 
 the same compiled statement whatever rows come with it, so a tree row equals the plain step of its token
 bit for bit (`row_attention`, the one-row form `model.attention(row_attention=...)` calls) and greedy
 speculation emits plain greedy's tokens. Its float32 sums are reassociated (SIMD) and differ from the
-matmuls' by rounding only. Measured: docs/design.md, "Decode".
+matmuls' by rounding only. Measured: docs/journal.md, "Decoding".
 """
 from __future__ import annotations
 

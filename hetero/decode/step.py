@@ -27,6 +27,7 @@ from hetero.decode.stepcosts import load_costs, save_costs
 from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
+from hetero.npu.backend import NpuBackend
 from hetero.runtime import Runtime
 from hetero.threads import shared_ort_pool, usable_cores
 
@@ -77,7 +78,7 @@ class DecodeStep:
         if attention_threads not in (1, 2):
             raise ConfigError(f"attention_threads must be 1 or 2, got {attention_threads}")
         self.runtime, self.cfg, self.model = runtime, runtime.cfg, runtime.model
-        self.static = hasattr(runtime.backend, "plan") and hasattr(runtime.backend, "provider")  # NpuBackend
+        self.static = isinstance(runtime.backend, NpuBackend)  # prebuilt graphs of fixed chunk sizes
         self.threads = threads  # the INT8 lane's (the float lane keeps the runtime's: its step is a few big GEMVs)
         self._backends: dict[int, LayerBackend] = {}
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)

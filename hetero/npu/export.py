@@ -121,7 +121,7 @@ def cpu_kernel(weight_form: str) -> str:
     results) but 2·255·64 = 32640 <= 32767 (exact). Hence 7-bit weights (the plan's default weight_qmax
     = 63, ORT's reduce_range) run u8·s8 with s8 weights, zero point 0. Full 8-bit weights fall back to
     u8·u8 (weights stored q + 128 with zero point 128, vpmaddwd: exact, same int32 result), which is
-    slower (docs/design.md, "NPU graphs").
+    slower (docs/journal.md, "NPU graphs").
     """
     return WEIGHT_FORMS[check_weight_form(weight_form)].kernel
 

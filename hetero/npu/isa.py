@@ -3,7 +3,7 @@
 ORT's u8·s8 `MatMulInteger` is exact with full 8-bit weights where the CPU has a VNNI dot product
 (AVX-512 VNNI, AVX-VNNI, AMX-INT8: int32 accumulation). On AVX2 without VNNI it multiplies with
 vpmaddubsw, whose int16 pair sums saturate unless |q| <= 64; the exact forms there are 7-bit weights
-with u8·s8 or 8-bit weights with u8·u8 (`quantize.WEIGHT_FORMS`); docs/design.md, "Weight forms".
+with u8·s8 or 8-bit weights with u8·u8 (`quantize.WEIGHT_FORMS`); docs/journal.md, "Weight forms".
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ ISA_FLAGS = ("avx2", "avx512f", *VNNI_FLAGS)
 FORM_VNNI = "w8-u8s8"  # exact and the fastest where a VNNI dot product exists
 # AVX2 without VNNI: 8-bit weights through u8·u8, the same numbers as the VNNI form (hence the same
 # answers on every machine), at a speed cost on those CPUs only; 7-bit weights flip answers where float is
-# sure (tests/test_accuracy.py; docs/design.md, "Weight forms").
+# sure (tests/test_accuracy.py; docs/journal.md, "Weight forms").
 FORM_AVX2 = "w8-u8u8"
 
 

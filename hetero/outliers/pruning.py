@@ -28,7 +28,7 @@ from hetero.outliers.plan import (
 )
 
 DEFAULT_PRUNE_FRACTION = 0.85
-# Shadow sites clip at p99.9 of |x|, pruned ones at p99.999: the measured choice (docs/design.md, "Outliers").
+# Shadow sites clip at p99.9 of |x|, pruned ones at p99.999: the measured choice (docs/journal.md, "Outliers").
 DEFAULT_PERCENTILE = 99.9
 DEFAULT_PRUNED_PERCENTILE = 99.999
 DEFAULT_HOT_COVERAGE = 0.8  # hot channels: smallest set covering >= 80% of outlier occurrences (§3.3)
@@ -84,46 +84,53 @@ def hot_channels(counts: np.ndarray, coverage: float = DEFAULT_HOT_COVERAGE) -> 
     return tuple(int(c) for c in order), min(n_hot, order.size)
 
 
-def plan_from_calibration(
-    model,
-    calibration=None,
-    prune_fraction: float = DEFAULT_PRUNE_FRACTION,
-    percentile: float = DEFAULT_PERCENTILE,
-    pruned_percentile: float = DEFAULT_PRUNED_PERCENTILE,
-    hot_coverage: float = DEFAULT_HOT_COVERAGE,
-    granularity: str = "site",
-    method: str | None = None,
-    weight_granularity: str = DEFAULT_WEIGHT_GRANULARITY,
-    importance: str = "ratio",
-    weight_qmax: int = DEFAULT_WEIGHT_QMAX,
-    weight_form: str | None = None,
-    a16: Collection[tuple[int, str]] = (),
-    online: dict[str, int] | None = None,
-) -> QuantPlan:
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    """How `plan_from_calibration` turns a calibration into a plan (every field has the measured default).
+
+    Shadow sites get s = t_percentile / 127 and their outlier channels (hot prefix covering `hot_coverage`);
+    pruned sites get s = t_pruned_percentile / 127 and no shadow. prune_fraction=0 is "shadow_all",
+    prune_fraction=1 "clipped_w8a8"; granularity and importance: `rank_sites`. weight_granularity: "channel"
+    (default) gives per-output-channel INT8 weights, whose static scales fold into the output dequantization
+    while activations stay per tensor (`quantize` module doc); "tensor" the paper's strict per-tensor weights
+    (ablation). weight_qmax: 63 (default, 7-bit weights: exact with ORT's fast u8·s8 MatMulInteger on AVX2,
+    `plan` module doc) or 127 (full 8-bit). weight_form (`quantize.WEIGHT_FORMS`), when given, sets the range
+    instead and is recorded in the plan (it picks the CPU EP's kernel). a16: (layer, site) keys run W8A16 with
+    s = absmax / 32767 and no shadow (`a16`). online: the plan's online transforms (`rotate.online_sites`; the
+    calibration must have observed them). method: the name the plan records.
+    """
+
+    prune_fraction: float = DEFAULT_PRUNE_FRACTION
+    percentile: float = DEFAULT_PERCENTILE
+    pruned_percentile: float = DEFAULT_PRUNED_PERCENTILE
+    hot_coverage: float = DEFAULT_HOT_COVERAGE
+    granularity: str = "site"
+    importance: str = "ratio"
+    method: str = "w8a8-shadow"
+    weight_granularity: str = DEFAULT_WEIGHT_GRANULARITY
+    weight_qmax: int = DEFAULT_WEIGHT_QMAX
+    weight_form: str | None = None
+    a16: Collection[tuple[int, str]] = ()
+    online: Mapping[str, int] | None = None
+
+
+def plan_from_calibration(model, calibration=None, options: PlanOptions = PlanOptions()) -> QuantPlan:
     """The hetero quantization plan: calibrated per-tensor scales, shadow on the important sites only.
 
     calibration: `CalibrationStats` of this model, or None for the cached one (calibrated on first use,
-    `calibrate.ensure_calibration`). Shadow sites get s = t_percentile / 127 and their outlier channels
-    (hot prefix covering `hot_coverage`); pruned sites get s = t_pruned_percentile / 127 and no shadow.
-    prune_fraction=0 is "shadow_all", prune_fraction=1 "clipped_w8a8". weight_granularity: "channel"
-    (default) gives per-output-channel INT8 weights, whose static scales fold into the output
-    dequantization while activations stay per tensor (`quantize` module doc); "tensor" the paper's strict
-    per-tensor weights (ablation). weight_qmax: 63 (default, 7-bit weights: exact with ORT's fast u8·s8
-    MatMulInteger on AVX2, `plan` module doc) or 127 (full 8-bit). weight_form (`quantize.WEIGHT_FORMS`),
-    when given, sets the range instead and is recorded in the plan (it picks the CPU EP's kernel).
-    a16: (layer, site) keys run W8A16 with s = absmax / 32767 and no shadow (`a16`). online: the plan's
-    online transforms (`rotate.online_sites`; the calibration must have observed them).
+    `calibrate.ensure_calibration`); options: `PlanOptions`.
     """
+    o = options
     if calibration is None:
         calibration = ensure_calibration(model)
-    keep = kept_sites(calibration, prune_fraction, percentile, granularity, importance, pruned_percentile)
-    a16 = set(a16)
-    choices = {key: SiteChoice("a16", 100.0) if key in a16 else SiteChoice("a8s", percentile) if key in keep
-               else SiteChoice("a8", pruned_percentile) for key in calibration.sites}
-    meta = {"percentile": percentile, "pruned_percentile": pruned_percentile, "granularity": granularity,
-            "importance": importance}
-    return plan_from_choices(model, calibration, choices, hot_coverage, method or "w8a8-shadow", prune_fraction, meta,
-                             weight_granularity, weight_qmax, weight_form, online)
+    keep = kept_sites(calibration, o.prune_fraction, o.percentile, o.granularity, o.importance, o.pruned_percentile)
+    a16 = set(o.a16)
+    choices = {key: SiteChoice("a16", 100.0) if key in a16 else SiteChoice("a8s", o.percentile) if key in keep
+               else SiteChoice("a8", o.pruned_percentile) for key in calibration.sites}
+    meta = {"percentile": o.percentile, "pruned_percentile": o.pruned_percentile, "granularity": o.granularity,
+            "importance": o.importance}
+    return plan_from_choices(model, calibration, choices, o.hot_coverage, o.method, o.prune_fraction, meta,
+                             o.weight_granularity, o.weight_qmax, o.weight_form, o.online)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ Activations per tensor, int8 in [-128, 127] stored as uint8 with zero point 128;
 point 0, per output channel by default (static scales fold into the output dequantization), in
 [-weight_qmax, weight_qmax], multiplied on the CPU EP as the plan's weight form says (`WEIGHT_FORMS`,
 chosen per CPU by `hetero.npu.isa`). Rounding is half to even, as ONNX `QuantizeLinear`. Derivations:
-docs/design.md, "Outliers" and "Weight forms".
+docs/design.md, "Outliers"; docs/journal.md, "Weight forms".
 """
 
 from __future__ import annotations

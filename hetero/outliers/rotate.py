@@ -118,11 +118,6 @@ def _load(path: Path, w):
     return dataclasses.replace(w, tok_emb=state["tok_emb"], layers=layers, norm=state["norm"], lm_head=state["lm_head"])
 
 
-def is_rotated(model) -> bool:
-    """True for a model made by `rotate_model` (its fingerprint names the rotation)."""
-    return "-rot" in model.fingerprint
-
-
 def rotate_model(model, seed: int = 0, cache: bool = True):
     """The rotated copy of a loaded `Model`, with its own fingerprint (calibrations and graphs are its own);
     its weights are cached beside the model's (`cache_dir()/models/<fingerprint>/weights.safetensors`)."""
@@ -138,4 +133,4 @@ def rotate_model(model, seed: int = 0, cache: bool = True):
         weights = rotate_weights(model.config, model.weights, seed)
         if cache:
             _save(path, weights)
-    return dataclasses.replace(model, weights=weights, fingerprint=fp)
+    return dataclasses.replace(model, weights=weights, fingerprint=fp, rotated=True)

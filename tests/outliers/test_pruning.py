@@ -8,7 +8,7 @@ import pytest
 from hetero.errors import ConfigError
 from hetero.outliers.calibrate import PERCENTILES, CalibrationStats, SiteStats, site_dims
 from hetero.model import SITES
-from hetero.outliers.pruning import plan_from_calibration, hot_channels, kept_sites, rank_sites
+from hetero.outliers.pruning import PlanOptions, hot_channels, kept_sites, plan_from_calibration, rank_sites
 
 
 def fake_stats(model, importance):
@@ -51,7 +51,7 @@ def test_hot_channels_cover_80_percent():
 
 
 def test_plan_from_calibration(tiny, stats):
-    plan = plan_from_calibration(tiny, stats, prune_fraction=0.75)
+    plan = plan_from_calibration(tiny, stats, PlanOptions(prune_fraction=0.75))
     assert plan.shadow_sites() == [(0, "down_in"), (1, "down_in")]
     sq = plan.sites[(0, "down_in")]
     assert sq.shadow_channels == (0, 1, 2) and sq.n_hot == 2 and sq.scale == pytest.approx(1 / 127)

@@ -10,7 +10,7 @@ import torch
 from hetero.model import forward
 from hetero.outliers.calibrate import calibrate, token_windows
 from hetero.outliers.corpus import load_corpus
-from hetero.outliers.pruning import plan_from_calibration
+from hetero.outliers.pruning import PlanOptions, plan_from_calibration
 from hetero.outliers.shadow import QuantizedBackend
 
 
@@ -27,8 +27,8 @@ def test_shadow_on_real_model(default_model, tmp_path):
     ref = _nll(forward(m.config, m.weights, ids)[0], ids)
     # per-output-channel weights: per-tensor INT8 weights alone cost this model ~7% perplexity
     # (bench/results/accuracy.md), which would hide what the activation path does
-    hetero = QuantizedBackend(m.config, m.weights, plan_from_calibration(m, stats, prune_fraction=0.85, weight_granularity="channel"))
-    naive = QuantizedBackend(m.config, m.weights, plan_from_calibration(m, stats, prune_fraction=1.0, pruned_percentile=100.0))
+    hetero = QuantizedBackend(m.config, m.weights, plan_from_calibration(m, stats, PlanOptions(prune_fraction=0.85, weight_granularity="channel")))
+    naive = QuantizedBackend(m.config, m.weights, plan_from_calibration(m, stats, PlanOptions(prune_fraction=1.0, pruned_percentile=100.0)))
     d_hetero = _nll(forward(m.config, m.weights, ids, backend=hetero)[0], ids) - ref
     d_naive = _nll(forward(m.config, m.weights, ids, backend=naive)[0], ids) - ref
     # < ~5% perplexity with a calibration of only 256 tokens (the full one gets well under 1%)

@@ -35,6 +35,7 @@ def test_rotated_tiny_model_equals_float(arch, tmp_path, monkeypatch):
     again = rotate_model(m, seed=1)  # from the cache
     assert torch.equal(again.weights.layers[1].w_down, r.weights.layers[1].w_down)
     assert r.fingerprint != m.fingerprint and torch.equal(r.weights.layers[0].attn_norm, torch.ones(64))
+    assert r.rotated and not m.rotated  # a flag on the model, not a guess from the fingerprint's text
     ids = torch.arange(40) % m.config.vocab
     a, ka, va = ref.forward(m.config, m.weights, ids)
     b, kb, vb = ref.forward(r.config, r.weights, ids)
@@ -42,6 +43,20 @@ def test_rotated_tiny_model_equals_float(arch, tmp_path, monkeypatch):
     # the KV cache is the float model's: a decoder engine can continue from it with the original weights
     assert torch.allclose(ka, kb, atol=1e-5) and torch.allclose(va, vb, atol=1e-5)
     assert online_sites(m.config) == {"down_in": 64}  # head_dim 16: no per-head Hadamard on o_in
+
+
+def test_rotation_is_the_models_flag_not_its_fingerprint():
+    """A fingerprint that happens to contain "-rot" is no rotation; quant_plan refuses a recipe that disagrees."""
+    import dataclasses
+
+    from hetero.methods import ROTATED, W8A8, quant_plan
+
+    m = dataclasses.replace(make_tiny_model(), fingerprint="tiny-rotten")
+    assert not m.rotated
+    with pytest.raises(ConfigError, match="is not rotated"):
+        quant_plan(m, recipe=ROTATED)
+    with pytest.raises(ConfigError, match="is rotated"):
+        quant_plan(dataclasses.replace(m, rotated=True), recipe=W8A8)
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""Argument helpers shared by the command modules of `hetero.cli`."""
+"""Command-line arguments shared by the `hetero` command (`hetero.cli`) and the benchmarks' entries (`hetero.bench`):
+argparse types, `--model` and `--method`. Both are tools; neither imports the other for these."""
 
 from __future__ import annotations
 
