@@ -146,3 +146,32 @@ def test_the_walk_sees_lazy_and_type_checking_imports() -> None:
     got = [t for node in ast.walk(ast.parse(src)) for t in _targets(node, "hetero.runtime", False, known)]
     assert {"hetero.sched.profile", "hetero.kv_cache", "hetero.npu.cache"} <= set(got)
     assert upward_imports(nx.DiGraph([("hetero.runtime", "hetero.sched.profile")])) == {("hetero.runtime", "hetero.sched.profile")}
+
+
+# A private attribute (one leading underscore) is its owner's: no module reads one of another object, so a rename
+# inside npu/ (or any package) cannot break a reader that no test or type checker sees (issue 23). The exception is
+# a third-party object whose API offers nothing else.
+KNOWN_PRIVATE_READS = {("hetero.adapters.llamacpp", "_ctx")}  # llama-cpp-python's Llama exposes its context so only
+
+
+def private_reads(tree: ast.AST, module: str) -> set[tuple[str, str, int]]:
+    """(module, attribute, line) of each `x._name` whose receiver is not `self` or `cls`."""
+    out = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+            out.add((module, node.attr, node.lineno))
+    return out
+
+
+def test_no_module_reads_another_objects_private_attributes() -> None:
+    found = set()
+    for module, path in modules().items():
+        found |= private_reads(ast.parse(path.read_text()), module)
+    bad = sorted((m, a, line) for m, a, line in found if (m, a) not in KNOWN_PRIVATE_READS)
+    assert not bad, f"private attributes read from outside their object: {bad}"
+
+
+def test_the_private_read_walk_sees_a_read() -> None:
+    tree = ast.parse("def f(backend, self):\n    return backend._programs, self._ok, backend.__class__\n")
+    assert {a for _, a, _ in private_reads(tree, "m")} == {"_programs"}
