@@ -14,14 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from hetero.backend import FloatBackend, LayerBackend
 from hetero.errors import ConfigError
 from hetero.loader import Model
 from hetero.runtime import Runtime
 from hetero.serve.service import Service
 from hetero.serve.store import StoreConfig
+from hetero.threads import set_torch_threads
 
 if TYPE_CHECKING:
     from hetero.outliers.plan import QuantPlan
@@ -35,7 +34,7 @@ SITES_ALL = ("attn_in", "o_in", "ffn_in", "down_in")
 def use_threads(threads: int | None) -> int:
     """Set torch's intra-op thread count (None: all cores); returns the count set."""
     n = threads or os.cpu_count() or 1
-    torch.set_num_threads(n)
+    set_torch_threads(n)
     return n
 
 

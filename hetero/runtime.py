@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -27,6 +27,11 @@ from hetero.kv_cache import KVCache, check_cache
 from hetero.loader import Model
 from hetero.schedule import Schedule
 
+class Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=Closeable)
 NodeFn = Callable[[int], None]  # runs the subgraph of DAG node v (see CompiledDag.node_info)
 
 
@@ -172,9 +177,22 @@ class Runtime:
         self.attention = ChunkAttention(self.cfg, self.rope.cos, self.rope.sin, attention_threads or os.cpu_count() or 1)
         self.buffers = ChunkBuffers(model, chunk)
         self._busy = threading.Lock()  # the buffers serve one prefill at a time (callers may be threads)
+        self._owned: dict[str, Closeable] = {}
+
+    def owned(self, name: str, make: Callable[[], C]) -> C:
+        """The runtime's one `name` (its decode step), made by `make()` on first use and closed with the runtime:
+        what a runtime holds (a helper thread, sessions) ends in `close()`, not in a process-wide cache."""
+        obj = self._owned.get(name)
+        if obj is None:
+            obj = self._owned[name] = make()
+        return obj  # type: ignore[return-value]
 
     def close(self) -> None:
-        """Release the executor (stops the lane workers of an out-of-order one)."""
+        """Release what the runtime owns (its decode step's helper thread) and the executor (the lane workers of
+        an out-of-order one)."""
+        for obj in self._owned.values():
+            obj.close()
+        self._owned.clear()
         self.executor.close()
 
     def new_cache(self, capacity: int | None = None) -> KVCache:

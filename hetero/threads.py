@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from hetero.errors import ConfigError
 
@@ -103,3 +104,24 @@ def ort_session_options(intra_op_threads: int | None = None, inter_op_threads: i
     elif intra_op_threads is not None:
         so.intra_op_num_threads, so.inter_op_num_threads = intra_op_threads, inter_op_threads
     return so
+
+
+def set_torch_threads(n: int) -> None:
+    """torch's intra-op thread count for the calling thread's OpenMP team (the one place hetero sets it)."""
+    import torch
+
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op thread count set to n for the block, then restored (`set_torch_threads`)."""
+    import torch
+
+    before = torch.get_num_threads()
+    set_torch_threads(n)
+    try:
+        yield
+    finally:
+        set_torch_threads(before)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import nullcontext
 
 import torch
 
@@ -29,7 +30,7 @@ from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
 from hetero.npu.backend import NpuBackend
 from hetero.runtime import Runtime
-from hetero.threads import shared_ort_pool, usable_cores
+from hetero.threads import shared_ort_pool, torch_threads, usable_cores
 
 TREE_SIZES = (1, 2, 4, 8)  # static chunk sizes of the INT8 decode graphs (2: a one-token draft, LLMCad §3.3)
 # Threads of an INT8 decode step (its graph sessions and torch while it runs). A step is ~150 small ops
@@ -51,23 +52,8 @@ def default_attention_threads() -> int:
     return 1 if shared_ort_pool() or usable_cores() < 2 else 2
 
 
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """torch's intra-op thread count set to n for the block, then restored."""
-    before = torch.get_num_threads()
-    if before != n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if before != n:
-            torch.set_num_threads(before)
-
-
 class DecodeStep:
     """Forward passes of decode-sized chunks for one runtime (`DecodeStep.of(runtime)` shares one)."""
-
-    _shared: "weakref.WeakKeyDictionary[Runtime, DecodeStep]" = weakref.WeakKeyDictionary()
 
     def __init__(self, runtime: Runtime, head: str = "auto", threads: int = DECODE_THREADS,
                  attention_threads: int | None = None, split_after: int | None = SPLIT_AFTER_STEPS):
@@ -83,6 +69,9 @@ class DecodeStep:
         self._backends: dict[int, LayerBackend] = {}
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
         self._bound: dict[int, BoundStep] = {}  # static lanes: chunk size → its bound graphs
+        # One step at a time: its buffers, bindings and helper serve one forward pass. `Runtime.prefill` has its own
+        # lock; this one covers the runtime's decoding, so threads that share a runtime decode in turn.
+        self._lock = threading.RLock()
         self.split_after = split_after
         self.one_row_steps = 0
         self.pool = AttentionPool() if self.static and attention_threads == 2 else None
@@ -95,10 +84,13 @@ class DecodeStep:
 
     @classmethod
     def of(cls, runtime: Runtime) -> "DecodeStep":
-        step = cls._shared.get(runtime)
-        if step is None:
-            step = cls._shared[runtime] = cls(runtime)
-        return step
+        """The runtime's own step (made once, closed by `Runtime.close`): decodes share its bound graphs and costs."""
+        return runtime.owned("decode-step", lambda: cls(runtime))
+
+    def close(self) -> None:
+        """Stop the helper thread (a step made directly is also stopped when it is collected)."""
+        if self.pool is not None:
+            self.pool.close()
 
     def padded_size(self, n: int) -> int:
         if not self.static:
@@ -129,6 +121,10 @@ class DecodeStep:
         """The bound graphs of a chunk of n rows on a static lane, bound at first use (None on a float lane)."""
         if not self.static:
             return None
+        with self._lock:
+            return self._prepare(n)
+
+    def _prepare(self, n: int) -> BoundStep:
         c = self.padded_size(n)
         bound = self._bound.get(c)
         if bound is None:
@@ -167,11 +163,9 @@ class DecodeStep:
         """Logits [len(rows), vocab] of the tree's rows (default all) after `layers` layers (default all).
 
         K/V go to cache rows slot..slot+n-1 (default slot = cache.length); the tree's root is at
-        position `slot` (its depth 0). `cache.length` is not changed.
+        position `slot` (its depth 0). `cache.length` is not changed. Threads sharing the step run in turn.
         """
-        if not self.static:
-            return self._forward(cache, tree, slot, layers, rows)
-        with torch_threads(self.threads):
+        with self._lock, torch_threads(self.threads) if self.static else nullcontext():
             return self._forward(cache, tree, slot, layers, rows)
 
     @torch.inference_mode()

@@ -25,6 +25,7 @@ from hetero.sched.profile import Profile
 from hetero.sched.measure import host_profile
 from hetero.runtime import SerialExecutor
 from hetero.schedule import Schedule
+from hetero.threads import set_torch_threads, torch_threads
 
 NodeFn = Callable[[int], None]  # runs the subgraph of node id v (see CompiledDag.node_info)
 
@@ -79,7 +80,7 @@ class LaneWorkers:
             run_id, v, fn, alone = item
             if counts is not None and counts[alone] != now:  # this thread's OpenMP team only
                 now = counts[alone]
-                torch.set_num_threads(now)
+                set_torch_threads(now)
             t0 = clock()
             try:
                 fn(v)
@@ -247,13 +248,10 @@ class OutOfOrderExecutor:
             except Exception as e:
                 raise node_error(dag, v, e) from e
 
-        before = torch.get_num_threads()
-        if self.torch_threads:
-            torch.set_num_threads(self.torch_threads[1])
-        try:
+        if not self.torch_threads:
             return self._serial.execute(dag, guarded)
-        finally:
-            torch.set_num_threads(before)
+        with torch_threads(self.torch_threads[1]):
+            return self._serial.execute(dag, guarded)
 
     def close(self) -> None:
         self.workers.close()
