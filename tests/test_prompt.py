@@ -41,7 +41,9 @@ def test_new_tokens_stop_at_the_context(caplog):
     with caplog.at_level(logging.WARNING):
         assert new_token_budget(8150, 100, 8192) == 42
     assert "leaves room for 42 new tokens" in caplog.text
-    assert new_token_budget(8192, 5, 8192) == 0
+    assert new_token_budget(8192, 0, 8192) == 0  # a prefill alone fits
+    with pytest.raises(ConfigError, match="fills the model's context of 8192: no room for a new token"):
+        new_token_budget(8192, 5, 8192)  # refused before the prefill, not after it (issue 27, D7)
     with pytest.raises(ConfigError, match="max_new_tokens"):
         new_token_budget(1, -1, 10)
 

@@ -32,9 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log what hetero decides (and, for run, where the time went)")
     parser.add_argument("--version", action="version", version=f"hetero {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    from hetero.cli import bench, calibrate, npu, run, sched, serve  # here: hetero.bench imports hetero.cli.args
+    from hetero.cli import bench, cache, calibrate, npu, run, sched, serve  # here: hetero.bench imports hetero.cli.args
 
-    for group in (run, calibrate, npu, sched, bench, serve):
+    for group in (run, calibrate, npu, sched, bench, serve, cache):
         group.register(sub)
     return parser
 
