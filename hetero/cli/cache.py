@@ -58,8 +58,9 @@ def verify_cache(root: Path) -> tuple[int, list[Finding]]:
     for d in _folders(models):
         n, f = _model_folder(d)
         checked, findings = checked + n, findings + f
-    for d in _folders(root / "profiles"):
-        n, f = _recorded_files(d, exclude=())
+    learned = root / "profiles" / "learned"  # only what runs learn: measured profiles and shape tables are the user's
+    if learned.is_dir():
+        n, f = _recorded_files(learned, exclude=())
         checked, findings = checked + n, findings + f
     n, f = _graphs()
     return checked + n, findings + f
@@ -125,7 +126,7 @@ def _recorded_files(d: Path, exclude: tuple[str, ...]) -> tuple[int, list[Findin
         recorded = set(read_record(d))
     except ValueError:
         recorded = set()
-    present = {p.name for p in d.iterdir() if p.is_file() and not p.name.startswith(".")} - {RECORD}
+    present = {p.name for p in d.iterdir() if p.is_file() and not p.name.startswith(".") and p.suffix != ".lock"} - {RECORD}
     names = sorted((present | recorded) - set(exclude))
     bad = verify(d, names) if names else []
     findings = []
