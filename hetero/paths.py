@@ -12,7 +12,6 @@ uncached with one warning. Cost: docs/design.md, "Cache integrity".
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -99,18 +98,18 @@ _SAMPLE = 64 << 20
 
 
 def file_fingerprint(path: str | os.PathLike) -> str:
-    """sha256 of a file (size + head and tail 64 MiB for files over 1 GiB, to stay fast), 16 hex digits."""
+    """The content hash naming a model file's cache entries, 16 hex digits: `content_hash` of the whole file
+    (the read that names the file also checks it), or for files over 1 GiB xxh3 of the size and the head
+    and tail 64 MiB (to stay fast)."""
     p = Path(path)
     size = p.stat().st_size
-    h = hashlib.sha256(str(size).encode())
+    if size <= 16 * _SAMPLE:
+        return content_hash(p)[:16]
+    h = xxhash.xxh3_128(str(size).encode())
     with p.open("rb") as f:
-        if size <= 16 * _SAMPLE:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        else:
-            h.update(f.read(_SAMPLE))
-            f.seek(size - _SAMPLE)
-            h.update(f.read(_SAMPLE))
+        h.update(f.read(_SAMPLE))
+        f.seek(size - _SAMPLE)
+        h.update(f.read(_SAMPLE))
     return h.hexdigest()[:16]
 
 
