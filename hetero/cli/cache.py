@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
+from filelock import Timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +82,7 @@ def _locked(lock: Any, repair: Any) -> bool:
 
 def _default_gguf(models: Path) -> tuple[int, list[Finding]]:
     from hetero.default_model import GGUF_NAME, cached_copy_intact
+    from hetero.paths import entry_lock
 
     path = models / GGUF_NAME
     if not path.exists():
@@ -93,7 +94,10 @@ def _default_gguf(models: Path) -> tuple[int, list[Finding]]:
         if not cached_copy_intact(path):
             path.unlink(missing_ok=True)
 
-    ok = _locked(FileLock(str(models / f".{GGUF_NAME}.lock"), timeout=60), repair)
+    try:
+        ok = _locked(entry_lock(path), repair)
+    except OSError:
+        ok = False
     return 1, [Finding(str(path), "fails its known content hash", ok)]
 
 
