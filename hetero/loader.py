@@ -2,9 +2,10 @@
 
 GGUF tensors are dequantized to float32 (`gguf`); Llama's Q/K rows, permuted for llama.cpp's RoPE, are
 un-permuted (`_unpermute`, as transformers does). Float weights, config and tokenizer are cached under
-`cache_dir()/models/<fingerprint>/`, verified like the graph cache (size + sha256 at write, re-hashed when a
-stat stamp moved; the config by its hash): a damaged or edited copy is rebuilt from the GGUF with a
-warning. Writers hold the entry's lock; an unwritable cache costs a warning.
+`cache_dir()/models/<fingerprint>/`, with a content record of every file (`paths.verify_files`: checked in
+full at first use in a process; the config by its hash): a damaged or edited copy is rebuilt from the GGUF
+with a warning. Writers hold the entry's lock; an unwritable cache (read-only, full disk) costs one warning
+and leaves no partial entry. Weights that are not finite are a ModelFormatError at read.
 """
 
 from __future__ import annotations
@@ -22,17 +23,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from filelock import FileLock
+from filelock import Timeout
 from safetensors.torch import load_file, save_file
 
 from hetero.config import ModelConfig
 from hetero.errors import ModelFormatError
 from hetero.model import LayerWeights, Weights
-from hetero.paths import atomic_path, cache_dir, check_files, file_fingerprint, file_record, remove_stale_temps
+from hetero.paths import (atomic_path, cache_dir, cache_unwritable, entry_lock, file_fingerprint, file_record,
+                          remove_stale_temps, verify_files, write_error)
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 2  # 2: file records (size, sha256, stamp) and the config hash in meta.json
+CACHE_VERSION = 3  # 2: file records (size, sha256, stamp) and the config hash in meta.json; 3: xxh3 records
 _LAYER_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down", "bq", "bk", "bv")
 _GGUF_NAMES = {  # our field -> GGUF tensor name inside blk.N
     "attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight",
@@ -88,28 +90,30 @@ def _load_gguf(p: Path) -> Model:
     model = _load_cached(entry, p, fp, repair=False)  # the common case: no lock taken
     if model is not None:
         return model
+    # read before anything is created or locked: a GGUF that fails leaves nothing behind (two cold
+    # processes may both read it; only one writes the entry)
+    t0 = time.perf_counter()
+    print(f"hetero: reading {p.name} once (dequantizing, building the tokenizer); cached in {entry}", file=sys.stderr)
+    cfg, weights, tokenizer = _read_gguf(p)
+    model = Model(cfg, weights, tokenizer, p, fp, p.stem)
     try:
-        entry.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(entry.parent / f".{fp}.lock"), timeout=900)
-        lock.acquire()
-    except OSError as e:  # a read-only cache: read the GGUF every time
-        log.warning("cannot write the model cache %s (%s); reading %s without caching it", entry, e, p.name)
-        cfg, weights, tokenizer = _read_gguf(p)
-        return Model(cfg, weights, tokenizer, p, fp, p.stem)
+        lock = entry_lock(entry)
+        lock.acquire(timeout=900)
+    except (OSError, Timeout) as e:  # a read-only cache: read the GGUF every time
+        cache_unwritable(entry.parent, e)
+        return model
     try:
-        model = _load_cached(entry, p, fp, repair=True)  # another process may have written it meanwhile
-        if model is not None:
-            return model
+        cached = _load_cached(entry, p, fp, repair=True)  # another process may have written it meanwhile
+        if cached is not None:
+            return cached
         remove_stale_temps(entry)  # of writers killed mid-way
-        t0 = time.perf_counter()
-        print(f"hetero: reading {p.name} once (dequantizing, building the tokenizer); cached in {entry}", file=sys.stderr)
-        cfg, weights, tokenizer = _read_gguf(p)
         try:
             _save_cache(entry, cfg, weights, tokenizer)
-        except OSError as e:
-            log.warning("cannot write the model cache %s (%s); continuing without it", entry, e)
+        except OSError as e:  # full disk: no partial entry stays
+            discard_entry(entry)
+            cache_unwritable(entry.parent, e)
         log.info("read %s in %.1f s (cached as %s)", p, time.perf_counter() - t0, entry)
-        return Model(cfg, weights, tokenizer, p, fp, p.stem)
+        return model
     finally:
         lock.release()
 
@@ -266,6 +270,17 @@ def _check_shapes(cfg: ModelConfig, w: Weights, p: Path) -> None:
                 raise ModelFormatError(f"{p}: layer {i} {name} has shape {got}, config implies {shape}")
     if tuple(w.tok_emb.shape) != (cfg.vocab, d):
         raise ModelFormatError(f"{p}: token embedding has shape {tuple(w.tok_emb.shape)}, config implies {(cfg.vocab, d)}")
+    check_finite(w, p)
+
+
+def check_finite(w: Weights, source: object) -> None:
+    """ModelFormatError naming the first tensor holding a NaN or an infinity: such weights would decode
+    garbage (or divide by zero deep in attention) instead of failing here."""
+    named = [("token embedding", w.tok_emb), ("output norm", w.norm), ("lm_head", w.lm_head)]
+    named += [(f"layer {i} {f}", getattr(lw, f)) for i, lw in enumerate(w.layers) for f in _LAYER_FIELDS]
+    for name, t in named:
+        if t is not None and not bool(torch.isfinite(t).all()):
+            raise ModelFormatError(f"{source}: {name} holds NaN or infinite values (a corrupt model file)")
 
 
 # -------------------------------------------------------------------------------------------- cache
@@ -292,7 +307,10 @@ def _save_cache(entry: Path, cfg: ModelConfig, w: Weights, tokenizer: Any) -> No
     if tokenizer is not None:
         tokenizer.save_pretrained(str(entry / "tokenizer"))
     with atomic_path(entry / "weights.safetensors") as tmp:
-        save_file(state, str(tmp))
+        try:
+            save_file(state, str(tmp))
+        except Exception as e:  # safetensors reports a full disk as SafetensorError
+            raise write_error(e) from e
     names = ["weights.safetensors"] + sorted(str(q.relative_to(entry)) for q in (entry / "tokenizer").rglob("*")
                                              if q.is_file())
     config = cfg.to_dict()
@@ -315,16 +333,39 @@ def _verify_cached(entry: Path) -> dict | None:
         raise ModelFormatError(f"cache format {meta.get('version')!r}, not {CACHE_VERSION}")
     if _config_sha(meta.get("config", {})) != meta.get("config_sha256"):
         raise ModelFormatError("meta.json was edited (its config no longer matches its hash)")
-    reason, restamped = check_files(entry, meta.get("files") or {"weights.safetensors": {"size": -1}})
-    if reason is not None:
-        raise ModelFormatError(reason)
-    if restamped:  # same content, new stamps (copied or touched): hashed once, not on every load
-        try:
-            with atomic_path(meta_file) as tmp:
-                tmp.write_text(json.dumps(meta, indent=1))
-        except OSError as e:
-            log.debug("cannot refresh the stamps of %s: %s", entry, e)
+    bad = verify_files(entry, meta.get("files") or {"weights.safetensors": {"size": -1}})
+    if bad:
+        raise ModelFormatError("; ".join(map(str, bad)))
     return meta
+
+
+ENTRY_FILES = ("meta.json", "weights.safetensors", "tokenizer")  # what the loader keeps in an entry folder
+
+
+def discard_entry(entry: Path) -> None:
+    """Delete what the loader keeps in `entry` (holding its lock), and the folder if nothing else is
+    there: the calibration and plans of the unrotated model, beside it, are entries of their own."""
+    for name in ENTRY_FILES:
+        p = entry / name
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    remove_stale_temps(entry, older_than_s=0.0)
+    try:
+        entry.rmdir()
+    except OSError:  # not empty (other entries' files) or already gone
+        pass
+
+
+def check_entry(entry: Path) -> str | None:
+    """Why model cache entry `entry` (`models/<fingerprint>/`) fails its check, or None if it is intact
+    or unfinished (no meta.json yet): `hetero cache verify`."""
+    try:
+        _verify_cached(entry)
+    except ModelFormatError as e:
+        return str(e)
+    return None
 
 
 def _load_cached(entry: Path, p: Path, fp: str, repair: bool) -> Model | None:
@@ -347,7 +388,7 @@ def _load_cached(entry: Path, p: Path, fp: str, repair: bool) -> Model | None:
     except Exception as e:  # a damaged cache entry is rebuilt, never trusted
         if repair:
             log.warning("model cache entry %s is damaged (%s); rebuilding it from %s", entry, e, p.name)
-            (entry / "meta.json").unlink(missing_ok=True)
+            discard_entry(entry)
         return None
     return Model(cfg, weights, tokenizer, p, fp, p.stem)
 

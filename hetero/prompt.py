@@ -74,10 +74,14 @@ def encode_prompt(tokenizer: Any, prompt: str, system: str | None = None, raw: b
 
 def new_token_budget(n_prompt: int, max_new_tokens: int, context_length: int) -> int:
     """How many tokens to decode after a prompt of `n_prompt`: `max_new_tokens`, lowered (with a warning)
-    so that prompt + answer stay within the context."""
+    so that prompt + answer stay within the context. ConfigError when new tokens are asked for and the
+    prompt leaves room for none: call it before the prefill, so that such a prompt is refused at once."""
     if max_new_tokens < 0:
         raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     room = max(0, context_length - n_prompt)
+    if max_new_tokens > 0 and room == 0:
+        raise ConfigError(f"the prompt of {n_prompt} tokens fills the model's context of {context_length}: no room "
+                          f"for a new token (shorten the prompt, or ask for -n 0)")
     if max_new_tokens > room:
         log.warning("the prompt of %d tokens leaves room for %d new tokens in the context of %d: "
                     "stopping there (asked for %d)", n_prompt, room, context_length, max_new_tokens)

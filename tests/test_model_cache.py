@@ -1,5 +1,6 @@
 """The model cache (`models/<fingerprint>/`): verified on load, rebuilt from the GGUF when damaged or
-edited, stale temp files of killed writers removed, unwritable caches survived (issue 14, defects 2, 4, 5)."""
+edited, stale temp files of killed writers removed, unwritable caches survived (issue 14, defects 2, 4, 5);
+damage behind a kept mtime, non-finite weights and failed loads (issue 27, D4 and D12)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import logging
 import os
 import time
 
+import numpy as np
 import pytest
 import torch
 
-from hetero.errors import ConfigError
+from hetero.errors import ConfigError, ModelFormatError
 from hetero.loader import load_model
 from hetero.paths import STALE_TEMP_S, cache_dir
 from tests.conftest import make_tiny_model
@@ -41,7 +43,7 @@ def test_flipped_bytes_in_weights_are_detected_and_rebuilt(gguf_path, caplog):
     w.write_bytes(bytes(data))  # same size, new stamp: hashed on the next load
     with caplog.at_level(logging.WARNING):
         again = load_model(gguf_path)
-    assert "damaged" in caplog.text and "sha256" in caplog.text
+    assert "damaged" in caplog.text and "content hash" in caplog.text
     assert _same(first, again)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
@@ -87,7 +89,7 @@ def test_unwritable_model_cache_loads_uncached_with_a_warning(gguf_path, caplog)
     (cache_dir() / "models").write_text("not a folder")  # nothing can be created under it
     with caplog.at_level(logging.WARNING):
         model = load_model(gguf_path)
-    assert "without caching" in caplog.text
+    assert "running uncached" in caplog.text
     tiny = make_tiny_model()  # written as F32: read back exactly
     assert all(torch.equal(a.wq, b.wq) for a, b in zip(model.weights.layers, tiny.weights.layers))
 
@@ -96,3 +98,40 @@ def test_cache_folder_that_cannot_be_created_is_a_config_error(monkeypatch):
     monkeypatch.setenv("HETERO_CACHE", "/proc/x")
     with pytest.raises(ConfigError, match="HETERO_CACHE"):
         cache_dir()
+
+
+def test_nan_weights_behind_a_kept_mtime_are_rebuilt(gguf_path, caplog):
+    first = load_model(gguf_path)
+    w = _entry(first) / "weights.safetensors"
+    st = w.stat()
+    data = bytearray(w.read_bytes())
+    nan = np.full(256, np.nan, np.float32).tobytes()
+    data[-len(nan) - 64:-64] = nan  # float data near the end: NaN, same size
+    w.write_bytes(bytes(data))
+    os.utime(w, ns=(st.st_atime_ns, st.st_mtime_ns))  # bit rot or a `cp -p` restore keeps the stamp
+    with caplog.at_level(logging.WARNING):
+        again = load_model(gguf_path)
+    assert "damaged" in caplog.text and "fails its content hash" in caplog.text
+    assert _same(first, again) and all(bool(torch.isfinite(lw.w_down).all()) for lw in again.weights.layers)
+
+
+def test_non_finite_weights_are_a_model_format_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    bad = make_tiny_model()
+    bad.weights.layers[1].w_up[3, 5] = float("inf")
+    path = write_gguf(bad, tmp_path / "inf.gguf")
+    with pytest.raises(ModelFormatError, match="layer 1 w_up holds NaN or infinite values"):
+        load_model(path)
+
+
+def test_a_failed_load_leaves_nothing_behind(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HETERO_CACHE", str(cache))
+    bad = make_tiny_model()
+    bad.weights.layers[0].wq[0, 0] = float("nan")
+    for path in (write_gguf(bad, tmp_path / "nan.gguf"), tmp_path / "cut.gguf"):
+        if path.name == "cut.gguf":
+            path.write_bytes((tmp_path / "nan.gguf").read_bytes()[:4000])  # a truncated GGUF
+        with pytest.raises(ModelFormatError):
+            load_model(path)
+    assert not cache.exists() or not any(cache.rglob("*"))

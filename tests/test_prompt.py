@@ -41,7 +41,9 @@ def test_new_tokens_stop_at_the_context(caplog):
     with caplog.at_level(logging.WARNING):
         assert new_token_budget(8150, 100, 8192) == 42
     assert "leaves room for 42 new tokens" in caplog.text
-    assert new_token_budget(8192, 5, 8192) == 0
+    assert new_token_budget(8192, 0, 8192) == 0  # a prefill alone fits
+    with pytest.raises(ConfigError, match="fills the model's context of 8192: no room for a new token"):
+        new_token_budget(8192, 5, 8192)  # refused before the prefill, not after it (issue 27, D7)
     with pytest.raises(ConfigError, match="max_new_tokens"):
         new_token_budget(1, -1, 10)
 
@@ -84,3 +86,35 @@ def test_encode_prompt_with_system_message():
     assert encode_prompt(tok, "hi", raw=True) == [1, ord("h"), ord("i")]
     with pytest.raises(ConfigError, match="--system needs the model's chat template"):
         encode_prompt(tok, "hi", system="x", raw=True)
+
+
+@pytest.mark.parametrize("room", [0, 1, 3])
+def test_a_prompt_at_the_context_edge_is_refused_before_the_prefill_or_answered(default_model, monkeypatch, capsys,
+                                                                                 room):
+    # issue 27, D7: a prompt leaving no room for a new token used to fail after its whole prefill
+    import dataclasses
+    import json
+
+    import hetero.loader
+    from hetero.cli import main
+
+    question = "What is the capital of France? Answer in one sentence."
+    n = len(encode_prompt(default_model.tokenizer, question))
+    small = dataclasses.replace(default_model, config=dataclasses.replace(default_model.config,
+                                                                          context_length=n + room))
+    monkeypatch.setattr(hetero.loader, "load_model", lambda path=None: small)
+    prefills = []
+    real = Runtime.prefill
+    monkeypatch.setattr(Runtime, "prefill", lambda self, *a, **k: prefills.append(1) or real(self, *a, **k))
+    # --speculate off: a drafted tree needs rows past the context (decode's own edge, the lead's issue 28 work)
+    code = main(["run", question, "-n", "8", "--method", "float", "--chunk", "32", "--speculate", "off", "--json"])
+    captured = capsys.readouterr()
+    if room == 0:
+        assert code == 2 and not prefills
+        assert captured.err.strip().splitlines() == [
+            f"hetero: error: the prompt of {n} tokens fills the model's context of {n}: no room for a new token "
+            f"(shorten the prompt, or ask for -n 0)"]
+    else:
+        assert code == 0 and prefills, captured.err
+        out = json.loads(captured.out.strip().splitlines()[-1])
+        assert 1 <= out["new_tokens"] <= room

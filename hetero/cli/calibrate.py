@@ -34,7 +34,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from hetero.outliers.calibrate import calibrate, calibration_path, summary
     from hetero.outliers.corpus import corpus_id, load_corpus
     from hetero.outliers.pruning import DEFAULT_PERCENTILE, kept_sites
-    from hetero.paths import check_writable
+    from hetero.paths import check_writable, keep
 
     from hetero.errors import ConfigError
     from hetero.methods import DEFAULT_METHOD, METHODS, quant_model, quant_plan
@@ -56,7 +56,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     stats = calibrate(model, text, args.tokens, args.window, corpus_id(args.corpus, text), progress=not args.json,
                       online=online)
-    path = stats.save(args.out or calibration_path(model))
+    if args.out:
+        path = stats.save(args.out)
+    else:  # the cache entry, recorded like every cached file (an unwritable cache: a warning)
+        path = calibration_path(model)
+        keep(path.parent, path.name, stats, lambda s, tmp: tmp.write_bytes(s.to_bytes()))
     searched = None
     if args.budget is not None:
         plan = quant_plan(model, weight_form=None, recipe=spec.recipe, budget=args.budget)

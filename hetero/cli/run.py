@@ -142,12 +142,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                                weight_form=args.weight_form)
     timing.split("calibrate + build", "calibrate", "build", getattr(runtime.backend, "prepare_s", 0.0))
     prompt = runtime.check_ids(ids)
+    budget = new_token_budget(prompt.numel(), args.max_new_tokens, runtime.max_context)  # before the prefill
     with timing("warm-up"):
         runtime.prefill(prompt[: min(prompt.numel(), args.chunk)])  # first-call allocations, lazy inits
     result = runtime.prefill(prompt)
     timing.seconds["prefill"] = result.total_ms / 1e3
     use_threads(args.threads)  # the runtime may have split cores between lanes; decoding uses them all
-    budget = new_token_budget(prompt.numel(), args.max_new_tokens, runtime.max_context)
     out: dict[str, Any] = {
         "prompt_tokens": result.n_tokens,
         "prefill_ms": round(result.total_ms, 2),

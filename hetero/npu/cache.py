@@ -2,8 +2,9 @@
 
 `cache_dir()/graphs/<provider>/<key>/`: the exported model, the compiled one (ORT-optimized model or QNN
 context model + binary) and meta.json, written last. The key hashes the layer's parameters, the model
-fingerprint, the segment spec, provider options and library versions. Files are verified git-index style
-(size, sha256, stat stamp); a stale or corrupt entry is rebuilt with a warning. Layout: docs/design.md.
+fingerprint, the segment spec, provider options and library versions. Every file has a content record
+(`paths.verify_files`: size + xxh3, checked in full at first use in a process, never trusting stat stamps);
+a stale or corrupt entry is rebuilt with a warning. Layout: docs/design.md.
 Processes sharing the cache build an entry once, under its lock (`graphs/.locks/`), in a private staging
 folder renamed into place whole; an unwritable cache costs a warning and an uncached build.
 """
@@ -26,15 +27,15 @@ from pathlib import Path
 from filelock import FileLock
 
 from hetero.errors import GraphCacheError
-from hetero.paths import atomic_path, cache_dir, check_files, file_record
+from hetero.paths import atomic_path, cache_dir, file_record, verify_files
 
 log = logging.getLogger(__name__)
 
 META = "meta.json"
 # 2: whole-file sha256 + stat stamps (1: sampled sha256). 3: the CPU EP's 8-bit linears are one
-# com.microsoft.MatMulIntegerToFloat (was MatMulInteger → Cast → Mul).
+# com.microsoft.MatMulIntegerToFloat (was MatMulInteger → Cast → Mul). 4: xxh3 content records, no stamps.
 # Part of every key: entries of an older format are never read (`hetero npu cache --clear` removes them).
-FORMAT = 3
+FORMAT = 4
 COMPILED = "compiled.onnx"
 
 
@@ -84,12 +85,11 @@ class CacheEntry:
     def compiled_path(self) -> Path:
         return self.root / COMPILED
 
-    def read_compiled(self, full: bool = False) -> tuple[Path, int] | None:
+    def read_compiled(self) -> tuple[Path, int] | None:
         """(compiled graph's path, entry bytes) if the entry is complete and intact (all files verified);
         None if absent.
 
-        Raises GraphCacheError (with the reason) for a stale or corrupt entry. full: hash every file even
-        when its stat stamp is unchanged (module doc).
+        Raises GraphCacheError (with the reason) for a stale or corrupt entry.
         """
         meta_path = self.root / META
         if not meta_path.exists():
@@ -105,14 +105,9 @@ class CacheEntry:
         files = meta.get("files", {})
         if COMPILED not in files:
             raise GraphCacheError(f"graph cache entry {self.root}: {META} lists no {COMPILED}")
-        reason, restamp = check_files(self.root, files, full)
-        if reason is not None:
-            raise GraphCacheError(f"graph cache entry {self.root}: {reason}")
-        if restamp:  # same content, new stamp (copied or touched): hash it once, not on every load
-            try:
-                self._write_meta(meta)
-            except OSError as e:  # a read-only cache: verified all the same, hashed again next time
-                log.debug("cannot refresh the stamps of %s: %s", self.root, e)
+        bad = verify_files(self.root, files)
+        if bad:
+            raise GraphCacheError(f"graph cache entry {self.root}: {'; '.join(map(str, bad))}")
         return self.compiled_path, sum(info["size"] for info in files.values())
 
     def discard(self) -> None:

@@ -23,13 +23,12 @@ import torch
 from hetero.errors import BackendUnavailable, ConfigError, GraphCacheError
 from hetero.npu import export, isa, segments
 from hetero.npu.cache import FORMAT, CacheEntry, entry_key, library_versions
-from hetero.paths import atomic_path
+from hetero.paths import atomic_path, cache_unwritable, warn_once
 from hetero.threads import ort_session_options
 
 log = logging.getLogger(__name__)
 
 _QNN_REGISTERED = False
-_WARNED: set[str] = set()
 
 
 @dataclass(slots=True)
@@ -245,7 +244,7 @@ def make_provider(kind: str = "cpu", intra_op_threads: int = 2, **options) -> Pr
         try:
             return QnnHtpProvider(options.get("provider_options"))
         except BackendUnavailable as e:
-            _warn_once("qnn", "%s; falling back to the ONNX Runtime CPU EP", e)
+            warn_once("qnn", "%s; falling back to the ONNX Runtime CPU EP", e)
             return OrtCpuProvider(intra_op_threads)
     raise ConfigError(f"provider kind must be 'cpu' or 'qnn', got {kind!r}")
 
@@ -300,19 +299,23 @@ def prepare_graph(spec: segments.SegmentSpec, lq: segments.LayerQ, model_fp: str
                     stage.commit(spec, {"lane": provider.options_key()})
                     size = stage.size_bytes()
             return done(sess, False, size, entry.compiled_path)
-        except OSError as e:  # read-only or foreign cache: build without it
-            _warn_once("unwritable", "cannot write the graph cache %s (%s); building graphs without caching them",
-                       entry.root.parent, e)
+        except OSError as e:  # read-only, full or foreign cache: build without it
+            cache_unwritable(entry.root.parent, e)
+        except GraphCacheError as e:  # a compiler that hit a full disk says so in its own words: try
+            sess, size = _compile_uncached(spec, lq, provider, key)  # outside the cache; raises if not that
+            cache_unwritable(entry.root.parent, e)
+            return done(sess, False, size)
+    sess, size = _compile_uncached(spec, lq, provider, key)
+    return done(sess, False, size)
+
+
+def _compile_uncached(spec: segments.SegmentSpec, lq: segments.LayerQ, provider: Provider,
+                      key: str) -> tuple[ort.InferenceSession, int]:
+    """(session, bytes) of a graph built in a temporary folder, outside the cache."""
     with tempfile.TemporaryDirectory(prefix="hetero-graph-") as d:
         stage = CacheEntry(Path(d), key)
         sess = _compile(spec, lq, provider, stage)
-        return done(sess, False, stage.size_bytes())
-
-
-def _warn_once(tag: str, msg: str, *args: object) -> None:
-    if tag not in _WARNED:
-        _WARNED.add(tag)
-        log.warning(msg, *args)
+        return sess, stage.size_bytes()
 
 
 def _load_entry(entry: CacheEntry, provider: Provider, repair: bool) -> tuple[ort.InferenceSession, bool, int] | None:
@@ -321,8 +324,8 @@ def _load_entry(entry: CacheEntry, provider: Provider, repair: bool) -> tuple[or
     try:
         found = entry.read_compiled()
     except GraphCacheError as e:
-        if repair:
-            log.warning("%s; rebuilding it", e)
+        if repair:  # one warning per cache (a restored or rotted cache may have every entry damaged)
+            warn_once(f"damaged:{entry.root.parent}", "%s; rebuilding it", e)
             entry.discard()
         return None
     if found is None:
@@ -331,7 +334,8 @@ def _load_entry(entry: CacheEntry, provider: Provider, repair: bool) -> tuple[or
         return provider.load(found[0]), True, found[1]
     except Exception as e:  # a library that changed underneath, or damage the stat stamp hid
         if repair:
-            log.warning("graph cache entry %s fails to load (%s); rebuilding it", entry.root, e)
+            warn_once(f"damaged:{entry.root.parent}", "graph cache entry %s fails to load (%s); rebuilding it",
+                      entry.root, e)
             entry.discard()
         return None
 

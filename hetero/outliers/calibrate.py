@@ -24,7 +24,7 @@ from hetero.model import SITES, FloatLinear, Observer, observed
 from hetero.errors import ConfigError, ModelFormatError
 from hetero.outliers.corpus import DEFAULT_CALIBRATION, corpus_id, load_corpus
 from hetero.outliers.rotate import block_hadamard
-from hetero.paths import atomic_path, cache_dir, sha256_file
+from hetero.paths import atomic_path, cache_dir, cached, content_hash
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +128,17 @@ class CalibrationStats:
 
     # ------------------------------------------------------------------------- file format
     def save(self, path: str | Path) -> Path:
-        """Write one .npz (a JSON header + arrays) atomically."""
+        """Write one .npz (a JSON header + arrays) atomically; ConfigError naming the path if it cannot."""
         path = Path(path)
+        try:
+            with atomic_path(path) as tmp:
+                tmp.write_bytes(self.to_bytes())
+        except OSError as e:
+            raise ConfigError(f"calibration output {str(path)!r} cannot be written: {e.strerror or e}") from e
+        return path
+
+    def to_bytes(self) -> bytes:
+        """The .npz file's bytes: a JSON header + arrays."""
         meta = {
             "version": self.version, "model_fingerprint": self.model_fingerprint, "model_name": self.model_name,
             "n_layers": self.n_layers, "dims": self.dims, "corpus": self.corpus, "n_tokens": self.n_tokens,
@@ -146,12 +155,7 @@ class CalibrationStats:
                 arrays[f"hist/{l}/{s}"] = st.hist_abs.astype(np.float64)
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays)
-        try:
-            with atomic_path(path) as tmp:
-                tmp.write_bytes(buf.getvalue())
-        except OSError as e:
-            raise ConfigError(f"calibration output {str(path)!r} cannot be written: {e.strerror or e}") from e
-        return path
+        return buf.getvalue()
 
     @classmethod
     def load(cls, path: str | Path, model=None) -> "CalibrationStats":
@@ -308,30 +312,25 @@ def ensure_calibration(model, path: str | Path | None = None, corpus: str = DEFA
                        progress: bool = False, online: dict[str, int] | None = None) -> CalibrationStats:
     """The cached calibration of `model` (validated), computing and saving it first if there is none.
 
+    A cache entry (`paths.cached`): its content record is checked at first use; a damaged, truncated or
+    older-format file is recalibrated with a warning; processes starting together calibrate once (the
+    entry's lock covers the run); an unwritable cache calibrates for this run only.
     online (`calibrate`): part of the model's identity, so a rotated model's fingerprint must name it."""
     path = Path(path) if path is not None else calibration_path(model)
-    if path.is_file():
-        try:
-            return CalibrationStats.load(path, model)
-        except ModelFormatError as e:  # truncated or garbage: computed again, never trusted
-            log.warning("%s; recalibrating", e)
-        except ConfigError as e:  # an older calibration format (version, percentiles): recalibrate
-            if "version" not in str(e) and "percentiles" not in str(e):
-                raise
-            log.info("recalibrating: %s", e)
-    stats = shipped_calibration(model, corpus, n_tokens, window)
-    if stats is None:
+
+    def build() -> CalibrationStats:
+        shipped = shipped_calibration(model, corpus, n_tokens, window)
+        if shipped is not None:
+            return shipped
         log.info("no calibration at %s: calibrating %s on %s (%d tokens)", path, model.name, corpus, n_tokens)
         if progress:
             print(f"hetero: calibrating {model.name} on {corpus} ({n_tokens} tokens, once; mllm-NPU §3.3 offline "
                   f"profiling), cached at {path}", file=sys.stderr)
         text = load_corpus(corpus)
-        stats = calibrate(model, text, n_tokens, window, corpus_id(corpus, text), progress=progress, online=online)
-    try:
-        stats.save(path)
-    except ConfigError as e:  # a read-only cache: use it now, compute it again next time
-        log.warning("%s; continuing with the calibration uncached", e)
-    return stats
+        return calibrate(model, text, n_tokens, window, corpus_id(corpus, text), progress=progress, online=online)
+
+    return cached(path.parent, path.name, lambda p: CalibrationStats.load(p, model), build,
+                  lambda stats, tmp: tmp.write_bytes(stats.to_bytes()), "calibration")
 
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "calibration"
@@ -342,8 +341,8 @@ def shipped_calibration(model, corpus: str = DEFAULT_CALIBRATION, n_tokens: int 
     """The calibration shipped with the package for this model and these settings, or None.
 
     The default model's calibration (of its rotated copy, what the default method quantizes) is the same on every
-    machine, so it ships as package data (`hetero/data/calibration/`, each file with its sha256 in `manifest.json`)
-    and a first run does not spend ~30-40 s computing it (issue 28). A file that fails its sha256 is not used."""
+    machine, so it ships as package data (`hetero/data/calibration/`, each file with its content hash in `manifest.json`)
+    and a first run does not spend ~30-40 s computing it (issue 28). A file that fails its hash is not used."""
     manifest = SHIPPED_DIR / "manifest.json"
     try:
         entry = json.loads(manifest.read_text()).get(model.fingerprint)
@@ -353,8 +352,8 @@ def shipped_calibration(model, corpus: str = DEFAULT_CALIBRATION, n_tokens: int 
     if entry is None or (entry["corpus"], entry["n_tokens"], entry["window"]) != (corpus, n_tokens, window):
         return None
     path = SHIPPED_DIR / entry["file"]
-    if not path.is_file() or sha256_file(path) != entry["sha256"]:
-        log.warning("the shipped calibration %s fails its sha256: calibrating instead", path)
+    if not path.is_file() or content_hash(path) != entry["xxh3"]:
+        log.warning("the shipped calibration %s fails its content hash: calibrating instead", path)
         return None
     log.info("calibration of %s from the package (%s)", model.name, path.name)
     return CalibrationStats.load(path, model)

@@ -2,13 +2,15 @@
 
 The shadow needs the float weight rows W_deq[:, c] of a site's outlier channels c. Only the hot channels'
 rows stay in RAM; any other row is read on demand from a memory-mapped float32 file under the model's
-cache entry (data and index written atomically). Layout: docs/design.md, "Outliers".
+cache entry (data and index written atomically under the entry's lock, with a content record checked at
+first use: a damaged store is rebuilt with a warning). Layout: docs/design.md, "Outliers".
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +20,9 @@ import torch
 from hetero.errors import GraphCacheError
 from hetero.outliers.plan import QuantPlan
 from hetero.outliers.shadow import site_rows
-from hetero.paths import atomic_path, cache_dir
+from hetero.paths import atomic_path, cache_dir, entry_lock, forget, verify, write_record
+
+log = logging.getLogger(__name__)
 
 STORE_VERSION = 1
 
@@ -56,8 +60,21 @@ class HotChannelStore:
         directory = Path(directory) if directory is not None else cache_dir() / "models" / plan.model_fingerprint
         stem = f"shadow_rows-{_store_name(plan)}"
         self.data_path, self.index_path = directory / f"{stem}.f32", directory / f"{stem}.json"
-        if not self.index_path.is_file() or not self.data_path.is_file():
-            self._write()
+        names = [self.data_path.name, self.index_path.name]
+        if verify(directory, names):
+            try:
+                with entry_lock(directory):
+                    bad = verify(directory, names)  # another process may have written it meanwhile
+                    if bad:
+                        if self.data_path.exists() or self.index_path.exists():
+                            log.warning("hot-channel store %s: %s; rebuilding it", self.data_path,
+                                        "; ".join(map(str, bad)))
+                        forget(directory, names)
+                        self._write()
+                        write_record(directory, names)
+            except OSError as e:
+                forget(directory, names)
+                raise GraphCacheError(f"hot-channel store {self.data_path} cannot be written: {e.strerror or e}") from e
         index = json.loads(self.index_path.read_text())
         if index.get("version") != STORE_VERSION or self.data_path.stat().st_size != index["size_bytes"]:
             raise GraphCacheError(f"hot-channel store {self.data_path} is stale or truncated; delete it to rebuild")

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from hetero.errors import ConfigError
-from hetero.paths import atomic_path, cache_dir
+from hetero.paths import cache_dir, cached
 
-log = logging.getLogger(__name__)
 
 ROTATION_VERSION = 1  # part of a rotated model's fingerprint (calibration and graph caches)
 ONLINE_BLOCK = 64  # Hadamard block of the online sites (one head of 64 on o_in)
@@ -102,13 +100,11 @@ def rotate_weights(cfg, w, seed: int = 0):
 _FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down", "bq", "bk", "bv")
 
 
-def _save(path: Path, w) -> None:
+def _save(w, path: Path) -> None:
     state = {"tok_emb": w.tok_emb, "norm": w.norm, "lm_head": w.lm_head}
     for i, lw in enumerate(w.layers):
         state.update({f"layers.{i}.{f}": getattr(lw, f).contiguous() for f in _FIELDS if getattr(lw, f) is not None})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        save_file(state, str(tmp))
+    save_file(state, str(path))
 
 
 def _load(path: Path, w):
@@ -120,17 +116,20 @@ def _load(path: Path, w):
 
 def rotate_model(model, seed: int = 0, cache: bool = True):
     """The rotated copy of a loaded `Model`, with its own fingerprint (calibrations and graphs are its own);
-    its weights are cached beside the model's (`cache_dir()/models/<fingerprint>/weights.safetensors`)."""
+    its weights are cached beside the model's (`cache_dir()/models/<fingerprint>/weights.safetensors`),
+    with a content record checked at first use (`paths.cached`: damaged → recomputed with a warning)."""
+    from hetero.loader import check_finite
+
     fp = f"{model.fingerprint}-rot{ROTATION_VERSION}s{seed}"
-    path = cache_dir() / "models" / fp / "weights.safetensors"
-    weights = None
-    if cache and path.is_file():
-        try:
-            weights = _load(path, model.weights)
-        except Exception as e:  # a damaged entry is recomputed, never trusted
-            log.warning("rotated weights %s are unreadable (%s); recomputing them", path, e)
-    if weights is None:
-        weights = rotate_weights(model.config, model.weights, seed)
-        if cache:
-            _save(path, weights)
+
+    def build():
+        w = rotate_weights(model.config, model.weights, seed)
+        check_finite(w, f"the rotated copy of {model.name}")
+        return w
+
+    if cache:
+        weights = cached(cache_dir() / "models" / fp, "weights.safetensors", lambda p: _load(p, model.weights),
+                         build, _save, "rotated weights")
+    else:
+        weights = build()
     return dataclasses.replace(model, weights=weights, fingerprint=fp, rotated=True)

@@ -35,7 +35,7 @@ from hetero.outliers.pruning import SiteChoice, plan_from_choices
 from hetero.outliers.quantize import ACT_QMAX, ACT_QMIN, W_QMAX, WEIGHT_FORMS, check_weight_form, fake_quant
 from hetero.outliers.rotate import block_hadamard
 from hetero.outliers.shadow import QuantizedBackend
-from hetero.paths import atomic_path
+from hetero.paths import cached, keep
 from hetero.timing import median_seconds
 
 log = logging.getLogger(__name__)
@@ -331,24 +331,28 @@ def ensure_precision(model, calibration: CalibrationStats, costs: Callable[[], S
                      progress: bool = False) -> PrecisionPlan:
     """The model's chosen precision plan: the cached one (whatever budget it was searched for) unless
     `budget_pct` asks for a new search; with none cached, a search at `DEFAULT_BUDGET_PCT`, then cached
-    (`hetero calibrate --budget` runs a new one). `costs` is called only when a search runs."""
+    (`hetero calibrate --budget` runs a new one). `costs` is called only when a search runs. A cache entry
+    (`paths.cached`): checked against its content record, searched again with a warning when damaged or
+    searched for another calibration; an unwritable cache searches for this run only."""
     path = precision_path(model, weight_form)
-    if path.is_file() and budget_pct is None:
-        try:
-            plan = load_precision(path)
-            if (set(plan.choices) == set(calibration.sites) and plan.meta.get("validation_corpus") == calibration.corpus
-                    and plan.meta.get("validation_offset") == calibration.n_tokens):
-                return plan
-            log.warning("precision plan %s was searched for another calibration; searching again", path)
-        except ConfigError as e:
-            log.warning("%s; searching again", e)
-    budget = DEFAULT_BUDGET_PCT if budget_pct is None else budget_pct
-    plan = search_precision(model, calibration, costs(), budget, weight_form, online, progress=progress)
-    try:
-        with atomic_path(path) as tmp:
-            tmp.write_text(json.dumps(plan.to_dict(), indent=1))
-    except OSError as e:  # a read-only cache: use it now, search again next time
-        log.warning("cannot cache the precision plan at %s: %s", path, e)
+
+    def load(p: Path) -> PrecisionPlan:
+        plan = load_precision(p)
+        if not (set(plan.choices) == set(calibration.sites) and plan.meta.get("validation_corpus") == calibration.corpus
+                and plan.meta.get("validation_offset") == calibration.n_tokens):
+            raise ConfigError(f"precision plan {p} was searched for another calibration")
+        return plan
+
+    def search(budget: float) -> PrecisionPlan:
+        return search_precision(model, calibration, costs(), budget, weight_form, online, progress=progress)
+
+    def save(plan: PrecisionPlan, tmp: Path) -> None:
+        tmp.write_text(json.dumps(plan.to_dict(), indent=1))
+
+    if budget_pct is None:
+        return cached(path.parent, path.name, load, lambda: search(DEFAULT_BUDGET_PCT), save, "precision plan")
+    plan = search(budget_pct)
+    keep(path.parent, path.name, plan, save)
     return plan
 
 

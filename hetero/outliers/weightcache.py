@@ -4,7 +4,7 @@ beside its cache entry.
 Quantizing every linear (and the online Hadamards of rotated sites) took 1.5-4 s a run, and every decode
 chunk size did it again (issue 28). The weights are a pure function of the float weights and the form
 (granularity, qmax, online transforms), so they are computed once, written atomically under the entry's
-lock with a content record (`paths.file_record`), and a warm start only reads them: every plan of that
+lock with a content record (`paths.cached`), and a warm start only reads them: every plan of that
 form, every chunk size and every decode graph share them (mllm-NPU §3.2: weights prepared offline).
 Models without a cache entry (built in memory, as the tests' tiny ones) are quantized every time.
 """
@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from filelock import FileLock
 
 from hetero.model import SITE_LINEARS
 from hetero.outliers.quantize import QuantWeight, QuantWeightPerChannel
-from hetero.paths import atomic_path, cache_dir, check_files, file_record
-
-log = logging.getLogger(__name__)
+from hetero.paths import cache_dir, cached
 
 WEIGHTS_VERSION = 1  # bump when quantize_weight(_per_channel) or block_hadamard change what they compute
 Weights = dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]
@@ -74,62 +70,27 @@ def cached_weights(model, granularity: str, qmax: int, online: dict[str, int], c
 
 
 def cached_arrays(model, kind: str, form: dict, compute: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Named arrays derived from `model`'s float weights (what `form` says how), read from its cache entry when a
-    verified copy exists, else `compute()`d and written there (atomically, under a lock, with a content record).
-
-    A damaged or foreign file is recomputed with a warning; a cache that cannot be written keeps them in memory."""
+    """Named arrays derived from `model`'s float weights (`form` says how), kept as one file of its cache entry
+    (`paths.cached`: a content record checked at first use, built once under the entry's lock, a damaged file
+    rebuilt with a warning, an unwritable cache computing them again each run)."""
     folder = _entry(model)
     if folder is None:
         return compute()
     form = {"version": WEIGHTS_VERSION, "kind": kind, **form, "guard": _float_guard(model)}
-    key = hashlib.sha256(json.dumps(form, sort_keys=True).encode()).hexdigest()[:16]
-    path = folder / f"{kind}-{key}.safetensors"
-    found = _read(path, form, repair=False)
-    if found is not None:
-        return found
-    arrays: dict[str, np.ndarray] | None = None
-    try:
-        with FileLock(str(folder / f".{kind}-{key}.lock"), timeout=900):
-            found = _read(path, form, repair=True)  # another process may have written it meanwhile
-            if found is not None:
-                return found
-            arrays = compute()
-            _write(path, form, arrays)
-    except OSError as e:  # a read-only or full cache: the arrays stay in memory for this run
-        log.warning("cannot cache %s arrays in %s (%s); computing them again next run", kind, folder, e.strerror or e)
-    return arrays if arrays is not None else compute()
+    text = json.dumps(form, sort_keys=True)
+    name = f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.safetensors"
 
+    def load(path: Path) -> dict[str, np.ndarray]:
+        from safetensors import safe_open
 
-def _record_path(path: Path) -> Path:
-    return path.with_suffix(".json")
+        with safe_open(str(path), "numpy") as f:
+            if (f.metadata() or {}).get("form") != text:
+                raise ValueError("it was made for another form")
+            return {k: f.get_tensor(k) for k in f.keys()}
 
+    def save(arrays: dict[str, np.ndarray], tmp: Path) -> None:
+        from safetensors.numpy import save_file
 
-def _read(path: Path, form: dict, repair: bool) -> dict[str, np.ndarray] | None:
-    rec_path = _record_path(path)
-    if not (path.is_file() and rec_path.is_file()):
-        return None
-    try:
-        rec = json.loads(rec_path.read_text())
-        if rec.get("form") != form:
-            raise ValueError("its record is for another form")
-        why, _ = check_files(path.parent, {path.name: rec["file"]})
-        if why is not None:
-            raise ValueError(why)
-        from safetensors.numpy import load_file
+        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp), metadata={"form": text})
 
-        return load_file(str(path))
-    except Exception as e:  # anything unexpected in a cache file: recompute, never trust it
-        if repair:
-            log.warning("cache file %s is damaged (%s); computing it again", path, e)
-            path.unlink(missing_ok=True)
-            rec_path.unlink(missing_ok=True)
-        return None
-
-
-def _write(path: Path, form: dict, arrays: dict[str, np.ndarray]) -> None:
-    from safetensors.numpy import save_file
-
-    with atomic_path(path) as tmp:
-        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp))
-    with atomic_path(_record_path(path)) as tmp:
-        tmp.write_text(json.dumps({"form": form, "file": file_record(path)}))
+    return cached(folder, name, load, compute, save, f"{kind} arrays")

@@ -17,11 +17,9 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from filelock import FileLock
-
 from hetero.dag import CompiledDag
 from hetero.errors import ConfigError
-from hetero.paths import atomic_path, user_profiles_dir
+from hetero.paths import atomic_path, cache_unwritable, entry_lock, user_profiles_dir, verify, write_record
 from hetero.schedule import Schedule
 from hetero.sched.profile import CostEntry, Profile, load_profile
 from hetero.sched.measure import KV_KINDS, host_slug
@@ -43,8 +41,8 @@ class CostLearner:
     """Running averages of measured subgraph costs at chunk length `chunk_len`, starting from `base`.
 
     `observe(dag, schedule)` folds one real prefill in; `profile()` is the current costs as a Profile;
-    `save()` writes them atomically under a file lock (two processes never interleave a write; the last
-    one's averages win).
+    `save()` writes them atomically, with their content record, under the folder's lock (two processes
+    never interleave a write; the last one's averages win).
     """
 
     def __init__(self, base: Profile, chunk_len: int, path: Path | None = None, alpha: float = ALPHA):
@@ -52,9 +50,12 @@ class CostLearner:
             raise ConfigError(f"alpha must be in (0, 1], got {alpha}")
         self.path, self.chunk_len, self.alpha = path, chunk_len, alpha
         if path is not None and path.is_file():
+            bad = verify(path.parent, [path.name])  # a cache entry like any other: its content record first
             try:
+                if bad:
+                    raise ConfigError("; ".join(map(str, bad)))
                 base = load_profile(path)
-            except ConfigError as e:  # a file from an older format: start over from the base
+            except ConfigError as e:  # damaged, or a file from an older format: start over from the base
                 log.warning("ignoring learned costs %s: %s", path, e)
         self.base, self.n_observed = base, int(base.metadata.get("observed_prefills", 0))
         # (kind, lane) -> {kv_len: µs}; a kind independent of the KV length keeps one point at kv 0
@@ -100,11 +101,17 @@ class CostLearner:
                        layer_subgraphs=self.base.layer_subgraphs, n_layers=self.base.n_layers, metadata=meta)
 
     def save(self) -> Path | None:
-        """Write the learned costs (nothing to write without a path or an observation)."""
+        """Write the learned costs (nothing to write without a path or an observation); None, with the
+        one unwritable-cache warning, when the cache cannot take them (read-only, full disk)."""
         if self.path is None or self.n_observed == 0:
             return None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self.path.with_suffix(".lock")), timeout=60):
-            with atomic_path(self.path) as tmp:
-                tmp.write_text(json.dumps(self.profile().to_dict(), indent=1) + "\n")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with entry_lock(self.path.parent):
+                with atomic_path(self.path) as tmp:
+                    tmp.write_text(json.dumps(self.profile().to_dict(), indent=1) + "\n")
+                write_record(self.path.parent, [self.path.name])
+        except OSError as e:
+            cache_unwritable(self.path.parent, e)
+            return None
         return self.path

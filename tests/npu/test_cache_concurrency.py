@@ -47,7 +47,7 @@ def test_two_processes_building_one_entry(graph_cache):
     entries = _entries()
     assert len(entries) == 4  # qkv and o_ffn of both layers, each built once
     for e in entries:
-        assert CacheEntry(e, e.name).read_compiled(full=True) is not None  # every file's sha256 matches
+        assert CacheEntry(e, e.name).read_compiled() is not None  # every file's content hash matches
     assert not list((graphs_root() / "ort-cpu").glob(".build-*"))  # no staging folder left
     # and a third, single process loading the entries computes the same outputs
     barrier1, out1 = ctx.Barrier(1), ctx.Queue()
@@ -89,7 +89,7 @@ def test_unwritable_cache_builds_uncached_with_a_warning(tiny, graph_cache, capl
     (graph_cache / "graphs").write_text("not a folder")  # mkdir under it fails, as in a read-only cache
     with caplog.at_level(logging.WARNING):
         be = NpuBackend(tiny, tiny_plan(tiny), 16, layers=[0])
-    assert "without caching" in caplog.text
+    assert caplog.text.count("running uncached") == 1  # one warning, not one per graph
     assert not any(r[3] for r in be.report.rows)
     ref = NpuBackend(tiny, tiny_plan(tiny), 16, layers=[0])  # still uncached, same graphs
     h = torch.randn(16, 64)

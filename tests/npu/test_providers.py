@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from hetero.errors import BackendUnavailable, ConfigError
+from hetero import paths
 from hetero.npu import providers
 
 
@@ -15,7 +16,7 @@ def test_qnn_absent_falls_back_to_cpu_with_one_warning(monkeypatch, caplog):
         raise BackendUnavailable("QNN EP unavailable: test")
 
     monkeypatch.setattr(providers, "qnn_devices", absent)
-    monkeypatch.setattr(providers, "_WARNED", set())
+    monkeypatch.setattr(paths, "_WARNED", set())
     with caplog.at_level(logging.WARNING):
         first, second = providers.make_provider("qnn"), providers.make_provider("qnn")
     assert isinstance(first, providers.OrtCpuProvider) and isinstance(second, providers.OrtCpuProvider)

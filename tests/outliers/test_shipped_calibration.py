@@ -1,5 +1,5 @@
 """A model whose calibration ships with the package starts without calibrating (issue 28), and only from a file
-that passes its sha256."""
+that passes its content hash."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def shipped(tiny, tmp_path, monkeypatch):
     ship = tmp_path / "ship"
     ship.mkdir()
     shutil.copyfile(tmp_path / "made.npz", ship / "tiny.npz")
-    manifest = {model.fingerprint: {"file": "tiny.npz", "sha256": cal.sha256_file(ship / "tiny.npz"),
+    manifest = {model.fingerprint: {"file": "tiny.npz", "xxh3": cal.content_hash(ship / "tiny.npz"),
                                     "corpus": str(corpus), "n_tokens": 256, "window": 64}}
     (ship / "manifest.json").write_text(json.dumps(manifest))
     monkeypatch.setattr(cal, "SHIPPED_DIR", ship)
@@ -42,7 +42,7 @@ def test_a_shipped_calibration_is_used_and_cached_instead_of_calibrating(shipped
     assert out.is_file()  # cached like a computed one
 
 
-def test_other_settings_or_a_failed_sha256_calibrate_instead(shipped, tmp_path, caplog):
+def test_other_settings_or_a_failed_content_hash_calibrate_instead(shipped, tmp_path, caplog):
     model, corpus, _, ship = shipped
     assert cal.shipped_calibration(model, corpus, 128, 64) is None  # not what shipped: calibrate
     data = bytearray((ship / "tiny.npz").read_bytes())
@@ -50,7 +50,7 @@ def test_other_settings_or_a_failed_sha256_calibrate_instead(shipped, tmp_path, 
     (ship / "tiny.npz").write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING):
         assert cal.shipped_calibration(model, corpus, 256, 64) is None
-    assert "fails its sha256" in caplog.text
+    assert "fails its content hash" in caplog.text
 
 
 def test_the_default_model_calibration_ships(default_model):

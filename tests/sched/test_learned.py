@@ -59,6 +59,25 @@ def test_saved_costs_are_where_the_next_process_starts(profile, make_dag, tmp_pa
     assert broken.n_observed == 0 and broken.profile().cost_us("qkv", "npu", 2) == 6.0
 
 
+def test_learned_costs_are_checked_against_their_record(profile, make_dag, tmp_path, caplog) -> None:
+    # issue 27: a learned profile is a cache entry like the others (a flip behind a kept mtime is caught)
+    import logging
+    import os
+
+    dag = make_dag(2, chunk_len=2)
+    path = tmp_path / "l.json"
+    learner = CostLearner(profile, 2, path)
+    learner.observe(dag, _run(dag, lambda kind, i: 7.0))
+    learner.save()
+    st = path.stat()
+    path.write_text(path.read_text().replace('"observed_prefills": 1', '"observed_prefills": 9'))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with caplog.at_level(logging.WARNING):
+        again = CostLearner(profile, 2, path)
+    assert "ignoring learned costs" in caplog.text and "content hash" in caplog.text
+    assert again.n_observed == 0 and again.profile().cost_us("qkv", "npu", 2) == 6.0
+
+
 def test_bad_arguments(profile, make_dag, tmp_path, monkeypatch) -> None:
     with pytest.raises(ConfigError, match="alpha"):
         CostLearner(profile, 2, alpha=0)
