@@ -6,7 +6,7 @@ after the file is in place, under the entry's lock). A process checks a file in 
 uses it (never trusting stat stamps: bit rot and `cp -p` keep them); later checks in the same process
 reuse that hash while the file's stat identity (inode, size, mtime, ctime) is unchanged. A check that
 fails rebuilds the entry with one warning; a cache that cannot be written (read-only, full disk) runs
-uncached with one warning. Cost: docs/design.md, "Cache integrity".
+uncached with one warning. Cost: docs/journal.md, "Cache integrity (issue 27, 2026-11-26)".
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
 
 RECORD = "record.json"  # an entry folder's content record: {"version": 1, "files": {name: record}}
 RECORD_VERSION = 1
-_BLOCK = 4 << 20  # read size of `content_hash` (measured: docs/design.md, "Cache integrity")
+_BLOCK = 4 << 20  # read size of `content_hash` (measured: docs/journal.md, "Cache integrity (issue 27, 2026-11-26)")
 _RACY_NS = 2_000_000_000  # a hash is remembered only for a file unchanged this long before it was read
 _HASHED: dict[tuple[int, ...], str] = {}  # stat identity -> content hash, of files hashed in this process
 _HASHED_LOCK = threading.Lock()
