@@ -72,6 +72,11 @@ class DecodeStep:
         self.static = hasattr(runtime.backend, "plan") and hasattr(runtime.backend, "provider")  # NpuBackend
         self.threads = threads  # the INT8 lane's (the float lane keeps the runtime's: its step is a few big GEMVs)
         self._backends: dict[int, LayerBackend] = {}
+        # the decode placement (issue 28): an INT8 lane's graphs on the engine the runtime chose (the CPU EP
+        # for a prefill on an NPU); None: the prefill backend's own provider
+        placed = runtime.decode if self.static else None
+        own = placed is None or placed.engine == runtime.backend.provider.name
+        self._engine: str | None = None if own else placed.engine
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
         self._bound: dict[int, BoundStep] = {}  # static lanes: chunk size → its bound graphs
         self.pool = AttentionPool() if self.static and attention_threads == 2 else None
@@ -101,9 +106,18 @@ class DecodeStep:
         c = self.padded_size(n)
         b = self._backends.get(c)
         if b is None:
-            b = self.runtime.backend.at_chunk(c, self.threads)
+            b = self.runtime.backend.at_chunk(c, self.threads, self._engine)
             self._backends[c] = b
         return b
+
+    def prepare(self, sizes: Sequence[int] = TREE_SIZES) -> None:
+        """The graphs of these chunk sizes loaded (or built) and, on a static lane, bound now rather than at
+        the first step that needs them (`hetero run` times this as its decode set-up)."""
+        for n in sizes:
+            c = self.padded_size(n)
+            backend = self.backend(c)
+            if self.static and c not in self._bound:
+                self._bound[c] = BoundStep(backend, self.runtime.rope, c, self.pool)
 
     def measure(self, cache: KVCache, sizes: Sequence[int] = TREE_SIZES) -> dict[int, float]:
         """Time one step of each chunk size not measured yet (rows past cache.length: scratch, unchanged length)."""
