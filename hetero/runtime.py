@@ -114,7 +114,7 @@ class DecodePlacement:
     reason: str
 
     def describe(self) -> str:
-        return f"decode on the {self.device} ({self.engine}): {self.reason}"
+        return f"decode on the {self.device}, {self.engine}: {self.reason}"
 
 
 class ChunkBuffers:

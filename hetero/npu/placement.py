@@ -91,12 +91,12 @@ def decode_placement(backend: LayerBackend) -> DecodePlacement:
     provider = getattr(backend, "provider", None)
     plan = getattr(backend, "plan", None)
     if provider is None or plan is None:
-        return DecodePlacement("cpu", "torch", f"{getattr(backend, 'name', 'torch')} layers run on the "
-                                                     "CPU already")
+        name = getattr(backend, "name", "torch")
+        return DecodePlacement("cpu", "torch", f"the prefill's {name} layers in torch, on the CPU already")
     if provider.device == "cpu":
-        return DecodePlacement("cpu", provider.name, f"the NPU lane is the CPU EP ({provider.name}): its INT8 graphs "
-                                                     f"at decode sizes, weight form {plan.weight_form}")
+        return DecodePlacement("cpu", provider.name, f"the NPU lane is this CPU EP, so its own INT8 graphs at "
+                                                     f"decode sizes (weight form {plan.weight_form})")
     where = " (the HTP simulator)" if provider.name.startswith("qnn") and platform.machine() == "x86_64" else ""
     return DecodePlacement("cpu", "ort-cpu", f"the prefill's NPU lane is {provider.name}{where} and a decode step is "
-                           f"memory-bound: the same plan's INT8 graphs on the CPU EP, its {plan.weight_form} weights "
-                           f"in this CPU's exact form {cpu_form_for(plan.weight_form)}")
+                           f"memory-bound, so the same plan's INT8 graphs on the CPU EP, its {plan.weight_form} "
+                           f"weights in this CPU's exact form {cpu_form_for(plan.weight_form)}")
