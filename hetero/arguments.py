@@ -52,4 +52,5 @@ def add_method_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=sorted(METHODS), default=DEFAULT_METHOD,
                    help=f"how to run: layer ops + dispatch policy (default {DEFAULT_METHOD})")
     p.add_argument("--weight-form", choices=["auto", *WEIGHT_FORMS], default="auto",
-                   help="INT8 weight form on the CPU EP (default auto: w8-u8s8 with VNNI, w8-u8u8 on AVX2)")
+                   help="INT8 weight form (default auto: on the CPU EP w8-u8s8 with VNNI, w8-u8u8 on AVX2; "
+                   "on QNN HTP w8-u8u8, the paper's 8-bit weights)")

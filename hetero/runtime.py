@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import torch
 
@@ -105,6 +105,23 @@ class PrefillResult:
         return self.n_tokens / (self.total_ms / 1e3) if self.total_ms > 0 else float("inf")
 
 
+@dataclass(frozen=True, slots=True)
+class DecodePlacement:
+    """Where a runtime's decode steps run, decided with its prefill placement (`methods.make_runtime`).
+
+    A decode step is a few rows against every weight: bound by memory bandwidth, where an NPU gains nothing,
+    and on the QNN HTP simulator it is a hundred times slower than the CPU. mllm-NPU prefills on the NPU and
+    "relies on a CPU backend for decoding" (§5, end-to-end latency); so does hetero.
+    """
+
+    device: Literal["cpu", "npu"]  # the hardware that runs the decode steps' layers
+    engine: str  # what runs them: a provider ("ort-cpu": INT8 graphs of the prefill's plan), or "torch" (float)
+    reason: str
+
+    def describe(self) -> str:
+        return f"decode on the {self.device}, {self.engine}: {self.reason}"
+
+
 class ChunkBuffers:
     """Per-chunk activations, allocated once per runtime (grown to the most chunks a prompt needed).
 
@@ -163,7 +180,7 @@ class Runtime:
 
     def __init__(self, model: Model, chunk: int = 256, backend: LayerBackend | None = None,
                  max_context: int | None = None, executor: PrefillExecutor | None = None,
-                 attention_threads: int | None = None):
+                 attention_threads: int | None = None, decode: DecodePlacement | None = None):
         self.model, self.cfg, self.chunk = model, model.config, check_chunk(chunk, model.config.context_length)
         ctx = self.cfg.context_length
         if max_context is not None and not 0 < max_context <= ctx:
@@ -172,6 +189,7 @@ class Runtime:
         self.backend = backend or FloatBackend(self.cfg, model.weights)
         self.executor = executor or SerialExecutor(self.cfg.n_layers)
         self.placement = self.executor.placement
+        self.decode = decode  # None: decode steps run on the backend's own engines (`decode.step.DecodeStep`)
         self.rope = ref.RopeTable(self.cfg, ctx + chunk)  # + chunk: padded rows of the last chunk
         # the `attn` subgraph of every chunk (the CPU lane): ORT's GroupQueryAttention over the cache
         self.attention = ChunkAttention(self.cfg, self.rope.cos, self.rope.sin, attention_threads or os.cpu_count() or 1)

@@ -1,7 +1,9 @@
-"""Median wall time of a callable: how hetero times anything it compares (profiles, benches, cost models)."""
+"""Median wall time of a callable: how hetero times anything it compares (profiles, benches, cost models);
+the age of this process (what a command's start-up cost, before its own timers ran)."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -17,3 +19,15 @@ def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 1) -> f
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started: Linux's start time of the process (/proc/self/stat, in clock ticks
+    of the boot clock: 10 ms resolution) against the boot clock now; None where either cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rpartition(")")[2].split()  # the name in parentheses may hold spaces
+        start = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - start)
+    except (OSError, ValueError, IndexError, AttributeError):  # no procfs, no boot clock (not Linux)
+        return None

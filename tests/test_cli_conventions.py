@@ -45,7 +45,9 @@ def test_run_from_stdin_with_system_n_and_timing(default_model, monkeypatch, cap
     captured = capsys.readouterr()
     out = json.loads(captured.out.strip().splitlines()[-1])
     assert "Paris" in out["text"] and out["new_tokens"] <= 12
-    assert list(out["seconds"]) == ["load", "calibrate", "build", "warm-up", "prefill", "decode"]
+    # in-process (argv given): no "imports", the process was not started for this command
+    assert list(out["seconds"]) == ["load", "calibrate", "build", "warm-up", "prefill", "decode set-up", "decode"]
+    assert out["decode_on"]["engine"] == "torch"
     assert "hetero: time: load" in captured.err
 
 

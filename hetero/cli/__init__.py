@@ -47,8 +47,13 @@ COMMANDS = {"run": "run", "info": "run", "calibrate": "calibrate", "npu": "npu",
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line `argv` (None: this process's, whose start-up `hetero -v run` then reports)."""
     passive_openmp()  # the edge: before a command module loads torch (hetero/threads.py)
     args = build_parser(argv).parse_args(argv)
+    if argv is None:  # the process is this command: its age now is Python's start, the imports and the parser
+        from hetero.timing import process_age_s
+
+        args.startup_s = process_age_s()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     try:
         import transformers

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import contextlib
+import dataclasses
+import json
 import os
 import sys
 import time
@@ -25,7 +26,8 @@ def register(sub: Any) -> None:
     run.add_argument("-n", "--max-new-tokens", type=int, default=64, help="tokens to decode at most (default 64; "
                      "fewer when the context is full)")
     run.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                     help="say where the time went (load, calibrate, build, prefill, decode) and what hetero decides")
+                     help="say where the time went (imports, load, calibrate, build, warm-up, prefill, decode "
+                     "set-up, decode) and what hetero decides")
     run.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
     run.add_argument("--raw", action="store_true", help="do not apply the chat template")
     run.add_argument("--json", action="store_true", help="print one JSON object")
@@ -40,7 +42,10 @@ def register(sub: Any) -> None:
 
 
 class Timing:
-    """Wall seconds per step of `hetero run`, in the order measured (`-v`)."""
+    """Wall seconds per step of `hetero run`, in the order measured (`-v`; the JSON's `seconds`): imports
+    (the process's start until the command ran: Python, imports, the parser; only when the process is the
+    command), load, calibrate, build, warm-up, prefill, decode set-up (the decode graphs loaded or built and
+    bound, a draft model, step costs measured), decode (the tokens)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -89,28 +94,28 @@ def sampling_params(args: argparse.Namespace) -> Any:
                           top_k=args.top_k, seed=args.seed, stop=tuple(args.stop))
 
 
-def _decode_hetero(args: argparse.Namespace, model: Any, runtime: Any, prompt: Any, result: Any) -> dict[str, Any]:
-    import sys
-
+def _decode_hetero(args: argparse.Namespace, model: Any, runtime: Any, prompt: Any, result: Any,
+                   timing: Timing) -> dict[str, Any]:
     from hetero.decode import Decoding
-    from hetero.decode.step import TREE_SIZES, DecodeStep
+    from hetero.decode.step import DecodeStep
     from hetero.loader import load_model
     from hetero.methods import make_runtime
 
     params = sampling_params(args)
-    draft = None
-    if args.speculate == "draft":
-        draft = make_runtime(load_model(args.draft_model), args.method, chunk=args.chunk, threads=args.threads)
-    step = DecodeStep.of(runtime)  # warm-up: the decode graphs (C = 1 and the tree sizes) from the cache
-    for c in TREE_SIZES if args.speculate != "off" else (1,):
-        step.backend(c)
-    d = Decoding(runtime, result, params, args.speculate, prompt.tolist(), draft)
-    for ev in d:
+    with timing("decode set-up"):
+        draft = None
+        if args.speculate == "draft":
+            draft = make_runtime(load_model(args.draft_model), args.method, chunk=args.chunk, threads=args.threads)
+        # the one-row decode graphs bound; Decoding reads (or measures once) the step costs of the tree sizes
+        DecodeStep.of(runtime).prepare(1)  # a tree size is bound at its first use, its cost stored (`stepcosts`)
+        d = Decoding(runtime, result, params, args.speculate, prompt.tolist(), draft)
+    with timing("decode"):
+        for ev in d:
+            if not args.json:
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
         if not args.json:
-            sys.stdout.write(ev.text)
-            sys.stdout.flush()
-    if not args.json:
-        sys.stdout.write("\n")
+            sys.stdout.write("\n")
     g = d.result()
     return {"text": g.text.strip(), "new_tokens": len(g.tokens), "decode_tokens_per_s": round(g.tokens_per_s, 1),
             "finish_reason": g.finish_reason, "speculate": args.speculate, "accepted": g.accepted,
@@ -131,6 +136,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         sampling_params(args)
     use_threads(args.threads)
     timing = Timing()
+    if getattr(args, "startup_s", None) is not None:
+        timing.seconds["imports"] = args.startup_s
     with timing("load"):
         model = load_model(args.model)
     tok = model.tokenizer
@@ -158,19 +165,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         "model": model.name,
         "decoder": args.decoder,
     }
-    t0 = time.perf_counter()
+    verbose = getattr(args, "verbose", False)
     if args.decoder == "hetero":
+        out["decode_on"] = dataclasses.asdict(runtime.decode)  # -v logs it (`methods.make_runtime`)
         args.max_new_tokens = budget
-        out.update(_decode_hetero(args, model, runtime, prompt, result))
+        out.update(_decode_hetero(args, model, runtime, prompt, result, timing))
     else:
-        new = generate(to_hf_model(model), prompt, result, budget)
-        decode_s = time.perf_counter() - t0
+        with timing("decode set-up"):
+            hf = to_hf_model(model)
+        with timing("decode"):
+            new = generate(hf, prompt, result, budget)
+        decode_s = timing.seconds["decode"]
         out.update(text=tok.decode(new, skip_special_tokens=True).strip(), new_tokens=len(new),
                    decode_tokens_per_s=round(len(new) / decode_s, 1) if new and decode_s > 0 else 0.0)
         if not args.json:
             print(out["text"])
-    timing.seconds["decode"] = time.perf_counter() - t0
-    if getattr(args, "verbose", False):
+    if verbose:
         out["seconds"] = {k: round(v, 3) for k, v in timing.seconds.items()}
         print(f"hetero: time: {timing.line()}; {out['new_tokens']} new tokens", file=sys.stderr)
     if args.json:

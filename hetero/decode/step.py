@@ -67,6 +67,11 @@ class DecodeStep:
         self.static = isinstance(runtime.backend, NpuBackend)  # prebuilt graphs of fixed chunk sizes
         self.threads = threads  # the INT8 lane's (the float lane keeps the runtime's: its step is a few big GEMVs)
         self._backends: dict[int, LayerBackend] = {}
+        # the decode placement (issue 28): an INT8 lane's graphs on the engine the runtime chose (the CPU EP
+        # for a prefill on an NPU); None: the prefill backend's own provider
+        placed = runtime.decode if self.static else None
+        own = placed is None or placed.engine == runtime.backend.provider.name
+        self._engine: str | None = None if own else placed.engine
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
         self._bound: dict[int, BoundStep] = {}  # static lanes: chunk size → its bound graphs
         # One step at a time: its buffers, bindings and helper serve one forward pass. `Runtime.prefill` has its own
@@ -104,7 +109,7 @@ class DecodeStep:
         c = self.padded_size(n)
         b = self._backends.get(c)
         if b is None:
-            b = self.runtime.backend.at_chunk(c, self.threads)
+            b = self.runtime.backend.at_chunk(c, self.threads, self._engine)
             self._backends[c] = b
         return b
 

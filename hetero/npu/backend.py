@@ -123,19 +123,35 @@ class NpuBackend:
             self._reference = QuantizedBackend(self.cfg, model.weights, self.plan)
         self.prepare_s = time.perf_counter() - t0
 
-    def at_chunk(self, chunk: int, intra_op_threads: int | None = None) -> "NpuBackend":
+    def at_chunk(self, chunk: int, intra_op_threads: int | None = None, provider: str | None = None) -> "NpuBackend":
         """The same plan's graphs at another chunk length (decode steps: C = 1 and the tree sizes): this backend
-        itself when its graphs take any row count and the thread count is the same (no new session), else a new
-        backend over the same cached INT8 weights (`QuantPlan.from_dict`, `outliers.weightcache`).
+        itself when its graphs take any row count on the same provider and thread count (no new session), else
+        a new backend over the same cached INT8 weights (`QuantPlan.from_dict`, `outliers.weightcache`).
         intra_op_threads: the new sessions' thread count when it differs from this backend's (CPU EP only:
-        another provider keeps its own; the graph cache does not depend on it)."""
+        another provider keeps its own; the graph cache does not depend on it).
+        provider: None (this backend's), or a provider name: "ort-cpu" runs them on the CPU EP (the decode
+        steps of a prefill on an NPU, `placement.decode_placement`), with the plan's weights in the form the
+        CPU EP runs exactly here (`isa.cpu_form_for`: the same integer weights)."""
         from hetero.outliers.plan import QuantPlan
 
         same_threads = intra_op_threads in (None, self._intra) or not isinstance(self.provider, OrtCpuProvider)
-        if self.any_rows and chunk <= self.chunk and same_threads:
+        same_provider = provider is None or provider == self.provider.name
+        if self.any_rows and chunk <= self.chunk and same_threads and same_provider:
             return self  # one graph set serves every row count: the decode sizes share these sessions
         plan = QuantPlan.from_dict(self.plan.to_dict(), self.model) if self._weights_dropped else self.plan
         kw = dict(self._kw)
+        # --- decode placement (issue 28): another provider's graphs of the same plan
+        if provider is not None and provider != self.provider.name:
+            if provider != OrtCpuProvider.name:
+                raise ConfigError(f"at_chunk: provider must be {self.provider.name!r} or {OrtCpuProvider.name!r}, "
+                                  f"got {provider!r}")
+            from hetero.npu.isa import cpu_form_for
+
+            threads = intra_op_threads or self._intra
+            kw.update(provider=OrtCpuProvider(threads), intra_op_threads=threads, placement=None, shape="auto")
+            plan = dataclasses.replace(plan, weight_form=cpu_form_for(plan.weight_form))
+            return NpuBackend(self.model, plan, chunk, **kw)
+        # ---
         if intra_op_threads is not None and intra_op_threads != self._intra and isinstance(self.provider, OrtCpuProvider):
             kw.update(provider=OrtCpuProvider(intra_op_threads), intra_op_threads=intra_op_threads)
         return NpuBackend(self.model, plan, chunk, **kw)

@@ -4,15 +4,19 @@ Mobile NPUs address a limited memory region (≈4 GB on Hexagon), possibly less 
 budget in bytes for NPU-resident weights, place the most compute-dense graphs first: every layer's FFN
 part (`o_ffn`: 3·ffn·hidden + hidden·q_dim INT8 bytes), then the attention projections (`qkv`); what
 does not fit runs as the same INT8 graph on the CPU (ONNX Runtime CPU EP). Each decision is logged with its reason
-(ExecuTorch partitioner style) and kept in `Placement.decisions`.
+(ExecuTorch partitioner style) and kept in `Placement.decisions`. Decode steps run on the CPU
+(`decode_placement`).
 """
 
 from __future__ import annotations
 
 import logging
+import platform
 from dataclasses import dataclass
 
+from hetero.backend import LayerBackend
 from hetero.errors import ConfigError
+from hetero.runtime import DecodePlacement
 
 log = logging.getLogger(__name__)
 
@@ -75,3 +79,24 @@ def place(cfg, budget_bytes: int | None) -> Placement:
             log.info("placement | layer %d %s -> %s | %s", d.layer, d.kind, d.device, d.reason)
             decisions.append(d)
     return Placement(-1 if budget_bytes is None else budget_bytes, tuple(decisions))
+
+
+def decode_placement(backend: LayerBackend) -> DecodePlacement:
+    """Where the decode steps of a runtime over `backend` (its prefill's layer ops) run: on the CPU, as in
+    mllm-NPU (`DecodePlacement`). A prefill lane on an NPU provider (QNN HTP; on x86-64 its simulator) hands
+    decode to the INT8 graphs of the same plan on the ONNX Runtime CPU EP (`NpuBackend.at_chunk`); the CPU EP
+    stand-in decodes on its own graphs; float layers in torch."""
+    from hetero.npu.isa import cpu_form_for
+
+    provider = getattr(backend, "provider", None)
+    plan = getattr(backend, "plan", None)
+    if provider is None or plan is None:
+        name = getattr(backend, "name", "torch")
+        return DecodePlacement("cpu", "torch", f"the prefill's {name} layers in torch, on the CPU already")
+    if provider.device == "cpu":
+        return DecodePlacement("cpu", provider.name, f"the NPU lane is this CPU EP, so its own INT8 graphs at "
+                                                     f"decode sizes (weight form {plan.weight_form})")
+    where = " (the HTP simulator)" if provider.name.startswith("qnn") and platform.machine() == "x86_64" else ""
+    return DecodePlacement("cpu", "ort-cpu", f"the prefill's NPU lane is {provider.name}{where} and a decode step is "
+                           f"memory-bound, so the same plan's INT8 graphs on the CPU EP, its {plan.weight_form} "
+                           f"weights in this CPU's exact form {cpu_form_for(plan.weight_form)}")

@@ -23,6 +23,7 @@ import torch
 from hetero.errors import BackendUnavailable, ConfigError, GraphCacheError
 from hetero.npu import export, isa, segments
 from hetero.npu.cache import FORMAT, CacheEntry, entry_key, library_versions
+from hetero.npu.stdio import stdout_to_stderr
 from hetero.paths import atomic_path, cache_unwritable, warn_once
 from hetero.threads import ort_session_options
 
@@ -226,14 +227,16 @@ class QnnHtpProvider(Provider):
         so.add_session_config_entry("ep.context_enable", "1")
         so.add_session_config_entry("ep.context_embed_mode", "0")
         so.add_session_config_entry("ep.context_file_path", str(ctx))
-        sess = ort.InferenceSession(str(model_path), so)
+        with stdout_to_stderr():  # the simulator's banner on its first session (`npu.stdio`)
+            sess = ort.InferenceSession(str(model_path), so)
         if not (out_path.parent / QNN_CONTEXT_BIN).exists():
             raise GraphCacheError(f"QNN EP wrote no context binary {QNN_CONTEXT_BIN} beside {ctx}")
         ctx.replace(out_path)
         return sess
 
     def load(self, path: Path) -> ort.InferenceSession:
-        return ort.InferenceSession(str(path), self._options())
+        with stdout_to_stderr():
+            return ort.InferenceSession(str(path), self._options())
 
 
 def make_provider(kind: str = "cpu", intra_op_threads: int = 2, **options) -> Provider:

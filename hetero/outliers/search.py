@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -231,7 +232,8 @@ def search_precision(model, calibration: CalibrationStats, costs: SiteCosts, bud
     point is returned with `met` False."""
     if not budget_pct > 0:
         raise ConfigError(f"budget must be a perplexity increase in percent > 0, got {budget_pct!r}")
-    say = (lambda m: print(f"hetero: {m}", flush=True)) if progress else log.info
+    # progress on stderr, as calibration's: stdout is the command's answer (`hetero run --json`)
+    say = (lambda m: print(f"hetero: {m}", file=sys.stderr, flush=True)) if progress else log.info
     t0 = time.perf_counter()
     online = dict(online or {})
     windows = list(windows) if windows is not None else validation_windows(model, calibration)

@@ -28,6 +28,27 @@ def test_resolve_weight_form_forces_or_picks_this_cpus():
         isa.resolve_weight_form("int4")
 
 
+def test_an_npu_resolves_auto_to_its_own_8_bit_form_on_any_cpu():
+    assert isa.resolve_weight_form(None, "qnn") == isa.resolve_weight_form("auto", "qnn") == isa.FORM_NPU
+    assert isa.resolve_weight_form("w8-u8s8", "qnn") == "w8-u8s8"  # forced: the NPU's kernels, no VNNI warning
+    with pytest.raises(ConfigError, match="weight form must be one of"):
+        isa.resolve_weight_form("int4", "qnn")
+    with pytest.raises(ConfigError, match="provider kind"):
+        isa.resolve_weight_form(None, "gpu")
+
+
+@pytest.mark.parametrize("flags, form, want", [
+    ({"avx512_vnni"}, "w8-u8u8", "w8-u8s8"),  # the same 8-bit weights, VNNI's faster exact kernel
+    ({"avx512_vnni"}, "w8-u8s8", "w8-u8s8"),
+    ({"avx2"}, "w8-u8s8", "w8-u8u8"),  # 8-bit u8·s8 saturates without VNNI: u8·u8 holds the same weights
+    ({"avx2"}, "w8-u8u8", "w8-u8u8"),
+    ({"avx512_vnni"}, "w7-u8s8", "w7-u8s8"),  # 7-bit weights are other numbers: kept
+    ({"avx2"}, "w7-u8s8", "w7-u8s8"),
+])
+def test_the_cpu_runs_a_plans_weights_in_its_exact_form(flags, form, want):
+    assert isa.cpu_form_for(form, frozenset(flags)) == want
+
+
 def test_this_machine_is_described_by_its_flags():
     m = isa.machine()
     assert set(m["isa"]) <= set(isa.ISA_FLAGS)
