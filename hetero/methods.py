@@ -214,19 +214,13 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
                                       torch_threads=(shared, _alone_threads(shared, threads)),
                                       learn_key=f"{model.name}-{model.fingerprint[:12]}-{method}-C{chunk}-{threads}t")
     # the NPU lane's sessions get the lane's share too: their thread count is fixed per session, and a pool
-<<<<<<< HEAD
     # on every core beside attention's preempts it (docs/journal.md, "Measured facts": thread split)
-    return Runtime(model, chunk=chunk, backend=spec.make(model, chunk, shared, weight_form),
-                   executor=executor, attention_threads=threads)
-=======
-    # on every core beside attention's preempts it (docs/design.md, "Measured facts": thread split)
     backend = spec.make(model, chunk, shared, weight_form)
     from hetero.npu.placement import decode_placement
 
     decode = decode_placement(backend)  # where decode steps run (the CPU, as mllm-NPU; issue 28)
     log.info("placement | %s", decode.describe())
     return Runtime(model, chunk=chunk, backend=backend, executor=executor, attention_threads=threads, decode=decode)
->>>>>>> cli
 
 
 def make_service(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,
