@@ -62,12 +62,29 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
     except HeteroError as e:
         print(f"hetero: error: {e}", file=sys.stderr)
-        return 2
+        rc = 2
     except KeyboardInterrupt:
-        return 130
+        rc = 130
+    if argv is None:
+        _end_process(rc)
+    return rc
+
+
+def _end_process(rc: int) -> None:
+    """End this command's process now: its results are printed and its cache files written (atomically), and
+    the exit handlers run (logging, temp folders, the decode helper's stop); what is skipped is the teardown of
+    every object, ~100 ONNX Runtime sessions, torch's and numba's state: 0.8-0.9 s of a warm `hetero run`
+    (issue 28), for nothing."""
+    import atexit
+    import os
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 if __name__ == "__main__":
