@@ -61,10 +61,10 @@ class ChunkAttention:
     threads: the most ONNX Runtime intra-op threads a call uses (a call uses torch's current thread count, at most this).
     """
 
-    def __init__(self, cfg: ModelConfig, cos: torch.Tensor, sin: torch.Tensor, threads: int):
+    def __init__(self, cfg: ModelConfig, cos: torch.Tensor, sin: torch.Tensor, threads: int, pool: str | None = None):
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
-        self.cfg, self.threads = cfg, threads
+        self.cfg, self.threads, self.pool = cfg, threads, pool  # pool: the runtime's ORT pool mode (`ExecutionPlan`)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
         self._graph = _graph(cfg)
         self._sessions: dict[int, ort.InferenceSession] = {}
@@ -73,7 +73,7 @@ class ChunkAttention:
         """The session running on `threads` intra-op threads (made once; it holds no weights)."""
         s = self._sessions.get(threads)
         if s is None:
-            so = ort_session_options(threads)
+            so = ort_session_options(threads, pool=self.pool)
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the NPU lane's sessions
             so.log_severity_level = 3
             s = self._sessions[threads] = ort.InferenceSession(self._graph, so, providers=["CPUExecutionProvider"])

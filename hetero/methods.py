@@ -20,7 +20,7 @@ from hetero.loader import Model
 from hetero.runtime import Runtime
 from hetero.serve.service import Service
 from hetero.serve.store import StoreConfig
-from hetero.threads import set_torch_threads
+from hetero.threads import ExecutionPlan, set_torch_threads
 
 if TYPE_CHECKING:
     from hetero.outliers.plan import QuantPlan
@@ -121,16 +121,17 @@ def quant_setup(model: Model, provider: str = "cpu", weight_form: str | None = N
     return qm, quant_plan(qm, provider, weight_form=weight_form, recipe=recipe)
 
 
-def _float(model: Model, chunk: int, threads: int | None, weight_form: str | None) -> LayerBackend:
+def _float(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str | None) -> LayerBackend:
     return FloatBackend(model.config, model.weights)
 
 
-def _npu(provider: str, recipe: Recipe = DEFAULT_RECIPE) -> Callable[[Model, int, int | None, str | None], LayerBackend]:
-    def make(model: Model, chunk: int, threads: int | None, weight_form: str | None) -> LayerBackend:
+def _npu(provider: str, recipe: Recipe = DEFAULT_RECIPE) -> Callable[[Model, int, ExecutionPlan, str | None], LayerBackend]:
+    def make(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str | None) -> LayerBackend:
         from hetero.npu.backend import NpuBackend
 
         plan = quant_plan(model, provider, weight_form=weight_form, recipe=recipe)
-        return NpuBackend(model, plan, chunk=chunk, provider=provider, intra_op_threads=threads or 2)
+        return NpuBackend(model, plan, chunk=chunk, provider=provider, intra_op_threads=execution.lane_threads,
+                          ort_pool=execution.ort_pool)
 
     return make
 
@@ -138,7 +139,7 @@ def _npu(provider: str, recipe: Recipe = DEFAULT_RECIPE) -> Callable[[Model, int
 @dataclass(frozen=True, slots=True)
 class Method:
     # (model, chunk, threads, weight_form) -> the layer ops; `model` is already `quant_model(model, recipe)`
-    make: Callable[[Model, int, int | None, str | None], LayerBackend]
+    make: Callable[[Model, int, ExecutionPlan, str | None], LayerBackend]
     policy: str | None  # default dispatch policy; None = in program order on the calling thread
     doc: str
     recipe: Recipe | None = None  # quantized methods: how the plan is built
@@ -168,24 +169,6 @@ METHODS: dict[str, Method] = {
 DEFAULT_METHOD = "hetero"
 
 
-_SPIN_WARNED = False
-
-
-def _alone_threads(shared: int, threads: int) -> int:
-    """torch's threads for a lane running alone (attention at long prompts): every core, unless torch's
-    OpenMP threads spin when idle (OMP_WAIT_POLICY not PASSIVE when torch loaded), which starves ONNX Runtime's."""
-    from hetero.threads import passive_in_effect
-
-    global _SPIN_WARNED
-    if shared == threads or passive_in_effect():
-        return threads
-    if not _SPIN_WARNED:
-        _SPIN_WARNED = True
-        log.warning("torch's OpenMP threads spin-wait and compete with ONNX Runtime's: set OMP_WAIT_POLICY=PASSIVE "
-                    "before torch loads (the hetero command does); torch keeps %d thread(s) per lane", shared)
-    return shared
-
-
 def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,
                  policy: str | None = None, weight_form: str | None = None) -> Runtime:
     """A runtime for `method`; `policy` overrides the method's default dispatch policy; `weight_form` forces
@@ -201,26 +184,23 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
         raise ConfigError(f"method must be one of {sorted(METHODS)}, got {method!r}")
     if spec.recipe is not None:
         model = quant_model(model, spec.recipe)  # the rotated copy: its embedding and lm_head run the prefill
-    threads = threads or os.cpu_count() or 1
     policy = policy or spec.policy
-    overlapped = policy is not None and spec.make is not _float
-    shared = max(1, threads // 2) if overlapped else threads
-    use_threads(shared)
+    plan = ExecutionPlan.for_host(threads, overlapped=policy is not None and spec.make is not _float)
     executor = None
     if policy is not None:
         from hetero.sched.executor import OutOfOrderExecutor
 
         executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy,
-                                      torch_threads=(shared, _alone_threads(shared, threads)),
-                                      learn_key=f"{model.name}-{model.fingerprint[:12]}-{method}-C{chunk}-{threads}t")
+                                      torch_threads=(plan.lane_threads, plan.alone_threads),
+                                      learn_key=f"{model.name}-{model.fingerprint[:12]}-{method}-C{chunk}-{plan.threads}t")
     # the NPU lane's sessions get the lane's share too: their thread count is fixed per session, and a pool
     # on every core beside attention's preempts it (docs/journal.md, "Measured facts": thread split)
-    backend = spec.make(model, chunk, shared, weight_form)
+    backend = spec.make(model, chunk, plan, weight_form)
     from hetero.npu.placement import decode_placement
 
     decode = decode_placement(backend)  # where decode steps run (the CPU, as mllm-NPU; issue 28)
     log.info("placement | %s", decode.describe())
-    return Runtime(model, chunk=chunk, backend=backend, executor=executor, attention_threads=threads, decode=decode)
+    return Runtime(model, chunk=chunk, backend=backend, executor=executor, execution=plan, decode=decode)
 
 
 def make_service(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,

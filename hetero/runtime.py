@@ -26,6 +26,7 @@ from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache, check_cache
 from hetero.loader import Model
 from hetero.schedule import Schedule
+from hetero.threads import ExecutionPlan, torch_threads
 
 class Closeable(Protocol):
     def close(self) -> None: ...
@@ -180,7 +181,8 @@ class Runtime:
 
     def __init__(self, model: Model, chunk: int = 256, backend: LayerBackend | None = None,
                  max_context: int | None = None, executor: PrefillExecutor | None = None,
-                 attention_threads: int | None = None, decode: DecodePlacement | None = None):
+                 attention_threads: int | None = None, decode: DecodePlacement | None = None,
+                 execution: ExecutionPlan | None = None):
         self.model, self.cfg, self.chunk = model, model.config, check_chunk(chunk, model.config.context_length)
         ctx = self.cfg.context_length
         if max_context is not None and not 0 < max_context <= ctx:
@@ -192,7 +194,10 @@ class Runtime:
         self.decode = decode  # None: decode steps run on the backend's own engines (`decode.step.DecodeStep`)
         self.rope = ref.RopeTable(self.cfg, ctx + chunk)  # + chunk: padded rows of the last chunk
         # the `attn` subgraph of every chunk (the CPU lane): ORT's GroupQueryAttention over the cache
-        self.attention = ChunkAttention(self.cfg, self.rope.cos, self.rope.sin, attention_threads or os.cpu_count() or 1)
+        # how it uses the host (`threads.ExecutionPlan`, chosen at the edge); by default every core, in program order
+        self.execution = execution or ExecutionPlan.for_host(attention_threads, overlapped=False)
+        self.attention = ChunkAttention(self.cfg, self.rope.cos, self.rope.sin, self.execution.threads,
+                                        self.execution.ort_pool)
         self.buffers = ChunkBuffers(model, chunk)
         self._busy = threading.Lock()  # the buffers serve one prefill at a time (callers may be threads)
         self._owned: dict[str, Closeable] = {}
@@ -266,7 +271,7 @@ class Runtime:
         if cache is None:
             cache = self.new_cache()
         cache.reserve(plan.ids.numel())
-        with self._busy:
+        with self._busy, torch_threads(self.execution.lane_threads):  # restored after (`threads.torch_threads`)
             t0 = time.perf_counter()
             job, schedule = self.execute(plan, cache)
             return self.commit(job, schedule, t0)

@@ -19,12 +19,16 @@ takes its options from `ort_session_options()`.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from hetero.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 WAIT_POLICY = "OMP_WAIT_POLICY"
 KEEP = "HETERO_OMP_WAIT_POLICY"  # "default": leave the libraries' default (a baseline engine's process)
@@ -85,16 +89,17 @@ def shared_ort_pool() -> bool:
     return mode == "shared"
 
 
-def ort_session_options(intra_op_threads: int | None = None, inter_op_threads: int = 1):
+def ort_session_options(intra_op_threads: int | None = None, inter_op_threads: int = 1, pool: str | None = None):
     """A fresh `onnxruntime.SessionOptions` for a session of hetero on `intra_op_threads` (None: ONNX Runtime's
-    default); in the shared mode, the process's pool instead (made on first use, before any session: ONNX
+    default); in the shared pool mode, the process's pool instead (made on first use, before any session: ONNX
     Runtime reads it when it creates its environment; it warns once per session whose options name thread
-    counts, so none are set then)."""
+    counts, so none are set then). pool: "session" or "shared", as a runtime's `ExecutionPlan` says; None (a
+    tool outside a runtime): $HETERO_ORT_POOL's."""
     import onnxruntime as ort
 
     global _shared_pool_made
     so = ort.SessionOptions()
-    if shared_ort_pool():
+    if (pool == "shared") if pool is not None else shared_ort_pool():
         if not _shared_pool_made:
             from onnxruntime.capi import _pybind_state
 
@@ -125,3 +130,43 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         set_torch_threads(before)
+
+
+_SPIN_WARNED = False
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionPlan:
+    """How a runtime uses the host, chosen once at the edge (`methods.make_runtime`) from its arguments and the
+    environment, then passed down: the runtime, its sessions and its decode step read it, not the environment.
+
+    When lanes overlap (mllm-NPU §3.4) each gets half the cores so they do not oversubscribe them: the NPU lane's
+    sessions always, torch on the CPU lane while another lane runs (all of them while it runs alone, if OpenMP's
+    threads sleep when idle: `passive_in_effect`). In program order everything gets all of them."""
+
+    threads: int  # cores the runtime uses
+    lane_threads: int  # a lane's share while lanes overlap (the NPU lane's sessions, torch beside another lane)
+    alone_threads: int  # torch's threads for a lane running alone
+    ort_pool: str  # "session": a non-spinning pool per ONNX Runtime session; "shared": one spinning pool
+    decode_helper: bool  # a decode step's second thread (`decode.attnpool`)
+
+    @classmethod
+    def for_host(cls, threads: int | None = None, overlapped: bool = True) -> "ExecutionPlan":
+        """The plan on `threads` cores (None: all of them) for lanes that overlap or not."""
+        global _SPIN_WARNED
+        n = threads or os.cpu_count() or 1
+        if n < 1:
+            raise ConfigError(f"threads must be >= 1, got {n}")
+        pool = "shared" if shared_ort_pool() else "session"
+        lane = max(1, n // 2) if overlapped else n
+        alone = n
+        if lane != n and not passive_in_effect():  # torch's OpenMP threads spin: keep them to a lane's share
+            alone = lane
+            if not _SPIN_WARNED:
+                _SPIN_WARNED = True
+                log.warning("torch's OpenMP threads spin-wait (torch was imported before hetero set OMP_WAIT_POLICY) "
+                            "and would compete with ONNX Runtime's: set OMP_WAIT_POLICY=PASSIVE before importing "
+                            "torch; torch keeps %d thread(s) per lane", lane)
+        # the helper spins while a step runs: not beside a shared pool, whose threads spin too (docs/journal.md,
+        # "Decoding": 14.2 vs 10.3 ms a step), nor on one core
+        return cls(n, lane, alone, pool, pool == "session" and usable_cores() >= 2)

@@ -154,7 +154,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         runtime.prefill(prompt[: min(prompt.numel(), args.chunk)])  # first-call allocations, lazy inits
     result = runtime.prefill(prompt)
     timing.seconds["prefill"] = result.total_ms / 1e3
-    use_threads(args.threads)  # the runtime may have split cores between lanes; decoding uses them all
     out: dict[str, Any] = {
         "prompt_tokens": result.n_tokens,
         "prefill_ms": round(result.total_ms, 2),

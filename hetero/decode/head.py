@@ -77,7 +77,7 @@ class Int8Head:
     name = "int8"
 
     def __init__(self, cfg: ModelConfig, weights: Weights, threads: int = 2, pool: AttentionPool | None = None,
-                 model: Model | None = None):
+                 model: Model | None = None, ort_pool: str | None = None):
         """model: the model of `weights` when it has a cache entry, which then keeps the quantized head
         (`outliers.weightcache`: quantizing 49k×576 weights took ~0.3-1 s a start)."""
         self.cfg, self.weights, self.pool = cfg, weights, pool
@@ -95,7 +95,7 @@ class Int8Head:
         if self._ortc is not None:
             self.sessions = [self._ortc.session(g) for g in graphs]
         else:
-            so = ort_session_options(threads)
+            so = ort_session_options(threads, pool=ort_pool)
             so.log_severity_level = 3
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
             self.sessions = [ort.InferenceSession(g.SerializeToString(), so, providers=["CPUExecutionProvider"])

@@ -30,7 +30,7 @@ from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
 from hetero.npu.backend import NpuBackend
 from hetero.runtime import Runtime
-from hetero.threads import shared_ort_pool, torch_threads, usable_cores
+from hetero.threads import torch_threads
 
 TREE_SIZES = (1, 2, 4, 8)  # static chunk sizes of the INT8 decode graphs (2: a one-token draft, LLMCad §3.3)
 # Threads of an INT8 decode step (its graph sessions and torch while it runs). A step is ~150 small ops
@@ -44,14 +44,6 @@ DECODE_THREADS = 1
 SPLIT_AFTER_STEPS = 256
 
 
-def default_attention_threads() -> int:
-    """Threads of an INT8 step's attention and LM head: 2 (a helper thread that spins only while a step runs,
-    `attnpool`; same logits as 1) when the process may use two cores, but not beside a shared ONNX Runtime pool,
-    whose threads spin between runs too: both spinning on two cores made a step at context 1024 14.2 ms instead
-    of 10.3 (docs/design.md, "Decoding")."""
-    return 1 if shared_ort_pool() or usable_cores() < 2 else 2
-
-
 class DecodeStep:
     """Forward passes of decode-sized chunks for one runtime (`DecodeStep.of(runtime)` shares one)."""
 
@@ -60,7 +52,9 @@ class DecodeStep:
         """split_after: one-row steps before the graphs split over both cores (0: at the first, None: never)."""
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
-        attention_threads = default_attention_threads() if attention_threads is None else attention_threads
+        if attention_threads is None:  # the runtime's plan: a helper thread where the process may use two cores and
+            # no shared ONNX Runtime pool spins beside it (`threads.ExecutionPlan.decode_helper`)
+            attention_threads = 2 if runtime.execution.decode_helper else 1
         if attention_threads not in (1, 2):
             raise ConfigError(f"attention_threads must be 1 or 2, got {attention_threads}")
         self.runtime, self.cfg, self.model = runtime, runtime.cfg, runtime.model
@@ -84,7 +78,8 @@ class DecodeStep:
             weakref.finalize(self, self.pool.close)
         if head == "auto":
             head = "int8" if self.static else "float"
-        self.head = (Int8Head(self.cfg, self.model.weights, threads, self.pool, self.model) if head == "int8"
+        self.head = (Int8Head(self.cfg, self.model.weights, threads, self.pool, self.model, runtime.execution.ort_pool)
+                     if head == "int8"
                      else FloatHead(self.cfg, self.model.weights))
 
     @classmethod

@@ -81,6 +81,7 @@ class NpuBackend:
     when none is recorded), or "2d", "3d:a", "conv:a" for every graph (§4, optimisation 1).
     layers: prepare only these layers (e.g. range(2) for a quick test); the others raise on use.
     graphs_root: the graph cache folder (default: under the user cache).
+    ort_pool: the CPU EP sessions' pool mode, the runtime's `threads.ExecutionPlan.ort_pool` (None: the environment's).
     dynamic_rows: one graph set for every chunk length (rows symbolic), where the provider allows it (the
     CPU EP); None (default): when every graph runs on the CPU EP with shape "auto" or "2d". Then `any_rows` is
     True and a runtime may run chunks of any length up to C without padding.
@@ -90,18 +91,18 @@ class NpuBackend:
 
     def __init__(self, model: Model, plan, chunk: int, provider: "str | Provider" = "cpu", *, placement=None,
                  shape: str = "auto", layers=None, intra_op_threads: int = 2, use_cache: bool = True, rows=None,
-                 graphs_root=None, dynamic_rows: bool | None = None):
+                 graphs_root=None, dynamic_rows: bool | None = None, ort_pool: str | None = None):
         from hetero.outliers.shadow import QuantizedBackend
 
         check_chunk(chunk, model.config.context_length)
         check_graph_memory(model.config, chunk, model.config.n_layers if layers is None else len(layers))
         self.model, self.cfg, self.plan, self.chunk = model, model.config, plan, chunk
-        self.provider = make_provider(provider, intra_op_threads) if isinstance(provider, str) else provider
+        self.provider = make_provider(provider, intra_op_threads, ort_pool) if isinstance(provider, str) else provider
         self.name = f"npu[{self.provider.name}]"
         self._reference = QuantizedBackend(self.cfg, model.weights, plan, rows)  # its shadow_delta(_rows)
         self.placement = placement
         self._cpu_provider = self.provider if isinstance(self.provider, OrtCpuProvider) else None
-        self._intra = intra_op_threads
+        self._intra, self._pool = intra_op_threads, ort_pool
         self.shape = shape
         self._graphs_root = graphs_root
         # On the CPU EP a recorded 3-D winner is a few percent; padding a short prompt to C costs up to C/rows.
@@ -148,12 +149,13 @@ class NpuBackend:
             from hetero.npu.isa import cpu_form_for
 
             threads = intra_op_threads or self._intra
-            kw.update(provider=OrtCpuProvider(threads), intra_op_threads=threads, placement=None, shape="auto")
+            kw.update(provider=OrtCpuProvider(threads, pool=self._pool), intra_op_threads=threads, placement=None,
+                      shape="auto")
             plan = dataclasses.replace(plan, weight_form=cpu_form_for(plan.weight_form))
             return NpuBackend(self.model, plan, chunk, **kw)
         # ---
         if intra_op_threads is not None and intra_op_threads != self._intra and isinstance(self.provider, OrtCpuProvider):
-            kw.update(provider=OrtCpuProvider(intra_op_threads), intra_op_threads=intra_op_threads)
+            kw.update(provider=OrtCpuProvider(intra_op_threads, pool=self._pool), intra_op_threads=intra_op_threads)
         return NpuBackend(self.model, plan, chunk, **kw)
 
     def _share_buffers(self) -> None:
@@ -193,7 +195,7 @@ class NpuBackend:
         if self.placement is None or self.placement.device_of(layer, kind) == "npu":
             return self.provider
         if self._cpu_provider is None:
-            self._cpu_provider = OrtCpuProvider(self._intra)
+            self._cpu_provider = OrtCpuProvider(self._intra, pool=self._pool)
         return self._cpu_provider
 
     def _shape_for(self, provider: Provider, kind: str) -> str:

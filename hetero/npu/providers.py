@@ -115,15 +115,16 @@ class OrtCpuProvider(Provider):
 
     name, flavor, device = "ort-cpu", "cpu", "cpu"
 
-    def __init__(self, intra_op_threads: int = 2, inter_op_threads: int = 1):
-        self.intra_op_threads, self.inter_op_threads = intra_op_threads, inter_op_threads
+    def __init__(self, intra_op_threads: int = 2, inter_op_threads: int = 1, pool: str | None = None):
+        """pool: the runtime's ONNX Runtime pool mode (`threads.ExecutionPlan.ort_pool`); None: the environment's."""
+        self.intra_op_threads, self.inter_op_threads, self.pool = intra_op_threads, inter_op_threads, pool
 
     def options_key(self) -> dict:
         # the level-ALL optimized model may hold CPU-specific kernels: key it to the machine
         return {"lane": self.name, "opt": "all", **isa.machine()}  # "lane": kept, it is in every cache key
 
     def _options(self) -> ort.SessionOptions:
-        so = ort_session_options(self.intra_op_threads, self.inter_op_threads)
+        so = ort_session_options(self.intra_op_threads, self.inter_op_threads, self.pool)
         so.log_severity_level = 3
         # No spinning: idle pool threads would otherwise burn the cores that the CPU lane (attention,
         # shadow outliers in torch) needs between two graph runs.
@@ -239,16 +240,16 @@ class QnnHtpProvider(Provider):
             return ort.InferenceSession(str(path), self._options())
 
 
-def make_provider(kind: str = "cpu", intra_op_threads: int = 2, **options) -> Provider:
+def make_provider(kind: str = "cpu", intra_op_threads: int = 2, pool: str | None = None, **options) -> Provider:
     """"cpu" → OrtCpuProvider; "qnn" → QnnHtpProvider, or (warning once) OrtCpuProvider when QNN is absent."""
     if kind in ("cpu", "ort-cpu"):
-        return OrtCpuProvider(intra_op_threads, **options)
+        return OrtCpuProvider(intra_op_threads, pool=pool, **options)
     if kind in ("qnn", "qnn-htp", "npu"):
         try:
             return QnnHtpProvider(options.get("provider_options"))
         except BackendUnavailable as e:
             warn_once("qnn", "%s; falling back to the ONNX Runtime CPU EP", e)
-            return OrtCpuProvider(intra_op_threads)
+            return OrtCpuProvider(intra_op_threads, pool=pool)
     raise ConfigError(f"provider kind must be 'cpu' or 'qnn', got {kind!r}")
 
 
