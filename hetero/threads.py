@@ -148,7 +148,7 @@ class ExecutionPlan:
     lane_threads: int  # a lane's share while lanes overlap (the NPU lane's sessions, torch beside another lane)
     alone_threads: int  # torch's threads for a lane running alone
     ort_pool: str  # "session": a non-spinning pool per ONNX Runtime session; "shared": one spinning pool
-    decode_helper: bool  # a decode step's second thread (`decode.attnpool`)
+    decode_helper: bool  # a decode step's second thread (`decode.twocore.attnpool`)
 
     @classmethod
     def for_host(cls, threads: int | None = None, overlapped: bool = True) -> "ExecutionPlan":

@@ -92,8 +92,8 @@ def chunk_costs(runtime, ids: list[int], steps: int, threads: int) -> dict[str, 
 
 
 def attention_threads(runtime, ids: list[int], steps: int, threads: int) -> dict[str, Any]:
-    """Median ms of a one-token step on one thread and on two (`decode.attnpool`: the KV heads, the graphs' column
-    halves (`decode.halves`) and the INT8 head's halves shared with a helper), interleaved, and whether their
+    """Median ms of a one-token step on one thread and on two (`decode.twocore.attnpool`: the KV heads, the graphs' column
+    halves (`decode.twocore.halves`) and the INT8 head's halves shared with a helper), interleaved, and whether their
     logits are equal."""
     import torch
 
@@ -138,7 +138,7 @@ def markdown(r: dict[str, Any]) -> str:
             lines.append(f"| {row['context']} | " + " | ".join(f"{row['ms'][c]} ({row['ratio'][c]}×)" for c in sizes)
                          + f" | {row['load']} |")
     if r.get("attention_threads"):
-        lines += ["", "## The step on one thread and on two (`decode.attnpool`: attention, split graphs, head), "
+        lines += ["", "## The step on one thread and on two (`decode.twocore.attnpool`: attention, split graphs, head), "
                   "interleaved", "",
                   "| context | one thread ms | two threads ms | ratio | same logits | heads the helper took | "
                   "graph halves the helper ran | steps the contention guard ran on one thread | load |",

@@ -22,8 +22,8 @@ import onnxruntime as ort
 import torch
 
 from hetero import model as ref
-from hetero.decode import halves, ortc
-from hetero.decode.attnpool import AttentionPool, StageTable
+from hetero.decode.twocore.stages import Stages, split_available
+from hetero.decode.twocore.attnpool import AttentionPool, StageTable
 from hetero.decode.rowattn import decode_rows, tree_layout
 from hetero.decode.tree import TokenTree
 from hetero.kv_cache import KVCache
@@ -40,59 +40,6 @@ class _Run:
     ins: dict[str, torch.Tensor]
     outs: dict[str, torch.Tensor]
     stages: tuple[int, int] | None = None  # its split form: stages first..last-1 of the step's `_Stages`
-
-
-class _Stages:
-    """The split forms (`halves`) of a one-row step's graphs as C API sessions bound to the step's buffers: stage i
-    is session ms[i] / binding mb[i] (its first column half, or a tail) and hs[i] / hb[i] (its second half)."""
-
-    def __init__(self) -> None:
-        self.ortc = ortc.OrtC.get()
-        self.ms: list[int] = []
-        self.mb: list[int] = []
-        self.hs: list[int] = []
-        self.hb: list[int] = []
-        self._keep: list[object] = []  # sessions, bindings and intermediate buffers
-
-    def add(self, model: onnx.ModelProto, ins: dict[str, torch.Tensor], outs: dict[str, torch.Tensor]
-            ) -> tuple[int, int] | None:
-        """The stages of one graph reading `ins` and writing `outs` ([1, width] buffers); None if it has no
-        splittable matmul."""
-        split = halves.split_graph(model)
-        if split is None:
-            return None
-        env = dict(ins) | dict(outs)
-        for name, width in split.widths.items():
-            if name not in env:
-                env[name] = torch.zeros(1, width)
-        self._keep.append(env)
-        first = len(self.ms)
-        for stage in split.stages:
-            bound = []
-            for h, half in enumerate(stage.halves):
-                sess = self.ortc.session(half)
-                names_in = [i.name for i in half.graph.input]
-                names_out = [o.name for o in half.graph.output]
-                b = sess.bind({n: (env[n].data_ptr(), tuple(env[n].shape)) for n in names_in},
-                              {n: self._column_half(env[n], stage.split, n, h) for n in names_out})
-                self._keep += [sess, b]
-                bound.append((sess.ptr, b.ptr))
-            (ms, mb), (hs, hb) = bound[0], bound[1] if len(bound) == 2 else (0, 0)
-            self.ms.append(ms), self.mb.append(mb), self.hs.append(hs), self.hb.append(hb)
-        return first, len(self.ms)
-
-    @staticmethod
-    def _column_half(t: torch.Tensor, split: dict[str, int], name: str, half: int) -> tuple[int, tuple[int, ...]]:
-        """(address, shape) of what a half writes of buffer t: its columns of a split matmul's output, else all."""
-        if name not in split:
-            return t.data_ptr(), tuple(t.shape)
-        lo, hi = halves.columns(split[name], half)
-        return t.data_ptr() + 4 * lo, (1, hi - lo)
-
-    def table(self) -> StageTable:
-        as_array = lambda xs: np.asarray(xs, np.int64)  # noqa: E731
-        return StageTable(self.ortc.run_fn, as_array(self.ms), as_array(self.mb), as_array(self.hs),
-                          as_array(self.hb), self.ortc.check)
 
 
 class BoundStep:
@@ -116,7 +63,7 @@ class BoundStep:
             return True
         if self.rows != 1 or self.pool is None or not split_available(self.backend):
             return False
-        stages = _Stages()
+        stages = Stages()
         for runs in self.runs:
             for run in runs:
                 if run.graph.source is not None:
@@ -189,9 +136,3 @@ class BoundStep:
         if shadow is None:
             return None
         return shadow.apply(env, self.backend.shadow_delta(layer, shadow.site, env[shadow.source], per_row=True))
-
-
-def split_available(backend) -> bool:
-    """Whether a backend's one-row graphs can run split (`halves`): ONNX Runtime CPU graphs from the graph cache,
-    and the wheel's C library loads."""
-    return backend.splittable and ortc.run_fn() != 0

@@ -19,8 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hetero import model as ref
 from hetero.config import ModelConfig
-from hetero.decode import ortc
-from hetero.decode.attnpool import AttentionPool, StageTable
+from hetero.decode.twocore import ortc
+from hetero.decode.twocore.attnpool import AttentionPool, StageTable
 from hetero.loader import Model
 from hetero.model import Weights
 from hetero.outliers.weightcache import cached_arrays

@@ -20,7 +20,7 @@ import torch
 
 from hetero import model as ref
 from hetero.backend import LayerBackend
-from hetero.decode.attnpool import AttentionPool
+from hetero.decode.twocore.attnpool import AttentionPool
 from hetero.decode.bound import BoundStep
 from hetero.decode.head import FloatHead, Int8Head
 from hetero.decode.rowattn import row_attention

@@ -175,7 +175,7 @@ class NpuBackend:
     @property
     def splittable(self) -> bool:
         """Whether its graphs are ONNX Runtime CPU EP graphs, which a one-row decode step may cut into column
-        halves (`decode.halves`; not QNN context binaries)."""
+        halves (`decode.twocore.halves`; not QNN context binaries)."""
         return isinstance(self.provider, OrtCpuProvider) and self.placement is None
 
     def program(self, layer: int) -> LayerProgram:

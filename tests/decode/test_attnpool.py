@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hetero import model as ref
-from hetero.decode.attnpool import AttentionPool, _claim_heads
+from hetero.decode.twocore.attnpool import AttentionPool, _claim_heads
 from hetero.decode.rowattn import decode_rows, rope_rows, tree_layout
 from hetero.decode.tree import TokenTree
 from tests.conftest import make_tiny_model
@@ -67,8 +67,8 @@ def test_a_failed_graph_half_raises_onnx_runtimes_message_whoever_ran_it():
     C API's message whether the helper ran that half or the main thread took it back, in a step or outside one."""
     from onnx import TensorProto, helper
 
-    from hetero.decode import ortc
-    from hetero.decode.attnpool import StageTable
+    from hetero.decode.twocore import ortc
+    from hetero.decode.twocore.attnpool import StageTable
 
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],

@@ -9,10 +9,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from hetero.decode import ortc
-from hetero.decode.attnpool import AttentionPool
-from hetero.decode.bound import _Stages
-from hetero.decode.halves import split_graph
+from hetero.decode.twocore import ortc
+from hetero.decode.twocore.attnpool import AttentionPool
+from hetero.decode.twocore.stages import Stages
+from hetero.decode.twocore.halves import split_graph
 from hetero.decode.step import DECODE_THREADS
 from hetero.npu.backend import NpuBackend
 from tests.conftest import make_tiny_model
@@ -41,7 +41,7 @@ def test_split_graphs_compute_the_whole_graphs_outputs_bit_for_bit(form, kind):
     for g in _one_row_graphs(form, kind):
         ins = {name: torch.from_numpy(rng.standard_normal((1, w)).astype(np.float32) * 3) for name, w in g.inputs.items()}
         outs = {name: torch.full((1, w), np.nan) for name, w in g.outputs.items()}
-        stages = _Stages()
+        stages = Stages()
         span = stages.add(onnx.load(str(g.path)), ins, outs)
         if span is None:  # no MatMulIntegerToFloat (a 16-bit site's matmul): the graph stays whole
             assert not any(n.op_type == "MatMulIntegerToFloat" for n in onnx.load(str(g.path)).graph.node)
@@ -61,7 +61,7 @@ def test_shared_stages_equal_whatever_thread_runs_a_half():
     rng = np.random.default_rng(1)
     ins = {name: torch.from_numpy(rng.standard_normal((1, w)).astype(np.float32)) for name, w in g.inputs.items()}
     outs = {name: torch.zeros(1, w) for name, w in g.outputs.items()}
-    stages = _Stages()
+    stages = Stages()
     span = stages.add(onnx.load(str(g.path)), ins, outs)
     table = stages.table()
     want = _whole(g, {k: v.numpy() for k, v in ins.items()})

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hetero import model as ref
-from hetero.decode.attnpool import AttentionPool
+from hetero.decode.twocore.attnpool import AttentionPool
 from hetero.decode.head import Int8Head, int8_head_graph
 from tests.conftest import make_tiny_model
 

@@ -9,7 +9,7 @@ import onnxruntime
 import pytest
 import torch
 
-from hetero.decode import ortc
+from hetero.decode.twocore import ortc
 from hetero.decode.step import DecodeStep
 from hetero.decode.tree import TokenTree
 from hetero.errors import BackendUnavailable

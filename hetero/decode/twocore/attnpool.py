@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from hetero.config import ModelConfig
-from hetero.decode import atomics, native, ortc
+from hetero.decode.twocore import atomics, native, ortc
 from hetero.decode.rowattn import RowLayout, _attend_rows, _rope_rows
 
 # Control fields (int64), each on its own 64-byte cache line. SEQ is even when a job is published and odd
