@@ -14,6 +14,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from typing import Protocol
 from contextlib import nullcontext
 
 import torch
@@ -44,8 +45,38 @@ DECODE_THREADS = 1
 SPLIT_AFTER_STEPS = 256
 
 
+class Layers(Protocol):
+    """A step's layers at one chunk size: the hidden states [C, hidden] of a tree's rows (padded to C with the
+    root) after `layers` layers (default all), their K/V written to cache rows slot.. (cache.length unchanged).
+    Two implementations: `bound.BoundStep` (the INT8 graphs, bound once) and `FloatLayers` (the float layer)."""
+
+    def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> torch.Tensor: ...
+
+
+class FloatLayers:
+    """The float layer (`hetero.model`) over a tree's rows, with the per-row attention of decode (`rowattn`)."""
+
+    def __init__(self, runtime: Runtime, backend: LayerBackend):
+        self.runtime, self.backend, self.cfg = runtime, backend, runtime.cfg
+
+    def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> torch.Tensor:
+        n = len(tree)
+        h = ref.embed(self.runtime.model.weights, torch.tensor(tree.tokens, dtype=torch.long))
+        positions = tree.positions(slot)
+        mask = None if tree.is_chain() else tree.mask()
+        for layer in range(self.cfg.n_layers if layers is None else layers):
+            q, k, v = self.backend.qkv(layer, h)
+            kc, vc = cache.layer(layer)
+            a = ref.attention(self.cfg, q, k, v, self.runtime.rope, kc, vc, slot, n, positions, mask, row_attention)
+            h = self.backend.o_ffn(layer, a, h)
+        return h
+
+
 class DecodeStep:
-    """Forward passes of decode-sized chunks for one runtime (`DecodeStep.of(runtime)` shares one)."""
+    """Forward passes of decode-sized chunks for one runtime (`DecodeStep.of(runtime)`: the runtime's own).
+
+    A step is its layers (`Layers`: the INT8 graphs bound once, `bound.BoundStep`, or the float layer,
+    `FloatLayers`) and its head (`head.FloatHead` or `head.Int8Head`): hidden states, then logits."""
 
     def __init__(self, runtime: Runtime, head: str = "auto", threads: int = DECODE_THREADS,
                  attention_threads: int | None = None, split_after: int | None = SPLIT_AFTER_STEPS):
@@ -171,32 +202,17 @@ class DecodeStep:
     @torch.inference_mode()
     def _forward(self, cache: KVCache, tree: TokenTree, slot: int | None, layers: int | None,
                  rows: Sequence[int] | None) -> torch.Tensor:
+        """The step's two parts: the layers (`Layers.forward` → hidden states) and the head (→ logits)."""
         n = len(tree)
         slot = cache.length if slot is None else slot
         cache.reserve(slot + n - cache.length)
-        c = self.padded_size(n)
-        if self.static:  # the graphs of this size bound once (`bound.BoundStep`)
-            bound = self.prepare(n)
-            self.one_row_steps += c == 1
-            try:
-                h = bound.forward(cache, tree, slot, layers)
-                return self._logits(h, n, rows)
-            finally:
-                if self.pool is not None:
-                    self.pool.end()
-        else:
-            backend = self.backend(n)
-            ids = torch.tensor(tree.tokens + [tree.tokens[0]] * (c - n), dtype=torch.long)
-            h = ref.embed(self.model.weights, ids)
-            positions = torch.cat([tree.positions(slot), torch.full((c - n,), slot, dtype=torch.long)])
-            mask = None if tree.is_chain() else tree.mask()
-            rope = self.runtime.rope
-            for layer in range(self.cfg.n_layers if layers is None else layers):
-                q, k, v = backend.qkv(layer, h)
-                kc, vc = cache.layer(layer)
-                a = ref.attention(self.cfg, q, k, v, rope, kc, vc, slot, n, positions, mask, row_attention)
-                h = backend.o_ffn(layer, a, h)
-        return self._logits(h, n, rows)
+        layers_of_size = self.prepare(n) if self.static else FloatLayers(self.runtime, self.backend(n))
+        self.one_row_steps += self.padded_size(n) == 1
+        try:
+            return self._logits(layers_of_size.forward(cache, tree, slot, layers), n, rows)
+        finally:
+            if self.pool is not None:
+                self.pool.end()
 
     def _logits(self, h: torch.Tensor, n: int, rows: Sequence[int] | None) -> torch.Tensor:
         sel = h[:n] if rows is None else h[list(rows)]
