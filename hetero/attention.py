@@ -24,7 +24,7 @@ from onnx import TensorProto, helper
 
 from hetero.config import ModelConfig
 from hetero.errors import ConfigError
-from hetero.threads import ort_session_options
+from hetero.sessions import cpu_session
 
 
 def _graph(cfg: ModelConfig) -> bytes:
@@ -73,10 +73,7 @@ class ChunkAttention:
         """The session running on `threads` intra-op threads (made once; it holds no weights)."""
         s = self._sessions.get(threads)
         if s is None:
-            so = ort_session_options(threads, pool=self.pool)
-            so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the NPU lane's sessions
-            so.log_severity_level = 3
-            s = self._sessions[threads] = ort.InferenceSession(self._graph, so, providers=["CPUExecutionProvider"])
+            s = self._sessions[threads] = cpu_session(self._graph, threads, self.pool)
         return s
 
     def __call__(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,

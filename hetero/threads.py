@@ -14,7 +14,7 @@ ONNX Runtime: by default each session has its own intra-op pool that never spins
 gives the process one pool of every core, shared by all of hetero's sessions, spinning between runs
 (ONNX Runtime's default): a decode step's ~80 small graph runs then split across the cores without a wake-up
 each (docs/journal.md, "Decoding"); the sessions' own thread counts no longer apply. Every session hetero makes
-takes its options from `ort_session_options()`.
+takes its options from `hetero.sessions.session_options`.
 """
 
 from __future__ import annotations
@@ -78,37 +78,12 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-_shared_pool_made = False
-
-
 def shared_ort_pool() -> bool:
     """Whether $HETERO_ORT_POOL asks for one process-wide ONNX Runtime pool ("shared"; "session" or unset: no)."""
     mode = os.environ.get(ORT_POOL, "session").strip().lower() or "session"
     if mode not in ("session", "shared"):
         raise ConfigError(f"{ORT_POOL} must be 'session' or 'shared', got {os.environ[ORT_POOL]!r}")
     return mode == "shared"
-
-
-def ort_session_options(intra_op_threads: int | None = None, inter_op_threads: int = 1, pool: str | None = None):
-    """A fresh `onnxruntime.SessionOptions` for a session of hetero on `intra_op_threads` (None: ONNX Runtime's
-    default); in the shared pool mode, the process's pool instead (made on first use, before any session: ONNX
-    Runtime reads it when it creates its environment; it warns once per session whose options name thread
-    counts, so none are set then). pool: "session" or "shared", as a runtime's `ExecutionPlan` says; None (a
-    tool outside a runtime): $HETERO_ORT_POOL's."""
-    import onnxruntime as ort
-
-    global _shared_pool_made
-    so = ort.SessionOptions()
-    if (pool == "shared") if pool is not None else shared_ort_pool():
-        if not _shared_pool_made:
-            from onnxruntime.capi import _pybind_state
-
-            _pybind_state.set_global_thread_pool_sizes(os.cpu_count() or 1, 1)
-            _shared_pool_made = True
-        so.use_per_session_threads = False
-    elif intra_op_threads is not None:
-        so.intra_op_num_threads, so.inter_op_num_threads = intra_op_threads, inter_op_threads
-    return so
 
 
 def set_torch_threads(n: int) -> None:

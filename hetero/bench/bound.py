@@ -16,13 +16,12 @@ import torch
 import torch.nn.functional as F
 
 from hetero.config import ModelConfig
-from hetero.threads import ort_session_options
+from hetero.sessions import cpu_session
 from hetero.timing import median_seconds
 
 
 def gemm_rate(cfg: ModelConfig, rows: int, threads: int, repeats: int = 5) -> float:
     """u8×s8 MatMulInteger ops/s (2 per multiply-add) through the ORT CPU EP: [rows, hidden] × [hidden, 2·ffn]."""
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     k, n = cfg.hidden, 2 * cfg.ffn
@@ -33,9 +32,7 @@ def gemm_rate(cfg: ModelConfig, rows: int, threads: int, repeats: int = 5) -> fl
         [helper.make_tensor_value_info("y", TensorProto.INT32, [rows, n])],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(128, np.uint8), "xz")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
-    so = ort_session_options(threads)
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = cpu_session(m.SerializeToString(), threads)
     x = np.random.default_rng(1).integers(0, 256, (rows, k), dtype=np.uint8)
     return 2 * rows * k * n / median_seconds(lambda: sess.run(None, {"x": x}), repeats)
 

@@ -100,14 +100,10 @@ def time_step(cfg: ModelConfig, graph: bytes, capacity: int, context: int, threa
               gap_ms: float = 1.0) -> float:
     """Median ms of one run at `context` cached tokens; `gap_ms` idle between runs, as a decode's sampling and Python
     between steps (a pool that does not spin sleeps in it)."""
-    import onnxruntime as ort
 
-    from hetero.threads import ort_session_options
+    from hetero.sessions import cpu_session
 
-    so = ort_session_options(threads)
-    so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-    session = ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
+    session = cpu_session(graph, threads, spin=spin)
     rng = np.random.default_rng(1)
     shape = (1, cfg.n_kv_heads, capacity, cfg.head_dim)
     caches = [rng.standard_normal(shape, dtype=np.float32) for _ in range(2 * cfg.n_layers)]

@@ -13,7 +13,6 @@ from collections.abc import Callable
 import numba
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
@@ -25,7 +24,7 @@ from hetero.loader import Model
 from hetero.model import Weights
 from hetero.outliers.weightcache import cached_arrays
 from hetero.outliers.quantize import W_QMAX_U8S8
-from hetero.threads import ort_session_options
+from hetero.sessions import cpu_session
 
 
 class FloatHead:
@@ -95,11 +94,7 @@ class Int8Head:
         if self._ortc is not None:
             self.sessions = [self._ortc.session(g) for g in graphs]
         else:
-            so = ort_session_options(threads, pool=ort_pool)
-            so.log_severity_level = 3
-            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            self.sessions = [ort.InferenceSession(g.SerializeToString(), so, providers=["CPUExecutionProvider"])
-                             for g in graphs]
+            self.sessions = [cpu_session(g.SerializeToString(), threads, ort_pool) for g in graphs]
         self._bindings: dict[int, tuple[np.ndarray, list[np.ndarray], Callable[[], None]]] = {}
 
     def _bound(self, rows: int) -> tuple[np.ndarray, list[np.ndarray], Callable[[], None]]:

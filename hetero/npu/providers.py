@@ -25,7 +25,7 @@ from hetero.npu import export, isa, segments
 from hetero.npu.cache import FORMAT, CacheEntry, entry_key, library_versions
 from hetero.npu.stdio import stdout_to_stderr
 from hetero.paths import atomic_path, cache_unwritable, warn_once
-from hetero.threads import ort_session_options
+from hetero.sessions import cpu_session, ep_session, session_options
 
 log = logging.getLogger(__name__)
 
@@ -123,27 +123,17 @@ class OrtCpuProvider(Provider):
         # the level-ALL optimized model may hold CPU-specific kernels: key it to the machine
         return {"lane": self.name, "opt": "all", **isa.machine()}  # "lane": kept, it is in every cache key
 
-    def _options(self) -> ort.SessionOptions:
-        so = ort_session_options(self.intra_op_threads, self.inter_op_threads, self.pool)
-        so.log_severity_level = 3
-        # No spinning: idle pool threads would otherwise burn the cores that the CPU lane (attention,
-        # shadow outliers in torch) needs between two graph runs.
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        # No per-session arena: one arena per graph (a model has ~100) each keeps its high-water mark of
-        # activations; plain allocations return it (peak RSS: bench/results/prefill.json).
-        so.enable_cpu_mem_arena = False
-        return so
+    def _session(self, model: Path, **kw) -> ort.InferenceSession:
+        # no per-session arena: one per graph (a model has ~100) would each keep its high-water mark of
+        # activations; plain allocations return it (peak RSS: bench/results/prefill.json)
+        return cpu_session(model, self.intra_op_threads, self.pool, arena=False,
+                           inter_op_threads=self.inter_op_threads, **kw)
 
     def compile(self, model_path: Path, out_path: Path) -> ort.InferenceSession:
-        so = self._options()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.optimized_model_filepath = str(out_path)
-        return ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+        return self._session(model_path, optimize="all", save_optimized=out_path)
 
     def load(self, path: Path) -> ort.InferenceSession:
-        so = self._options()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # already optimized
-        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        return self._session(path, optimize="none")  # already optimized
 
 
 def qnn_devices() -> list:
@@ -211,8 +201,7 @@ class QnnHtpProvider(Provider):
         return {"lane": self.name, "context_embed_mode": 0, **self.provider_options}
 
     def _options(self) -> ort.SessionOptions:
-        so = ort_session_options()
-        so.log_severity_level = 3
+        so = session_options()
         so.add_provider_for_devices(self.devices, self.provider_options)
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         return so
@@ -229,7 +218,7 @@ class QnnHtpProvider(Provider):
         so.add_session_config_entry("ep.context_embed_mode", "0")
         so.add_session_config_entry("ep.context_file_path", str(ctx))
         with stdout_to_stderr():  # the simulator's banner on its first session (`npu.stdio`)
-            sess = ort.InferenceSession(str(model_path), so)
+            sess = ep_session(model_path, so)
         if not (out_path.parent / QNN_CONTEXT_BIN).exists():
             raise GraphCacheError(f"QNN EP wrote no context binary {QNN_CONTEXT_BIN} beside {ctx}")
         ctx.replace(out_path)
@@ -237,7 +226,7 @@ class QnnHtpProvider(Provider):
 
     def load(self, path: Path) -> ort.InferenceSession:
         with stdout_to_stderr():
-            return ort.InferenceSession(str(path), self._options())
+            return ep_session(path, self._options())
 
 
 def make_provider(kind: str = "cpu", intra_op_threads: int = 2, pool: str | None = None, **options) -> Provider:

@@ -16,7 +16,7 @@ from hetero.model import SITES
 from hetero.outliers.plan import plan_from_scales
 from hetero.outliers.quantize import int8_linear
 from hetero.outliers.shadow import QuantizedBackend
-from hetero.threads import ort_session_options
+from hetero.sessions import cpu_session
 from tests.conftest import make_tiny_model
 from tests.npu.conftest import SHADOWS, assert_layers_match, tiny_plan
 
@@ -90,9 +90,8 @@ def test_qdq_form_matches_reference(tiny, wg, flavor):
     plan = tiny_plan(tiny, weight_granularity=wg)
     lq = segments.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
     m = export.build_segment(segments.SegmentSpec(0, "qkv", ("qkv",), 16, flavor, emit_x=True), lq)
-    so = ort_session_options()  # no QDQ fusion: the CPU EP would run it as u8·s8 (saturating on AVX2)
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    # no QDQ fusion: the CPU EP would run it as u8·s8 (saturating on AVX2)
+    sess = cpu_session(m.SerializeToString(), None, optimize="none")
     h = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32) * 3
     h[3] *= 1e4  # a massive-activation row: x² beyond fp16's range, harmless in either form here
     qkv, x = sess.run(["qkv", "x"], {"h": h})

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import helper, numpy_helper
+
+from hetero.sessions import cpu_session
 
 SPLIT_OP = "MatMulIntegerToFloat"  # inputs: A, B, a_scale, b_scale[, a_zero_point, b_zero_point, bias]
 
@@ -144,11 +145,7 @@ def _widths(model: onnx.ModelProto, graph_inputs: list[str], names: set[str]) ->
     have = {o.name for o in m.graph.output}
     m.graph.output.extend(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None)
                           for t in sorted(names - have - set(graph_inputs)))
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = cpu_session(m.SerializeToString(), 1, "session", optimize="none")
     feeds = {i.name: np.zeros([1 if not isinstance(d, int) else d for d in i.shape], np.float32)
              for i in sess.get_inputs()}
     outs = sess.run(None, feeds)

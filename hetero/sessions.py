@@ -1,0 +1,62 @@
+"""Every ONNX Runtime session hetero makes through the Python API, with one policy for their options.
+
+A session runs on its own intra-op pool of `threads` that never spins (idle spinning threads would burn the
+cores the other lane needs between two runs, mllm-NPU §3.4), keeps no per-session arena (each of ~100 graphs
+would hold its high-water mark), and logs only errors; in the shared pool mode (`threads.ExecutionPlan.ort_pool`)
+it uses the process's one pool instead. The C API sessions of the decode step's second core are made in
+`hetero.decode.twocore.ortc`, which that subpackage keeps to itself so that it can be deleted whole.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnxruntime as ort
+
+from hetero.threads import shared_ort_pool
+
+CPU = ["CPUExecutionProvider"]
+_OPT = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
+_shared_pool_made = False
+
+
+def session_options(threads: int | None = None, pool: str | None = None, *, spin: bool = False,
+                    arena: bool = True, inter_op_threads: int = 1) -> ort.SessionOptions:
+    """Options of a session on `threads` intra-op threads (None: ONNX Runtime's default) or, when `pool` is
+    "shared" (None: $HETERO_ORT_POOL's), on the process's one pool, made before the first session (ONNX Runtime
+    reads it when it creates its environment, and warns once per session that names thread counts, so none are
+    set then). spin: let idle pool threads spin (a probe of the alternative); arena: a per-session arena."""
+    global _shared_pool_made
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if (pool == "shared") if pool is not None else shared_ort_pool():
+        if not _shared_pool_made:
+            from onnxruntime.capi import _pybind_state
+
+            _pybind_state.set_global_thread_pool_sizes(os.cpu_count() or 1, 1)
+            _shared_pool_made = True
+        so.use_per_session_threads = False
+    elif threads is not None:
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, inter_op_threads
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    so.enable_cpu_mem_arena = arena
+    return so
+
+
+def cpu_session(model: bytes | str | Path, threads: int | None, pool: str | None = None, *, optimize: str | None = None,
+                save_optimized: Path | None = None, spin: bool = False, arena: bool = True,
+                inter_op_threads: int = 1) -> ort.InferenceSession:
+    """A CPU EP session of `model` (serialized bytes or a file). optimize: "all" or "none" (None: ONNX Runtime's
+    default level); save_optimized: write the optimized model there (the graph cache's compiled artifact)."""
+    so = session_options(threads, pool, spin=spin, arena=arena, inter_op_threads=inter_op_threads)
+    if optimize is not None:
+        so.graph_optimization_level = _OPT[optimize]
+    if save_optimized is not None:
+        so.optimized_model_filepath = str(save_optimized)
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), so, providers=CPU)
+
+
+def ep_session(model: str | Path, so: ort.SessionOptions) -> ort.InferenceSession:
+    """A session of a model file on the execution providers `so` names (`add_provider_for_devices`: QNN HTP)."""
+    return ort.InferenceSession(str(model), so)
