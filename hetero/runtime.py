@@ -8,7 +8,6 @@ allocated once per runtime; `commit` advances the KV cache and returns a frozen 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence

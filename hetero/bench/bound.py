@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from hetero.config import ModelConfig
 from hetero.sessions import cpu_session
+from hetero.threads import set_torch_threads
 from hetero.timing import median_seconds
 
 
@@ -42,7 +43,7 @@ def attention_rates(cfg: ModelConfig, n: int, threads: int, repeats: int = 3) ->
     from hetero.attention import ChunkAttention
     from hetero.model import RopeTable
 
-    torch.set_num_threads(threads)
+    set_torch_threads(threads)
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, cfg.n_heads, n, cfg.head_dim, generator=g)
     kv = torch.randn(1, cfg.n_kv_heads, n, cfg.head_dim, generator=g)

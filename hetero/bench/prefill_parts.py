@@ -32,20 +32,15 @@ def kind_ms(schedule) -> dict[str, float]:
 
 def parts(runtime, serial, ids, repeats: int, threads: int) -> dict[str, Any]:
     """Median run (by total) of each way over `ids`; the serial runtime shares the method's backend and runs
-    torch (and the attention kernel, which follows torch's thread count) on `threads` threads."""
-    import torch
+    torch (and the attention kernel, which follows torch's thread count) on `threads` threads (its execution
+    plan, which `Runtime.prefill` applies)."""
 
     def median_run(rt):
         rt.prefill(ids)  # warm-up
         runs = sorted((rt.prefill(ids) for _ in range(repeats)), key=lambda r: r.total_ms)
         return runs[len(runs) // 2]
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        alone = median_run(serial)
-    finally:
-        torch.set_num_threads(before)
+    alone = median_run(serial)
     ooo = median_run(runtime)
     s = ooo.schedule
     return {"prompt_len": int(ids.numel()), "in_order_ms": round(alone.total_ms, 1), "kinds_ms": kind_ms(alone.schedule),

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
     if not args.no_llama:
         try:
-            import llama_cpp  # noqa: F401
+            import llama_cpp  # noqa: F401  (only whether it is installed)
         except ImportError as e:
             raise ConfigError("llama.cpp is the reference here: pip install 'hetero[bench]' (or --no-llama)") from e
     gguf = str(default_model_path())
@@ -124,7 +124,7 @@ def _isa_flags() -> list[str]:
 
 
 def render_md(r: dict[str, Any]) -> str:
-    lines = [f"# A warm `hetero run` beside llama.cpp (issue 28)", "",
+    lines = ["# A warm `hetero run` beside llama.cpp (issue 28)", "",
              f"`{r['prompt']}`, {r['new_tokens']} new tokens, {r['threads']} threads, median of {r['rounds']} rounds "
              f"(engines alternate). CPU: {r['host']['device']}; flags {', '.join(r['cpu_flags'])}; load "
              f"{r['load_avg'][0]} → {r['load_avg'][1]}.", "",

@@ -107,7 +107,7 @@ class BoundStep:
         return self.h[depth % 2]
 
     def _layers(self, cache: KVCache, layout, depth: int, shared: bool) -> None:
-        cfg, be = self.cfg, self.backend
+        cfg = self.cfg
         for layer in range(depth):
             qkv_run, *rest = self.runs[layer]
             self._run(qkv_run, shared)

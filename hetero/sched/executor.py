@@ -14,8 +14,6 @@ import threading
 import time
 from typing import Callable, Mapping, Sequence
 
-import torch
-
 from hetero.dag import DEFAULT_PLACEMENT, LANES
 from hetero.errors import ConfigError, ScheduleError
 from hetero.sched.dag import CompiledDag, build_dag, compile_dag
