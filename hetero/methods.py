@@ -127,11 +127,11 @@ def _float(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str 
 
 def _npu(provider: str, recipe: Recipe = DEFAULT_RECIPE) -> Callable[[Model, int, ExecutionPlan, str | None], LayerBackend]:
     def make(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str | None) -> LayerBackend:
-        from hetero.npu.backend import NpuBackend
+        from hetero.npu.backend import GraphOptions, NpuBackend
 
         plan = quant_plan(model, provider, weight_form=weight_form, recipe=recipe)
-        return NpuBackend(model, plan, chunk=chunk, provider=provider, intra_op_threads=execution.lane_threads,
-                          ort_pool=execution.ort_pool)
+        return NpuBackend(model, plan, chunk=chunk, provider=provider,
+                          options=GraphOptions(intra_op_threads=execution.lane_threads, ort_pool=execution.ort_pool))
 
     return make
 

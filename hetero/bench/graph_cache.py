@@ -23,7 +23,7 @@ from hetero import model as ref
 from hetero.arguments import positive_int
 from hetero.loader import load_model
 from hetero.methods import quant_plan, quant_setup, use_threads
-from hetero.npu.backend import NpuBackend
+from hetero.npu.backend import GraphOptions, NpuBackend
 from hetero.npu.cache import library_versions
 from hetero.npu.naive import graph_counts
 from hetero.paths import atomic_path
@@ -41,8 +41,8 @@ def build_vs_load(model, plan, chunk: int, provider_name: str, layers, threads: 
     with tempfile.TemporaryDirectory(prefix="hetero-graphs-") as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
-        be = NpuBackend(model, plan, chunk, provider=provider_name, layers=layers, intra_op_threads=threads, shape=SHAPE,
-                        graphs_root=root)
+        be = NpuBackend(model, plan, chunk, provider=provider_name, layers=layers,
+                        options=GraphOptions(intra_op_threads=threads, shape=SHAPE, graphs_root=root))
         build_s = time.perf_counter() - t0
         assert not any(r[3] for r in be.report.rows)
         n, size = len(be.report.rows), be.report.size_bytes
@@ -51,8 +51,8 @@ def build_vs_load(model, plan, chunk: int, provider_name: str, layers, threads: 
         loads = []
         for _ in range(3):
             t0 = time.perf_counter()
-            be = NpuBackend(model, plan, chunk, provider=provider_name, layers=layers, intra_op_threads=threads, shape=SHAPE,
-                            graphs_root=root)
+            be = NpuBackend(model, plan, chunk, provider=provider_name, layers=layers,
+                            options=GraphOptions(intra_op_threads=threads, shape=SHAPE, graphs_root=root))
             loads.append(time.perf_counter() - t0)
             assert be.report.all_cached
             del be
@@ -75,7 +75,8 @@ def _median_ms(fn, n: int) -> float:
 @torch.inference_mode()
 def layer_latency(model, plan, chunk: int, threads: int, repeats: int) -> dict:
     cfg, lw = model.config, model.weights.layers[0]
-    be = NpuBackend(model, plan, chunk, provider="cpu", layers=[0], intra_op_threads=threads, shape=SHAPE)
+    be = NpuBackend(model, plan, chunk, provider="cpu", layers=[0],
+                    options=GraphOptions(intra_op_threads=threads, shape=SHAPE))
     use_threads(threads)
     h = torch.randn(chunk, cfg.hidden)
     a = torch.randn(chunk, cfg.q_dim) * 0.3
@@ -127,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
     for t in (300, 1024):
         with tempfile.TemporaryDirectory(prefix="hetero-graphs-") as tmp:
             t0 = time.perf_counter()
-            NpuBackend(model, plan, t, provider="cpu", intra_op_threads=args.threads, use_cache=False, shape=SHAPE,
-                       graphs_root=Path(tmp))
+            NpuBackend(model, plan, t, provider="cpu",
+                       options=GraphOptions(intra_op_threads=args.threads, use_cache=False, shape=SHAPE, graphs_root=Path(tmp)))
             naive.append({"prompt_len": t, "prepare_s": round(time.perf_counter() - t0, 3)})
 
     counts = []

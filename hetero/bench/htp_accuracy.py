@@ -34,7 +34,7 @@ def layer_steps() -> dict:
 
     from hetero import model as ref
     from hetero.loader import load_model
-    from hetero.npu.backend import NpuBackend
+    from hetero.npu.backend import GraphOptions, NpuBackend
     from hetero.npu.providers import QnnHtpProvider
     from hetero.npu.quickplan import absmax_plan
     from hetero.outliers.shadow import QuantizedBackend
@@ -43,7 +43,7 @@ def layer_steps() -> dict:
     ids = torch.tensor(model.tokenizer((ROOT / "tests" / "data" / "sample.txt").read_text())["input_ids"])
     plan = absmax_plan(model, ids[:128])
     provider = QnnHtpProvider()
-    be = NpuBackend(model, plan, 64, provider=provider, layers=[0, 1], shape="2d")
+    be = NpuBackend(model, plan, 64, provider=provider, layers=[0, 1], options=GraphOptions(shape="2d"))
     rb = QuantizedBackend(model.config, model.weights, plan)
     h = ref.embed(model.weights, ids[:64])
     a = torch.randn(64, model.config.q_dim, generator=torch.Generator().manual_seed(0)) * 0.2

@@ -30,11 +30,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
         out = {"device": args.device, "chunk": args.chunk, "graphs": len(graphs),
                "binaries": [str(g.binary) for g in graphs]}
     else:
-        from hetero.npu.backend import NpuBackend
+        from hetero.npu.backend import GraphOptions, NpuBackend
         from hetero.npu.placement import place
 
         placement = place(model.config, args.budget) if args.budget is not None else None
-        be = NpuBackend(model, plan, args.chunk, provider=args.provider, placement=placement, shape=args.shape)
+        be = NpuBackend(model, plan, args.chunk, provider=args.provider,
+                        options=GraphOptions(placement=placement, shape=args.shape))
         out = {"provider": be.provider.name, "chunk": args.chunk, "graphs": len(be.report.rows),
                "cached": sum(r[3] for r in be.report.rows), "seconds": round(be.report.seconds, 3),
                "size_bytes": be.report.size_bytes,

@@ -72,52 +72,62 @@ def check_graph_memory(cfg, chunk: int, n_layers: int) -> None:
                           f"graphs), more than half of the {free / 2**30:.1f} GiB available: use a smaller chunk")
 
 
+@dataclass(frozen=True, slots=True)
+class GraphOptions:
+    """How an `NpuBackend` prepares and runs its graphs (everything but what they compute).
+
+    intra_op_threads / ort_pool: the CPU EP sessions' threads and pool mode (the runtime's `threads.ExecutionPlan`;
+    ort_pool None: the environment's). placement: optional `placement.Placement`; its "cpu" decisions run on the
+    CPU EP. shape: "auto" (the winner `hetero npu shapes` recorded for this host, provider, kind and C; "2d" when
+    none is recorded), or "2d", "3d:a", "conv:a" for every graph (§4, optimisation 1). dynamic_rows: one graph set
+    for every chunk length (rows symbolic) where the provider allows it (the CPU EP); None: when every graph runs on
+    the CPU EP with shape "auto" or "2d". use_cache / graphs_root: the graph cache and its folder (default: under
+    the user cache)."""
+
+    intra_op_threads: int = 2
+    ort_pool: str | None = None
+    placement: object = None
+    shape: str = "auto"
+    dynamic_rows: bool | None = None
+    use_cache: bool = True
+    graphs_root: object = None
+
+
 class NpuBackend:
     """A `LayerBackend` running prebuilt chunk-sharing INT8 graphs (`Runtime(model, chunk=C, backend=...)`).
 
     plan: a `hetero.outliers.plan.QuantPlan`. provider: "cpu", "qnn" (falls back to CPU with a warning) or a
-    `providers.Provider`. placement: optional `placement.Placement`; its "cpu" decisions run on the CPU EP.
-    shape: "auto" (default: the winner `hetero npu shapes` recorded for this host, provider, kind and C; "2d"
-    when none is recorded), or "2d", "3d:a", "conv:a" for every graph (§4, optimisation 1).
-    layers: prepare only these layers (e.g. range(2) for a quick test); the others raise on use.
-    graphs_root: the graph cache folder (default: under the user cache).
-    ort_pool: the CPU EP sessions' pool mode, the runtime's `threads.ExecutionPlan.ort_pool` (None: the environment's).
-    dynamic_rows: one graph set for every chunk length (rows symbolic), where the provider allows it (the
-    CPU EP); None (default): when every graph runs on the CPU EP with shape "auto" or "2d". Then `any_rows` is
-    True and a runtime may run chunks of any length up to C without padding.
+    `providers.Provider`. options: `GraphOptions`. layers: prepare only these layers (e.g. range(2) for a quick
+    test); the others raise on use. When the graphs take any row count (`GraphOptions.dynamic_rows`), `any_rows`
+    is True and a runtime may run chunks of any length up to C without padding.
     """
 
     name = "npu"
 
-    def __init__(self, model: Model, plan, chunk: int, provider: "str | Provider" = "cpu", *, placement=None,
-                 shape: str = "auto", layers=None, intra_op_threads: int = 2, use_cache: bool = True, rows=None,
-                 graphs_root=None, dynamic_rows: bool | None = None, ort_pool: str | None = None):
+    def __init__(self, model: Model, plan, chunk: int, provider: "str | Provider" = "cpu", *, layers=None, rows=None,
+                 options: GraphOptions = GraphOptions()):
         from hetero.outliers.shadow import QuantizedBackend
 
         check_chunk(chunk, model.config.context_length)
         check_graph_memory(model.config, chunk, model.config.n_layers if layers is None else len(layers))
-        self.model, self.cfg, self.plan, self.chunk = model, model.config, plan, chunk
-        self.provider = make_provider(provider, intra_op_threads, ort_pool) if isinstance(provider, str) else provider
+        self.model, self.cfg, self.plan, self.chunk, self.options = model, model.config, plan, chunk, options
+        o = options
+        self.provider = make_provider(provider, o.intra_op_threads, o.ort_pool) if isinstance(provider, str) else provider
         self.name = f"npu[{self.provider.name}]"
         self._reference = QuantizedBackend(self.cfg, model.weights, plan, rows)  # its shadow_delta(_rows)
-        self.placement = placement
+        self.placement, self.shape = o.placement, o.shape
         self._cpu_provider = self.provider if isinstance(self.provider, OrtCpuProvider) else None
-        self._intra, self._pool = intra_op_threads, ort_pool
-        self.shape = shape
-        self._graphs_root = graphs_root
         # On the CPU EP a recorded 3-D winner is a few percent; padding a short prompt to C costs up to C/rows.
-        can = isinstance(self.provider, OrtCpuProvider) and placement is None and shape in ("auto", "2d")
-        if dynamic_rows and not can:
+        can = isinstance(self.provider, OrtCpuProvider) and o.placement is None and o.shape in ("auto", "2d")
+        if o.dynamic_rows and not can:
             raise ConfigError("dynamic_rows needs the CPU EP provider, no placement and shape 'auto' or '2d'")
-        self.any_rows = can if dynamic_rows is None else dynamic_rows
+        self.any_rows = can if o.dynamic_rows is None else o.dynamic_rows
         self._programs: dict[int, LayerProgram] = {}
         self.report = PrepareReport()
         t0 = time.perf_counter()
         for layer in (range(self.cfg.n_layers) if layers is None else layers):
-            self._programs[layer] = self._prepare_layer(layer, use_cache)
+            self._programs[layer] = self._prepare_layer(layer, o.use_cache)
         self._share_buffers()
-        self._kw = dict(provider=self.provider, placement=placement, shape=shape, intra_op_threads=intra_op_threads,
-                        use_cache=use_cache, graphs_root=graphs_root)
         self._weights_dropped = layers is None and rows is None
         if self._weights_dropped:  # the graphs hold the INT8 weights now: keep only the shadows' (§3.3)
             self.plan = _shadow_only(plan)
@@ -135,28 +145,25 @@ class NpuBackend:
         CPU EP runs exactly here (`isa.cpu_form_for`: the same integer weights)."""
         from hetero.outliers.plan import QuantPlan
 
-        same_threads = intra_op_threads in (None, self._intra) or not isinstance(self.provider, OrtCpuProvider)
+        o, cpu = self.options, isinstance(self.provider, OrtCpuProvider)
+        threads = intra_op_threads or o.intra_op_threads
         same_provider = provider is None or provider == self.provider.name
-        if self.any_rows and chunk <= self.chunk and same_threads and same_provider:
+        if self.any_rows and chunk <= self.chunk and same_provider and (threads == o.intra_op_threads or not cpu):
             return self  # one graph set serves every row count: the decode sizes share these sessions
         plan = QuantPlan.from_dict(self.plan.to_dict(), self.model) if self._weights_dropped else self.plan
-        kw = dict(self._kw)
-        # --- decode placement (issue 28): another provider's graphs of the same plan
-        if provider is not None and provider != self.provider.name:
+        if not same_provider:  # decode placement (issue 28): the CPU EP's graphs of the same plan
             if provider != OrtCpuProvider.name:
                 raise ConfigError(f"at_chunk: provider must be {self.provider.name!r} or {OrtCpuProvider.name!r}, "
                                   f"got {provider!r}")
             from hetero.npu.isa import cpu_form_for
 
-            threads = intra_op_threads or self._intra
-            kw.update(provider=OrtCpuProvider(threads, pool=self._pool), intra_op_threads=threads, placement=None,
-                      shape="auto")
             plan = dataclasses.replace(plan, weight_form=cpu_form_for(plan.weight_form))
-            return NpuBackend(self.model, plan, chunk, **kw)
-        # ---
-        if intra_op_threads is not None and intra_op_threads != self._intra and isinstance(self.provider, OrtCpuProvider):
-            kw.update(provider=OrtCpuProvider(intra_op_threads, pool=self._pool), intra_op_threads=intra_op_threads)
-        return NpuBackend(self.model, plan, chunk, **kw)
+            options = dataclasses.replace(o, intra_op_threads=threads, placement=None, shape="auto")
+            return NpuBackend(self.model, plan, chunk, OrtCpuProvider(threads, pool=o.ort_pool), options=options)
+        if cpu and threads != o.intra_op_threads:
+            return NpuBackend(self.model, plan, chunk, OrtCpuProvider(threads, pool=o.ort_pool),
+                              options=dataclasses.replace(o, intra_op_threads=threads))
+        return NpuBackend(self.model, plan, chunk, self.provider, options=o)
 
     def _share_buffers(self) -> None:
         """The graphs at one position of every layer (qkv, then the o_ffn segments) share the buffers of the
@@ -195,7 +202,7 @@ class NpuBackend:
         if self.placement is None or self.placement.device_of(layer, kind) == "npu":
             return self.provider
         if self._cpu_provider is None:
-            self._cpu_provider = OrtCpuProvider(self._intra, pool=self._pool)
+            self._cpu_provider = OrtCpuProvider(self.options.intra_op_threads, pool=self.options.ort_pool)
         return self._cpu_provider
 
     def _shape_for(self, provider: Provider, kind: str) -> str:
@@ -217,7 +224,8 @@ class NpuBackend:
             rows = segments.DYNAMIC_ROWS if self.any_rows else self.chunk
             spec = segments.SegmentSpec(layer, spec0.kind, spec0.pieces, rows, provider.flavor,
                                         self._shape_for(provider, spec0.kind), spec0.emit_x)
-            g, info = prepare_graph(spec, lq, self.model.fingerprint, provider, use_cache, digest, self._graphs_root)
+            g, info = prepare_graph(spec, lq, self.model.fingerprint, provider, use_cache, digest,
+                                    self.options.graphs_root)
             graphs.append(g)
             self.report.rows.append((layer, spec.kind, provider.name, info.cached, info.seconds, info.size_bytes))
         return layer_program(layer, graphs, shadow)

@@ -30,14 +30,14 @@ class NaiveResult:
 
 def naive_prefill(model: Model, plan, ids: torch.Tensor, provider="cpu", intra_op_threads: int = 2) -> NaiveResult:
     """Prefill `ids` through a graph set built for exactly T = len(ids) rows (no cache: a new T is new work)."""
-    from hetero.npu.backend import NpuBackend
+    from hetero.npu.backend import GraphOptions, NpuBackend
 
     ids = torch.as_tensor(ids).long().flatten()
     t = int(ids.numel())
     with tempfile.TemporaryDirectory(prefix="hetero-naive-") as tmp:  # built fresh, as without a graph cache
         t0 = time.perf_counter()
-        be = NpuBackend(model, plan, t, provider=provider, intra_op_threads=intra_op_threads, use_cache=False,
-                        graphs_root=Path(tmp))
+        be = NpuBackend(model, plan, t, provider=provider,
+                        options=GraphOptions(intra_op_threads=intra_op_threads, use_cache=False, graphs_root=Path(tmp)))
         prepare_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         logits, _, _ = ref.forward(model.config, model.weights, ids, backend=be)

@@ -2,7 +2,7 @@
 
 `profile_shapes` times each candidate graph of one layer and records the winner per (provider, kind, C) in
 `<cache>/profiles/shapes/equivalent_shapes_<host>.json` (else the shipped `hetero/profiles/shapes/` is read);
-`NpuBackend(shape="auto")` reads it (`recorded_shape`). A "simulated" entry (HTP simulator) says nothing
+`NpuBackend(..., options=GraphOptions(shape="auto"))` reads it (`recorded_shape`). A "simulated" entry (HTP simulator) says nothing
 about a device's speed. Format: docs/design.md.
 """
 

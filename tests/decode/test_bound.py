@@ -12,7 +12,7 @@ from hetero.decode.rowattn import row_attention
 from hetero.decode.step import DECODE_THREADS, DecodeStep
 from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
-from hetero.npu.backend import NpuBackend
+from hetero.npu.backend import GraphOptions, NpuBackend
 from hetero.runtime import Runtime
 from tests.conftest import make_tiny_model
 from tests.npu.conftest import SHADOWS, tiny_plan
@@ -75,7 +75,8 @@ def test_decode_step_threads_reach_its_sessions_and_torch_is_restored():
     """The INT8 decode step runs on `threads` (its graph sessions and torch while it runs); torch's count
     outside the step is left as it was. Bad counts are refused."""
     m = make_tiny_model()
-    rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m, SHADOWS), 16, provider="cpu", intra_op_threads=2))
+    rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m, SHADOWS), 16, provider="cpu",
+                                                 options=GraphOptions(intra_op_threads=2)))
     step = DecodeStep(rt, threads=1)
     before = torch.get_num_threads()
     r = rt.prefill(torch.arange(3, 20))

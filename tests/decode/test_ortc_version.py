@@ -13,7 +13,7 @@ from hetero.decode.twocore import ortc
 from hetero.decode.step import DecodeStep
 from hetero.decode.tree import TokenTree
 from hetero.errors import BackendUnavailable
-from hetero.npu.backend import NpuBackend
+from hetero.npu.backend import GraphOptions, NpuBackend
 from hetero.runtime import Runtime
 from tests.conftest import make_tiny_model
 from tests.npu.conftest import tiny_plan
@@ -39,7 +39,8 @@ def test_without_the_c_api_a_step_runs_whole_with_one_warning(tmp_path, monkeypa
     ortc.run_fn.cache_clear()
     try:
         m = make_tiny_model()
-        rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m), 16, provider="cpu", intra_op_threads=1))
+        rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m), 16, provider="cpu",
+                                                     options=GraphOptions(intra_op_threads=1)))
         with caplog.at_level(logging.WARNING):
             step = DecodeStep(rt, attention_threads=2, split_after=0)
             cache = rt.prefill(torch.arange(1, 20)).cache

@@ -8,7 +8,7 @@ import torch
 
 from hetero.decode.step import DecodeStep
 from hetero.decode.tree import TokenTree
-from hetero.npu.backend import NpuBackend
+from hetero.npu.backend import GraphOptions, NpuBackend
 from hetero.runtime import Runtime
 from tests.conftest import make_tiny_model
 from tests.npu.conftest import tiny_plan
@@ -17,7 +17,8 @@ from tests.npu.conftest import tiny_plan
 def _runtime(tmp_path, monkeypatch) -> Runtime:
     monkeypatch.setenv("HETERO_CACHE", str(tmp_path))
     m = make_tiny_model()
-    return Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m), 16, provider="cpu", intra_op_threads=1))
+    return Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m), 16, provider="cpu",
+                                                   options=GraphOptions(intra_op_threads=1)))
 
 
 def test_the_runtime_owns_its_step_and_closing_it_stops_the_helper(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import torch
 from hetero.decode import stepcosts
 from hetero.decode.step import DecodeStep
 from hetero.decode.tree import TokenTree
-from hetero.npu.backend import NpuBackend
+from hetero.npu.backend import GraphOptions, NpuBackend
 from hetero.runtime import Runtime
 from tests.conftest import make_tiny_model
 from tests.npu.conftest import tiny_plan
@@ -22,7 +22,8 @@ from tests.npu.conftest import tiny_plan
 def runtime(tmp_path, monkeypatch):
     monkeypatch.setenv("HETERO_CACHE", str(tmp_path))
     m = make_tiny_model()
-    rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m), 16, provider="cpu", intra_op_threads=1))
+    rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m), 16, provider="cpu",
+                                                 options=GraphOptions(intra_op_threads=1)))
     yield rt
     rt.close()
 

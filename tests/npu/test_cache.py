@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hetero.errors import GraphCacheError
-from hetero.npu.backend import NpuBackend
+from hetero.npu.backend import GraphOptions, NpuBackend
 from hetero.npu.cache import CacheEntry, cache_usage, clear_cache, graphs_root
 from tests.npu.conftest import tiny_plan
 
@@ -30,9 +30,10 @@ def test_second_prepare_loads_from_cache(tiny):
 
 
 def test_key_changes_with_chunk_and_plan(tiny):
-    NpuBackend(tiny, tiny_plan(tiny), 16, dynamic_rows=False)
-    assert not NpuBackend(tiny, tiny_plan(tiny), 32, dynamic_rows=False).report.all_cached
-    assert not NpuBackend(tiny, tiny_plan(tiny, scale=0.05), 16, dynamic_rows=False).report.all_cached
+    NpuBackend(tiny, tiny_plan(tiny), 16, options=GraphOptions(dynamic_rows=False))
+    assert not NpuBackend(tiny, tiny_plan(tiny), 32, options=GraphOptions(dynamic_rows=False)).report.all_cached
+    assert not NpuBackend(tiny, tiny_plan(tiny, scale=0.05), 16,
+                          options=GraphOptions(dynamic_rows=False)).report.all_cached
     assert len(_entries()) == 12
 
 

@@ -10,7 +10,7 @@ import torch
 
 from hetero.errors import ConfigError
 from hetero.npu import export, segments
-from hetero.npu.backend import NpuBackend
+from hetero.npu.backend import GraphOptions, NpuBackend
 from hetero.npu.providers import OrtCpuProvider, prepare_graph
 from hetero.model import SITES
 from hetero.outliers.plan import plan_from_scales
@@ -223,7 +223,7 @@ def test_backend_uses_the_recorded_shape_by_default(tiny, tmp_path, monkeypatch)
     (tmp_path / "t.json").write_text(json.dumps(table))
     monkeypatch.setattr(shapes, "shapes_path", lambda host=None, shipped=False: tmp_path / "t.json")
     plan = tiny_plan(tiny, SHADOWS)
-    be = NpuBackend(tiny, plan, 16, dynamic_rows=False)  # shape="auto"
+    be = NpuBackend(tiny, plan, 16, options=GraphOptions(dynamic_rows=False))  # shape="auto"
     got = {g.spec.kind: g.spec.shape for layer in be.layers for g in (r.graph for r in be.program(layer).runs)}
     assert got["qkv"] == "conv:4" and all(v == "3d:2" for k, v in got.items() if k != "qkv")
     ref = QuantizedBackend(tiny.config, tiny.weights, plan)

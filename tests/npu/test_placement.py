@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hetero.npu.backend import NpuBackend
+from hetero.npu.backend import GraphOptions, NpuBackend
 from hetero.npu.placement import graph_weight_bytes, place
 from tests.npu.conftest import tiny_plan
 
@@ -22,7 +22,7 @@ def test_ffn_first_then_qkv(tiny):
 
 def test_backend_follows_placement(tiny):
     p = place(tiny.config, graph_weight_bytes(tiny.config, "o_ffn"))
-    be = NpuBackend(tiny, tiny_plan(tiny), 16, provider="cpu", placement=p)
+    be = NpuBackend(tiny, tiny_plan(tiny), 16, provider="cpu", options=GraphOptions(placement=p))
     assert be.program(0).runs[1].graph.device == "cpu"  # the CPU provider serves both (no QNN here)
     h = torch.randn(16, 64)
     assert be.qkv(1, h)[0].shape == (16, 64)

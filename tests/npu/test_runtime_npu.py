@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hetero import model as ref
-from hetero.npu.backend import NpuBackend
+from hetero.npu.backend import GraphOptions, NpuBackend
 from hetero.npu.naive import graph_counts, naive_prefill
 from hetero.outliers.shadow import QuantizedBackend
 from hetero.runtime import Runtime
@@ -26,7 +26,7 @@ def test_dynamic_rows_equal_fixed_shape_graphs(tiny):
     plan = tiny_plan(tiny, SHADOWS, scale=0.03)
     ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1))
     dyn = Runtime(tiny, chunk=32, backend=NpuBackend(tiny, plan, 32))
-    fixed = Runtime(tiny, chunk=32, backend=NpuBackend(tiny, plan, 32, dynamic_rows=False))
+    fixed = Runtime(tiny, chunk=32, backend=NpuBackend(tiny, plan, 32, options=GraphOptions(dynamic_rows=False)))
     assert [c.rows for c in dyn.plan(ids).chunks] == [32, 16] and [c.rows for c in fixed.plan(ids).chunks] == [32, 32]
     got, want = dyn.prefill(ids), fixed.prefill(ids)
     torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-5)
