@@ -129,8 +129,7 @@ def plan_from_calibration(model, calibration=None, options: PlanOptions = PlanOp
                else SiteChoice("a8", o.pruned_percentile) for key in calibration.sites}
     meta = {"percentile": o.percentile, "pruned_percentile": o.pruned_percentile, "granularity": o.granularity,
             "importance": o.importance}
-    return plan_from_choices(model, calibration, choices, o.hot_coverage, o.method, o.prune_fraction, meta,
-                             o.weight_granularity, o.weight_qmax, o.weight_form, o.online)
+    return plan_from_choices(model, calibration, choices, o, meta)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,22 +158,20 @@ class SiteChoice:
 
 
 def plan_from_choices(model, calibration, choices: Mapping[tuple[int, str], SiteChoice],
-                      hot_coverage: float = DEFAULT_HOT_COVERAGE, method: str = "w8a8-choices",
-                      prune_fraction: float = 0.0, meta: Mapping | None = None,
-                      weight_granularity: str = DEFAULT_WEIGHT_GRANULARITY, weight_qmax: int = DEFAULT_WEIGHT_QMAX,
-                      weight_form: str | None = None, online: Mapping[str, int] | None = None,
-                      weights: Mapping | None = None) -> QuantPlan:
-    """The plan running every site as `choices` says (`SiteChoice`), with INT8 weights (`weights`, when
-    already quantized for the same form and online transforms, are reused)."""
-    weight_qmax, weight_form = weight_range(weight_qmax, weight_form)
+                      options: PlanOptions = PlanOptions(method="w8a8-choices", prune_fraction=0.0),
+                      meta: Mapping | None = None) -> QuantPlan:
+    """The plan running every site as `choices` says (`SiteChoice`); of `options` (`PlanOptions`) it uses the
+    weights' form (granularity, qmax or form, online transforms), hot_coverage, and the method and
+    prune_fraction it records. The INT8 weights are the model's, computed once per form (`weightcache`)."""
+    o = options
+    weight_qmax, weight_form = weight_range(o.weight_qmax, o.weight_form)
     calibration.validate_for(model)
     if set(choices) != set(calibration.sites):
         raise ConfigError(f"choices must cover every calibrated site ({len(calibration.sites)}), got {len(choices)}")
-    sites = {key: choices[key].site_quant(st, hot_coverage) for key, st in calibration.sites.items()}
-    meta = {**(meta or {}), "hot_coverage": hot_coverage, "calibration_corpus": calibration.corpus,
+    sites = {key: choices[key].site_quant(st, o.hot_coverage) for key, st in calibration.sites.items()}
+    meta = {**(meta or {}), "hot_coverage": o.hot_coverage, "calibration_corpus": calibration.corpus,
             "calibration_tokens": calibration.n_tokens}
-    online = dict(online or {})
-    if weights is None:
-        weights = quantize_weights(model, weight_granularity, weight_qmax, online)
-    return QuantPlan(sites, dict(weights), model.fingerprint, method, float(prune_fraction), meta, weight_granularity,
+    online = dict(o.online or {})
+    weights = quantize_weights(model, o.weight_granularity, weight_qmax, online)
+    return QuantPlan(sites, weights, model.fingerprint, o.method, float(o.prune_fraction), meta, o.weight_granularity,
                      weight_qmax, weight_form, online)

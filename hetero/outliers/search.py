@@ -32,7 +32,7 @@ from hetero.outliers.a16 import A16_QMAX, A16_QMIN
 from hetero.outliers.calibrate import CalibrationStats, SiteStats, calibration_path, token_windows
 from hetero.outliers.corpus import DEFAULT_CALIBRATION, corpus_id, load_corpus
 from hetero.outliers.plan import QuantPlan
-from hetero.outliers.pruning import SiteChoice, plan_from_choices
+from hetero.outliers.pruning import PlanOptions, SiteChoice, plan_from_choices
 from hetero.outliers.quantize import ACT_QMAX, ACT_QMIN, W_QMAX, WEIGHT_FORMS, check_weight_form, fake_quant
 from hetero.outliers.rotate import block_hadamard
 from hetero.outliers.shadow import QuantizedBackend
@@ -260,8 +260,8 @@ def search_precision(model, calibration: CalibrationStats, costs: SiteCosts, bud
             idx[s.key] = s.to
         return idx
 
-    base = plan_from_choices(model, calibration, {k: OPTIONS[i] for k, i in start.items()}, weight_form=weight_form,
-                             online=online)
+    base = plan_from_choices(model, calibration, {k: OPTIONS[i] for k, i in start.items()},
+                             PlanOptions(method="w8a8-choices", prune_fraction=0.0, weight_form=weight_form, online=online))
     float_ppl = perplexity(model, windows)
     target = float_ppl * (1 + budget_pct / 100)
     measured: dict[int, float] = {}
@@ -363,5 +363,6 @@ def plan_of(model, calibration: CalibrationStats, precision: PrecisionPlan, weig
     """The `QuantPlan` a searched precision runs."""
     meta = {"budget_pct": precision.budget_pct, "validation_ppl": precision.ppl, "float_validation_ppl": precision.float_ppl,
             "predicted_us": precision.predicted_us, "met": precision.met}
-    return plan_from_choices(model, calibration, precision.choices, method="w8a8-searched", meta=meta,
-                             weight_form=weight_form, online=online)
+    return plan_from_choices(model, calibration, precision.choices,
+                             PlanOptions(method="w8a8-searched", prune_fraction=0.0, weight_form=weight_form,
+                                         online=online), meta)
