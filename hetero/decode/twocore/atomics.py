@@ -22,6 +22,12 @@ def _slot(context, builder, aryty, ary_val, idx_val, idx_ty):
     return builder.gep(ary.data, [context.cast(builder, idx_val, idx_ty, types.intp)])
 
 
+def _value_slot(context, builder, sig, args):
+    """(val as int64, the address of arr[idx]) of an intrinsic called as (arr, idx, val)."""
+    return (context.cast(builder, args[2], sig.args[2], types.int64),
+            _slot(context, builder, sig.args[0], args[0], args[1], sig.args[1]))
+
+
 def _check(arr) -> bool:
     return isinstance(arr, types.Array) and arr.dtype == types.int64 and arr.layout == "C"
 
@@ -45,8 +51,7 @@ def store(typingctx, arr, idx, val):
         return None
 
     def codegen(context, builder, sig, args):
-        v = context.cast(builder, args[2], sig.args[2], types.int64)
-        builder.store_atomic(v, _slot(context, builder, sig.args[0], args[0], args[1], sig.args[1]), "release", 8)
+        builder.store_atomic(*_value_slot(context, builder, sig, args), "release", 8)
         return context.get_dummy_value()
 
     return types.void(arr, idx, val), codegen
@@ -59,9 +64,8 @@ def add(typingctx, arr, idx, val):
         return None
 
     def codegen(context, builder, sig, args):
-        v = context.cast(builder, args[2], sig.args[2], types.int64)
-        return builder.atomic_rmw("add", _slot(context, builder, sig.args[0], args[0], args[1], sig.args[1]), v,
-                                  "seq_cst")
+        v, slot = _value_slot(context, builder, sig, args)
+        return builder.atomic_rmw("add", slot, v, "seq_cst")
 
     return types.int64(arr, idx, val), codegen
 
