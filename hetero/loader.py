@@ -9,6 +9,7 @@ warning. Writers hold the entry's lock; an unwritable cache costs a warning.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -33,12 +34,15 @@ from hetero.paths import atomic_path, cache_dir, check_files, file_fingerprint, 
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 2  # 2: file records (size, sha256, stamp) and the config hash in meta.json
-_LAYER_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down", "bq", "bk", "bv")
+_LAYER_FIELDS = tuple(f.name for f in dataclasses.fields(LayerWeights))
 _GGUF_NAMES = {  # our field -> GGUF tensor name inside blk.N
     "attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight",
     "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight", "w_gate": "ffn_gate.weight",
     "w_up": "ffn_up.weight", "w_down": "ffn_down.weight",
-    "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
+    "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias", "bo": "attn_output.bias",
+    "b_gate": "ffn_gate.bias", "b_up": "ffn_up.bias", "b_down": "ffn_down.bias",
+    "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
+    "post_attn_norm": "post_attention_norm.weight", "post_ffn_norm": "post_ffw_norm.weight",
 }
 _HF_NAMES = {  # our field -> HF tensor name inside model.layers.N
     "attn_norm": "input_layernorm.weight", "wq": "self_attn.q_proj.weight", "wk": "self_attn.k_proj.weight",
@@ -46,7 +50,24 @@ _HF_NAMES = {  # our field -> HF tensor name inside model.layers.N
     "ffn_norm": "post_attention_layernorm.weight", "w_gate": "mlp.gate_proj.weight",
     "w_up": "mlp.up_proj.weight", "w_down": "mlp.down_proj.weight",
     "bq": "self_attn.q_proj.bias", "bk": "self_attn.k_proj.bias", "bv": "self_attn.v_proj.bias",
+    "bo": "self_attn.o_proj.bias", "b_gate": "mlp.gate_proj.bias", "b_up": "mlp.up_proj.bias",
+    "b_down": "mlp.down_proj.bias", "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
 }
+_HF_GEMMA3_NAMES = {**_HF_NAMES, "ffn_norm": "pre_feedforward_layernorm.weight",  # Gemma 3's four norms
+                    "post_attn_norm": "post_attention_layernorm.weight",
+                    "post_ffn_norm": "post_feedforward_layernorm.weight"}
+_NORMS = ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
+
+
+def _fields_used(cfg: ModelConfig) -> list[str]:
+    """The LayerWeights fields a layer of `cfg` reads (the others stay None)."""
+    used = ["attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down"]
+    for on, names in ((cfg.qkv_bias, ("bq", "bk", "bv")), (cfg.o_bias, ("bo",)),
+                      (cfg.mlp_bias, ("b_gate", "b_up", "b_down")), (cfg.qk_norm, ("q_norm", "k_norm")),
+                      (cfg.post_norms, ("post_attn_norm", "post_ffn_norm"))):
+        if on:
+            used += names
+    return used
 
 
 @dataclass(slots=True)
@@ -231,13 +252,17 @@ def _load_hf_dir(p: Path) -> Model:
             raise ModelFormatError(f"{p} lacks the tensor {name!r}")
         return t.float().contiguous()
 
-    layers = [
-        LayerWeights(**{ours: tensor(f"model.layers.{i}.{theirs}", optional=ours[0] == "b") for ours, theirs in _HF_NAMES.items()})
-        for i in range(cfg.n_layers)
-    ]
+    layers = [LayerWeights(**_hf_layer(cfg, i, tensor)) for i in range(cfg.n_layers)]
     tok_emb = tensor("model.embed_tokens.weight")
-    lm_head = tok_emb if cfg.tie_embeddings or "lm_head.weight" not in state else tensor("lm_head.weight")
-    weights = Weights(tok_emb, layers, tensor("model.norm.weight"), lm_head)
+    if cfg.tie_embeddings:  # transformers ties: an lm_head.weight in the files is not used
+        lm_head = tok_emb
+    elif "lm_head.weight" in state:
+        lm_head = tensor("lm_head.weight")
+    else:
+        raise ModelFormatError(f"{p}: config.json field tie_word_embeddings=False (the {hf.get('model_type')} "
+                               f"default when absent) but there is no lm_head.weight")
+    norm = tensor("model.norm.weight")
+    weights = Weights(tok_emb, layers, norm + 1 if cfg.arch == "gemma3" else norm, lm_head, cfg.embed_scale)
     _check_shapes(cfg, weights, p)
     tokenizer = None
     if (p / "tokenizer.json").is_file() or (p / "tokenizer.model").is_file():
@@ -248,6 +273,30 @@ def _load_hf_dir(p: Path) -> Model:
     return Model(cfg, weights, tokenizer, p, fp, p.name)
 
 
+def _hf_layer(cfg: ModelConfig, i: int, tensor: Any) -> dict[str, torch.Tensor]:
+    """The LayerWeights fields of HF layer i: the ones `cfg` reads (others None); Phi-3's fused qkv and
+    gate_up split; Gemma 3's norms as 1 + w (its RMSNorm's form, folded once)."""
+    names = _HF_GEMMA3_NAMES if cfg.arch == "gemma3" else _HF_NAMES
+    used = _fields_used(cfg)
+    pre = f"model.layers.{i}."
+    out: dict[str, torch.Tensor] = {}
+    if cfg.arch == "phi3":
+        qkv = tensor(pre + "self_attn.qkv_proj.weight")
+        out["wq"], out["wk"], out["wv"] = (t.contiguous() for t in qkv.split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim]))
+        gate_up = tensor(pre + "mlp.gate_up_proj.weight")
+        if gate_up.shape[0] != 2 * cfg.ffn:
+            raise ModelFormatError(f"{pre}mlp.gate_up_proj.weight has {gate_up.shape[0]} rows, config implies {2 * cfg.ffn}")
+        out["w_gate"], out["w_up"] = (t.contiguous() for t in gate_up.split([cfg.ffn, cfg.ffn]))
+    for f in used:
+        if f not in out:
+            out[f] = tensor(pre + names[f])
+    if cfg.arch == "gemma3":
+        for f in _NORMS:
+            if f in out:
+                out[f] = out[f] + 1
+    return out
+
+
 def _dir_fingerprint(files: list[Path]) -> str:
     import hashlib
 
@@ -255,16 +304,22 @@ def _dir_fingerprint(files: list[Path]) -> str:
 
 
 def _check_shapes(cfg: ModelConfig, w: Weights, p: Path) -> None:
-    d, q, kv = cfg.hidden, cfg.q_dim, cfg.kv_dim
+    d, q, kv, hd = cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.head_dim
     expected = {"wq": (q, d), "wk": (kv, d), "wv": (kv, d), "wo": (d, q), "w_gate": (cfg.ffn, d),
-                "w_up": (cfg.ffn, d), "w_down": (d, cfg.ffn), "attn_norm": (d,), "ffn_norm": (d,)}
+                "w_up": (cfg.ffn, d), "w_down": (d, cfg.ffn), "attn_norm": (d,), "ffn_norm": (d,),
+                "bq": (q,), "bk": (kv,), "bv": (kv,), "bo": (d,), "b_gate": (cfg.ffn,), "b_up": (cfg.ffn,),
+                "b_down": (d,), "q_norm": (hd,), "k_norm": (hd,), "post_attn_norm": (d,), "post_ffn_norm": (d,)}
+    used = _fields_used(cfg)
     for i, lw in enumerate(w.layers):
-        for name, shape in expected.items():
+        for name in used:
+            shape = expected[name]
             got = tuple(getattr(lw, name).shape)
             if got != shape:
                 raise ModelFormatError(f"{p}: layer {i} {name} has shape {got}, config implies {shape}")
     if tuple(w.tok_emb.shape) != (cfg.vocab, d):
         raise ModelFormatError(f"{p}: token embedding has shape {tuple(w.tok_emb.shape)}, config implies {(cfg.vocab, d)}")
+    if tuple(w.lm_head.shape) != (cfg.vocab, d):
+        raise ModelFormatError(f"{p}: LM head has shape {tuple(w.lm_head.shape)}, config implies {(cfg.vocab, d)}")
 
 
 # -------------------------------------------------------------------------------------------- cache
@@ -337,7 +392,7 @@ def _load_cached(entry: Path, p: Path, fp: str, repair: bool) -> Model | None:
         state = load_file(str(entry / "weights.safetensors"))
         layers = [LayerWeights(**{f: state.get(f"layers.{i}.{f}") for f in _LAYER_FIELDS}) for i in range(cfg.n_layers)]
         tok_emb = state["tok_emb"]
-        weights = Weights(tok_emb, layers, state["norm"], state.get("lm_head", tok_emb))
+        weights = Weights(tok_emb, layers, state["norm"], state.get("lm_head", tok_emb), cfg.embed_scale)
         tokenizer = None
         if (entry / "tokenizer").is_dir():
             from transformers import AutoTokenizer

@@ -159,7 +159,8 @@ class DecodeStep:
             for layer in range(self.cfg.n_layers if layers is None else layers):
                 q, k, v = backend.qkv(layer, h)
                 kc, vc = cache.layer(layer)
-                a = ref.attention(self.cfg, q, k, v, rope, kc, vc, slot, n, positions, mask, row_attention)
+                a = ref.attention(self.cfg, q, k, v, rope, kc, vc, slot, n, positions, mask, row_attention,
+                                  layer=layer, lw=self.model.weights.layers[layer])
                 h = backend.o_ffn(layer, a, h)
         return self._logits(h, n, rows)
 

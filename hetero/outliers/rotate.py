@@ -126,6 +126,7 @@ def is_rotated(model) -> bool:
 def rotate_model(model, seed: int = 0, cache: bool = True):
     """The rotated copy of a loaded `Model`, with its own fingerprint (calibrations and graphs are its own);
     its weights are cached beside the model's (`cache_dir()/models/<fingerprint>/weights.safetensors`)."""
+    model.config.check_quantizable("rotation")
     fp = f"{model.fingerprint}-rot{ROTATION_VERSION}s{seed}"
     path = cache_dir() / "models" / fp / "weights.safetensors"
     weights = None
