@@ -1,0 +1,165 @@
+"""Each architecture and variant computes what transformers computes for its config, or is refused in one line.
+
+Tiny random-weight models from transformers' own config classes (`tests.tiny_hf`, logits O(1)), saved as
+HF directories and loaded by hetero's loader: the float forward and the chunked prefill within 1e-4 (max
+abs) of transformers at T = 31 and 200 with C = 64 and 256; 16 greedy tokens (plain and speculative
+decoding) equal to transformers'; every field the layer does not compute refused, naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hetero.errors import ConfigError, ModelFormatError
+from hetero.loader import load_model
+from hetero.model import forward
+from hetero.runtime import Runtime
+from tests.tiny_hf import build, greedy, logits
+
+# (id, arch, config fields): every variant the layer implements; the five silently-wrong cases of issue 25
+# are llama-attention-bias, llama-mlp-bias, llama-gelu, mistral-window and qwen2-no-tie-key
+CASES = [
+    ("llama", "llama", {}),
+    ("llama-attention-bias", "llama", {"attention_bias": True}),
+    ("llama-mlp-bias", "llama", {"mlp_bias": True}),
+    ("llama-gelu", "llama", {"hidden_act": "gelu"}),
+    ("llama-gelu-tanh-untied", "llama", {"hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": False}),
+    ("llama-llama3-rope", "llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+                                    "rope_theta": 500000.0}),
+    ("mistral-window", "mistral", {"sliding_window": 7}),
+    ("qwen2-no-tie-key", "qwen2", {"tie_word_embeddings": None}),  # None: the key is deleted from config.json
+    ("qwen2-window", "qwen2", {"use_sliding_window": True, "sliding_window": 9, "max_window_layers": 1}),
+    ("qwen3", "qwen3", {}),
+    ("qwen3-bias-window", "qwen3", {"attention_bias": True, "use_sliding_window": True, "sliding_window": 5,
+                                    "max_window_layers": 0}),
+    ("gemma3", "gemma3", {}),
+    ("gemma3-untied-scaled", "gemma3", {"tie_word_embeddings": False, "hidden_activation": "gelu",
+                                        "rope_scaling": {"rope_type": "linear", "factor": 8.0}}),
+    ("phi3", "phi3", {}),
+    ("phi3-partial-window", "phi3", {"hidden_size": 128, "partial_rotary_factor": 0.5, "sliding_window": 11}),
+]
+
+
+def _save(arch: str, path, fields: dict):
+    """The model of `arch` with `fields` (a None value: the key is left out of config.json)."""
+    hf = build(arch, path, **{k: v for k, v in fields.items() if v is not None})
+    drop = [k for k, v in fields.items() if v is None]
+    if drop:
+        cfg_file = path / "config.json"
+        d = json.loads(cfg_file.read_text())
+        for k in drop:
+            d.pop(k, None)
+        cfg_file.write_text(json.dumps(d))
+    return hf
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[c[0] for c in CASES])
+def pair(request, tmp_path_factory):
+    """(transformers model, hetero Model) of one case."""
+    name, arch, fields = request.param
+    path = tmp_path_factory.mktemp(name)
+    hf = _save(arch, path, fields)
+    return hf, load_model(path)
+
+
+@pytest.mark.parametrize("t", [31, 200])
+def test_float_logits_match_transformers(pair, t) -> None:
+    hf, model = pair
+    ids = torch.randint(0, model.config.vocab, (t,), generator=torch.Generator().manual_seed(t))
+    theirs = logits(hf, ids)
+    assert theirs.std() > 0.5  # O(1) logits: an error cannot hide in near-zero values
+    ours, _, _ = forward(model.config, model.weights, ids)
+    assert (ours - theirs).abs().max().item() < 1e-4
+    for c in (64, 256):  # the chunked prefill (ONNX Runtime's attention kernel on the CPU lane)
+        res = Runtime(model, chunk=c).prefill(ids)
+        assert (res.logits - theirs[-1]).abs().max().item() < 1e-4, c
+
+
+def test_greedy_tokens_match_transformers(pair) -> None:
+    from hetero.decode.generate import generate
+    from hetero.decode.params import SamplingParams
+
+    hf, model = pair
+    ids = torch.randint(3, model.config.vocab, (31,), generator=torch.Generator().manual_seed(5))
+    theirs = greedy(hf, ids, 16)
+    rt = Runtime(model, chunk=64)
+    for speculate in ("off", "lookup"):  # speculation trees verify drafted rows through the same layer
+        gen = generate(rt, rt.prefill(ids), SamplingParams(max_new_tokens=16, stop_token_ids=()),
+                       speculate=speculate, context_ids=ids.tolist())
+        assert list(gen.tokens) == theirs, speculate
+
+
+# (arch, config fields, what the one-line refusal names)
+REFUSED = [
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}},
+     "rope_type='yarn'"),
+    ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'"),
+    ("llama", {"hidden_act": "quick_gelu"}, "hidden_act='quick_gelu'"),
+    ("llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
+    ("llama", {"quantization_config": {"quant_method": "bitsandbytes"}}, "quantization_config"),
+    ("gemma3", {"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
+    ("gemma3", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0"),
+    ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention=True"),
+    ("gemma3", {"hidden_activation": "relu2"}, "hidden_activation='relu2'"),
+    ("phi3", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+                               "original_max_position_embeddings": 256}}, "rope_type='longrope'"),
+]
+
+
+@pytest.mark.parametrize("arch,fields,named", REFUSED, ids=[f"{a}-{n.split('=')[0]}" for a, _, n in REFUSED])
+def test_unimplemented_fields_are_refused(tmp_path, arch, fields, named) -> None:
+    build(arch, tmp_path)
+    cfg_file = tmp_path / "config.json"
+    d = json.loads(cfg_file.read_text())
+    if "rope_scaling" in fields or "partial_rotary_factor" in fields:
+        d.pop("rope_parameters", None)  # the legacy keys, as older config.json files carry them
+    d.update(fields)
+    cfg_file.write_text(json.dumps(d))
+    with pytest.raises(ModelFormatError, match=named.replace("(", r"\(").replace("[", r"\[")):
+        load_model(tmp_path)
+
+
+def test_refusal_is_one_line_and_exit_2(tmp_path) -> None:
+    build("llama", tmp_path)
+    cfg_file = tmp_path / "config.json"
+    d = json.loads(cfg_file.read_text())
+    d["hidden_act"] = "relu6"
+    cfg_file.write_text(json.dumps(d))
+    proc = subprocess.run([sys.executable, "-m", "hetero", "info", "--model", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "hidden_act='relu6'" in lines[0], proc.stderr
+
+
+def test_untied_config_without_lm_head_is_refused(tmp_path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    build("qwen2", tmp_path, tie_word_embeddings=True)
+    cfg_file = tmp_path / "config.json"
+    d = json.loads(cfg_file.read_text())
+    del d["tie_word_embeddings"]  # Qwen2's default: untied
+    cfg_file.write_text(json.dumps(d))
+    for shard in tmp_path.glob("*.safetensors"):
+        save_file({k: v for k, v in load_file(str(shard)).items() if k != "lm_head.weight"}, str(shard))
+    with pytest.raises(ModelFormatError, match="tie_word_embeddings=False"):
+        load_model(tmp_path)
+
+
+def test_int8_methods_refuse_what_they_do_not_compute(tmp_path) -> None:
+    """The quantized path names the variant it lacks; the default method runs such a model in float."""
+    from hetero.methods import make_runtime
+
+    build("llama", tmp_path, mlp_bias=True)
+    model = load_model(tmp_path)
+    assert model.config.quantized_unsupported() == "mlp_bias=True"
+    with pytest.raises(ConfigError, match="mlp_bias=True"):
+        make_runtime(model, "hetero-w8a8", chunk=64, threads=1)
+    rt = make_runtime(model, "hetero", chunk=64, threads=1)
+    assert rt.backend.name == "float"
