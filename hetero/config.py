@@ -23,7 +23,7 @@ from hetero.errors import ConfigError, ModelFormatError
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3")
 HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
                   "gemma3_text": "gemma3", "phi3": "phi3"}
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freqs")  # freqs: GGUF rope_freqs divisors (Llama 3.x)
 # transformers' hidden_act names -> the activation `model.activation` computes (gelu_new is the tanh form)
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_new": "gelu_tanh", "relu": "relu"}
@@ -266,7 +266,7 @@ def _hf_fields(arch: str, c: Any) -> dict[str, Any]:
         if getattr(c, "use_bidirectional_attention", False):
             raise _refuse("use_bidirectional_attention", True, "hetero's attention is causal")
         out.update(qk_norm=True, post_norms=True,
-                   embed_scale=float(_f32(hidden**0.5)), attn_scale=float(c.query_pre_attn_scalar) ** -0.5)
+                   embed_scale=float(f32(hidden**0.5)), attn_scale=float(c.query_pre_attn_scalar) ** -0.5)
     else:
         theta, scaling, partial = _rope("rope_parameters", rp, arch)
         if partial is not None and float(partial) != 1.0:
@@ -281,7 +281,7 @@ def _hf_fields(arch: str, c: Any) -> dict[str, Any]:
     return out
 
 
-def _f32(x: float) -> float:
+def f32(x: float) -> float:
     """x rounded to float32 (transformers keeps Gemma's embedding scale as a float32 tensor)."""
     import struct
 

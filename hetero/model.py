@@ -99,8 +99,8 @@ def activation(cfg: ModelConfig, x: torch.Tensor) -> torch.Tensor:
 
 
 def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
-    """RoPE frequencies of the rotated dims (cfg.rotary_dim) with the model's theta and scaling ("linear" or
-    Llama 3.1's "llama3"); local: those of the windowed layers with their own base (Gemma 3), unscaled."""
+    """RoPE frequencies of the rotated dims (cfg.rotary_dim) with the model's theta and scaling ("linear",
+    Llama 3.1's "llama3", or GGUF's per-frequency divisors "freqs"); local: those of the windowed layers with their own base (Gemma 3), unscaled."""
     d = cfg.rotary_dim
     theta = cfg.local_rope_theta if local else cfg.rope_theta
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
@@ -116,6 +116,11 @@ def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
         scaled = torch.where(wavelen > old_ctx / lo, inv / factor, inv)
         mid = (wavelen <= old_ctx / lo) & (wavelen >= old_ctx / hi)
         inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    elif kind == "freqs":  # llama.cpp's rope_freqs (Llama 3.x GGUF): one divisor per frequency
+        factors = torch.tensor(sc["factors"], dtype=torch.float64)
+        if factors.numel() != inv.numel():
+            raise ValueError(f"rope_freqs has {factors.numel()} factors for {inv.numel()} frequencies")
+        inv = inv / factors
     return inv.float()
 
 
