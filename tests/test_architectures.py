@@ -8,7 +8,9 @@ decoding) equal to transformers'; every field the layer does not compute refused
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 
@@ -163,3 +165,65 @@ def test_int8_methods_refuse_what_they_do_not_compute(tmp_path) -> None:
         make_runtime(model, "hetero-w8a8", chunk=64, threads=1)
     rt = make_runtime(model, "hetero", chunk=64, threads=1)
     assert rt.backend.name == "float"
+
+
+# ------------------------------------------------------------------------------------------------ GGUF
+
+GGUF_CASES = [  # (id, arch, config fields, GGUF metadata beyond the shapes) as llama.cpp's converter writes them
+    ("llama-biases", "llama", {"attention_bias": True, "mlp_bias": True}, {}),
+    ("qwen3", "qwen3", {}, {}),
+    # llama.cpp's Gemma 3: every 6th layer global, windowed layers on RoPE base 10,000, q·k scaled by key_length^-0.5
+    ("gemma3", "gemma3", {"num_hidden_layers": 6, "sliding_window": 8, "query_pre_attn_scalar": 16,
+                          "layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
+     {"attention.sliding_window": 8}),
+]
+
+
+@pytest.mark.parametrize("name,arch,fields,kv", GGUF_CASES, ids=[c[0] for c in GGUF_CASES])
+def test_gguf_of_each_architecture_matches_transformers(tmp_path, monkeypatch, name, arch, fields, kv) -> None:
+    from tests.gguf_writer import write_gguf
+
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    hf = build(arch, tmp_path / "hf", **fields)
+    gguf_path = write_gguf(load_model(tmp_path / "hf"), tmp_path / f"{name}.gguf", extra_kv=kv)
+    model = load_model(gguf_path)
+    ids = torch.randint(0, model.config.vocab, (40,), generator=torch.Generator().manual_seed(3))
+    ours, _, _ = forward(model.config, model.weights, ids)
+    assert (ours - logits(hf, ids)).abs().max().item() < 1e-4
+
+
+def test_gguf_rope_freqs_are_llama3_scaling(tmp_path, monkeypatch) -> None:
+    """Llama 3.x GGUF files carry the llama3 RoPE scaling as per-frequency divisors (`rope_freqs.weight`)."""
+    from hetero.model import rope_inv_freq
+    from tests.gguf_writer import write_gguf
+
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    hf = build("llama", tmp_path / "hf", rope_scaling=scaling, rope_theta=500000.0)
+    model = load_model(tmp_path / "hf")
+    plain = rope_inv_freq(dataclasses.replace(model.config, rope_scaling={}))
+    factors = plain / rope_inv_freq(model.config)
+    assert factors.max() > 7  # the scaling changes the low frequencies
+    path = write_gguf(dataclasses.replace(model, config=dataclasses.replace(model.config, rope_scaling={})),
+                      tmp_path / "l3.gguf", extra_tensors={"rope_freqs.weight": factors})
+    loaded = load_model(path)
+    ids = torch.randint(0, 128, (100,), generator=torch.Generator().manual_seed(4))
+    ours, _, _ = forward(loaded.config, loaded.weights, ids)
+    assert (ours - logits(hf, ids)).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("kv,tensors,named", [
+    ({"rope.scaling.attn_factor": 1.5}, {}, "llama.rope.scaling.attn_factor=1.5"),
+    ({"attention.sliding_window": 16}, {}, "llama.attention.sliding_window=16"),
+    ({"expert_count": 8}, {}, "llama.expert_count=8"),
+    ({}, {"blk.0.ffn_gate_inp.weight": torch.ones(4, 64)}, "blk.0.ffn_gate_inp.weight"),
+])
+def test_gguf_keys_and_tensors_the_layer_does_not_read_are_refused(tmp_path, monkeypatch, kv, tensors, named) -> None:
+    from tests.conftest import make_tiny_model
+    from tests.gguf_writer import write_gguf
+
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    path = write_gguf(make_tiny_model("llama"), tmp_path / "m.gguf", extra_kv=kv, extra_tensors=tensors)
+    with pytest.raises(ModelFormatError, match=re.escape(named)):
+        load_model(path)
