@@ -140,8 +140,13 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        """From `to_dict`'s dict; one without every field was written by a reader that may have dropped a
+        variant (before issue 25 a GGUF's o/FFN biases were not read): refused, so a cache entry is rebuilt."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [n for n in names if n not in d]
+        if missing:
+            raise ModelFormatError(f"a model config without the fields {missing} (written by an older hetero)")
+        return cls(**{k: d[k] for k in names})
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
