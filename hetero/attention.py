@@ -116,7 +116,7 @@ class ChunkAttention:
             raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({cap}) or RoPE table "
                               f"({self.cos.shape[0]}) positions")
         if self.qk_norms is not None:
-            _qk_norm_(cfg, qkv, *self.qk_norms[layer])
+            qk_norm_(cfg, qkv, *self.qk_norms[layer])
         cos, sin = self.local if cfg.local_rope(layer) else (self.cos, self.sin)
         f32 = np.float32
         # as many threads as the lane's torch share (`sched.executor.LaneWorkers`: one while another lane runs,
@@ -136,7 +136,7 @@ class ChunkAttention:
         return out
 
 
-def _qk_norm_(cfg: ModelConfig, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor) -> None:
+def qk_norm_(cfg: ModelConfig, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor) -> None:
     """RMSNorm of each q and k head of the packed rows, in place (`model.attention`'s QK-norm, same ops)."""
     n, qd, kd, d = qkv.shape[0], cfg.q_dim, cfg.kv_dim, cfg.head_dim
     q, k = qkv[:, :qd].view(n, cfg.n_heads, d), qkv[:, qd : qd + kd].view(n, cfg.n_kv_heads, d)

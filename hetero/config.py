@@ -27,6 +27,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freqs")  # freqs: GGUF r
 # transformers' hidden_act names -> the activation `model.activation` computes (gelu_new is the tanh form)
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_new": "gelu_tanh", "relu": "relu"}
+QUANTIZED_VARIANTS = ("qk_norm",)  # variants the INT8 path computes (`ModelConfig.quantized_unsupported`)
 _ROPE_KEYS = {"default": set(), "linear": {"factor"},
               "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}}
 
@@ -123,9 +124,11 @@ class ModelConfig:
 
     def quantized_unsupported(self) -> str | None:
         """'field=value' of the first variant the INT8 path (graphs, rotation, the INT8 decode step) does not
-        compute yet, or None: such a model runs the float methods only."""
+        compute yet, or None: such a model runs the float methods only. QK-norm it computes: it sits between
+        the qkv graph and attention, on the CPU lane (`attention.qk_norm_`), and commutes with the rotation."""
         for k, v in self.variants().items():
-            return f"{k}={v!r}"
+            if k not in QUANTIZED_VARIANTS:
+                return f"{k}={v!r}"
         return None
 
     def check_quantizable(self, what: str = "the INT8 path") -> None:

@@ -227,3 +227,56 @@ def test_gguf_keys_and_tensors_the_layer_does_not_read_are_refused(tmp_path, mon
     path = write_gguf(make_tiny_model("llama"), tmp_path / "m.gguf", extra_kv=kv, extra_tensors=tensors)
     with pytest.raises(ModelFormatError, match=re.escape(named)):
         load_model(path)
+
+
+# ------------------------------------------------------------------------------------------ INT8 path
+
+def _qk_norm_tiny():
+    """The tests' tiny Llama with QK-norm (Qwen3's attention), norms drawn around 1."""
+    from tests.conftest import make_tiny_model
+
+    m = make_tiny_model()
+    g = torch.Generator().manual_seed(9)
+    layers = [dataclasses.replace(lw, q_norm=1 + 0.2 * torch.randn(16, generator=g),
+                                  k_norm=1 + 0.2 * torch.randn(16, generator=g)) for lw in m.weights.layers]
+    cfg = dataclasses.replace(m.config, arch="qwen3", qk_norm=True)
+    return dataclasses.replace(m, config=cfg, weights=dataclasses.replace(m.weights, layers=layers),
+                               fingerprint="tiny-qknorm")
+
+
+def test_int8_qk_norm_prefill_and_decode(tmp_path, monkeypatch) -> None:
+    """Qwen3's QK-norm on the INT8 path: the prefill's attention normalizes the qkv graph's rows, the bound
+    decode step equals the unbound graphs around `model.attention`, and QK-norm matters (dropping it differs)."""
+    from hetero import model as ref
+    from hetero.decode.rowattn import row_attention
+    from hetero.decode.step import DECODE_THREADS, DecodeStep
+    from hetero.decode.tree import TokenTree
+    from hetero.npu.backend import NpuBackend
+    from hetero.outliers.shadow import QuantizedBackend
+    from tests.npu.conftest import SHADOWS, tiny_plan
+
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    m = _qk_norm_tiny()
+    assert m.config.quantized_unsupported() is None
+    plan = tiny_plan(m, SHADOWS)
+    prompt = torch.arange(3, 40) * 5 % 256
+    rt = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16, provider="cpu"))
+    torch_int8 = Runtime(m, chunk=16, backend=QuantizedBackend(m.config, m.weights, plan))  # model.py's layer
+    got, want = rt.prefill(prompt), torch_int8.prefill(prompt)
+    assert (got.logits - want.logits).abs().max() < 1e-3
+    plain = dataclasses.replace(m, config=dataclasses.replace(m.config, qk_norm=False))
+    assert (Runtime(plain, chunk=16).prefill(prompt).logits - got.logits).abs().max() > 0.1
+    step = DecodeStep(rt, attention_threads=1)
+    whole = rt.backend.at_chunk(1, DECODE_THREADS)
+    r1, r2 = rt.prefill(prompt), rt.prefill(prompt)
+    slot = r1.cache.length
+    logits = step.forward(r1.cache, TokenTree([7], [-1]))
+    with torch.inference_mode():
+        h = ref.embed(m.weights, torch.tensor([7]))
+        for layer, lw in enumerate(m.weights.layers):
+            q, k, v = whole.qkv(layer, h)
+            kc, vc = r2.cache.layer(layer)
+            a = ref.attention(m.config, q, k, v, rt.rope, kc, vc, slot, 1, torch.tensor([slot]), None, row_attention,
+                              layer=layer, lw=lw)
+            h = whole.o_ffn(layer, a, h)
+    assert torch.equal(logits, step.head(h))

@@ -22,6 +22,7 @@ import onnxruntime as ort
 import torch
 
 from hetero import model as ref
+from hetero.attention import qk_norm_
 from hetero.decode import halves, ortc
 from hetero.decode.attnpool import AttentionPool, StageTable
 from hetero.decode.rowattn import decode_rows, tree_layout
@@ -162,6 +163,9 @@ class BoundStep:
                 extra = delta(layer, "attn_in", qkv_run.outs["x"])
                 if extra is not None:
                     qkv += extra
+            if cfg.qk_norm:  # between the qkv graph and attention (Qwen3), as `model.attention`
+                lw = be.model.weights.layers[layer]
+                qk_norm_(cfg, qkv, lw.q_norm, lw.k_norm)
             if shared:  # both threads (`attnpool`): the same kernel per KV head, the same result
                 self.pool.attend(cfg, layer, qkv, layout)
             else:
