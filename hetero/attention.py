@@ -23,6 +23,8 @@ output rows are left as they are (finite; discarded after the last layer).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnxruntime as ort
 import torch
@@ -30,7 +32,8 @@ from onnx import TensorProto, helper
 
 from hetero.config import ModelConfig
 from hetero.errors import ConfigError
-from hetero.model import rms_norm
+from hetero.model import RopeTable, rms_norm
+from hetero.model import attention as model_attention
 from hetero.threads import ort_session_options
 
 
@@ -77,9 +80,6 @@ class ChunkAttention:
             raise ConfigError(f"threads must be >= 1, got {threads}")
         if cfg.local_rope_theta and local is None:
             raise ConfigError("this model's windowed layers have their own RoPE base: pass their (cos, sin) as local")
-        if (cfg.rotary_dim // 2) % 8:
-            raise ConfigError(f"the prefill attention kernel (ONNX Runtime GroupQueryAttention) rotates a multiple of 16 "
-                              f"dims; this model rotates rotary_dim={cfg.rotary_dim} of head_dim={cfg.head_dim}")
         if cfg.qk_norm and (qk_norms is None or len(qk_norms) != cfg.n_layers):
             raise ConfigError("a QK-norm model's attention needs every layer's (q_norm, k_norm) weights")
         self.cfg, self.threads = cfg, threads
@@ -89,6 +89,11 @@ class ChunkAttention:
         self._graphs = {w: _graph(cfg, w) for w in set(cfg.windows)}
         self._uniform = len(self._graphs) == 1 and local is None and qk_norms is None  # every layer alike
         self._sessions: dict[tuple[int, int], ort.InferenceSession] = {}
+        # GroupQueryAttention rotates a multiple of 16 dims (its cos cache: columns a multiple of 8): other
+        # heads (tiny test models, partial rotary) run `model.attention` on the rows, after the QK-norm here
+        self._torch = None
+        if (cfg.rotary_dim // 2) % 8:
+            self._torch = (dataclasses.replace(cfg, qk_norm=False), RopeTable(cfg, self.cos.shape[0]))
 
     def session(self, threads: int, window: int = 0) -> ort.InferenceSession:
         """The session running on `threads` intra-op threads for layers of this window (made once; no weights)."""
@@ -117,6 +122,12 @@ class ChunkAttention:
                               f"({self.cos.shape[0]}) positions")
         if self.qk_norms is not None:
             qk_norm_(cfg, qkv, *self.qk_norms[layer])
+        if self._torch is not None:
+            plain, rope = self._torch
+            qd, kd = cfg.q_dim, cfg.kv_dim
+            out.copy_(model_attention(plain, qkv[:, :qd], qkv[:, qd : qd + kd], qkv[:, qd + kd :], rope, k_cache,
+                                      v_cache, start, n, layer=layer))
+            return out
         cos, sin = self.local if cfg.local_rope(layer) else (self.cos, self.sin)
         f32 = np.float32
         # as many threads as the lane's torch share (`sched.executor.LaneWorkers`: one while another lane runs,

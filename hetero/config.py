@@ -162,8 +162,14 @@ class ModelConfig:
                                    f"supports {', '.join(HF_MODEL_TYPES)}")
         try:
             from transformers import AutoConfig
+            from transformers.utils import logging as hf_logging
 
-            c = AutoConfig.for_model(model_type, **{k: v for k, v in hf.items() if k != "model_type"})
+            level = hf_logging.get_verbosity()
+            hf_logging.set_verbosity_error()  # its validation warnings are not ours to print: we check, or refuse
+            try:
+                c = AutoConfig.for_model(model_type, **{k: v for k, v in hf.items() if k != "model_type"})
+            finally:
+                hf_logging.set_verbosity(level)
         except Exception as e:  # transformers validates the config: its message names the field
             raise ModelFormatError(f"config.json is not a valid {model_type} config: {type(e).__name__}: {e}") from e
         try:

@@ -202,7 +202,9 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
     elif arch == "gemma3":  # as llama.cpp computes Gemma 3 (its converter stores the norms as 1 + w)
         window = int(get(f"{arch}.attention.sliding_window", 0) or 0)
         variant = dict(qk_norm=True, post_norms=True, act="gelu_tanh", embed_scale=f32(hidden**0.5),
-                       attn_scale=head_dim**-0.5, local_rope_theta=GEMMA3_LOCAL_ROPE_BASE,
+                       # llama.cpp scales q·k by key_length^-0.5, by (hidden / heads)^-0.5 for the 27B (62 layers)
+                       attn_scale=(hidden / n_heads if n_layers == 62 else head_dim) ** -0.5,
+                       local_rope_theta=GEMMA3_LOCAL_ROPE_BASE,
                        windows=tuple(0 if (i + 1) % GEMMA3_SWA_PATTERN == 0 else window for i in range(n_layers)))
     cfg = ModelConfig(
         arch=arch,
