@@ -27,7 +27,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freqs")  # freqs: GGUF r
 # transformers' hidden_act names -> the activation `model.activation` computes (gelu_new is the tanh form)
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_new": "gelu_tanh", "relu": "relu"}
-QUANTIZED_VARIANTS = ("qk_norm",)  # variants the INT8 path computes (`ModelConfig.quantized_unsupported`)
+QUANTIZED_VARIANTS = ("qk_norm", "o_bias", "mlp_bias", "act")  # variants the INT8 path computes (`ModelConfig.quantized_unsupported`)
 _ROPE_KEYS = {"default": set(), "linear": {"factor"},
               "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}}
 
@@ -125,7 +125,8 @@ class ModelConfig:
     def quantized_unsupported(self) -> str | None:
         """'field=value' of the first variant the INT8 path (graphs, rotation, the INT8 decode step) does not
         compute yet, or None: such a model runs the float methods only. QK-norm it computes: it sits between
-        the qkv graph and attention, on the CPU lane (`attention.qk_norm_`), and commutes with the rotation."""
+        the qkv graph and attention, on the CPU lane (`attention.qk_norm_`), and commutes with the rotation;
+        the o/MLP biases and the activation are in the graphs (`npu.segments.layer_q`, `npu.export`)."""
         for k, v in self.variants().items():
             if k not in QUANTIZED_VARIANTS:
                 return f"{k}={v!r}"

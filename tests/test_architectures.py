@@ -161,10 +161,10 @@ def test_int8_methods_refuse_what_they_do_not_compute(tmp_path) -> None:
     """The quantized path names the variant it lacks; the default method runs such a model in float."""
     from hetero.methods import make_runtime
 
-    build("llama", tmp_path, mlp_bias=True)
+    build("mistral", tmp_path, sliding_window=7)
     model = load_model(tmp_path)
-    assert model.config.quantized_unsupported() == "mlp_bias=True"
-    with pytest.raises(ConfigError, match="mlp_bias=True"):
+    assert model.config.quantized_unsupported() == "windows=(7, 7)"
+    with pytest.raises(ConfigError, match=re.escape("windows=(7, 7)")):
         make_runtime(model, "hetero-w8a8", chunk=64, threads=1)
     rt = make_runtime(model, "hetero", chunk=64, threads=1)
     assert rt.backend.name == "float"
@@ -247,27 +247,40 @@ def _qk_norm_tiny():
                                fingerprint="tiny-qknorm")
 
 
-def test_int8_qk_norm_prefill_and_decode(tmp_path, monkeypatch) -> None:
-    """Qwen3's QK-norm on the INT8 path: the prefill's attention normalizes the qkv graph's rows, the bound
-    decode step equals the unbound graphs around `model.attention`, and QK-norm matters (dropping it differs)."""
+def _biased_gelu_tiny(path):
+    """A tiny Llama with q/k/v/o and MLP biases and the tanh GELU, from transformers' config class."""
+    build("llama", path, attention_bias=True, mlp_bias=True, hidden_act="gelu_pytorch_tanh")
+    return load_model(path)
+
+
+@pytest.mark.parametrize("variant", ["qk_norm", "biases_gelu"])
+def test_int8_path_computes_the_variant(tmp_path, monkeypatch, variant) -> None:
+    """Variants on the INT8 path: the graphs equal the torch INT8 layer (`QuantizedBackend`, model.py's layer),
+    the variant matters (dropping it differs), the rotated model's float output is the model's, and the bound
+    decode step equals the unbound graphs around `model.attention`, bit for bit."""
     from hetero import model as ref
     from hetero.decode.rowattn import row_attention
     from hetero.decode.step import DECODE_THREADS, DecodeStep
     from hetero.decode.tree import TokenTree
     from hetero.npu.backend import NpuBackend
+    from hetero.outliers.rotate import rotate_weights
     from hetero.outliers.shadow import QuantizedBackend
     from tests.npu.conftest import SHADOWS, tiny_plan
 
     monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
-    m = _qk_norm_tiny()
-    assert m.config.quantized_unsupported() is None
+    m = _qk_norm_tiny() if variant == "qk_norm" else _biased_gelu_tiny(tmp_path / "hf")
+    cfg = m.config
+    assert cfg.quantized_unsupported() is None and cfg.variants()
+    prompt = torch.arange(3, 40) * 5 % cfg.vocab
+    rot = rotate_weights(cfg, m.weights)
+    assert (forward(cfg, rot, prompt)[0] - forward(cfg, m.weights, prompt)[0]).abs().max() < 1e-4
+    plain = dataclasses.replace(m, config=dataclasses.replace(cfg, qk_norm=False, o_bias=False, mlp_bias=False,
+                                                              act="silu"))
     plan = tiny_plan(m, SHADOWS)
-    prompt = torch.arange(3, 40) * 5 % 256
     rt = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16, provider="cpu"))
-    torch_int8 = Runtime(m, chunk=16, backend=QuantizedBackend(m.config, m.weights, plan))  # model.py's layer
+    torch_int8 = Runtime(m, chunk=16, backend=QuantizedBackend(cfg, m.weights, plan))  # model.py's layer
     got, want = rt.prefill(prompt), torch_int8.prefill(prompt)
     assert (got.logits - want.logits).abs().max() < 1e-3
-    plain = dataclasses.replace(m, config=dataclasses.replace(m.config, qk_norm=False))
     assert (Runtime(plain, chunk=16).prefill(prompt).logits - got.logits).abs().max() > 0.1
     step = DecodeStep(rt, attention_threads=1)
     whole = rt.backend.at_chunk(1, DECODE_THREADS)
@@ -279,7 +292,7 @@ def test_int8_qk_norm_prefill_and_decode(tmp_path, monkeypatch) -> None:
         for layer, lw in enumerate(m.weights.layers):
             q, k, v = whole.qkv(layer, h)
             kc, vc = r2.cache.layer(layer)
-            a = ref.attention(m.config, q, k, v, rt.rope, kc, vc, slot, 1, torch.tensor([slot]), None, row_attention,
+            a = ref.attention(cfg, q, k, v, rt.rope, kc, vc, slot, 1, torch.tensor([slot]), None, row_attention,
                               layer=layer, lw=lw)
             h = whole.o_ffn(layer, a, h)
     assert torch.equal(logits, step.head(h))
