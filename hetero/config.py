@@ -23,13 +23,14 @@ from hetero.errors import ConfigError, ModelFormatError
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3")
 HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
                   "gemma3_text": "gemma3", "phi3": "phi3"}
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freqs")  # freqs: GGUF rope_freqs divisors (Llama 3.x)
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freqs", "longrope")  # freqs: GGUF rope_freqs divisors (Llama 3.x)
 # transformers' hidden_act names -> the activation `model.activation` computes (gelu_new is the tanh form)
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_new": "gelu_tanh", "relu": "relu"}
 QUANTIZED_VARIANTS = ("qk_norm", "o_bias", "mlp_bias", "act")  # variants the INT8 path computes (`ModelConfig.quantized_unsupported`)
 _ROPE_KEYS = {"default": set(), "linear": {"factor"},
-              "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}}
+              "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
+              "longrope": {"short_factor", "long_factor", "original_max_position_embeddings"}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +225,8 @@ def _rope(name: str, params: dict[str, Any], arch: str) -> tuple[float, dict[str
         raise _refuse(f"{name}.partial_rotary_factor", partial, f"{arch} rotates whole heads")
     try:  # keys of other rope types (beta_fast, ...) are not read for this one, by transformers either
         scaling = {k: p[k] for k in _ROPE_KEYS[kind]}
+        if kind == "longrope":  # also read: factor, attention_factor (`_longrope`)
+            scaling.update({k: p[k] for k in ("factor", "attention_factor") if p.get(k) is not None})
     except KeyError as e:
         raise _refuse(f"{name}", p, f"{kind} RoPE needs {e.args[0]}") from e
     if kind != "default":
@@ -283,17 +286,30 @@ def _hf_fields(arch: str, c: Any) -> dict[str, Any]:
         out.update(qk_norm=True, post_norms=True,
                    embed_scale=float(f32(hidden**0.5)), attn_scale=float(c.query_pre_attn_scalar) ** -0.5)
     else:
+        if rp.get("rope_type") == "longrope" and "original_max_position_embeddings" not in rp:
+            rp = {**rp, "original_max_position_embeddings": getattr(c, "original_max_position_embeddings", None)}
         theta, scaling, partial = _rope("rope_parameters", rp, arch)
         if partial is not None and float(partial) != 1.0:
             out["rotary_dim"] = int(head_dim * float(partial))
         if arch == "qwen3":
             out["qk_norm"] = True
-    if arch == "phi3":
-        kind = scaling.get("rope_type", "default")
-        if kind != "default":
-            raise _refuse("rope_parameters.rope_type", kind, "Phi-3 here runs plain RoPE only (no longrope)")
+    if scaling.get("rope_type") == "longrope":
+        scaling, out["context_length"] = _longrope(scaling, out["context_length"])
     out.update(rope_theta=theta, rope_scaling=scaling)
     return out
+
+
+def _longrope(p: dict[str, Any], max_pos: int) -> tuple[dict[str, Any], int]:
+    """Phi-3's longrope, as transformers computes it up to original_max_position_embeddings: the short factors
+    and the attention factor on cos/sin. Past that length transformers switches every position to the long
+    factors (re-rotating nothing already cached); hetero keeps the context to the short regime instead."""
+    orig = int(p["original_max_position_embeddings"])
+    factor = float(p.get("factor") or max_pos / orig)
+    attention = p.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    return ({"rope_type": "longrope", "short_factor": [float(x) for x in p["short_factor"]],
+             "attention_factor": float(attention)}, min(max_pos, orig))
 
 
 def f32(x: float) -> float:

@@ -116,6 +116,8 @@ def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
         scaled = torch.where(wavelen > old_ctx / lo, inv / factor, inv)
         mid = (wavelen <= old_ctx / lo) & (wavelen >= old_ctx / hi)
         inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    elif kind == "longrope":  # Phi-3's, in its short regime (`config._longrope`)
+        inv = inv / torch.tensor(sc["short_factor"], dtype=torch.float64)
     elif kind == "freqs":  # llama.cpp's rope_freqs (Llama 3.x GGUF): one divisor per frequency
         factors = torch.tensor(sc["factors"], dtype=torch.float64)
         if factors.numel() != inv.numel():
@@ -132,6 +134,9 @@ class RopeTable:
         pos = torch.arange(max_len, dtype=torch.float32)
         freqs = torch.outer(pos, rope_inv_freq(cfg))  # [max_len, R/2]: both halves share these angles
         self.cos, self.sin = freqs.cos(), freqs.sin()
+        attention = cfg.rope_scaling.get("attention_factor", 1.0)  # longrope scales cos/sin (as transformers)
+        if attention != 1.0:
+            self.cos, self.sin = self.cos * attention, self.sin * attention
         self.local_cos = self.local_sin = None
         if cfg.local_rope_theta:
             local = torch.outer(pos, rope_inv_freq(cfg, local=True))

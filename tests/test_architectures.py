@@ -44,6 +44,10 @@ CASES = [
     ("gemma3-untied-scaled", "gemma3", {"tie_word_embeddings": False, "hidden_activation": "gelu",
                                         "rope_scaling": {"rope_type": "linear", "factor": 8.0}}),
     ("phi3", "phi3", {}),
+    # longrope in its short regime: hetero's context stops at original_max_position_embeddings (256)
+    ("phi3-longrope", "phi3", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0 + i / 4 for i in range(8)],
+                                                "long_factor": [4.0] * 8},
+                               "original_max_position_embeddings": 256}),
     ("phi3-partial-window", "phi3", {"hidden_size": 128, "partial_rotary_factor": 0.5, "sliding_window": 11}),
     # heads whose rotated dims ONNX Runtime's kernel cannot take (not a multiple of 16): `model.attention` runs them
     ("phi3-partial-small", "phi3", {"partial_rotary_factor": 0.5}),
@@ -112,8 +116,8 @@ REFUSED = [
     ("gemma3", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0"),
     ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention=True"),
     ("gemma3", {"hidden_activation": "relu2"}, "hidden_activation='relu2'"),
-    ("phi3", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
-                               "original_max_position_embeddings": 256}}, "rope_type='longrope'"),
+    ("phi3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}},
+     "rope_parameters"),  # transformers' Phi3Config itself rejects it (naming rope_parameters)
 ]
 
 
