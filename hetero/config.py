@@ -225,7 +225,7 @@ def _rope(name: str, params: dict[str, Any], arch: str) -> tuple[float, dict[str
         raise _refuse(f"{name}.partial_rotary_factor", partial, f"{arch} rotates whole heads")
     try:  # keys of other rope types (beta_fast, ...) are not read for this one, by transformers either
         scaling = {k: p[k] for k in _ROPE_KEYS[kind]}
-        if kind == "longrope":  # also read: factor, attention_factor (`_longrope`)
+        if kind == "longrope":  # also read: factor, attention_factor (`longrope`)
             scaling.update({k: p[k] for k in ("factor", "attention_factor") if p.get(k) is not None})
     except KeyError as e:
         raise _refuse(f"{name}", p, f"{kind} RoPE needs {e.args[0]}") from e
@@ -294,12 +294,12 @@ def _hf_fields(arch: str, c: Any) -> dict[str, Any]:
         if arch == "qwen3":
             out["qk_norm"] = True
     if scaling.get("rope_type") == "longrope":
-        scaling, out["context_length"] = _longrope(scaling, out["context_length"])
+        scaling, out["context_length"] = longrope(scaling, out["context_length"])
     out.update(rope_theta=theta, rope_scaling=scaling)
     return out
 
 
-def _longrope(p: dict[str, Any], max_pos: int) -> tuple[dict[str, Any], int]:
+def longrope(p: dict[str, Any], max_pos: int) -> tuple[dict[str, Any], int]:
     """Phi-3's longrope, as transformers computes it up to original_max_position_embeddings: the short factors
     and the attention factor on cos/sin. Past that length transformers switches every position to the long
     factors (re-rotating nothing already cached); hetero keeps the context to the short regime instead."""

@@ -26,7 +26,7 @@ import torch
 from filelock import FileLock
 from safetensors.torch import load_file, save_file
 
-from hetero.config import ModelConfig, f32
+from hetero.config import ModelConfig, f32, longrope
 from hetero.errors import ModelFormatError
 from hetero.model import LayerWeights, Weights
 from hetero.paths import atomic_path, cache_dir, check_files, file_fingerprint, file_record, remove_stale_temps
@@ -144,7 +144,7 @@ _GGUF_KEYS = {"context_length", "embedding_length", "block_count", "feed_forward
               "attention.key_length", "attention.value_length", "rope.freq_base", "rope.dimension_count",
               "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length",
               "rope.scaling.finetuned", "expert_count", "expert_used_count"}
-_GGUF_ARCH_KEYS = {"gemma3": {"attention.sliding_window"}}
+_GGUF_ARCH_KEYS = {"gemma3": {"attention.sliding_window"}, "phi3": {"attention.sliding_window", "rope.scaling.attn_factor"}}
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's Gemma 3: every 6th layer global, the others windowed (RoPE base 10,000)
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
 
@@ -166,9 +166,9 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
         return v
 
     arch = get("general.architecture")
-    if arch not in ("llama", "mistral", "qwen2", "qwen3", "gemma3"):
+    if arch not in ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3"):
         raise ModelFormatError(f"unsupported architecture {arch!r} in {p} (GGUF general.architecture): hetero "
-                               f"reads llama, mistral, qwen2, qwen3, gemma3 GGUF files")
+                               f"reads llama, mistral, qwen2, qwen3, gemma3, phi3 GGUF files")
     known = _GGUF_KEYS | _GGUF_ARCH_KEYS.get(arch, set())
     for key in meta:
         if key.startswith(f"{arch}.") and key[len(arch) + 1:] not in known:
@@ -180,7 +180,8 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
     hidden = int(get(f"{arch}.embedding_length"))
     n_layers = int(get(f"{arch}.block_count"))
     head_dim = int(get(f"{arch}.attention.key_length", hidden // n_heads))
-    for key, want in ((f"{arch}.attention.value_length", head_dim), (f"{arch}.rope.dimension_count", head_dim)):
+    rotary_dim = int(get(f"{arch}.rope.dimension_count", head_dim)) if arch == "phi3" else head_dim  # partial rotary
+    for key, want in ((f"{arch}.attention.value_length", head_dim), (f"{arch}.rope.dimension_count", rotary_dim)):
         if get(key, want) != want:
             raise ModelFormatError(f"{p}: GGUF key {key}={get(key)} is not supported (hetero needs {want}, the head size)")
     rope_type = get(f"{arch}.rope.scaling.type", "none")
@@ -195,9 +196,24 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
         t = tensors["rope_freqs.weight"]
         rope_scaling = {"rope_type": "freqs",
                         "factors": [float(x) for x in np.asarray(gguf.quants.dequantize(t.data, t.tensor_type)).ravel()]}
+    context = int(get(f"{arch}.context_length", 2048))
+    if "rope_factors_short.weight" in tensors:  # Phi-3's longrope, as transformers computes it (`config.longrope`)
+        if rope_scaling:
+            raise ModelFormatError(f"{p}: both rope_factors and {arch}.rope.scaling.type={rope_type!r}")
+        t = tensors["rope_factors_short.weight"]
+        orig = get(f"{arch}.rope.scaling.original_context_length")
+        if orig is None:
+            raise ModelFormatError(f"{p}: rope_factors_short without {arch}.rope.scaling.original_context_length")
+        rope_scaling, context = longrope({
+            "short_factor": np.asarray(gguf.quants.dequantize(t.data, t.tensor_type)).ravel().tolist(),
+            "original_max_position_embeddings": int(orig), "attention_factor": get(f"{arch}.rope.scaling.attn_factor")},
+            context)
     tokens = meta.get("tokenizer.ggml.tokens")
     variant: dict[str, Any] = {}
-    if arch == "qwen3":
+    if arch == "phi3":
+        window = int(get(f"{arch}.attention.sliding_window", 0) or 0)
+        variant = dict(rotary_dim=rotary_dim, windows=(window,) * n_layers if window else ())
+    elif arch == "qwen3":
         variant = dict(qk_norm=True)
     elif arch == "gemma3":  # as llama.cpp computes Gemma 3 (its converter stores the norms as 1 + w)
         window = int(get(f"{arch}.attention.sliding_window", 0) or 0)
@@ -214,7 +230,7 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
         n_kv_heads=int(get(f"{arch}.attention.head_count_kv", n_heads)),
         ffn=int(get(f"{arch}.feed_forward_length")),
         vocab=int(get(f"{arch}.vocab_size") or (len(tokens.data) if tokens else 0)),
-        context_length=int(get(f"{arch}.context_length", 2048)),
+        context_length=context,
         rms_eps=float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=float(get(f"{arch}.rope.freq_base", 10000.0)),
         head_dim=head_dim,
@@ -227,7 +243,8 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
         eos_token_id=get("tokenizer.ggml.eos_token_id"),
         **variant,
     )
-    used_names = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"}
+    used_names = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
+                  "rope_factors_short.weight", "rope_factors_long.weight"}  # long: past the context kept
 
     def tensor(name: str) -> torch.Tensor:
         t = tensors.get(name)
@@ -242,7 +259,13 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
 
     layers = []
     for i in range(cfg.n_layers):
-        fields: dict[str, torch.Tensor | None] = {f: tensor(f"blk.{i}.{_GGUF_NAMES[f]}") for f in _fields_used(cfg)}
+        fused: dict[str, torch.Tensor] = {}
+        if arch == "phi3":  # fused as in HF: attn_qkv = q|k|v rows, ffn_up = gate|up rows
+            fused["wq"], fused["wk"], fused["wv"] = (t.contiguous() for t in tensor(f"blk.{i}.attn_qkv.weight").split(
+                [cfg.q_dim, cfg.kv_dim, cfg.kv_dim]))
+            fused["w_gate"], fused["w_up"] = (t.contiguous() for t in tensor(f"blk.{i}.ffn_up.weight").split([cfg.ffn, cfg.ffn]))
+        fields: dict[str, torch.Tensor | None] = {f: fused[f] if f in fused else tensor(f"blk.{i}.{_GGUF_NAMES[f]}")
+                                                  for f in _fields_used(cfg)}
         if arch in ("llama", "mistral"):  # llama.cpp's converter permutes Q/K of Llama-style models only
             fields["wq"] = _unpermute(fields["wq"], cfg.n_heads)
             fields["wk"] = _unpermute(fields["wk"], cfg.n_kv_heads)

@@ -116,7 +116,7 @@ def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
         scaled = torch.where(wavelen > old_ctx / lo, inv / factor, inv)
         mid = (wavelen <= old_ctx / lo) & (wavelen >= old_ctx / hi)
         inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
-    elif kind == "longrope":  # Phi-3's, in its short regime (`config._longrope`)
+    elif kind == "longrope":  # Phi-3's, in its short regime (`config.longrope`)
         inv = inv / torch.tensor(sc["short_factor"], dtype=torch.float64)
     elif kind == "freqs":  # llama.cpp's rope_freqs (Llama 3.x GGUF): one divisor per frequency
         factors = torch.tensor(sc["factors"], dtype=torch.float64)

@@ -58,9 +58,13 @@ def write_gguf(model: Model, path: Path, qtypes: dict[str, str] | None = None, a
     for name, t in (extra_tensors or {}).items():
         add(name, t)
     for i, lw in enumerate(w.layers):
+        fused = arch == "phi3"  # llama.cpp's Phi-3: attn_qkv = q|k|v rows, ffn_up = gate|up rows
+        if fused:
+            add(f"blk.{i}.attn_qkv.weight", torch.cat([lw.wq, lw.wk, lw.wv]))
+            add(f"blk.{i}.ffn_up.weight", torch.cat([lw.w_gate, lw.w_up]))
         for field, name in _GGUF_NAMES.items():
             t = getattr(lw, field)
-            if t is None:
+            if t is None or (fused and field in ("wq", "wk", "wv", "w_gate", "w_up")):
                 continue
             if arch in ("llama", "mistral") and field in ("wq", "wk"):
                 t = torch.from_numpy(permute(t.numpy(), cfg.n_heads if field == "wq" else cfg.n_kv_heads))

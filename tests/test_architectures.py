@@ -183,6 +183,9 @@ GGUF_CASES = [  # (id, arch, config fields, GGUF metadata beyond the shapes) as 
     ("gemma3", "gemma3", {"num_hidden_layers": 6, "sliding_window": 8, "query_pre_attn_scalar": 16,
                           "layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
      {"attention.sliding_window": 8}),
+    # llama.cpp's Phi-3: fused attn_qkv / ffn_up, rope.dimension_count = the rotated dims
+    ("phi3-partial-window", "phi3", {"hidden_size": 128, "partial_rotary_factor": 0.5, "sliding_window": 11},
+     {"rope.dimension_count": 16, "attention.sliding_window": 11}),
 ]
 
 
@@ -196,6 +199,27 @@ def test_gguf_of_each_architecture_matches_transformers(tmp_path, monkeypatch, n
     model = load_model(gguf_path)
     ids = torch.randint(0, model.config.vocab, (40,), generator=torch.Generator().manual_seed(3))
     ours, _, _ = forward(model.config, model.weights, ids)
+    assert (ours - logits(hf, ids)).abs().max().item() < 1e-4
+
+
+def test_gguf_phi3_longrope(tmp_path, monkeypatch) -> None:
+    """Phi-3's longrope in GGUF (rope_factors_short/long tensors, the original context as a key) computes what
+    transformers computes for the HF original, within the original context."""
+    from tests.gguf_writer import write_gguf
+
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    short = [1.0 + i / 4 for i in range(8)]
+    hf = build("phi3", tmp_path / "hf", rope_scaling={"rope_type": "longrope", "short_factor": short,
+                                                      "long_factor": [4.0] * 8}, original_max_position_embeddings=256)
+    model = load_model(tmp_path / "hf")
+    plain = dataclasses.replace(model, config=dataclasses.replace(model.config, rope_scaling={}, context_length=512))
+    path = write_gguf(plain, tmp_path / "phi3.gguf", extra_kv={"rope.scaling.original_context_length": 256},
+                      extra_tensors={"rope_factors_short.weight": torch.tensor(short),
+                                     "rope_factors_long.weight": torch.full((8,), 4.0)})
+    loaded = load_model(path)
+    assert loaded.config.context_length == 256 and loaded.config.rope_scaling == model.config.rope_scaling
+    ids = torch.randint(0, 128, (200,), generator=torch.Generator().manual_seed(6))
+    ours, _, _ = forward(loaded.config, loaded.weights, ids)
     assert (ours - logits(hf, ids)).abs().max().item() < 1e-4
 
 
