@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,11 +24,13 @@ from hetero.errors import ConfigError, ModelFormatError
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3")
 HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
                   "gemma3_text": "gemma3", "phi3": "phi3"}
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freqs", "longrope")  # freqs: GGUF rope_freqs divisors (Llama 3.x)
+# freqs: GGUF's rope_freqs divisors (Llama 3.x); longrope: Phi-3's, in its short regime (`longrope`)
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freqs", "longrope")
 # transformers' hidden_act names -> the activation `model.activation` computes (gelu_new is the tanh form)
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_new": "gelu_tanh", "relu": "relu"}
-QUANTIZED_VARIANTS = ("qk_norm", "o_bias", "mlp_bias", "act")  # variants the INT8 path computes (`ModelConfig.quantized_unsupported`)
+# variants the INT8 path computes (`ModelConfig.quantized_unsupported`)
+QUANTIZED_VARIANTS = ("qk_norm", "o_bias", "mlp_bias", "act")
 _ROPE_KEYS = {"default": set(), "linear": {"factor"},
               "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
               "longrope": {"short_factor", "long_factor", "original_max_position_embeddings"}}
@@ -82,7 +85,8 @@ class ModelConfig:
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ModelFormatError(f"unsupported rope scaling {rope_type!r}: hetero supports {SUPPORTED_ROPE_TYPES}")
         if self.act not in set(ACTIVATIONS.values()):
-            raise ModelFormatError(f"unsupported activation {self.act!r}: hetero computes {sorted(set(ACTIVATIONS.values()))}")
+            raise ModelFormatError(f"unsupported activation {self.act!r}: hetero computes "
+                                   f"{sorted(set(ACTIVATIONS.values()))}")
         if not 0 < self.rotary_dim <= self.head_dim or self.rotary_dim % 2:
             raise ModelFormatError(f"rotary_dim {self.rotary_dim} must be even and in (0, head_dim={self.head_dim}]")
         windows = tuple(int(w) for w in self.windows) or (0,) * self.n_layers
@@ -255,7 +259,8 @@ def _hf_fields(arch: str, c: Any) -> dict[str, Any]:
         qkv_bias=arch == "qwen2" or attn_bias, o_bias=attn_bias,
         mlp_bias=bool(getattr(c, "mlp_bias", False)) if arch == "llama" else False,
         act=ACTIVATIONS[act_name], tie_embeddings=bool(c.tie_word_embeddings),
-        bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id,
+        bos_token_id=c.bos_token_id,
+        eos_token_id=c.eos_token_id[0] if isinstance(c.eos_token_id, list) else c.eos_token_id,
     )
     # sliding windows: Mistral and Phi-3 window every layer; Qwen2/3 and Gemma 3 the layers layer_types says
     sw = getattr(c, "sliding_window", None)
@@ -314,6 +319,4 @@ def longrope(p: dict[str, Any], max_pos: int) -> tuple[dict[str, Any], int]:
 
 def f32(x: float) -> float:
     """x rounded to float32 (transformers keeps Gemma's embedding scale as a float32 tensor)."""
-    import struct
-
     return struct.unpack("f", struct.pack("f", x))[0] if math.isfinite(x) else x

@@ -144,7 +144,8 @@ _GGUF_KEYS = {"context_length", "embedding_length", "block_count", "feed_forward
               "attention.key_length", "attention.value_length", "rope.freq_base", "rope.dimension_count",
               "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length",
               "rope.scaling.finetuned", "expert_count", "expert_used_count"}
-_GGUF_ARCH_KEYS = {"gemma3": {"attention.sliding_window"}, "phi3": {"attention.sliding_window", "rope.scaling.attn_factor"}}
+_GGUF_ARCH_KEYS = {"gemma3": {"attention.sliding_window"},
+                   "phi3": {"attention.sliding_window", "rope.scaling.attn_factor"}}
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's Gemma 3: every 6th layer global, the others windowed (RoPE base 10,000)
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
 
@@ -174,7 +175,8 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
         if key.startswith(f"{arch}.") and key[len(arch) + 1:] not in known:
             raise ModelFormatError(f"{p}: GGUF key {key}={get(key)!r} is not supported (hetero does not compute it)")
     if int(get(f"{arch}.expert_count", 0) or 0):
-        raise ModelFormatError(f"{p}: GGUF key {arch}.expert_count={get(f'{arch}.expert_count')} (mixture of experts) is not supported")
+        raise ModelFormatError(f"{p}: GGUF key {arch}.expert_count={get(f'{arch}.expert_count')} is not supported "
+                               f"(mixture of experts)")
     tensors = {t.name: t for t in reader.tensors}
     n_heads = int(get(f"{arch}.attention.head_count"))
     hidden = int(get(f"{arch}.embedding_length"))
@@ -183,7 +185,7 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
     rotary_dim = int(get(f"{arch}.rope.dimension_count", head_dim)) if arch == "phi3" else head_dim  # partial rotary
     for key, want in ((f"{arch}.attention.value_length", head_dim), (f"{arch}.rope.dimension_count", rotary_dim)):
         if get(key, want) != want:
-            raise ModelFormatError(f"{p}: GGUF key {key}={get(key)} is not supported (hetero needs {want}, the head size)")
+            raise ModelFormatError(f"{p}: GGUF key {key}={get(key)} is not supported (hetero needs {want})")
     rope_type = get(f"{arch}.rope.scaling.type", "none")
     if rope_type not in ("none", "linear"):
         raise ModelFormatError(f"{p}: GGUF key {arch}.rope.scaling.type={rope_type!r} is not supported (none, linear)")
@@ -263,7 +265,8 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
         if arch == "phi3":  # fused as in HF: attn_qkv = q|k|v rows, ffn_up = gate|up rows
             fused["wq"], fused["wk"], fused["wv"] = (t.contiguous() for t in tensor(f"blk.{i}.attn_qkv.weight").split(
                 [cfg.q_dim, cfg.kv_dim, cfg.kv_dim]))
-            fused["w_gate"], fused["w_up"] = (t.contiguous() for t in tensor(f"blk.{i}.ffn_up.weight").split([cfg.ffn, cfg.ffn]))
+            gate_up = tensor(f"blk.{i}.ffn_up.weight").split([cfg.ffn, cfg.ffn])
+            fused["w_gate"], fused["w_up"] = (t.contiguous() for t in gate_up)
         fields: dict[str, torch.Tensor | None] = {f: fused[f] if f in fused else tensor(f"blk.{i}.{_GGUF_NAMES[f]}")
                                                   for f in _fields_used(cfg)}
         if arch in ("llama", "mistral"):  # llama.cpp's converter permutes Q/K of Llama-style models only
@@ -356,7 +359,8 @@ def _hf_layer(cfg: ModelConfig, i: int, tensor: Any) -> dict[str, torch.Tensor]:
         out["wq"], out["wk"], out["wv"] = (t.contiguous() for t in qkv.split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim]))
         gate_up = tensor(pre + "mlp.gate_up_proj.weight")
         if gate_up.shape[0] != 2 * cfg.ffn:
-            raise ModelFormatError(f"{pre}mlp.gate_up_proj.weight has {gate_up.shape[0]} rows, config implies {2 * cfg.ffn}")
+            raise ModelFormatError(f"{pre}mlp.gate_up_proj.weight has {gate_up.shape[0]} rows, config implies "
+                                   f"{2 * cfg.ffn}")
         out["w_gate"], out["w_up"] = (t.contiguous() for t in gate_up.split([cfg.ffn, cfg.ffn]))
     for f in used:
         if f not in out:

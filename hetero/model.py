@@ -100,7 +100,8 @@ def activation(cfg: ModelConfig, x: torch.Tensor) -> torch.Tensor:
 
 def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
     """RoPE frequencies of the rotated dims (cfg.rotary_dim) with the model's theta and scaling ("linear",
-    Llama 3.1's "llama3", or GGUF's per-frequency divisors "freqs"); local: those of the windowed layers with their own base (Gemma 3), unscaled."""
+    Llama 3.1's "llama3", Phi-3's "longrope", GGUF's per-frequency divisors "freqs"); local: those of the
+    windowed layers with their own base (Gemma 3), unscaled."""
     d = cfg.rotary_dim
     theta = cfg.local_rope_theta if local else cfg.rope_theta
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))

@@ -334,7 +334,8 @@ def test_gemma3_270m_from_its_wheels_matches_transformers() -> None:
 
     model = load_model("gemma3-270m")
     cfg = model.config
-    assert (cfg.arch, cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == ("gemma3", 18, 640, 4, 1, 256)
+    shape = (cfg.arch, cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+    assert shape == ("gemma3", 18, 640, 4, 1, 256)
     assert cfg.windows == tuple(0 if (i + 1) % 6 == 0 else 512 for i in range(18)) and cfg.vocab == 262144
     text = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"
     ids = torch.tensor(model.tokenizer(text)["input_ids"] * 4)[:64]
