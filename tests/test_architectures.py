@@ -344,3 +344,27 @@ def test_gemma3_270m_from_its_wheels_matches_transformers() -> None:
     hf = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32)
     assert (ours - logits(hf, ids)).abs().max().item() < 1e-3
     assert model.tokenizer.decode(ours[len(model.tokenizer(text)["input_ids"]) - 1].argmax()) == " Rome"
+
+
+@pytest.mark.parametrize("arch,fields", [("mistral", {"sliding_window": 7}),
+                                         ("gemma3", {"tie_word_embeddings": False})])
+def test_serve_prefix_reuse_and_restore_of_windowed_layers(tmp_path, arch, fields) -> None:
+    """The service's K/V store (prefix reuse, a budget that swaps blocks to disk or recomputes them) with
+    windowed layers: a completion continuing a stored prompt emits transformers' greedy tokens."""
+    from hetero.decode.params import SamplingParams
+    from hetero.serve.service import Service
+    from hetero.serve.store import StoreConfig
+
+    hf = build(arch, tmp_path / "hf", **fields)
+    model = load_model(tmp_path / "hf")
+    g = torch.Generator().manual_seed(8)
+    first = torch.randint(3, model.config.vocab, (40,), generator=g)
+    longer = torch.cat([first, torch.randint(3, model.config.vocab, (25,), generator=g)])
+    params = SamplingParams(max_new_tokens=8, stop_token_ids=())
+    kv_bytes_per_token = 2 * model.config.n_layers * model.config.kv_dim * 4
+    with Service(Runtime(model, chunk=16), StoreConfig(block=8, budget_bytes=30 * kv_bytes_per_token, compress="off",
+                                                       kv_dir=tmp_path)) as service:
+        assert list(service.complete(first.tolist(), params).tokens) == greedy(hf, first, 8)
+        assert list(service.complete(longer.tolist(), params).tokens) == greedy(hf, longer, 8)
+        counts = service.stats()["counts"]
+    assert counts["hits"] == 1 and counts.get("swap_in_blocks", 0) + counts.get("recomputed_blocks", 0) > 0
