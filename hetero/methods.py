@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -64,6 +65,7 @@ def quant_model(model: Model, recipe: Recipe) -> Model:
     """The model a recipe quantizes: the rotated copy (cached) when it rotates, else `model` itself."""
     from hetero.outliers.rotate import rotate_model
 
+    model.config.check_quantizable(f"method recipe {recipe}")
     return rotate_model(model) if recipe.rotate else model
 
 
@@ -97,6 +99,7 @@ def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float | None
     from hetero.outliers.pruning import PlanOptions, plan_from_calibration
     from hetero.outliers.rotate import online_sites
 
+    model.config.check_quantizable("quantization")
     if recipe.rotate != model.rotated:
         raise ConfigError(f"quant_plan: the recipe {'rotates' if recipe.rotate else 'does not rotate'} but the model "
                           f"{'is not' if recipe.rotate else 'is'} rotated; use quant_setup(model, ...)")
@@ -182,6 +185,11 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     spec = METHODS.get(method)
     if spec is None:
         raise ConfigError(f"method must be one of {sorted(METHODS)}, got {method!r}")
+    bad = model.config.quantized_unsupported()
+    if method == DEFAULT_METHOD and bad is not None:  # the default runs what computes this model: float
+        print(f"hetero: the INT8 path does not implement {bad} of this {model.config.arch} model yet; "
+              f"running --method float", file=sys.stderr)
+        spec = METHODS["float"]
     if spec.recipe is not None:
         model = quant_model(model, spec.recipe)  # the rotated copy: its embedding and lm_head run the prefill
     policy = policy or spec.policy

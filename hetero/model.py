@@ -20,8 +20,9 @@ from hetero.config import ModelConfig
 
 # Activation sites of a layer: the input shared by one group of linears (it is quantized once).
 #   h ─► RMSNorm ─► [attn_in] ─► wq, wk, wv                                    (qkv)
-#   a ─► [o_in] ─► wo ─► +h ─► RMSNorm ─► [ffn_in] ─► w_gate, w_up
-#        silu(gate)·up ─► [down_in] ─► w_down ─► +h                            (o_ffn)
+#   a ─► [o_in] ─► wo (─► RMSNorm) ─► +h ─► RMSNorm ─► [ffn_in] ─► w_gate, w_up
+#        act(gate)·up ─► [down_in] ─► w_down (─► RMSNorm) ─► +h                (o_ffn)
+# (the norms in brackets: Gemma 3's post-norms; QK-norm sits in `attention`, before RoPE)
 SITES = ("attn_in", "o_in", "ffn_in", "down_in")
 SITE_LINEARS: dict[str, tuple[str, ...]] = {  # LayerWeights fields of the linears reading each site
     "attn_in": ("wq", "wk", "wv"),
@@ -29,11 +30,11 @@ SITE_LINEARS: dict[str, tuple[str, ...]] = {  # LayerWeights fields of the linea
     "ffn_in": ("w_gate", "w_up"),
     "down_in": ("w_down",),
 }
-SITE_BIASES: dict[str, tuple[str | None, ...]] = {  # LayerWeights field of each linear's bias (Qwen2 q/k/v)
+SITE_BIASES: dict[str, tuple[str, ...]] = {  # LayerWeights field of each linear's bias (None when it has none)
     "attn_in": ("bq", "bk", "bv"),
-    "o_in": (None,),
-    "ffn_in": (None, None),
-    "down_in": (None,),
+    "o_in": ("bo",),
+    "ffn_in": ("b_gate", "b_up"),
+    "down_in": ("b_down",),
 }
 
 # linear(layer, site, x): x [T, in] at `site` of `layer` -> one [T, out] per name in SITE_LINEARS[site]
@@ -57,9 +58,17 @@ class LayerWeights:
     w_gate: torch.Tensor  # [ffn, hidden]
     w_up: torch.Tensor  # [ffn, hidden]
     w_down: torch.Tensor  # [hidden, ffn]
-    bq: torch.Tensor | None = None  # [n_heads*D] (Qwen2)
+    bq: torch.Tensor | None = None  # [n_heads*D] (cfg.qkv_bias)
     bk: torch.Tensor | None = None
     bv: torch.Tensor | None = None
+    bo: torch.Tensor | None = None  # [hidden] (cfg.o_bias)
+    b_gate: torch.Tensor | None = None  # [ffn] (cfg.mlp_bias)
+    b_up: torch.Tensor | None = None
+    b_down: torch.Tensor | None = None  # [hidden]
+    q_norm: torch.Tensor | None = None  # [D] (cfg.qk_norm)
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None  # [hidden] (cfg.post_norms)
+    post_ffn_norm: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -68,17 +77,35 @@ class Weights:
     layers: list[LayerWeights]
     norm: torch.Tensor  # [hidden]
     lm_head: torch.Tensor  # [vocab, hidden]; the same tensor as tok_emb when tied
+    embed_scale: float = 1.0  # cfg.embed_scale: the embedding rows are multiplied by it (Gemma 3)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm; Gemma's (1 + w) form is this with w + 1 folded in at load."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """RoPE frequencies with the model's theta and scaling ("linear" or Llama 3.1's "llama3")."""
-    d = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    sc = cfg.rope_scaling
+def activation(cfg: ModelConfig, x: torch.Tensor) -> torch.Tensor:
+    """The gate's activation, as transformers maps `hidden_act` (`config.ACTIVATIONS`)."""
+    if cfg.act == "silu":
+        return F.silu(x)
+    if cfg.act == "gelu":
+        return F.gelu(x)
+    if cfg.act == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if cfg.act == "relu":
+        return F.relu(x)
+    raise ValueError(f"activation {cfg.act!r} is not implemented")
+
+
+def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
+    """RoPE frequencies of the rotated dims (cfg.rotary_dim) with the model's theta and scaling ("linear",
+    Llama 3.1's "llama3", Phi-3's "longrope", GGUF's per-frequency divisors "freqs"); local: those of the
+    windowed layers with their own base (Gemma 3), unscaled."""
+    d = cfg.rotary_dim
+    theta = cfg.local_rope_theta if local else cfg.rope_theta
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    sc = {} if local else cfg.rope_scaling
     kind = sc.get("rope_type", "default")
     if kind == "linear":
         inv = inv / float(sc["factor"])
@@ -90,37 +117,62 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
         scaled = torch.where(wavelen > old_ctx / lo, inv / factor, inv)
         mid = (wavelen <= old_ctx / lo) & (wavelen >= old_ctx / hi)
         inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    elif kind == "longrope":  # Phi-3's, in its short regime (`config.longrope`)
+        inv = inv / torch.tensor(sc["short_factor"], dtype=torch.float64)
+    elif kind == "freqs":  # llama.cpp's rope_freqs (Llama 3.x GGUF): one divisor per frequency
+        factors = torch.tensor(sc["factors"], dtype=torch.float64)
+        if factors.numel() != inv.numel():
+            raise ValueError(f"rope_freqs has {factors.numel()} factors for {inv.numel()} frequencies")
+        inv = inv / factors
     return inv.float()
 
 
 class RopeTable:
-    """cos/sin for every position up to `max_len`, computed once (rotate-half layout, as HF Llama)."""
+    """cos/sin for every position up to `max_len`, computed once (rotate-half layout, as HF Llama); a model
+    whose windowed layers have their own base (Gemma 3) has a second table for them (`local_cos/sin`)."""
 
     def __init__(self, cfg: ModelConfig, max_len: int):
         pos = torch.arange(max_len, dtype=torch.float32)
-        freqs = torch.outer(pos, rope_inv_freq(cfg))  # [max_len, D/2]: both halves share these angles
+        freqs = torch.outer(pos, rope_inv_freq(cfg))  # [max_len, R/2]: both halves share these angles
         self.cos, self.sin = freqs.cos(), freqs.sin()
+        attention = cfg.rope_scaling.get("attention_factor", 1.0)  # longrope scales cos/sin (as transformers)
+        if attention != 1.0:
+            self.cos, self.sin = self.cos * attention, self.sin * attention
+        self.local_cos = self.local_sin = None
+        if cfg.local_rope_theta:
+            local = torch.outer(pos, rope_inv_freq(cfg, local=True))
+            self.local_cos, self.local_sin = local.cos(), local.sin()
+        self.cfg = cfg
 
-    def apply(self, x: torch.Tensor, start: int, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [H, T, D] at positions start..start+T-1 (or at `positions` [T]) → x·cos + rotate_half(x)·sin,
-        term for term as HF."""
-        t, half = x.shape[1], x.shape[-1] // 2
+    def tables(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [max_len, R/2] of layer `layer`."""
+        if self.cfg.local_rope(layer):
+            return self.local_cos, self.local_sin
+        return self.cos, self.sin
+
+    def apply(self, x: torch.Tensor, start: int, positions: torch.Tensor | None = None, layer: int = 0) -> torch.Tensor:
+        """x: [H, T, D] at positions start..start+T-1 (or at `positions` [T]) → x·cos + rotate_half(x)·sin on
+        the first cfg.rotary_dim dims (the rest pass, Phi's partial rotary), term for term as HF."""
+        cos, sin = self.tables(layer)
+        t = x.shape[1]
         if positions is None:
-            cos, sin = self.cos[start : start + t], self.sin[start : start + t]
+            cos, sin = cos[start : start + t], sin[start : start + t]
         else:
-            cos, sin = self.cos[positions], self.sin[positions]
-        x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+            cos, sin = cos[positions], sin[positions]
+        half = cos.shape[-1]
+        x1, x2 = x[..., :half], x[..., half : 2 * half]
+        rot = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+        return torch.cat(rot if 2 * half == x.shape[-1] else rot + [x[..., 2 * half :]], dim=-1)
 
 
 def embed(w: Weights, ids: torch.Tensor) -> torch.Tensor:
-    return w.tok_emb[ids]
+    h = w.tok_emb[ids]
+    return h if w.embed_scale == 1.0 else h * w.embed_scale
 
 
 def float_site(lw: LayerWeights, site: str, x: torch.Tensor) -> list[torch.Tensor]:
     """The float linears reading `site` of one layer: F.linear with its weights (and biases)."""
-    return [F.linear(x, getattr(lw, n), getattr(lw, b) if b else None)
-            for n, b in zip(SITE_LINEARS[site], SITE_BIASES[site])]
+    return [F.linear(x, getattr(lw, n), getattr(lw, b)) for n, b in zip(SITE_LINEARS[site], SITE_BIASES[site])]
 
 
 class FloatLinear:
@@ -167,6 +219,9 @@ def attention(
     positions: torch.Tensor | None = None,
     tree: torch.Tensor | None = None,
     row_attention: RowAttention | None = None,
+    *,
+    layer: int = 0,
+    lw: LayerWeights | None = None,
 ) -> torch.Tensor:
     """Subgraph `attn` (CPU/GPU): RoPE, write this chunk's K/V in place, causal attention over [0, start+T).
 
@@ -177,21 +232,33 @@ def attention(
     Decode rows (`positions` [T] given; siblings of a token tree share a position, LLMCad §3.2): `tree`
     [T, T] (bool, row i sees row j; None = a chain) replaces the causal mask; see `_row_attention`, whose
     rows run `row_attention` (default `one_row_attention`). Returns [T, n_heads*D].
+    The layer's variants (`layer`, its weights `lw`): QK-norm of each head before RoPE, its RoPE table, its
+    sliding window (a query at p sees keys p-W+1..p, as transformers' sliding mask), the model's softmax scale.
     """
     t, d = q.shape[0], cfg.head_dim
-    q = rope.apply(q.view(t, cfg.n_heads, d).transpose(0, 1), start, positions)
-    k = rope.apply(k.view(t, cfg.n_kv_heads, d).transpose(0, 1), start, positions)
+    q, k = q.view(t, cfg.n_heads, d), k.view(t, cfg.n_kv_heads, d)
+    if cfg.qk_norm:
+        if lw is None or lw.q_norm is None:
+            raise ValueError("a QK-norm model's attention needs its layer's weights (lw)")
+        q, k = rms_norm(q, lw.q_norm, cfg.rms_eps), rms_norm(k, lw.k_norm, cfg.rms_eps)
+    q = rope.apply(q.transpose(0, 1), start, positions, layer)
+    k = rope.apply(k.transpose(0, 1), start, positions, layer)
     v = v.view(t, cfg.n_kv_heads, d).transpose(0, 1)
     end = start + n_valid
     k_cache[:, start:end] = k[:, :n_valid]
     v_cache[:, start:end] = v[:, :n_valid]
+    window = cfg.window(layer)
     if positions is not None:
-        return _row_attention(cfg, q, k, v, k_cache, v_cache, start, n_valid, tree, row_attention)
+        return _row_attention(cfg, q, k, v, k_cache, v_cache, start, n_valid, tree, row_attention, window)
     keys, values = k_cache[:, :end], v_cache[:, :end]
-    q_pos = torch.arange(start, start + t).unsqueeze(1)
-    mask = torch.arange(end).unsqueeze(0) <= q_pos  # [T, end]; padded rows see all real keys
+    q_pos = torch.arange(start, start + t).clamp(max=end - 1).unsqueeze(1)  # padded rows: as the last real one
+    k_pos = torch.arange(end).unsqueeze(0)
+    mask = k_pos <= q_pos  # [T, end]
+    if window:
+        mask &= k_pos > q_pos - window
     # A batch dimension of 1 selects PyTorch's fused CPU attention kernel (3x faster than the 3-D path).
-    out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True)[0]
+    out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, enable_gqa=True,
+                                         scale=cfg.scale)[0]
     return out.transpose(0, 1).reshape(t, cfg.q_dim)
 
 
@@ -201,17 +268,18 @@ def one_row_attention(cfg: ModelConfig, q: torch.Tensor, keys: torch.Tensor, val
     (grouped-query SDPA's CPU kernel reads it per query head and costs ~1.5x at C = 1). Returns [H, 1, D]."""
     g = cfg.n_heads // cfg.n_kv_heads
     s = torch.matmul(q.reshape(cfg.n_kv_heads, g, cfg.head_dim), keys.transpose(1, 2))  # [n_kv, g, L]
-    p = torch.softmax(s.mul_(cfg.head_dim**-0.5), dim=-1)
+    p = torch.softmax(s.mul_(cfg.scale), dim=-1)
     return torch.matmul(p, values).view(cfg.n_heads, 1, cfg.head_dim)
 
 
 def _row_attention(cfg: ModelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                    v_cache: torch.Tensor, start: int, n_valid: int, tree: torch.Tensor | None,
-                   row_attention: RowAttention | None = None) -> torch.Tensor:
+                   row_attention: RowAttention | None = None, window: int = 0) -> torch.Tensor:
     """Each decode row attends alone, over cache rows [0, its position] holding its own path: so a row's
     output is bit for bit that of plain one-token decoding (float kernels are not row-count invariant,
     and INT8 rounding would amplify the difference), and greedy speculation equals plain greedy.
-    q/k/v are roped [H, T, D]; the rows' K/V are already in slots start.. (tree order)."""
+    q/k/v are roped [H, T, D]; the rows' K/V are already in slots start.. (tree order). A windowed layer's
+    row reads its last `window` rows (the path's slots are its positions in order) with `one_row_attention`."""
     t = q.shape[1]
     out = torch.zeros(cfg.n_heads, t, cfg.head_dim)
     for i in range(n_valid):
@@ -221,8 +289,9 @@ def _row_attention(cfg: ModelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
             k_cache[:, start : start + len(path)] = k[:, path]
             v_cache[:, start : start + len(path)] = v[:, path]
         end = start + len(path)
-        if row_attention is None:
-            out[:, i : i + 1] = one_row_attention(cfg, q[:, i : i + 1], k_cache[:, :end], v_cache[:, :end])
+        lo = max(0, end - window) if window else 0
+        if row_attention is None or lo:
+            out[:, i : i + 1] = one_row_attention(cfg, q[:, i : i + 1], k_cache[:, lo:end], v_cache[:, lo:end])
         else:
             out[:, i : i + 1] = row_attention(cfg, q[:, i : i + 1], k_cache, v_cache, end)
         if not lead:
@@ -233,15 +302,19 @@ def _row_attention(cfg: ModelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
 
 def o_ffn(cfg: ModelConfig, lw: LayerWeights, a: torch.Tensor, h: torch.Tensor,
           linear: SiteLinear | None = None, layer: int = 0) -> torch.Tensor:
-    """Subgraph `o_ffn` (NPU): O projection, residual, RMSNorm, SwiGLU FFN, residual."""
+    """Subgraph `o_ffn` (NPU): O projection, (post-norm,) residual, RMSNorm, gated FFN, (post-norm,) residual."""
     def lin(site: str, x: torch.Tensor) -> Sequence[torch.Tensor]:
         return linear(layer, site, x) if linear is not None else float_site(lw, site, x)
 
     (o,) = lin("o_in", a)
+    if cfg.post_norms:
+        o = rms_norm(o, lw.post_attn_norm, cfg.rms_eps)
     h = h + o
     x = rms_norm(h, lw.ffn_norm, cfg.rms_eps)
     gate, up = lin("ffn_in", x)
-    (down,) = lin("down_in", F.silu(gate) * up)
+    (down,) = lin("down_in", activation(cfg, gate) * up)
+    if cfg.post_norms:
+        down = rms_norm(down, lw.post_ffn_norm, cfg.rms_eps)
     return h + down
 
 
@@ -289,7 +362,7 @@ def layer_stack(cfg: ModelConfig, w: Weights, h: torch.Tensor, backend: LayerBac
     v_all = [torch.empty(cfg.n_kv_heads, t, cfg.head_dim) for _ in w.layers]
     for layer, lw in enumerate(w.layers):
         q, k, v = backend.qkv(layer, h) if backend is not None else qkv(cfg, lw, h)
-        a = attention(cfg, q, k, v, rope, k_all[layer], v_all[layer], 0, t)
+        a = attention(cfg, q, k, v, rope, k_all[layer], v_all[layer], 0, t, layer=layer, lw=lw)
         h = backend.o_ffn(layer, a, h) if backend is not None else o_ffn(cfg, lw, a, h)
     return h, torch.stack(k_all), torch.stack(v_all)
 

@@ -155,6 +155,8 @@ class PrefillJob:
         for c in plan.chunks:
             h = self.bufs.h[c.index][0][: c.rows]
             torch.index_select(rt.model.weights.tok_emb, 0, padded_ids(plan.ids, c, plan.start), out=h)
+            if rt.model.weights.embed_scale != 1.0:  # as `model.embed`
+                h.mul_(rt.model.weights.embed_scale)
             self.h.append(h)
         self.attn: list[torch.Tensor | None] = [None] * len(plan.chunks)
 
@@ -165,7 +167,7 @@ class PrefillJob:
             rt.backend.qkv(layer, self.h[i], out=self.bufs.qkv[i][: c.rows])  # packed q|k|v rows
         elif kind == "attn":
             k_cache, v_cache = self.cache.layer(layer)
-            rt.attention(self.bufs.qkv[i][: c.n_valid], k_cache, v_cache, c.start, self.bufs.attn[i][: c.n_valid])
+            rt.attention(self.bufs.qkv[i][: c.n_valid], k_cache, v_cache, c.start, self.bufs.attn[i][: c.n_valid], layer)
             self.attn[i] = self.bufs.attn[i][: c.rows]
         elif kind == "o_ffn":
             a, b = (t[: c.rows] for t in self.bufs.h[i])
@@ -195,8 +197,12 @@ class Runtime:
         # the `attn` subgraph of every chunk (the CPU lane): ORT's GroupQueryAttention over the cache
         # how it uses the host (`threads.ExecutionPlan`, chosen at the edge); by default every core, in program order
         self.execution = execution or ExecutionPlan.for_host(attention_threads, overlapped=False)
-        self.attention = ChunkAttention(self.cfg, self.rope.cos, self.rope.sin, self.execution.threads,
-                                        self.execution.ort_pool)
+        rope, layers = self.rope, model.weights.layers
+        self.attention = ChunkAttention(
+            self.cfg, rope.cos, rope.sin, self.execution.threads,
+            local=(rope.local_cos, rope.local_sin) if rope.local_cos is not None else None,
+            qk_norms=[(lw.q_norm, lw.k_norm) for lw in layers] if self.cfg.qk_norm else None,
+            pool=self.execution.ort_pool)
         self.buffers = ChunkBuffers(model, chunk)
         self._busy = threading.Lock()  # the buffers serve one prefill at a time (callers may be threads)
         self._owned: dict[str, Closeable] = {}

@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import torch
 
-from hetero.loader import Model
+from hetero.loader import _GGUF_NAMES, Model
 
 
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -16,12 +16,23 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model: Model, path: Path, qtypes: dict[str, str] | None = None, arch: str | None = None) -> Path:
-    """Save `model` as GGUF; `qtypes` maps a field ("wq", "w_up", ...) to F32/F16/Q8_0/Q4_0/Q4_1."""
+def write_gguf(model: Model, path: Path, qtypes: dict[str, str] | None = None, arch: str | None = None,
+               extra_kv: dict[str, object] | None = None, extra_tensors: dict[str, torch.Tensor] | None = None) -> Path:
+    """Save `model` as GGUF; `qtypes` maps a field ("wq", "w_up", ...) to F32/F16/Q8_0/Q4_0/Q4_1/Q5_0;
+    extra_kv: more metadata (key without the "<arch>." prefix -> int/float/str); extra_tensors: more tensors."""
     cfg, w = model.config, model.weights
     arch = arch or cfg.arch
     qtypes = qtypes or {}
     writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+    for key, value in (extra_kv or {}).items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            writer.add_string(f"{arch}.{key}", str(value))
+        elif isinstance(value, int):
+            writer.add_uint32(f"{arch}.{key}", value)
+        else:
+            writer.add_float32(f"{arch}.{key}", value)
     writer.add_block_count(cfg.n_layers)
     writer.add_context_length(cfg.context_length)
     writer.add_embedding_length(cfg.hidden)
@@ -42,16 +53,20 @@ def write_gguf(model: Model, path: Path, qtypes: dict[str, str] | None = None, a
 
     add("token_embd.weight", w.tok_emb)
     add("output_norm.weight", w.norm)
-    names = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight",
-             "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight", "w_gate": "ffn_gate.weight",
-             "w_up": "ffn_up.weight", "w_down": "ffn_down.weight", "bq": "attn_q.bias", "bk": "attn_k.bias",
-             "bv": "attn_v.bias"}
+    if w.lm_head is not w.tok_emb:
+        add("output.weight", w.lm_head)
+    for name, t in (extra_tensors or {}).items():
+        add(name, t)
     for i, lw in enumerate(w.layers):
-        for field, name in names.items():
+        fused = arch == "phi3"  # llama.cpp's Phi-3: attn_qkv = q|k|v rows, ffn_up = gate|up rows
+        if fused:
+            add(f"blk.{i}.attn_qkv.weight", torch.cat([lw.wq, lw.wk, lw.wv]))
+            add(f"blk.{i}.ffn_up.weight", torch.cat([lw.w_gate, lw.w_up]))
+        for field, name in _GGUF_NAMES.items():
             t = getattr(lw, field)
-            if t is None:
+            if t is None or (fused and field in ("wq", "wk", "wv", "w_gate", "w_up")):
                 continue
-            if arch != "qwen2" and field in ("wq", "wk"):
+            if arch in ("llama", "mistral") and field in ("wq", "wk"):
                 t = torch.from_numpy(permute(t.numpy(), cfg.n_heads if field == "wq" else cfg.n_kv_heads))
             add(f"blk.{i}.{name}", t, field)
     writer.write_header_to_file()

@@ -61,5 +61,5 @@ def test_a_call_uses_the_lanes_torch_thread_count() -> None:
             outs.append(attend(qkv, kc.clone(), kc.clone(), 0, torch.zeros(8, cfg.q_dim)))
     finally:
         torch.set_num_threads(before)
-    assert sorted(attend._sessions) == [1, 2]  # capped at its `threads`
+    assert sorted(attend._sessions) == [(1, 0), (2, 0)]  # capped at its `threads` (keyed by threads, window)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])  # heads split across threads, same math

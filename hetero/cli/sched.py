@@ -71,7 +71,7 @@ def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, 
                 rt.backend.o_ffn(layer, a, h)
             elif kind == "attn":  # the runtime's own kernel (`hetero.attention`), as a prefill runs it
                 start = max(0, min(kv_len, cfg.context_length) - c)
-                rt.attention(qkv, k_cache, v_cache, start, out)
+                rt.attention(qkv, k_cache, v_cache, start, out, layer)
             else:
                 raise NotMeasured
 

@@ -24,6 +24,7 @@ import torch
 from hetero import model as ref
 from hetero.decode.twocore.stages import Stages, split_available
 from hetero.decode.twocore.attnpool import AttentionPool, StageTable
+from hetero.attention import qk_norm_
 from hetero.decode.rowattn import decode_rows, tree_layout
 from hetero.decode.tree import TokenTree
 from hetero.kv_cache import KVCache
@@ -101,7 +102,7 @@ class BoundStep:
         self.a[n:] = 0  # padding rows: their attention stays zero (their K/V never reach the cache)
         q = self.q[:n]
         shared = self.pool is not None and self.pool.begin(
-            cache.k.numpy(), cache.v.numpy(), q, layout.extra, layout.n_extra, cfg.head_dim**-0.5,
+            cache.k.numpy(), cache.v.numpy(), q, layout.extra, layout.n_extra, cfg.scale,
             self.a.numpy()[:n].reshape(q.shape))
         self._layers(cache, layout, depth, shared)  # the caller ends the pool's step (after the LM head)
         return self.h[depth % 2]
@@ -113,6 +114,9 @@ class BoundStep:
             self._run(qkv_run, shared)
             self._correct(layer, qkv_run, qkv_run.outs)  # attn_in's shadow, before attention reads q, k, v
             qkv = qkv_run.outs[Buffer.QKV]
+            if cfg.qk_norm:  # between the qkv graph and attention (Qwen3), as `model.attention`
+                lw = self.backend.model.weights.layers[layer]
+                qk_norm_(cfg, qkv, lw.q_norm, lw.k_norm)
             if shared:  # both threads (`attnpool`): the same kernel per KV head, the same result
                 self.pool.attend(cfg, layer, qkv, layout)
             else:

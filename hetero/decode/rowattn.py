@@ -114,7 +114,7 @@ def row_attention(cfg: ModelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_ca
     qg = q.reshape(cfg.n_kv_heads, g, cfg.head_dim).contiguous()
     if out is None:
         out = torch.empty(cfg.n_heads, 1, cfg.head_dim)
-    _attend_rows(qg.numpy()[None], k_cache.numpy(), v_cache.numpy(), length, _NO_EXTRA, _ZERO, cfg.head_dim**-0.5,
+    _attend_rows(qg.numpy()[None], k_cache.numpy(), v_cache.numpy(), length, _NO_EXTRA, _ZERO, cfg.scale,
                  out.view(1, cfg.n_kv_heads, g, cfg.head_dim).numpy(), 0, cfg.n_kv_heads)
     return out.view(cfg.n_heads, 1, cfg.head_dim)
 
@@ -218,5 +218,5 @@ def decode_rows(cfg: ModelConfig, qkv: torch.Tensor, k_cache: torch.Tensor, v_ca
     n, g, d = len(layout), cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
     q = np.empty((n, cfg.n_kv_heads, g, d), np.float32)
     rope_rows(cfg, qkv, k_cache, v_cache, layout, q)
-    _attend_rows(q, k_cache.numpy(), v_cache.numpy(), layout.slot, layout.extra, layout.n_extra, d**-0.5,
+    _attend_rows(q, k_cache.numpy(), v_cache.numpy(), layout.slot, layout.extra, layout.n_extra, cfg.scale,
                  out.numpy()[:n].reshape(n, cfg.n_kv_heads, g, d), 0, cfg.n_kv_heads)

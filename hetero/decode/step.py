@@ -67,7 +67,8 @@ class FloatLayers:
         for layer in range(self.cfg.n_layers if layers is None else layers):
             q, k, v = self.backend.qkv(layer, h)
             kc, vc = cache.layer(layer)
-            a = ref.attention(self.cfg, q, k, v, self.runtime.rope, kc, vc, slot, n, positions, mask, row_attention)
+            a = ref.attention(self.cfg, q, k, v, self.runtime.rope, kc, vc, slot, n, positions, mask, row_attention,
+                              layer=layer, lw=self.runtime.model.weights.layers[layer])
             h = self.backend.o_ffn(layer, a, h)
         return h
 

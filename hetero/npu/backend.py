@@ -108,6 +108,7 @@ class NpuBackend:
                  options: GraphOptions = GraphOptions()):
         from hetero.outliers.shadow import QuantizedBackend
 
+        model.config.check_quantizable("the NPU backend")
         check_chunk(chunk, model.config.context_length)
         check_graph_memory(model.config, chunk, model.config.n_layers if layers is None else len(layers))
         self.model, self.cfg, self.plan, self.chunk, self.options = model, model.config, plan, chunk, options

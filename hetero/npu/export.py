@@ -240,6 +240,25 @@ def _slice_last(g: _Graph, x: str, start: int, end: int) -> str:
                           g.const(np.array([-1], np.int64))])
 
 
+def _activation(g: _Graph, x: str, act: str) -> str:
+    """The gate's activation as `model.activation` computes it (silu: x·sigmoid(x); gelu: erf form; gelu_tanh:
+    0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))); relu)."""
+    if act == "silu":
+        return g.op("Mul", [x, g.op("Sigmoid", [x])], "silu")
+    if act == "relu":
+        return g.op("Relu", [x], "relu")
+    half = g.op("Mul", [x, g.const(np.array(0.5, np.float32), "half")])
+    if act == "gelu":
+        inner = g.op("Erf", [g.op("Mul", [x, g.const(np.array(0.5**0.5, np.float32), "rsqrt2")])])
+    elif act == "gelu_tanh":
+        cube = g.op("Mul", [g.op("Mul", [x, x]), x])
+        poly = g.op("Add", [x, g.op("Mul", [cube, g.const(np.array(0.044715, np.float32), "c3")])])
+        inner = g.op("Tanh", [g.op("Mul", [poly, g.const(np.array((2 / np.pi) ** 0.5, np.float32), "k")])])
+    else:
+        raise ValueError(f"activation {act!r} has no graph")
+    return g.op("Mul", [half, g.op("Add", [inner, g.const(np.array(1.0, np.float32), "one")])], act)
+
+
 def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
     """The ONNX graph of one segment (pure function of its spec and parameters)."""
     g = _Graph(f"L{spec.layer}_{spec.kind}_C{spec.chunk}_{spec.flavor}")
@@ -272,8 +291,7 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
         elif piece == "act":
             gate = _slice_last(g, env[B.GU], 0, lq.ffn)
             up = _slice_last(g, env[B.GU], lq.ffn, 2 * lq.ffn)
-            silu = g.op("Mul", [gate, g.op("Sigmoid", [gate])], "silu")
-            env[B.M] = g.op("Mul", [silu, up], B.M)
+            env[B.M] = g.op("Mul", [_activation(g, gate, lq.act), up], B.M)
         elif piece == "down":
             env[B.D] = _linears(g, online("down_in", env[B.M], lq.ffn), [lq.down], f, conv=conv, kernel=k)
             if B.H1 in env:

@@ -119,6 +119,7 @@ class LayerQ:
     weight_qmax: int = W_QMAX  # the plan's weight range (63 = 7-bit); in the digest
     weight_form: str = "w8-u8u8"  # the plan's weight form: the CPU EP's kernel (`export.cpu_kernel`); in the digest
     online: tuple[tuple[str, int], ...] = ()  # (site, Hadamard block) of the plan's online transforms
+    act: str = "silu"  # the gate's activation (`config.ACTIVATIONS`); in the digest
 
 
 def segment_io(spec: SegmentSpec, lq: LayerQ) -> tuple[dict[Buffer, int], dict[Buffer, int]]:
@@ -173,8 +174,9 @@ def layer_q(cfg, lw, plan, layer: int) -> LayerQ:
         cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.ffn, float(cfg.rms_eps),
         lw.attn_norm.detach().cpu().numpy().astype(np.float32), lw.ffn_norm.detach().cpu().numpy().astype(np.float32),
         (lin("wq", "attn_in", lw.bq), lin("wk", "attn_in", lw.bk), lin("wv", "attn_in", lw.bv)),
-        lin("wo", "o_in"), (lin("w_gate", "ffn_in"), lin("w_up", "ffn_in")), lin("w_down", "down_in"),
-        int(plan.weight_qmax), plan.weight_form, tuple(sorted(plan.online.items())),
+        lin("wo", "o_in", lw.bo), (lin("w_gate", "ffn_in", lw.b_gate), lin("w_up", "ffn_in", lw.b_up)),
+        lin("w_down", "down_in", lw.b_down),
+        int(plan.weight_qmax), plan.weight_form, tuple(sorted(plan.online.items())), cfg.act,
     )
 
 
@@ -186,6 +188,8 @@ def layer_digest(lq: LayerQ) -> str:
     """
     h = hashlib.sha256()
     meta = [lq.hidden, lq.q_dim, lq.kv_dim, lq.ffn, lq.eps, lq.weight_qmax, lq.weight_form, list(lq.online)]
+    if lq.act != "silu":  # (the plain layer's digest, and so its cached graphs, unchanged)
+        meta.append(lq.act)
     for lin in (*lq.qkv, lq.o, *lq.gate_up, lq.down):
         ws = np.asarray(lin.w_scale, np.float32)
         meta += [float(ws) if ws.ndim == 0 else "channel", lin.x_scale, list(lin.q.shape), lin.x_bits]

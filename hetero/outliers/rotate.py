@@ -93,11 +93,13 @@ def rotate_weights(cfg, w, seed: int = 0):
         lw, attn_norm=ones(), ffn_norm=ones(),
         wq=read(lw.wq, lw.attn_norm), wk=read(lw.wk, lw.attn_norm), wv=read(lw.wv, lw.attn_norm),
         wo=write(lw.wo), w_gate=read(lw.w_gate, lw.ffn_norm), w_up=read(lw.w_up, lw.ffn_norm), w_down=write(lw.w_down),
+        # biases of the linears writing the residual stream are rotated with it (those reading it are not)
+        bo=None if lw.bo is None else lw.bo @ q, b_down=None if lw.b_down is None else lw.b_down @ q,
     ) for lw in w.layers]
     return dataclasses.replace(w, tok_emb=w.tok_emb @ q, layers=layers, norm=ones(), lm_head=read(w.lm_head, w.norm))
 
 
-_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down", "bq", "bk", "bv")
+_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down", "bq", "bk", "bv", "bo", "b_down")
 
 
 def _save(w, path: Path) -> None:
@@ -120,6 +122,7 @@ def rotate_model(model, seed: int = 0, cache: bool = True):
     with a content record checked at first use (`paths.cached`: damaged → recomputed with a warning)."""
     from hetero.loader import check_finite
 
+    model.config.check_quantizable("rotation")
     fp = f"{model.fingerprint}-rot{ROTATION_VERSION}s{seed}"
 
     def build():
