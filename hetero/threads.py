@@ -25,6 +25,7 @@ from hetero.errors import ConfigError
 WAIT_POLICY = "OMP_WAIT_POLICY"
 KEEP = "HETERO_OMP_WAIT_POLICY"  # "default": leave the libraries' default (a baseline engine's process)
 ORT_POOL = "HETERO_ORT_POOL"  # "session" (default): a pool per session; "shared": one for the process
+ORT_PROFILE = "HETERO_ORT_PROFILE"  # a folder: every session made after it is set records ONNX Runtime's profile
 USER_WAIT_POLICY = os.environ.get(WAIT_POLICY)  # as the user started the process, before passive_openmp()
 TORCH_FIRST = "torch" in sys.modules  # torch loaded before hetero: libgomp has read its policy already
 
@@ -90,4 +91,8 @@ def ort_session_options(intra_op_threads: int | None = None, inter_op_threads: i
         so.use_per_session_threads = False
     elif intra_op_threads is not None:
         so.intra_op_num_threads, so.inter_op_num_threads = intra_op_threads, inter_op_threads
+    profile = os.environ.get(ORT_PROFILE)
+    if profile:  # per-op kernel times of every run (`hetero.bench.ort_profile`); costs a clock read per op
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(profile, "ort")
     return so

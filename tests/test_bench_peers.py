@@ -12,7 +12,8 @@ from dataclasses import asdict
 import pytest
 
 from hetero.bench import peers
-from hetero.bench.engines import ENGINES, PEERS, EngineUnavailable
+from hetero.bench.engines import ENGINES, PEERS
+from hetero.bench.workers import EngineUnavailable
 from hetero.bench.harness import Row
 from hetero.bench.host import describe, host, microarchitecture
 from hetero.bench.peer_engines import LABELS, MODEL_KIND, check_installed
@@ -150,3 +151,48 @@ def test_harness_interleaves_rounds_over_windows(default_model) -> None:
     assert not skipped
     assert [(r.engine, r.prompt_len, len(r.runs_ms)) for r in rows] == [("hetero_float", 16, 2), ("hetero_float", 32, 2)]
     assert all(r.peak_rss_mb > 0 and r.tokens_per_s > 0 for r in rows)
+
+
+def test_ort_profile_sums_only_the_window(tmp_path, monkeypatch) -> None:
+    import time
+
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from hetero.bench.ort_profile import collect
+    from hetero.threads import ORT_PROFILE, ort_session_options
+
+    monkeypatch.setenv(ORT_PROFILE, str(tmp_path))
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "x"], ["y"]), helper.make_node("Relu", ["y"], ["z"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [64, 64])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    sess = ort.InferenceSession(m.SerializeToString(), ort_session_options(1), providers=["CPUExecutionProvider"])
+    x = {"x": np.ones((64, 64), np.float32)}
+    sess.run(None, x)  # before the window: not counted
+    t0 = time.time_ns()
+    for _ in range(3):
+        sess.run(None, x)
+    t1 = time.time_ns()
+    sess.run(None, x)  # after it
+    (prof,) = collect([(t0, t1)])
+    assert prof.runs["graphs"] == 3 and set(prof.op_us) == {"MatMul", "Relu"}
+    assert 0 < prof.kernel_us["graphs"] <= prof.run_us["graphs"]
+    assert not list(tmp_path.glob("*.json"))  # the profile files are removed once read
+
+
+@pytest.mark.slow
+def test_peer_process_decodes_as_the_session_in_this_process(default_model, tmp_path, monkeypatch) -> None:
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python not installed (the optional extra 'bench')")
+    from hetero.bench.peer_engines import LlamaCppSession, PeerProcess
+
+    ids = list(range(200, 248))
+    here = LlamaCppSession(default_model.path, threads=2, max_len=64, flash_attn=False).decode(ids, 5)[1]
+    proc = PeerProcess("llama_cpp", threads=2, max_len=64)
+    try:
+        seconds, tokens = proc.decode(ids, 5)
+    finally:
+        proc.close()
+    assert tokens == here and seconds > 0

@@ -12,14 +12,12 @@ from typing import Any
 
 import torch
 
+from hetero.bench.peer_engines import PEERS, open_session
+from hetero.bench.peer_engines import prepare as prepare_peer
 from hetero.methods import make_runtime, use_threads
 
 PrefillFn = Callable[[torch.Tensor], None]
 EngineFactory = Callable[[str | None, int, int], PrefillFn]
-
-
-class EngineUnavailable(Exception):
-    """The engine cannot run here (e.g. llama-cpp-python not installed): skipped with this message."""
 
 
 def _method(method: str, **kw: Any) -> EngineFactory:
@@ -54,8 +52,6 @@ def _torch_float(model_path: str | None, threads: int, max_len: int) -> PrefillF
 def _peer(engine: str) -> EngineFactory:
     """A peer runtime (`bench.peer_engines`) on its model built from the same GGUF; prefill = time to first token."""
     def make(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
-        from hetero.bench.peer_engines import open_session
-
         session = open_session(engine, model_path, threads, max_len)
 
         def prefill(ids: torch.Tensor) -> None:
@@ -66,17 +62,9 @@ def _peer(engine: str) -> EngineFactory:
     return make
 
 
-# The peers: the runtimes a user would pick instead, each at its fastest configurations on CPU (issue 24).
-# `llama_cpp` runs the GGUF as shipped; the others run models their own tools built from it (`bench.peers`).
-PEERS = ("openvino_genai", "ort_genai", "llama_cpp", "llama_cpp_q4_0", "llama_cpp_q4_0_fa", "llama_cpp_q8_0",
-         "llama_cpp_q8_0_fa")
-
-
 def prepare(engine: str, model_path: str | None) -> None:
     """Build what `engine` needs before it is timed (a peer's model; nothing for hetero's own engines)."""
     if engine in PEERS:
-        from hetero.bench.peer_engines import prepare as prepare_peer
-
         prepare_peer(engine, model_path)
 
 

@@ -13,21 +13,18 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
-from hetero.bench.engines import ENGINES, PEERS, EngineUnavailable, prepare
+from hetero.bench.engines import ENGINES, PEERS, prepare
+from hetero.bench.workers import EngineUnavailable, WorkerProcess, answer_pipe, worker_env
 from hetero.methods import use_threads
-from hetero.threads import library_default_env
 
 
 BASELINES = ("torch_float", *PEERS)  # other engines (the rest are hetero's methods and its naive NPU path)
@@ -83,55 +80,16 @@ def run_worker(engine: str, model_path: str | None, lens: list[int], threads: in
         reply({"ms": ms, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
 
 
-class _Worker:
-    """A running worker process and the pipe to it."""
-
-    def __init__(self, engine: str, lens: list[int], threads: int, model_path: str | None):
-        cmd = [sys.executable, "-m", "hetero.bench.harness", "--worker", engine, "--lens", ",".join(map(str, lens)),
-               "--threads", str(threads)]
-        if model_path:
-            cmd += ["--model", model_path]
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        if engine in BASELINES:  # as their users run them: OpenMP's default wait policy, not hetero's
-            env = library_default_env(env)
-        self.engine = engine
-        self.stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     text=True, env=env)
-
-    def ask(self, req: dict | None = None) -> dict:
-        """Send a request (None: just read the next answer); the answer, or {"failed": why}."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        try:
-            if req is not None:
-                self.proc.stdin.write(json.dumps(req) + "\n")
-                self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-        except BrokenPipeError:
-            line = ""
-        if line:
-            return json.loads(line)
-        self.proc.wait()
-        self.stderr.seek(0)
-        tail = self.stderr.read().strip().splitlines()[-1:]
-        return {"failed": f"failed: {tail[0] if tail else 'exit ' + str(self.proc.returncode)}"}
-
-    def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.stderr.close()
+def engine_env(engine: str, threads: int) -> dict[str, str]:
+    """The environment of an engine's process (`workers.worker_env`): the other engines as their users run them."""
+    return worker_env(threads, own=engine not in BASELINES)
 
 
 def run_engines(engines: list[str], lens: list[int], repeats: int, threads: int, model_path: str | None = None,
                 progress: Callable[[str], None] | None = None) -> tuple[list[Row], dict[str, str]]:
     """Each engine in its own process, `repeats` interleaved rounds; returns rows and {engine: why skipped}."""
     skipped: dict[str, str] = {}
-    workers: list[_Worker] = []
+    workers: list[WorkerProcess] = []
     try:
         for engine in engines:  # one at a time: loading and warming up never overlaps another engine
             if progress:
@@ -141,7 +99,9 @@ def run_engines(engines: list[str], lens: list[int], repeats: int, threads: int,
             except EngineUnavailable as e:
                 skipped[engine] = str(e)
                 continue
-            w = _Worker(engine, lens, threads, model_path)
+            cmd = [sys.executable, "-m", "hetero.bench.harness", "--worker", engine, "--lens", ",".join(map(str, lens)),
+                   "--threads", str(threads)] + (["--model", model_path] if model_path else [])
+            w = WorkerProcess(engine, cmd, engine_env(engine, threads))
             got = w.ask()
             if "ready" in got:
                 workers.append(w)
@@ -186,14 +146,7 @@ def _worker_main(argv: list[str]) -> int:
     ap.add_argument("--model")
     a = ap.parse_args(argv)
 
-    answers = os.fdopen(os.dup(1), "w")  # the replies' own pipe: whatever a library prints goes to stderr
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-
-    def reply(obj: dict) -> None:
-        answers.write(json.dumps(obj) + "\n")
-        answers.flush()
-
+    reply = answer_pipe()
     try:
         run_worker(a.worker, a.model, [int(x) for x in a.lens.split(",")], a.threads, sys.stdin, reply)
     except EngineUnavailable as e:

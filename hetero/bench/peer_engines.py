@@ -16,7 +16,12 @@ from typing import Protocol
 
 import numpy as np
 
-from hetero.bench.engines import EngineUnavailable
+from hetero.bench.workers import EngineUnavailable, WorkerProcess, answer_pipe, worker_env
+
+# The peers: the runtimes a user would pick instead, each at its fastest configurations on CPU (issue 24).
+# `llama_cpp` runs the GGUF as shipped; the others run models their own tools built from it (`bench.peers`).
+PEERS = ("openvino_genai", "ort_genai", "llama_cpp", "llama_cpp_q4_0", "llama_cpp_q4_0_fa", "llama_cpp_q8_0",
+         "llama_cpp_q8_0_fa")
 
 
 class PeerSession(Protocol):
@@ -65,12 +70,13 @@ class LlamaCppSession:
         self.llm.eval(ids)
         return int(np.argmax(last_logits(self.llm)))
 
-    def decode(self, ids: list[int], n_new: int) -> tuple[float, list[int]]:
+    def decode(self, ids: list[int], n_new: int, stop: frozenset[int] = frozenset()) -> tuple[float, list[int]]:
+        """As `PeerSession.decode`; `stop`: ids that end it early (kept as the last token)."""
         from hetero.adapters.llamacpp import last_logits
 
         out = [self.prefill(ids)]
         t0 = time.perf_counter()
-        while len(out) < n_new:
+        while len(out) < n_new and out[-1] not in stop:
             self.llm.eval([out[-1]])
             out.append(int(np.argmax(last_logits(self.llm))))
         return time.perf_counter() - t0, out
@@ -197,3 +203,64 @@ def open_session(engine: str, model_path: str | None, threads: int, max_len: int
     if engine == "ort_genai":
         return OrtGenAiSession(path, threads, max_len)
     raise ValueError(f"not a peer engine: {engine!r}")
+
+
+class PeerProcess:
+    """Peer `engine` in a process of its own (`python -m hetero.bench.peer_engines`), asked for decodes of given
+    ids: the first request for a context length is preceded by an untimed warm-up of that length."""
+
+    def __init__(self, engine: str, threads: int, max_len: int, model_path: str | None = None):
+        import sys
+
+        prepare(engine, model_path)  # built here, not in the timed process
+        cmd = [sys.executable, "-m", "hetero.bench.peer_engines", engine, "--threads", str(threads),
+               "--max-len", str(max_len)] + (["--model", model_path] if model_path else [])
+        self.worker = WorkerProcess(engine, cmd, worker_env(threads, own=False))
+        got = self.worker.ask()
+        if "ready" not in got:
+            self.worker.close()
+            raise EngineUnavailable(got.get("unavailable") or got["failed"])
+
+    def decode(self, ids: list[int], n_new: int) -> tuple[float, list[int]]:
+        """(seconds of the n_new greedy tokens after the prefill of ids, the tokens)."""
+        got = self.worker.ask({"ids": list(ids), "n_new": n_new})
+        if "failed" in got:
+            raise RuntimeError(f"{self.worker.engine}: {got['failed']}")
+        return got["seconds"], got["tokens"]
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def _serve(argv: list[str]) -> int:
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("engine", choices=sorted(MODEL_KIND))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-len", type=int, required=True)
+    ap.add_argument("--model")
+    a = ap.parse_args(argv)
+    reply = answer_pipe()
+    try:
+        session = open_session(a.engine, a.model, a.threads, a.max_len)
+    except EngineUnavailable as e:
+        reply({"unavailable": str(e)})
+        return 3
+    reply({"ready": True})
+    warm: set[int] = set()
+    for line in sys.stdin:
+        req = json.loads(line)
+        if len(req["ids"]) not in warm:
+            session.decode(req["ids"], req["n_new"])
+            warm.add(len(req["ids"]))
+        seconds, tokens = session.decode(req["ids"], req["n_new"])
+        reply({"seconds": seconds, "tokens": [int(t) for t in tokens]})
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_serve(sys.argv[1:]))

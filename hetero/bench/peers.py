@@ -26,7 +26,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from hetero.bench.engines import EngineUnavailable
+from hetero.bench.workers import EngineUnavailable
 from hetero.paths import atomic_path, cache_dir, check_files, file_fingerprint, file_record
 
 OPTIMUM_CLI = "HETERO_OPTIMUM_CLI"
