@@ -136,7 +136,7 @@ def test_llama_cpp_requantized_runs_the_same_ids(default_model, tmp_path, monkey
     first = session.prefill(ids)
     seconds, tokens = session.decode(ids, 4)
     assert tokens[0] == first and len(tokens) == 4 and seconds > 0
-    assert 0 <= first < default_model.config.vocab_size
+    assert 0 <= first < default_model.config.vocab
     entry = peers.peers_root(default_model.path) / "gguf-q8_0"
     assert peers.verify(entry) is None and (entry / "model.gguf").stat().st_size > default_model.path.stat().st_size
 

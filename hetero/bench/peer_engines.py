@@ -54,14 +54,9 @@ class LlamaCppSession:
             import llama_cpp
         except ImportError:
             raise EngineUnavailable("llama-cpp-python is not installed (pip install 'hetero[bench]')") from None
-        kw: dict = {}
-        if hasattr(llama_cpp, "LLAMA_FLASH_ATTN_TYPE_ENABLED"):  # llama.cpp's tri-state (auto/on/off)
-            kw["flash_attn_type"] = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
-                                     else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        else:
-            kw["flash_attn"] = flash_attn
         self.llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=max_len + 256, n_batch=min(2048, max_len + 256),
-                                   n_ubatch=512, n_threads=threads, n_threads_batch=threads, verbose=False, **kw)
+                                   n_ubatch=512, n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn,
+                                   verbose=False)
 
     def prefill(self, ids: list[int]) -> int:
         from hetero.adapters.llamacpp import last_logits
