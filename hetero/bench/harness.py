@@ -1,10 +1,10 @@
 """Prefill timing harness: each engine in its own process, rounds interleaved, medians of the rounds.
 
 A worker process per engine (`python -m hetero.bench.harness --worker ENGINE`) keeps its peak RSS its own and
-its thread settings from leaking into the next engine. All workers load (and warm up at every length) first;
-then each round asks every engine, in turn, to prefill the same token ids: a slow stretch of a shared machine
-touches every engine alike. Round r reads window r of the held-out text, a different prompt each round, so no
-engine's prefix cache can hit. The naive NPU engine's timed runs include graph preparation: preparing a graph
+its thread settings from leaking into the next engine. All workers load first; then each round asks every
+engine, in turn, for a warm-up and a timed prefill of the same token ids: a slow stretch of a shared machine
+touches every engine alike. Round r times window r of the held-out text, a different prompt each round (the
+warm-up reads window 0), so no engine's prefix cache can hit. The naive NPU engine's timed runs include graph preparation: preparing a graph
 per prompt length *is* its cost (mllm-NPU §2.3).
 """
 
@@ -64,15 +64,16 @@ def prompt_ids(model_path: str | None, n: int, window: int = 0) -> torch.Tensor:
 
 def run_worker(engine: str, model_path: str | None, lens: list[int], threads: int,
                requests, reply: Callable[[dict], None]) -> None:
-    """Serve one engine in this process: load, warm up at each length (window 0), then one timed prefill per
-    request {"n", "window"}, answered with {"ms", "rss_mb"}."""
+    """Serve one engine in this process: load, then per request {"n", "window"} an untimed warm-up prefill of
+    n tokens (window 0: caches, pages and thread pools hot again after the other engines ran) and the timed
+    prefill of the window, answered with {"ms", "rss_mb"}."""
     use_threads(threads)
     prefill = ENGINES[engine](model_path, threads, max(lens))
-    for n in lens:
-        prefill(prompt_ids(model_path, n, 0))
+    prefill(prompt_ids(model_path, min(lens), 0))  # a first run: lazy set-up happens before any timing
     reply({"ready": True})
     for line in requests:
         req = json.loads(line)
+        prefill(prompt_ids(model_path, req["n"], 0))  # warm-up
         ids = prompt_ids(model_path, req["n"], req["window"])
         t0 = time.perf_counter()
         prefill(ids)
