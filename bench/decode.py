@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import hetero  # noqa: E402, F401 - before torch: hetero sets OpenMP's wait policy (hetero.threads)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 

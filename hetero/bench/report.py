@@ -80,7 +80,7 @@ def markdown(result: dict[str, Any]) -> str:
     if result["ratios"]:
         lines += ["", "## hetero's speed over each engine (real, same run)", "", "| prompt | vs | × |", "|---:|---|---:|"]
         lines += [f"| {r['prompt_len']} | {r['vs']} | {r['hetero_over']:.2f} |" for r in result["ratios"]]
-    if result.get("bound"):
+    if result.get("bound", {}).get("best_ops_per_s"):  # a result of a run before issue 24 has no such rates
         b = result["bound"]
         frac = {f["prompt_len"]: f["fraction"] for f in b["hetero_fraction"]}
         peer = {f["prompt_len"]: f for f in b.get("best_peer_fraction", [])}
