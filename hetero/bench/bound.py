@@ -3,7 +3,7 @@
 The bound is the machine's, not hetero's kernels': the best measured rate of each precision's GEMM on this
 CPU, whatever runs it: ONNX Runtime's u8×s8 `MatMulInteger` (int8), torch's float32 and bfloat16 matmuls,
 each at the model's widest linear (rows × hidden × 2·ffn) for two row counts and at a 1024³ square, the best
-shape kept. The static linears count at the fastest precision's rate; attention (QKᵀ and PV, causal: half
+shape and the fastest of the repeats kept (a bound: another process on a shared core only slows a run). The static linears count at the fastest precision's rate; attention (QKᵀ and PV, causal: half
 the square) at the faster float rate (float32 or bfloat16). The bound at n tokens is
 n / (linear ops / linear rate + attention FLOPs / float rate), as if every op ran at the machine's best GEMM
 speed on every core with nothing else: an engine's tokens/s over it is the fraction of the machine it uses.
@@ -18,7 +18,7 @@ import torch
 
 from hetero.config import ModelConfig
 from hetero.threads import ort_session_options
-from hetero.timing import median_seconds
+from hetero.timing import best_seconds
 
 SQUARE = 1024  # the square GEMM measured beside the model's shapes
 
@@ -39,7 +39,7 @@ def int8_gemm_rate(m: int, k: int, n: int, threads: int, repeats: int = 5) -> fl
     so.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     x = np.random.default_rng(1).integers(0, 256, (m, k), dtype=np.uint8)
-    return 2 * m * k * n / median_seconds(lambda: sess.run(None, {"x": x}), repeats)
+    return 2 * m * k * n / best_seconds(lambda: sess.run(None, {"x": x}), repeats)
 
 
 def torch_gemm_rate(m: int, k: int, n: int, dtype: torch.dtype, threads: int, repeats: int = 5) -> float:
@@ -54,7 +54,7 @@ def torch_gemm_rate(m: int, k: int, n: int, dtype: torch.dtype, threads: int, re
         with torch.inference_mode():
             torch.matmul(a, b, out=out)
 
-    return 2 * m * k * n / median_seconds(run, repeats)
+    return 2 * m * k * n / best_seconds(run, repeats)
 
 
 def gemm_shapes(cfg: ModelConfig) -> list[tuple[int, int, int]]:
