@@ -140,12 +140,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import platform
-
     from hetero.bench.harness import prompt_ids
+    from hetero.bench.host import describe, host
     from hetero.loader import load_model
     from hetero.methods import make_runtime
-    from hetero.npu import isa
     from hetero.runtime import Runtime
 
     lens = int_list(args.lens, "--lens")
@@ -164,9 +162,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         rt.close()
     profiled = _profiled_process(args) if args.ops else None
-    isa_flags = ", ".join(isa.machine().get("isa", [])) or "unknown"
     result = {"model": model.name, "method": args.method, "threads": args.threads, "repeats": args.repeats,
-              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {isa_flags}",
+              "machine": describe(host()),
               "command": "python bench/prefill_parts.py " + " ".join(sys.argv[1:]), "rows": rows,
               **({"profiled": profiled} if profiled is not None else {})}
     if args.out:
