@@ -27,10 +27,19 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
+# optimum-intel (OpenVINO's exporter, a build step of the OpenVINO peer) needs transformers<5.6: its own venv.
+OV_EXPORT := .venv-ov-export
+$(OV_EXPORT)/bin/optimum-cli:
+	$(PY) -m venv $(OV_EXPORT)
+	$(OV_EXPORT)/bin/pip install --quiet "$(TORCH_SPEC)"
+	$(OV_EXPORT)/bin/pip install --quiet "$(TORCH_SPEC)" "optimum-intel[openvino,nncf]>=2.0" "transformers>=5.0,<5.6"
+	# PyPI's torchvision is built for another torch than the CPU one: its import breaks the export; unused
+	$(OV_EXPORT)/bin/pip uninstall --quiet -y torchvision
+
 # The committed speed benchmarks of prefill and decode (~25 min on 2 cores; a quiet machine): bench/results/.
-bench: setup
+bench: setup $(OV_EXPORT)/bin/optimum-cli
 	$(BIN)/pip install --quiet -e ".[test,hub,serve,bench]"
-	$(BIN)/python bench/prefill.py
+	HETERO_OPTIMUM_CLI=$(abspath $(OV_EXPORT))/bin/optimum-cli $(BIN)/python bench/prefill.py
 	$(BIN)/python bench/prefill_parts.py --out bench/results
 	$(BIN)/python bench/decode.py
 	$(BIN)/python bench/decode_step.py --out bench/results

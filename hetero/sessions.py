@@ -14,7 +14,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from hetero.threads import shared_ort_pool
+from hetero.threads import ORT_PROFILE, shared_ort_pool
 
 CPU = ["CPUExecutionProvider"]
 _OPT = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
@@ -41,6 +41,10 @@ def session_options(threads: int | None = None, pool: str | None = None, *, spin
         so.intra_op_num_threads, so.inter_op_num_threads = threads, inter_op_threads
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     so.enable_cpu_mem_arena = arena
+    profile = os.environ.get(ORT_PROFILE)
+    if profile:  # per-op kernel times of every run (`hetero.bench.ort_profile`); costs a clock read per op
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(profile, "ort")
     return so
 
 

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 WAIT_POLICY = "OMP_WAIT_POLICY"
 KEEP = "HETERO_OMP_WAIT_POLICY"  # "default": leave the libraries' default (a baseline engine's process)
 ORT_POOL = "HETERO_ORT_POOL"  # "session" (default): a pool per session; "shared": one for the process
+ORT_PROFILE = "HETERO_ORT_PROFILE"  # a folder: every session made after it is set records ONNX Runtime's profile
 USER_WAIT_POLICY = os.environ.get(WAIT_POLICY)  # as the user started the process (read, never written here)
 
 

@@ -31,3 +31,16 @@ def process_age_s() -> float | None:
         return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - start)
     except (OSError, ValueError, IndexError, AttributeError):  # no procfs, no boot clock (not Linux)
         return None
+
+
+def best_seconds(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    """Fastest of `repeats` timed calls of fn after `warmup` untimed ones: a machine's best rate (a bound),
+    which another process's burst on a shared core can only slow, never speed up."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best

@@ -25,3 +25,15 @@ def test_parts_cover_every_kind_and_lane() -> None:
     table = markdown({"model": "tiny", "method": "float-ooo", "threads": 2, "repeats": 1, "machine": "x",
                       "command": "c", "rows": [row]})
     assert "| 40 |" in table and "npu busy" in table
+
+
+def test_ops_table_names_lanes_inside_and_outside_ort() -> None:
+    from hetero.bench.prefill_parts import ops_markdown
+
+    row = {"prompt_len": 64, "wall_ms": 180.3, "dispatch_ms": 0.4, "lanes_busy_ms": {"npu": 100.8, "cpu": 23.6},
+           "npu": {"busy_ms": 100.8, "ort_run_ms": 65.6, "kernels_ms": 62.2, "runs": 78, "outside_ort_ms": 35.2},
+           "cpu": {"busy_ms": 23.6, "ort_run_ms": 19.6, "kernels_ms": 19.0, "runs": 30, "outside_ort_ms": 4.0},
+           "ops_ms": {"MatMulIntegerToFloat": 49.1, "GroupQueryAttention": 19.0}}
+    text = "\n".join(ops_markdown([row]))
+    assert "| 64 | 180.3 | npu | 100.8 | 65.6 (78) | 62.2 | 35.2 | 0.4 |" in text
+    assert "MatMulIntegerToFloat 49.1 (72%)" in text

@@ -43,9 +43,17 @@ def test_bound_counts_and_rates() -> None:
     per_layer = cfg.hidden * (cfg.q_dim + 2 * cfg.kv_dim) + cfg.q_dim * cfg.hidden + 3 * cfg.hidden * cfg.ffn
     assert linear_ops_per_token(cfg) == 2 * per_layer * cfg.n_layers
     assert attention_flops(cfg, 2) == 4 * cfg.n_heads * cfg.head_dim * 3 * cfg.n_layers
-    b = machine_bound(cfg, [8, 32], threads=1, rows=16)
-    assert isinstance(b["gemm_ops_per_s"], (int, float)) and [p["prompt_len"] for p in b["per_len"]] == [8, 32]
-    assert all(isinstance(p[k], (int, float)) for p in b["per_len"] for k in ("bound_tokens_per_s", "attention_flop_per_s"))
+    b = machine_bound(cfg, [8, 32], threads=1, shapes=[(16, cfg.hidden, 2 * cfg.ffn), (32, 32, 32)])
+    assert set(b["gemm_ops_per_s"]) == {"int8", "float32", "bfloat16"}
+    assert all(set(by) == {f"16x{cfg.hidden}x{2 * cfg.ffn}", "32x32x32"} for by in b["gemm_ops_per_s"].values())
+    best = b["best_ops_per_s"]
+    assert b["linear_ops_per_s"] == max(best.values()) and b["linear_precision"] in best
+    assert b["attention_flop_per_s"] == max(best["float32"], best["bfloat16"])  # attention: a float rate, never int8
+    assert [p["prompt_len"] for p in b["per_len"]] == [8, 32]
+    for p in b["per_len"]:  # the bound is the counted work at those rates
+        n = p["prompt_len"]
+        seconds = n * linear_ops_per_token(cfg) / b["linear_ops_per_s"] + attention_flops(cfg, n) / b["attention_flop_per_s"]
+        assert p["bound_tokens_per_s"] == pytest.approx(n / seconds, rel=1e-2)
 
 
 @pytest.mark.slow

@@ -1,11 +1,12 @@
-"""Decode benchmark (issue 13): hetero's own decoder vs HF generate vs llama.cpp, speculation by drafter.
+"""Decode benchmark (issues 13, 24): hetero's own decoder vs HF generate vs the peers, speculation by drafter.
 
-    python bench/decode.py [--quick] [--repeats 3] [--threads 2] [--new 32]
+    python bench/decode.py [--quick] [--repeats 3] [--threads 2] [--new 32] [--peers all|none|a,b]
 
-One process, engines one after another on the same GGUF and the same context ids:
+hetero's engines in this process, each peer in a process of its own, on the same GGUF and the same context ids:
 1. plain greedy decode tokens/s at context 256 / 1024 / 2048: hetero INT8 (`hetero` method: INT8 graphs
    at C = 1 on the ONNX Runtime lane, attention on the CPU lane, INT8 head), hetero float, HF generate
-   (hetero's cache handed to transformers), llama.cpp (llama-cpp-python, Q4_1);
+   (hetero's cache handed to transformers), and the peers (`hetero.bench.peer_engines`: OpenVINO GenAI,
+   ONNX Runtime GenAI, llama.cpp as shipped and at Q4_0 / Q8_0 with and without flash attention);
 2. speculative speedup and acceptance by drafter (lookup, self, draft) on copy-heavy tasks (edit a
    shipped text) and on open chat, INT8, 128 tokens. Every run generates exactly 128 tokens (end-of-turn
    tokens do not stop it): the 1,400-character text's answer is a copy for all of them; the 700-character
@@ -28,8 +29,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hetero.bench.host import describe, host
+from hetero.bench.peer_engines import LABELS, PEERS, LlamaCppSession, PeerProcess, source_gguf
+from hetero.bench.workers import EngineUnavailable
 from hetero.decode import SamplingParams, generate
 from hetero.decode.step import TREE_SIZES, DecodeStep
+from hetero.errors import ConfigError
 from hetero.loader import load_model
 from hetero.methods import make_runtime, use_threads
 from hetero.npu import isa
@@ -59,14 +64,26 @@ def chat_ids(tok, text: str) -> list[int]:
 
 
 class Engines:
-    def __init__(self, model, threads: int):
-        self.model, self.threads = model, threads
+    def __init__(self, model, threads: int, peers: tuple[str, ...] = PEERS, max_len: int = 2048 + 256):
+        self.model, self.threads, self.max_len = model, threads, max_len
         self.rt = {m: make_runtime(model, m, chunk=256, threads=threads) for m in ("hetero", "float")}
         step = DecodeStep.of(self.rt["hetero"])
         step.split_after = 0  # the steady state: graphs split over both cores from the first step (SPLIT_AFTER_STEPS)
         for c in TREE_SIZES:
             step.prepare(c)  # decode graphs bound before timing
         self._hf = self._llm = None
+        self.peers: dict[str, PeerProcess] = {}
+        self.skipped: dict[str, str] = {}
+        for name in peers:  # each in its own process, loaded before any timing
+            try:
+                self.peers[name] = PeerProcess(name, threads, max_len)
+            except (EngineUnavailable, RuntimeError) as e:
+                self.skipped[name] = str(e)
+                print(f"peer {name} skipped: {e}", flush=True)
+
+    def close(self) -> None:
+        for p in self.peers.values():
+            p.close()
 
     def hf(self):
         if self._hf is None:
@@ -75,14 +92,13 @@ class Engines:
             self._hf = to_hf_model(self.model)
         return self._hf
 
-    def llm(self, n_ctx: int = 4096):
+    def llm(self) -> LlamaCppSession | None:
+        """llama.cpp in this process on the GGUF as shipped (the end-to-end rows)."""
         if self._llm is None:
             try:
-                from llama_cpp import Llama
-            except ImportError:
+                self._llm = LlamaCppSession(source_gguf(str(self.model.path)), self.threads, self.max_len, False)
+            except EngineUnavailable:
                 return None
-            self._llm = Llama(model_path=str(self.model.path), n_ctx=n_ctx, n_batch=512, n_threads=self.threads,
-                              n_threads_batch=self.threads, verbose=False)
         return self._llm
 
     def decode(self, engine: str, ids: list[int], n_new: int, repeats: int, speculate: str = "off") -> dict:
@@ -108,34 +124,14 @@ class Engines:
             hf = self.hf()
             s, out = median_time(lambda: hf_generate_forced(hf, ids, r, n_new), repeats)
             return {"tokens_per_s": round(n_new / s, 1), "decode_ms": round(s * 1e3, 1), "tokens": out}
-        if engine == "llama_cpp":
-            llm = self.llm()
-            if llm is None:
-                return {"skipped": "llama-cpp-python is not installed (pip install 'hetero[bench]')"}
-
-            def run():
-                llm.reset()
-                llm.eval(ids)
-                t0 = time.perf_counter()
-                out = llama_greedy(llm, n_new)
-                return time.perf_counter() - t0, out
-
-            run()
-            res = [run() for _ in range(repeats)]
-            s = statistics.median(r[0] for r in res)
-            return {"tokens_per_s": round(n_new / s, 1), "decode_ms": round(s * 1e3, 1), "tokens": res[-1][1]}
+        if engine in PEERS:
+            peer = self.peers.get(engine)
+            if peer is None:
+                return {"skipped": self.skipped.get(engine, "not run")}
+            runs = [peer.decode(ids, n_new) for _ in range(repeats)]  # the worker warms up each length first
+            sec = statistics.median(r[0] for r in runs)
+            return {"tokens_per_s": round(n_new / sec, 1), "decode_ms": round(sec * 1e3, 1), "tokens": runs[-1][1]}
         raise ValueError(engine)
-
-
-def llama_greedy(llm, n_new: int) -> list[int]:
-    """n_new greedy tokens from llama.cpp's state after an `eval` of the prompt (no EOS stop)."""
-    from hetero.adapters.llamacpp import last_logits
-
-    out = [int(np.argmax(last_logits(llm)))]
-    while len(out) < n_new:
-        llm.eval([out[-1]])
-        out.append(int(np.argmax(last_logits(llm))))
-    return out
 
 
 def hf_generate_forced(hf, ids: list[int], r, n_new: int) -> list[int]:
@@ -173,16 +169,14 @@ def e2e(eng: Engines, ids: list[int], n_new: int, repeats: int) -> list[dict]:
     llm = eng.llm()
     if llm is not None:
         def run_llama():
-            llm.reset()
             t0 = time.perf_counter()
-            llm.eval(ids)
-            t1 = time.perf_counter()
-            llama_greedy(llm, n_new)
-            return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3
+            llm.prefill(ids)
+            prefill_ms = (time.perf_counter() - t0) * 1e3
+            return prefill_ms, llm.decode(ids, n_new)[0] * 1e3
 
         run_llama()
         res = sorted((run_llama() for _ in range(repeats)), key=lambda x: x[0] + x[1])[repeats // 2]
-        rows.append({"engine": "llama.cpp (Q4_1)", "prefill_ms": round(res[0], 1), "decode_ms": round(res[1], 1),
+        rows.append({"engine": "llama.cpp (the GGUF as shipped, Q4_1)", "prefill_ms": round(res[0], 1), "decode_ms": round(res[1], 1),
                      "total_ms": round(res[0] + res[1], 1), "load": load()})
     hf = eng.hf()
     use_threads(eng.threads)
@@ -206,24 +200,30 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--new", type=int, default=32, help="tokens per plain-decode measurement")
+    ap.add_argument("--peers", default="all", help=f"peers to run: all, none, or some of {', '.join(PEERS)}")
     ap.add_argument("--out", default="bench/results", help="directory for decode.json/.md/.png")
 
 
 def run(args: argparse.Namespace) -> int:
+    peers = PEERS if args.peers == "all" else () if args.peers == "none" else tuple(
+        p.strip() for p in args.peers.split(",") if p.strip())
+    if any(p not in PEERS for p in peers):
+        raise ConfigError(f"--peers must name peers of {', '.join(PEERS)}, got {args.peers!r}")
     repeats = 1 if args.quick else args.repeats
     model = load_model()
     tok = model.tokenizer
-    eng = Engines(model, args.threads)
+    eng = Engines(model, args.threads, peers)
     text_ids = tok(TEXT.read_text())["input_ids"]
     result: dict = {"model": model.name, "threads": args.threads, "repeats": repeats, "cpu_count": os.cpu_count(),
-                    "isa": isa.machine(), "plain": [], "speculative": [], "e2e": []}
+                    "isa": isa.machine(), "host": host(), "machine": describe(host()),
+                    "peers": {p: LABELS[p] for p in peers}, "skipped": eng.skipped, "plain": [], "speculative": [], "e2e": []}
     lens = (256,) if args.quick else (256, 1024, 2048)
     for n in lens:
         ids = text_ids[5000 : 5000 + n]
         row: dict = {"context": n, "load_before": load()}
         # Rounds interleave the engines (each call: a warm-up run, then one timed run), so that a slow stretch of
         # the shared machine touches every engine alike; hetero vs llama.cpp is also taken round by round.
-        rounds: dict[str, list] = {e: [] for e in ("hetero", "float", "hf", "llama_cpp")}
+        rounds: dict[str, list] = {e: [] for e in ("hetero", "float", "hf", *peers)}
         for _ in range(repeats):
             for engine, got in rounds.items():
                 n_new = args.new if engine != "float" else max(8, args.new // 2)
@@ -233,9 +233,11 @@ def run(args: argparse.Namespace) -> int:
             row[engine] = statistics.median(got) if all(isinstance(x, float) for x in got) else got[0]
             print(f"context {n} {engine}: {row[engine]} tokens/s, rounds {got} (load {load()})", flush=True)
         row["rounds"] = rounds
-        if all(isinstance(x, float) for x in rounds["llama_cpp"]):
-            row["hetero_over_llama_cpp"] = round(statistics.median(h / c for h, c in zip(rounds["hetero"],
-                                                                                           rounds["llama_cpp"])), 2)
+        ran = [p for p in peers if isinstance(row[p], float)]
+        if ran:  # the fastest peer by its median; hetero over it round by round
+            best = max(ran, key=lambda p: row[p])
+            row["best_peer"] = best
+            row["hetero_over_best_peer"] = round(statistics.median(h / c for h, c in zip(rounds["hetero"], rounds[best])), 2)
         row["load_after"] = load()
         result["plain"].append(row)
     emma = TEXT.read_text()
@@ -264,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
     result["e2e"] = e2e(eng, lc, 32 if args.quick else 128, repeats)
     for r in result["e2e"]:
         print(r, flush=True)
+    eng.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = "decode_quick" if args.quick else "decode"
@@ -276,20 +279,27 @@ def run(args: argparse.Namespace) -> int:
 
 def write_md(r: dict, path: Path) -> None:
     lines = [f"# Decode benchmark ({r['model']}, {r['threads']} threads, median of {r['repeats']})", "",
-             "Reproduce: `python bench/decode.py`. The development machine is shared by several jobs: "
-             "`load` is the 1-minute load average (2 cores) when measured. "
-             f"Machine: {r.get('isa', {}).get('machine', '?')}, ISA {', '.join(r.get('isa', {}).get('isa', [])) or '?'}.", "",
+             "Reproduce: `python bench/decode.py`. `load` is the 1-minute load average when measured. "
+             f"CPU: {r.get('machine', '?')}.", "",
              "## Plain greedy decode, tokens/s", "",
-             "Median of rounds that interleave the engines; the ratio is the median of the rounds' hetero INT8 / "
-             "llama.cpp.", "",
-             "| context | hetero INT8 | hetero float | HF generate | llama.cpp | hetero INT8 / llama.cpp | hetero INT8 rounds "
-             "| llama.cpp rounds | load |",
-             "|---:|---:|---:|---:|---:|---:|---|---|---|"]
+             "Median of rounds that interleave the engines (each peer in a process of its own); the ratio is the "
+             "median of the rounds' hetero INT8 / the fastest peer.", "",
+             "| context | hetero INT8 | hetero float | HF generate | fastest peer | its tokens/s | hetero INT8 / fastest peer "
+             "| hetero INT8 rounds | fastest peer rounds | load |",
+             "|---:|---:|---:|---:|---|---:|---:|---|---|---|"]
     for row in r["plain"]:
-        rounds = row.get("rounds", {})
-        lines.append(f"| {row['context']} | {row['hetero']} | {row['float']} | {row['hf']} | {row['llama_cpp']} | "
-                     f"{row.get('hetero_over_llama_cpp', '')} | {rounds.get('hetero', '')} | {rounds.get('llama_cpp', '')} | "
-                     f"{row['load_before']}–{row['load_after']} |")
+        rounds, best = row.get("rounds", {}), row.get("best_peer")
+        lines.append(f"| {row['context']} | {row['hetero']} | {row['float']} | {row['hf']} | {best or '—'} | "
+                     f"{row[best] if best else ''} | {row.get('hetero_over_best_peer', '')} | {rounds.get('hetero', '')} | "
+                     f"{rounds.get(best, '') if best else ''} | {row['load_before']}–{row['load_after']} |")
+    peers = list(r.get("peers", {}))
+    if peers:
+        lines += ["", "### Every peer, tokens/s (median of the rounds)", "",
+                  "| context | " + " | ".join(peers) + " |", "|---:|" + "---:|" * len(peers)]
+        lines += [f"| {row['context']} | " + " | ".join(str(row.get(p, '')) for p in peers) + " |" for row in r["plain"]]
+        lines += ["", "; ".join(f"`{k}`: {v}" for k, v in r["peers"].items()) + "."]
+    if r.get("skipped"):
+        lines += ["", "Skipped: " + "; ".join(f"{k}: {v}" for k, v in r["skipped"].items())]
     lines += ["", "## Token-tree speculation (INT8, greedy; output identical to plain)", "",
               "| task | plain tok/s | drafter | tok/s | speedup | acceptance | target passes | same tokens |",
               "|---|---:|---|---:|---:|---:|---:|---|"]
@@ -319,8 +329,9 @@ def plot(r: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     ctx = [row["context"] for row in r["plain"]]
-    for key, label in (("hetero", "hetero INT8"), ("float", "hetero float"), ("hf", "HF generate"), ("llama_cpp", "llama.cpp")):
-        vals = [row[key] if isinstance(row[key], (int, float)) else np.nan for row in r["plain"]]
+    for key, label in (("hetero", "hetero INT8"), ("float", "hetero float"), ("hf", "HF generate"),
+                       *((p, p.replace("_", " ")) for p in r.get("peers", {}))):
+        vals = [row.get(key) if isinstance(row.get(key), (int, float)) else np.nan for row in r["plain"]]
         ax[0].plot(ctx, vals, marker="o", label=label)
     ax[0].set_xlabel("context tokens")
     ax[0].set_ylabel("decode tokens/s")

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from hetero.bench.engines import EngineUnavailable
+from hetero.bench.workers import EngineUnavailable
 from hetero.methods import use_threads
 
 
@@ -100,21 +100,17 @@ def _e2e_one(engine, model, hf, ids, threads, n_new, make_runtime) -> tuple[floa
                                attention_mask=torch.ones(1, ids.numel() + 1, dtype=torch.long),
                                max_new_tokens=n_new - 1, do_sample=False, pad_token_id=hf.config.eos_token_id)
         return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3, full[0, ids.numel():].tolist()
-    if engine == "llama_cpp":
-        try:
-            from llama_cpp import Llama
-        except ImportError:
-            raise EngineUnavailable("llama-cpp-python is not installed (pip install 'hetero[bench]')") from None
-        llm = Llama(model_path=str(model.path), n_ctx=ids.numel() + n_new + 8, n_batch=512, n_threads=threads,
-                    n_threads_batch=threads, verbose=False)
+    if engine == "llama_cpp":  # the GGUF as shipped, in this process (`peer_engines.LlamaCppSession`)
+        from hetero.bench.peer_engines import LlamaCppSession, source_gguf
+        from hetero.decode.generate import end_tokens
+
+        session = LlamaCppSession(source_gguf(str(model.path)), threads, ids.numel() + n_new + 8, flash_attn=False)
         toks = ids.tolist()
-        llm.eval(toks)  # warm-up
-        llm.reset()
+        session.prefill(toks)  # warm-up
         t0 = time.perf_counter()
-        llm.eval(toks)
-        t1 = time.perf_counter()
-        # the prompt is already in llama.cpp's cache: create_completion only decodes (greedy)
-        out = llm.create_completion(prompt=toks, max_tokens=n_new, temperature=0.0)
-        text_ids = model.tokenizer(out["choices"][0]["text"], add_special_tokens=False)["input_ids"]
-        return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3, text_ids
+        session.prefill(toks)
+        prefill_ms = (time.perf_counter() - t0) * 1e3
+        stop = frozenset({model.config.eos_token_id} - {None}) | end_tokens(model.tokenizer)  # as hetero's decoder
+        seconds, out = session.decode(toks, n_new, stop)  # greedy; timed after its own prefill
+        return prefill_ms, seconds * 1e3, out
     raise ValueError(engine)

@@ -1,4 +1,5 @@
-"""The engines a benchmark compares: hetero's methods, transformers' float Llama, llama.cpp, the naive NPU path.
+"""The engines a benchmark compares: hetero's methods, transformers' float Llama, the naive NPU path, and the
+peers a user would pick instead (OpenVINO GenAI, ONNX Runtime GenAI, llama.cpp: `bench.peer_engines`).
 
 An engine is a factory `(model_path, threads, max_len) -> prefill(ids)`; hetero's own rows are methods
 (`hetero.methods`). `ABLATION` lists mllm-NPU Fig. 17's steps as engines.
@@ -11,14 +12,12 @@ from typing import Any
 
 import torch
 
+from hetero.bench.peer_engines import PEERS, open_session
+from hetero.bench.peer_engines import prepare as prepare_peer
 from hetero.methods import make_runtime, use_threads
 
 PrefillFn = Callable[[torch.Tensor], None]
 EngineFactory = Callable[[str | None, int, int], PrefillFn]
-
-
-class EngineUnavailable(Exception):
-    """The engine cannot run here (e.g. llama-cpp-python not installed): skipped with this message."""
 
 
 def _method(method: str, **kw: Any) -> EngineFactory:
@@ -50,25 +49,23 @@ def _torch_float(model_path: str | None, threads: int, max_len: int) -> PrefillF
     return prefill
 
 
-def _llama_cpp(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
-    """llama.cpp on the same GGUF file (llama-cpp-python), n_batch 512."""
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        raise EngineUnavailable("llama-cpp-python is not installed (pip install 'hetero[bench]')") from None
-    from hetero.default_model import default_model_path
-    from hetero.loader import load_model
+def _peer(engine: str) -> EngineFactory:
+    """A peer runtime (`bench.peer_engines`) on its model built from the same GGUF; prefill = time to first token."""
+    def make(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
+        session = open_session(engine, model_path, threads, max_len)
 
-    path = str(load_model(model_path).path if model_path else default_model_path())
-    if not path.endswith(".gguf"):
-        raise EngineUnavailable("llama.cpp needs a GGUF model")
-    llm = Llama(model_path=path, n_ctx=max_len + 8, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
+        def prefill(ids: torch.Tensor) -> None:
+            session.prefill(ids.tolist())
 
-    def prefill(ids: torch.Tensor) -> None:
-        llm.reset()
-        llm.eval(ids.tolist())
+        return prefill
 
-    return prefill
+    return make
+
+
+def prepare(engine: str, model_path: str | None) -> None:
+    """Build what `engine` needs before it is timed (a peer's model; nothing for hetero's own engines)."""
+    if engine in PEERS:
+        prepare_peer(engine, model_path)
 
 
 def _naive_npu(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
@@ -91,7 +88,7 @@ ENGINES: dict[str, EngineFactory] = {
     "hetero_in_order": _method("hetero-inorder"),
     "naive_npu": _naive_npu,
     "torch_float": _torch_float,
-    "llama_cpp": _llama_cpp,
+    **{name: _peer(name) for name in PEERS},
     "hetero_float": _method("float"),
     # ablation steps (mllm-NPU Fig. 17): naive_npu → chunk sharing → + shadow outliers → + out-of-order
     "chunk_sharing": _method("hetero-noshadow", policy="in_order"),

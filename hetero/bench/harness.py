@@ -1,36 +1,39 @@
-"""Prefill timing harness: each engine in its own subprocess, one warm-up, medians of repeats.
+"""Prefill timing harness: each engine in its own process, rounds interleaved, medians of the rounds.
 
-A subprocess per engine (`python -m hetero.bench.harness --worker ENGINE`) keeps its peak RSS its own and
-its thread settings from leaking into the next engine. The naive NPU engine's timed runs include graph
-preparation: preparing a graph per prompt length *is* its cost (mllm-NPU §2.3).
+A worker process per engine (`python -m hetero.bench.harness --worker ENGINE`) keeps its peak RSS its own and
+its thread settings from leaking into the next engine. All workers load first; then each round asks every
+engine, in turn, for a warm-up and a timed prefill of the same token ids: a slow stretch of a shared machine
+touches every engine alike. Round r times window r of the held-out text, a different prompt each round (the
+warm-up reads window 0), so no engine's prefix cache can hit. The naive NPU engine's timed runs include graph preparation: preparing a graph
+per prompt length *is* its cost (mllm-NPU §2.3).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
-from hetero.bench.engines import ENGINES, EngineUnavailable
+from hetero.bench.engines import ENGINES, PEERS, prepare
+from hetero.bench.workers import EngineUnavailable, WorkerProcess, answer_pipe, worker_env
 from hetero.methods import use_threads
-from hetero.threads import library_default_env, passive_env
 
 
-BASELINES = ("torch_float", "llama_cpp")  # other engines (the rest are hetero's methods and its naive NPU path)
+BASELINES = ("torch_float", *PEERS)  # other engines (the rest are hetero's methods and its naive NPU path)
+SETTLE_S = 0.2  # pause between two engines' runs: the last one's spinning threads go idle first
 
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """One engine × prompt length, medians of `runs_ms`."""
+    """One engine × prompt length, medians of `runs_ms` (one run per round)."""
 
     engine: str
     prompt_len: int
@@ -42,64 +45,97 @@ class Row:
     note: str = ""
 
 
-
-def prompt_ids(model_path: str | None, n: int) -> torch.Tensor:
-    """The first `n` tokens of held-out real text (the evaluation corpus), the same for every engine."""
+@functools.cache
+def _corpus_ids(model_path: str | None) -> tuple[int, ...]:
     from hetero.loader import load_model
     from hetero.outliers.corpus import DEFAULT_EVALUATION, load_corpus
 
-    tok = load_model(model_path).tokenizer
-    text = load_corpus(DEFAULT_EVALUATION)
-    ids = tok(text[: 8 * n + 1000])["input_ids"]
-    if len(ids) < n:
-        raise ValueError(f"evaluation corpus too short for {n} tokens")
-    return torch.tensor(ids[:n])
+    return tuple(load_model(model_path).tokenizer(load_corpus(DEFAULT_EVALUATION))["input_ids"])
 
 
-def run_worker(engine: str, model_path: str | None, lens: list[int], repeats: int, threads: int) -> list[Row]:
-    """Measure one engine in this process."""
+def prompt_ids(model_path: str | None, n: int, window: int = 0) -> torch.Tensor:
+    """Tokens [window·n, (window+1)·n) of held-out real text (the evaluation corpus): the same for every engine,
+    a different prompt for each window."""
+    ids = _corpus_ids(model_path)
+    if len(ids) < (window + 1) * n:
+        raise ValueError(f"evaluation corpus too short for window {window} of {n} tokens")
+    return torch.tensor(ids[window * n : (window + 1) * n])
+
+
+def run_worker(engine: str, model_path: str | None, lens: list[int], threads: int,
+               requests, reply: Callable[[dict], None]) -> None:
+    """Serve one engine in this process: load, then per request {"n", "window"} an untimed warm-up prefill of
+    n tokens (window 0: caches, pages and thread pools hot again after the other engines ran) and the timed
+    prefill of the window, answered with {"ms", "rss_mb"}."""
     use_threads(threads)
-    prompts = {n: prompt_ids(model_path, n) for n in lens}
     prefill = ENGINES[engine](model_path, threads, max(lens))
-    rows = []
-    for n in lens:
-        ids = prompts[n]
-        prefill(ids)  # warm-up
-        runs = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            prefill(ids)
-            runs.append((time.perf_counter() - t0) * 1e3)
-        med = statistics.median(runs)
-        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        rows.append(Row(engine, n, round(n / (med / 1e3), 1), round(med, 2), round(rss_mb, 1), False,
-                        [round(r, 2) for r in runs]))
-    return rows
+    prefill(prompt_ids(model_path, min(lens), 0))  # a first run: lazy set-up happens before any timing
+    reply({"ready": True})
+    for line in requests:
+        req = json.loads(line)
+        prefill(prompt_ids(model_path, req["n"], 0))  # warm-up
+        ids = prompt_ids(model_path, req["n"], req["window"])
+        t0 = time.perf_counter()
+        prefill(ids)
+        ms = (time.perf_counter() - t0) * 1e3
+        reply({"ms": ms, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+
+
+def engine_env(engine: str, threads: int) -> dict[str, str]:
+    """The environment of an engine's process (`workers.worker_env`): the other engines as their users run them."""
+    return worker_env(threads, own=engine not in BASELINES)
 
 
 def run_engines(engines: list[str], lens: list[int], repeats: int, threads: int, model_path: str | None = None,
                 progress: Callable[[str], None] | None = None) -> tuple[list[Row], dict[str, str]]:
-    """Each engine in a fresh subprocess; returns rows and {engine: why skipped}."""
-    rows: list[Row] = []
+    """Each engine in its own process, `repeats` interleaved rounds; returns rows and {engine: why skipped}."""
     skipped: dict[str, str] = {}
+    workers: list[WorkerProcess] = []
+    try:
+        for engine in engines:  # one at a time: loading and warming up never overlaps another engine
+            if progress:
+                progress(engine)
+            try:
+                prepare(engine, model_path)  # peers' models are built (once, cached) outside the timed processes
+            except EngineUnavailable as e:
+                skipped[engine] = str(e)
+                continue
+            cmd = [sys.executable, "-m", "hetero.bench.harness", "--worker", engine, "--lens", ",".join(map(str, lens)),
+                   "--threads", str(threads)] + (["--model", model_path] if model_path else [])
+            w = WorkerProcess(engine, cmd, engine_env(engine, threads))
+            got = w.ask()
+            if "ready" in got:
+                workers.append(w)
+                continue
+            skipped[engine] = got.get("unavailable") or got["failed"]
+            w.close()
+        runs: dict[tuple[str, int], list[float]] = {}
+        rss: dict[str, float] = {}
+        for r in range(repeats):
+            order = workers[r % len(workers):] + workers[: r % len(workers)] if workers else []
+            for n in lens:
+                for w in order:
+                    if w.engine in skipped:
+                        continue
+                    time.sleep(SETTLE_S)
+                    got = w.ask({"n": n, "window": r + 1})
+                    if "failed" in got:
+                        skipped[w.engine] = got["failed"]
+                        continue
+                    runs.setdefault((w.engine, n), []).append(got["ms"])
+                    rss[w.engine] = got["rss_mb"]
+    finally:
+        for w in workers:
+            w.close()
+    rows = []
     for engine in engines:
-        if progress:
-            progress(engine)
-        cmd = [sys.executable, "-m", "hetero.bench.harness", "--worker", engine, "--lens", ",".join(map(str, lens)),
-               "--repeats", str(repeats), "--threads", str(threads)]
-        if model_path:
-            cmd += ["--model", model_path]
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        # baselines as their users run them (OpenMP's default wait policy), hetero's engines as hetero runs
-        env = library_default_env(env) if engine in BASELINES else passive_env(env)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if proc.returncode == 3:
-            skipped[engine] = proc.stdout.strip() or proc.stderr.strip()
-            continue
-        if proc.returncode != 0:
-            skipped[engine] = f"failed: {proc.stderr.strip().splitlines()[-1:] or proc.returncode}"
-            continue
-        rows += [Row(**r) for r in json.loads(proc.stdout.strip().splitlines()[-1])]
+        for n in lens:
+            times = runs.get((engine, n))
+            if engine in skipped or not times:
+                continue
+            med = statistics.median(times)
+            rows.append(Row(engine, n, round(n / (med / 1e3), 1), round(med, 2), round(rss[engine], 1), False,
+                            [round(t, 2) for t in times]))
     return rows, skipped
 
 
@@ -107,16 +143,16 @@ def _worker_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", required=True, choices=sorted(ENGINES))
     ap.add_argument("--lens", required=True)
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model")
     a = ap.parse_args(argv)
+
+    reply = answer_pipe()
     try:
-        rows = run_worker(a.worker, a.model, [int(x) for x in a.lens.split(",")], a.repeats, a.threads)
+        run_worker(a.worker, a.model, [int(x) for x in a.lens.split(",")], a.threads, sys.stdin, reply)
     except EngineUnavailable as e:
-        print(str(e))
+        reply({"unavailable": str(e)})
         return 3
-    print(json.dumps([asdict(r) for r in rows]))
     return 0
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -17,9 +15,11 @@ from typing import Any
 from hetero.bench.bound import machine_bound
 from hetero.bench.conditions import load_avg, trust_warnings
 from hetero.bench.e2e import run_e2e
-from hetero.bench.engines import ABLATION
+from hetero.bench.engines import ABLATION, PEERS
+from hetero.bench.host import describe, host
+from hetero.bench.peer_engines import LABELS
 from hetero.bench.harness import run_engines
-from hetero.bench.report import fraction_of_bound, ratios, write_outputs
+from hetero.bench.report import best_peer_fraction, fraction_of_bound, ratios, vs_best_peer, write_outputs
 from hetero.bench.simulated import simulated_ablation, simulated_rows
 from hetero.errors import ConfigError
 from hetero.arguments import add_model_arg, int_list, positive_int
@@ -27,7 +27,7 @@ from hetero.loader import load_model
 
 HELP = "prefill speed, memory, ablation and end-to-end runs against other engines"
 
-REAL_ENGINES = ("hetero", "hetero_in_order", "naive_npu", "torch_float", "llama_cpp")
+REAL_ENGINES = ("hetero", "hetero_in_order", "naive_npu", "torch_float", *PEERS)
 
 
 def run_prefill_bench(lens: list[int], repeats: int, threads: int, model_path: str | None = None,
@@ -57,17 +57,21 @@ def run_prefill_bench(lens: list[int], repeats: int, threads: int, model_path: s
     e2e_rows = run_e2e(model_path, threads) if e2e else []
     step("end-to-end")
     bar.close()
+    best = vs_best_peer(rows, PEERS)
     warnings = trust_warnings([asdict(r) for r in rows + ab_rows], load_before, load_avg())
     return {
         "warnings": warnings,
         "conditions": {"model": model_path or "SmolLM2-135M-Instruct (Q4_1 GGUF, default)", "threads": threads,
                        "repeats": repeats, "statistic": "median after 1 warm-up", "chunk": 256,
-                       "machine": f"{platform.processor() or platform.machine()}, {(os.cpu_count() or 0)} CPUs",
+                       "machine": describe(host()), "host": host(),
                        "loadavg_1m": round(load_avg(), 2), "loadavg_1m_start": round(load_before, 2),
                        "date": datetime.now(timezone.utc).isoformat(timespec="seconds")},
         "rows": [asdict(r) for r in rows + sim],
         "ratios": ratios(rows),
-        "bound": {**bound, "hetero_fraction": fraction_of_bound(rows, bound)},
+        "vs_best_peer": best,
+        "peers": {e: LABELS[e] for e in engines if e in LABELS},
+        "bound": {**bound, "hetero_fraction": fraction_of_bound(rows, bound),
+                  "best_peer_fraction": best_peer_fraction(best, bound)},
         "ablation": {"real": ablation_real, "simulated": ablation_sim},
         "e2e": e2e_rows,
         "skipped": {**skipped, **ab_skipped},

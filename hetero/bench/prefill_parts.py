@@ -10,6 +10,7 @@ work bounds it (mllm-NPU §3.4: the NPU lane's graphs, or attention on the CPU l
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections import defaultdict
@@ -48,6 +49,59 @@ def parts(runtime, serial, ids, repeats: int, threads: int) -> dict[str, Any]:
             "critical_lane": s.critical_lane, "load": round(os.getloadavg()[0], 2)}
 
 
+def profiled_runs(runtime, ids, lens: list[int]) -> list[dict[str, Any]]:
+    """One out-of-order prefill per length on a runtime whose sessions record ONNX Runtime's profile
+    (`bench.ort_profile`): per op type, per lane, and inside vs outside ONNX Runtime (Python + torch ops)."""
+    import time
+
+    from hetero.bench.ort_profile import collect
+
+    windows, results = [], []
+    for n in lens:
+        runtime.prefill(ids[:n])  # warm-up, outside the window
+        t0 = time.time_ns()
+        results.append(runtime.prefill(ids[:n]))
+        windows.append((t0, time.time_ns()))
+    rows = []
+    for n, res, prof in zip(lens, results, collect(windows)):
+        s = res.schedule
+        busy = {k: v / 1e3 for k, v in s.busy_us.items()}
+        ms = lambda us: round(us / 1e3, 1)  # noqa: E731
+        top = sorted(prof.op_us.items(), key=lambda kv: -kv[1])
+        rows.append({
+            "prompt_len": n, "wall_ms": round(res.total_ms, 1), "lanes_busy_ms": {k: round(v, 1) for k, v in busy.items()},
+            "dispatch_ms": round(s.decision_us * s.dag.n_nodes / 1e3, 1),
+            "npu": {"busy_ms": round(busy.get("npu", 0.0), 1), "ort_run_ms": ms(prof.run_us["graphs"]),
+                    "kernels_ms": ms(prof.kernel_us["graphs"]), "runs": prof.runs["graphs"],
+                    "outside_ort_ms": round(busy.get("npu", 0.0) - prof.run_us["graphs"] / 1e3, 1)},
+            "cpu": {"busy_ms": round(busy.get("cpu", 0.0), 1), "ort_run_ms": ms(prof.run_us["attention"]),
+                    "kernels_ms": ms(prof.kernel_us["attention"]), "runs": prof.runs["attention"],
+                    "outside_ort_ms": round(busy.get("cpu", 0.0) - prof.run_us["attention"] / 1e3, 1)},
+            "ops_ms": {k: ms(v) for k, v in top}})
+    return rows
+
+
+def ops_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The profiled runs' tables: lanes inside / outside ONNX Runtime, then the op types that take the time."""
+    lines = ["", "## Inside and outside ONNX Runtime (one profiled out-of-order prefill per length)", "",
+             "Busy: the lane's subgraphs from hand-off to completion. ORT run: inside `InferenceSession.run` "
+             "(profiled `model_run`); kernels: the sum of its ops. Outside ORT: Python and torch ops (shadow "
+             "outliers, RoPE/cache writes) on the lane. Dispatch: the scheduler's decisions on the calling thread.", "",
+             "| prompt | wall ms | lane | busy ms | ORT run ms (runs) | kernels ms | outside ORT ms | dispatch ms |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        for lane in ("npu", "cpu"):
+            d = r[lane]
+            lines.append(f"| {r['prompt_len']} | {r['wall_ms']} | {lane} | {d['busy_ms']} | {d['ort_run_ms']} ({d['runs']}) | "
+                         f"{d['kernels_ms']} | {d['outside_ort_ms']} | {r['dispatch_ms']} |")
+    lines += ["", "### Kernel time per op type (ms, both lanes)", ""]
+    for r in rows:
+        total = sum(r["ops_ms"].values()) or 1.0
+        lines.append(f"- {r['prompt_len']} tokens: " + ", ".join(f"{k} {v} ({v / total:.0%})"
+                                                             for k, v in list(r["ops_ms"].items())[:10]))
+    return lines
+
+
 def markdown(r: dict[str, Any]) -> str:
     kinds = list(r["rows"][0]["kinds_ms"]) if r["rows"] else []
     lanes = list(r["rows"][0]["lanes_busy_ms"]) if r["rows"] else []
@@ -63,6 +117,8 @@ def markdown(r: dict[str, Any]) -> str:
                      + " | ".join(str(row["kinds_ms"][k]) for k in kinds) + f" | {row['out_of_order_ms']} | "
                      + " | ".join(str(row["lanes_busy_ms"][ln]) for ln in lanes)
                      + f" | {row['critical_lane']} | {row['load']} |")
+    if r.get("profiled"):
+        lines += ops_markdown(r["profiled"])
     return "\n".join(lines) + "\n"
 
 
@@ -73,31 +129,66 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1)
     add_method_arg(p)
     p.add_argument("--out", default=None, help="directory for prefill_parts.json/.md (default: print only)")
+    p.add_argument("--ops", action="store_true",
+                   help="also one ONNX Runtime-profiled prefill per length: time per op type, inside vs outside ORT")
+    p.add_argument("--ops-worker", action="store_true", help=argparse.SUPPRESS)  # the profiled process of --ops
 
 
 def run(args: argparse.Namespace) -> int:
-    import platform
-
     from hetero.bench.harness import prompt_ids
+    from hetero.bench.host import describe, host
     from hetero.loader import load_model
     from hetero.methods import make_runtime
-    from hetero.npu import isa
     from hetero.runtime import Runtime
 
     lens = int_list(args.lens, "--lens")
     model = load_model(args.model)
     rt = make_runtime(model, args.method, threads=args.threads, weight_form=args.weight_form)
+    if args.ops_worker:  # this process's sessions record ONNX Runtime's profile ($HETERO_ORT_PROFILE)
+        try:
+            print(json.dumps(profiled_runs(rt, prompt_ids(args.model, max(lens)), lens)))
+        finally:
+            rt.close()
+        return 0
     serial = Runtime(rt.model, chunk=rt.chunk, backend=rt.backend, attention_threads=args.threads)
     ids = prompt_ids(args.model, max(lens))
     try:
         rows = [parts(rt, serial, ids[:n], args.repeats, args.threads) for n in lens]
     finally:
         rt.close()
-    isa_flags = ", ".join(isa.machine().get("isa", [])) or "unknown"
+    profiled = _profiled_process(args) if args.ops else None
     result = {"model": model.name, "method": args.method, "threads": args.threads, "repeats": args.repeats,
-              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {isa_flags}",
-              "command": "python bench/prefill_parts.py " + " ".join(sys.argv[1:]), "rows": rows}
+              "machine": describe(host()),
+              "command": "python bench/prefill_parts.py " + " ".join(sys.argv[1:]), "rows": rows,
+              **({"profiled": profiled} if profiled is not None else {})}
     if args.out:
         write_json_md(Path(args.out), "prefill_parts", result, markdown(result))
     print(markdown(result))
     return 0
+
+
+def _profiled_process(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """`profiled_runs` in a process of its own, every session of which records ONNX Runtime's profile (the
+    timings of this process stay unprofiled)."""
+    import subprocess
+    import tempfile
+
+    from hetero.threads import ORT_PROFILE
+
+    cmd = [sys.executable, "-m", "hetero.bench.prefill_parts", "--ops-worker", "--lens", args.lens,
+           "--threads", str(args.threads), "--method", args.method]
+    if args.model:
+        cmd += ["--model", args.model]
+    if args.weight_form:
+        cmd += ["--weight-form", args.weight_form]
+    with tempfile.TemporaryDirectory(prefix="hetero-ort-profile-") as tmp:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **{ORT_PROFILE: tmp}))
+    if proc.returncode != 0:
+        raise RuntimeError(f"the profiled prefill failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":  # the profiled worker process (`_profiled_process`) runs the module
+    from hetero.bench.entry import bench_main
+
+    sys.exit(bench_main("prefill_parts", sys.argv[1:]))

@@ -1,0 +1,66 @@
+"""ONNX Runtime's own per-op profile of the sessions a prefill ran (`$HETERO_ORT_PROFILE`, `threads.ORT_PROFILE`).
+
+Every session made while the variable names a folder records each run's kernels (cat "Node") and each run
+(`model_run`, cat "Session") with its start; `collect` ends the profiling of every live session and sums what
+started inside a time window (one timed prefill, not its warm-up) per op type and per session role: the
+attention kernel's sessions (GroupQueryAttention, the CPU lane) apart from the INT8 graphs (the NPU lane).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class OrtProfile:
+    """Microseconds inside ONNX Runtime during a window."""
+
+    op_us: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # kernel time per op type
+    run_us: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # session runs per role
+    kernel_us: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # kernels per role
+    runs: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # session runs per role
+
+
+def live_sessions() -> list:
+    """Every ONNX Runtime session alive in this process."""
+    import warnings
+
+    import onnxruntime as ort
+
+    with warnings.catch_warnings():  # isinstance on some of torch's deprecated objects warns
+        warnings.simplefilter("ignore")
+        return [o for o in gc.get_objects() if isinstance(o, ort.InferenceSession)]
+
+
+def collect(windows: list[tuple[int, int]], remove: bool = True) -> list[OrtProfile]:
+    """End profiling on every live session; per window [t0_ns, t1_ns] (time.time_ns: ONNX Runtime's profile
+    starts are wall-clock ns), the sums of the events that started inside it. The sessions keep running, unprofiled."""
+    out = [OrtProfile() for _ in windows]
+    for sess in live_sessions():
+        start = sess.get_profiling_start_time_ns()
+        if not start:
+            continue
+        path = sess.end_profiling()
+        if not path or not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            events = [e for e in json.load(f) if e.get("ph") == "X"]
+        if remove:
+            os.remove(path)
+        ops = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+        role = "attention" if any(e["args"].get("op_name") == "GroupQueryAttention" for e in ops) else "graphs"
+        for prof, (t0, t1) in zip(out, windows):
+            for e in events:
+                if not t0 <= start + 1000 * e["ts"] <= t1:
+                    continue
+                if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+                    prof.op_us[e["args"].get("op_name", "?")] += e["dur"]
+                    prof.kernel_us[role] += e["dur"]
+                elif e.get("cat") == "Session" and e["name"] == "model_run":
+                    prof.run_us[role] += e["dur"]
+                    prof.runs[role] += 1
+    return out

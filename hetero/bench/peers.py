@@ -1,0 +1,193 @@
+"""The peers' models, built from hetero's own GGUF by the peers' own tools, cached and verified (issue 24).
+
+A user who would pick another runtime starts from the same file. Every peer's model is derived from it,
+nothing converted by hand:
+- `hf`: Hugging Face safetensors through transformers' GGUF loader (dequantized to float32);
+- `openvino-int8`: `optimum-cli export openvino --weight-format int8` of `hf` (optimum-intel);
+- `ort-genai-int4`: `onnxruntime_genai.models.builder -p int4 --extra_options int4_accuracy_level=4` of `hf`;
+- `gguf-q4_0`, `gguf-q8_0`: the GGUF re-quantized by llama.cpp's own quantizer (`llama_model_quantize`).
+
+Each entry lives in `cache_dir()/peers/<GGUF fingerprint>/<kind>/`, built in a temp folder and renamed into
+place whole, under the entry's lock; its `record.json` names the tool versions and every file's size and
+sha256 (`paths.file_record`), checked before each use. optimum-intel needs transformers < 5.6, so its
+`optimum-cli` may live in a venv of its own: `$HETERO_OPTIMUM_CLI` names it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+from filelock import FileLock
+
+from hetero.bench.workers import EngineUnavailable
+from hetero.paths import atomic_path, cache_dir, check_files, file_fingerprint, file_record
+
+OPTIMUM_CLI = "HETERO_OPTIMUM_CLI"
+RECORD = "record.json"
+_LLAMA_FTYPES = {"gguf-q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "gguf-q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0"}
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _run(cmd: list[str], what: str, timeout_s: float = 1800) -> None:
+    """Run a peer's own tool; its last lines of output name the failure."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}): {tail}")
+
+
+def _build_hf(gguf: Path, out: Path) -> dict[str, str]:
+    """transformers' GGUF loader, dequantized (`GgufConfig(dequantize=True)`), saved as safetensors."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+                                                 quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True))
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return {"transformers": _version("transformers")}
+
+
+def optimum_cli() -> str:
+    """`optimum-cli` of optimum-intel: `$HETERO_OPTIMUM_CLI`, else beside this Python, else on PATH."""
+    env = os.environ.get(OPTIMUM_CLI)
+    if env:
+        if not os.access(env, os.X_OK):
+            raise EngineUnavailable(f"{OPTIMUM_CLI}={env!r} is not an executable optimum-cli")
+        return env
+    beside = Path(sys.executable).parent / "optimum-cli"
+    found = str(beside) if beside.is_file() else shutil.which("optimum-cli")
+    if not found:
+        raise EngineUnavailable("optimum-intel's optimum-cli is not installed (it needs transformers<5.6: "
+                                "`pip install 'optimum-intel[openvino,nncf]'` in a venv of its own, then set "
+                                f"{OPTIMUM_CLI} to its bin/optimum-cli)")
+    return found
+
+
+def _build_openvino(hf: Path, out: Path) -> dict[str, str]:
+    cli = optimum_cli()
+    _run([cli, "export", "openvino", "-m", str(hf), "--task", "text-generation-with-past",
+          "--weight-format", "int8", str(out)], "optimum-cli export openvino")
+    ver = subprocess.run([str(Path(cli).parent / "python"), "-c", "import optimum.intel.version as v; print(v.__version__)"],
+                         capture_output=True, text=True)
+    return {"optimum-intel": ver.stdout.strip() or "unknown", "optimum-cli": cli}
+
+
+def _build_ort_genai(hf: Path, out: Path) -> dict[str, str]:
+    try:
+        import onnxruntime_genai  # noqa: F401
+    except ImportError:
+        raise EngineUnavailable("onnxruntime-genai is not installed (pip install 'hetero[bench]')") from None
+    work = out.parent / f".{out.name}.work"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        _run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out), "-p", "int4",
+              "-e", "cpu", "-c", str(work), "--extra_options", "int4_accuracy_level=4"],
+             "onnxruntime_genai.models.builder")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"onnxruntime-genai": _version("onnxruntime-genai")}
+
+
+def _build_llama_quant(kind: str) -> Callable[[Path, Path], dict[str, str]]:
+    def build(gguf: Path, out: Path) -> dict[str, str]:
+        llama_cpp = _llama_cpp()
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, _LLAMA_FTYPES[kind])
+        params.nthread = os.cpu_count() or 1
+        params.allow_requantize = True  # the shipped GGUF is already quantized (Q4_1)
+        out.mkdir(parents=True, exist_ok=True)
+        target = out / "model.gguf"
+        rc = llama_cpp.llama_model_quantize(str(gguf).encode(), str(target).encode(), params)
+        if rc != 0:
+            raise RuntimeError(f"llama_model_quantize to {kind} failed (return {rc})")
+        return {"llama-cpp-python": _version("llama_cpp_python")}
+
+    return build
+
+
+def _llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError:
+        raise EngineUnavailable("llama-cpp-python is not installed (pip install 'hetero[bench]')") from None
+    return llama_cpp
+
+
+# kind -> (what it is built from: "gguf" or another kind, builder)
+KINDS: dict[str, tuple[str, Callable[[Path, Path], dict[str, str]]]] = {
+    "hf": ("gguf", _build_hf),
+    "openvino-int8": ("hf", _build_openvino),
+    "ort-genai-int4": ("hf", _build_ort_genai),
+    "gguf-q4_0": ("gguf", _build_llama_quant("gguf-q4_0")),
+    "gguf-q8_0": ("gguf", _build_llama_quant("gguf-q8_0")),
+}
+
+
+def peers_root(gguf: Path) -> Path:
+    """`cache_dir()/peers/<fingerprint of the GGUF>`: a different file never meets another's peers."""
+    return cache_dir() / "peers" / file_fingerprint(gguf)
+
+
+def verify(entry: Path) -> str | None:
+    """Why `entry` cannot be used (missing, unfinished, a file changed), or None when it checks out."""
+    rec_path = entry / RECORD
+    if not rec_path.is_file():
+        return "not built"
+    try:
+        record = json.loads(rec_path.read_text())
+        why, restamped = check_files(entry, record["files"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"unreadable record: {e}"
+    if why is None and restamped:
+        with atomic_path(rec_path) as tmp:
+            tmp.write_text(json.dumps(record, indent=1))
+    return why
+
+
+def build(gguf: str | os.PathLike, kind: str) -> Path:
+    """The folder of peer model `kind` built from `gguf`, building it (and what it needs) once."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown peer model kind {kind!r} (of {', '.join(KINDS)})")
+    gguf = Path(gguf)
+    if gguf.suffix != ".gguf":
+        raise EngineUnavailable(f"the peers are built from a GGUF model, got {gguf.name}")
+    source_kind, builder = KINDS[kind]
+    source = gguf if source_kind == "gguf" else build(gguf, source_kind)
+    root = peers_root(gguf)
+    entry = root / kind
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f".{kind}.lock"), timeout=3 * 3600):
+        if verify(entry) is None:
+            return entry
+        for old in root.glob(f".{kind}.*.build"):  # builds killed half-way (the lock is ours: none runs)
+            shutil.rmtree(old, ignore_errors=True)
+        tmp = root / f".{kind}.{os.getpid()}.build"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            tools = builder(source, tmp)
+            files = {str(p.relative_to(tmp)): file_record(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+            record = {"kind": kind, "source": str(source), "gguf_fingerprint": file_fingerprint(gguf),
+                      "tools": tools, "files": files}
+            (tmp / RECORD).write_text(json.dumps(record, indent=1))
+            if entry.exists():
+                shutil.rmtree(entry)  # it failed `verify`: corrupt or unfinished
+            os.replace(tmp, entry)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return entry
+
