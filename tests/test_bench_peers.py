@@ -70,9 +70,9 @@ def test_peer_model_is_built_once_atomically_and_verified(tmp_path, monkeypatch)
     assert set(record["files"]) == {"a.bin", "sub/b.txt"} and record["tools"] == {"tool": "1.0"}
     assert record["files"]["a.bin"]["size"] == 1000 and (entry / "sub" / "b.txt").read_text() == "m.gguf"
     assert peers.build(gguf, "probe") == entry and calls == [1]  # reused, not rebuilt
-    with open(entry / "a.bin", "r+b") as f:  # same size, other bytes: only the sha256 catches it
+    with open(entry / "a.bin", "r+b") as f:  # same size, other bytes: only the content hash catches it
         f.write(b"\x02")
-    assert "sha256" in peers.verify(entry)
+    assert "content hash" in peers.verify(entry)
     assert peers.build(gguf, "probe") == entry and calls == [1, 1] and peers.verify(entry) is None
     assert not list(entry.parent.glob(".*.build"))
 
@@ -157,18 +157,18 @@ def test_ort_profile_sums_only_the_window(tmp_path, monkeypatch) -> None:
     import time
 
     import numpy as np
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     from hetero.bench.ort_profile import collect
-    from hetero.threads import ORT_PROFILE, ort_session_options
+    from hetero.sessions import cpu_session
+    from hetero.threads import ORT_PROFILE
 
     monkeypatch.setenv(ORT_PROFILE, str(tmp_path))
     g = helper.make_graph([helper.make_node("MatMul", ["x", "x"], ["y"]), helper.make_node("Relu", ["y"], ["z"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
                           [helper.make_tensor_value_info("z", TensorProto.FLOAT, [64, 64])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    sess = ort.InferenceSession(m.SerializeToString(), ort_session_options(1), providers=["CPUExecutionProvider"])
+    sess = cpu_session(m.SerializeToString(), 1)
     x = {"x": np.ones((64, 64), np.float32)}
     sess.run(None, x)  # before the window: not counted
     t0 = time.time_ns()

@@ -9,7 +9,7 @@ nothing converted by hand:
 
 Each entry lives in `cache_dir()/peers/<GGUF fingerprint>/<kind>/`, built in a temp folder and renamed into
 place whole, under the entry's lock; its `record.json` names the tool versions and every file's size and
-sha256 (`paths.file_record`), checked before each use. optimum-intel needs transformers < 5.6, so its
+content hash (`paths.file_record`), checked before each use. optimum-intel needs transformers < 5.6, so its
 `optimum-cli` may live in a venv of its own: `$HETERO_OPTIMUM_CLI` names it.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from hetero.bench.workers import EngineUnavailable
-from hetero.paths import atomic_path, cache_dir, check_files, file_fingerprint, file_record
+from hetero.paths import cache_dir, file_fingerprint, file_record, verify_files
 
 OPTIMUM_CLI = "HETERO_OPTIMUM_CLI"
 RECORD = "record.json"
@@ -150,13 +150,10 @@ def verify(entry: Path) -> str | None:
         return "not built"
     try:
         record = json.loads(rec_path.read_text())
-        why, restamped = check_files(entry, record["files"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        bad = verify_files(entry, record["files"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return f"unreadable record: {e}"
-    if why is None and restamped:
-        with atomic_path(rec_path) as tmp:
-            tmp.write_text(json.dumps(record, indent=1))
-    return why
+    return "; ".join(str(d) for d in bad) or None
 
 
 def build(gguf: str | os.PathLike, kind: str) -> Path:
