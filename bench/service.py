@@ -270,7 +270,6 @@ def restore_paths(model: hetero.Model, text_ids: list[int], args: argparse.Names
 def compression_accuracy(model: hetero.Model, text_ids: list[int], args: argparse.Namespace) -> dict:
     """Teacher-forced next tokens after a prefix whose K/V blocks are stored at each level."""
     from hetero.serve.quant import compress, dequantize
-    from hetero.serve.store import read_span, write_span
 
     rt = hetero.Runtime(model, chunk=args.chunk)
     step = hetero.Runtime(model, chunk=1)
@@ -280,7 +279,7 @@ def compression_accuracy(model: hetero.Model, text_ids: list[int], args: argpars
     results, ref_top = {}, None
     for level, tol in (("float", None), ("int8", 0.0), ("auto", args.tolerance), ("int4", float("inf"))):
         cache = rt.new_cache(base.capacity)
-        k, v = read_span(base, 0, len(prefix))
+        k, v = base.read_span(0, len(prefix))
         errors, levels = [], []
         for a in range(0, len(prefix), 16):
             kb, vb = k[:, :, a : a + 16], v[:, :, a : a + 16]
@@ -289,11 +288,10 @@ def compression_accuracy(model: hetero.Model, text_ids: list[int], args: argpars
                 kb, vb = dequantize(qk), dequantize(qv)
                 errors.append(err)
                 levels.append(qk.level)
-            write_span(cache, a, kb, vb)
-        cache.length = len(prefix)
+            cache.write_span(a, kb, vb)
         nll, top = 0.0, []
         with torch.inference_mode():
-            cache.length = len(prefix) - 1  # re-run the last prefix token to get its logits over this cache
+            cache.truncate(len(prefix) - 1)  # re-run the last prefix token to get its logits over this cache
             logits = step.prefill(prefix[-1:], cache=cache).logits
             for tok in cont:
                 nll -= float(torch.log_softmax(logits, -1)[tok])

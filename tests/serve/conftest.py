@@ -16,6 +16,10 @@ class RunningServer(BackgroundServer):
     def __init__(self, service: Service):
         super().__init__(service, free_port())
 
+    @property
+    def model(self) -> str:
+        return self.service.model_name
+
     def openai(self, **kw: object) -> "object":
         from openai import OpenAI
 
