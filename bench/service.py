@@ -13,9 +13,15 @@
 3. Context-switch latency by restore path (in RAM, compressed, swap-in, recompute, pipelined).
 4. Accuracy cost of KV compression: teacher-forced top-1 agreement and perplexity on held-out text.
 5. RSS of a `hetero serve` subprocess over `--rss-requests` requests from 8 concurrent clients.
+6. Cold TTFT (`ttft`): a cold `--ttft-tokens` prompt's time to first token at the server vs `hetero run`'s
+   prefill of the same prompt (a subprocess per repeat, as a user runs it), same method and C, interleaved.
 
-    python bench/service.py            # writes bench/results/service.{json,md}
-    python bench/service.py --quick    # a few minutes: 2 + 4 conversations, phases 1 and 2, in the temp dir
+Every phase runs `--method` (default: the default method, at C = 256 as it ships; float at C = 64, the
+exact reference).
+
+    python bench/service.py                   # the default method: bench/results/service.{json,md}
+    python bench/service.py --method float    # bench/results/service_float.{json,md}
+    python bench/service.py --quick           # a few minutes: 2 + 4 conversations, phases 1 and 2, in the temp dir
 """
 
 from __future__ import annotations
@@ -65,14 +71,26 @@ def conversations(n: int, turns: int, chars: int) -> list[list[str]]:
     return [[f"Passage:\n{ps[(c * turns + t) % len(ps)]}\n\n{QUESTION}" for t in range(turns)] for c in range(n)]
 
 
+_RUNTIMES: dict[tuple, hetero.Runtime] = {}
+
+
+def runtime_of(model: hetero.Model, args: argparse.Namespace) -> hetero.Runtime:
+    """The method's runtime, built once and shared by the endpoints (they run one after another)."""
+    from hetero.methods import make_runtime
+
+    key = (model.fingerprint, args.method, args.chunk, args.threads)
+    if key not in _RUNTIMES:
+        _RUNTIMES[key] = make_runtime(model, args.method, chunk=args.chunk, threads=args.threads)
+    return _RUNTIMES[key]
+
+
 class Endpoint:
     """A `Service` with a given store behind a real HTTP server in this process, and an `openai` client."""
 
     def __init__(self, model: hetero.Model, store: StoreConfig, args: argparse.Namespace, clients: int = 1):
         from openai import OpenAI
 
-        self.service = Service(hetero.Runtime(model, chunk=args.chunk), store, max_active=clients,
-                               max_queue=4 * clients)
+        self.service = Service(runtime_of(model, args), store, max_active=clients, max_queue=4 * clients)
         self.server = BackgroundServer(self.service, free_port())
         self.client = OpenAI(base_url=self.server.url + "/v1", api_key="unused", timeout=1800, max_retries=0)
         self.turn([{"role": "user", "content": "Hello."}], 2)  # warm-up: first-call costs out of turn 1
@@ -81,7 +99,8 @@ class Endpoint:
         """One streamed chat request: TTFT at the client and the server's own account from the usage."""
         t0 = time.perf_counter()
         ttft, pieces, usage = None, [], None
-        for chunk in self.client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens,
+        for chunk in self.client.chat.completions.create(model=self.service.model_name, messages=messages,
+                                                         max_tokens=max_tokens,
                                                          stream=True, stream_options={"include_usage": True}):
             if chunk.choices and chunk.choices[0].delta.content:
                 ttft = ttft or time.perf_counter() - t0
@@ -230,7 +249,7 @@ def restore_paths(model: hetero.Model, text_ids: list[int], args: argparse.Names
     from hetero.serve.restore import CostModel, restore
     from hetero.serve.store import ChunkStore
 
-    rt = hetero.Runtime(model, chunk=args.chunk)
+    rt = runtime_of(model, args)
     ids = text_ids[: args.switch_tokens]
     out, cost = {}, CostModel()
     for path in ("ram", "compressed", "swap", "recompute", "pipelined"):
@@ -338,8 +357,8 @@ def rss_run(args: argparse.Namespace, convs: list[list[str]]) -> dict:
 
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "hetero", "serve", "--method", "float", "--chunk", str(args.chunk), "--port", str(port),
-           "--kv-budget", "8M", "--max-active", "8", "--max-queue", "64"]
+    cmd = [sys.executable, "-m", "hetero", "serve", "--method", args.method, "--chunk", str(args.chunk), "--port",
+           str(port), "--kv-budget", "8M", "--max-active", "8", "--max-queue", "64", "--state-dir", "none"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         proc.stdout.readline()  # "hetero: serving ..."
@@ -353,13 +372,14 @@ def rss_run(args: argparse.Namespace, convs: list[list[str]]) -> dict:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+        served = client.models.list().data[0].id
         ps = psutil.Process(proc.pid)
         lock, done, samples = threading.Lock(), [0], []
         texts = [t[:200] for c in convs for t in c]
 
         def one(i: int) -> None:
             msgs = [{"role": "user", "content": texts[i % len(texts)]}]
-            client.chat.completions.create(model="m", messages=msgs, max_tokens=4)
+            client.chat.completions.create(model=served, messages=msgs, max_tokens=4)
             with lock:
                 done[0] += 1
                 if done[0] % 10 == 0:
@@ -376,6 +396,61 @@ def rss_run(args: argparse.Namespace, convs: list[list[str]]) -> dict:
     finally:
         proc.terminate()  # SIGTERM: the clean shutdown path
         proc.wait(60)
+
+
+def prompt_of_tokens(model: hetero.Model, text: str, n: int) -> str:
+    """The longest prefix of `text` (cut at a word) that the tokenizer makes at most `n` tokens (raw, as
+    `hetero run --raw` and a completion request encode it)."""
+    words = text.split()
+    lo, hi = 1, len(words)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(model.tokenizer(" ".join(words[:mid]))["input_ids"]) <= n:
+            lo = mid
+        else:
+            hi = mid - 1
+    return " ".join(words[:lo])
+
+
+def cold_ttft(model: hetero.Model, args: argparse.Namespace) -> dict:
+    """Phase 6: a cold prompt's TTFT at the server vs `hetero run`'s prefill (same method, C and prompt).
+
+    The server (in this process, its engine thread) gets a warm-up chat first (as `hetero run` warms up
+    with one chunk), then one distinct cold prompt per repeat as a completion with max_tokens 1; its TTFT
+    is the reply's own account (submission to first token: prefill, lm_head, first token), and the client's
+    (HTTP and tokenization included). `hetero run --raw -n 1 --json` runs between two server requests, so
+    both see the same load."""
+    from openai import OpenAI
+
+    ps = passages(args.ttft_tokens * 6)
+    prompts = [prompt_of_tokens(model, ps[i], args.ttft_tokens) for i in range(args.repeats)]
+    ep = Endpoint(model, StoreConfig(), args)
+    client = OpenAI(base_url=ep.server.url + "/v1", api_key="unused", timeout=600, max_retries=0)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    rows = []
+    try:
+        for i, prompt in enumerate(prompts):
+            with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+                f.write(prompt)
+            cmd = [sys.executable, "-m", "hetero", "run", "--raw", "-f", f.name, "-n", "1", "--json", "--method",
+                   args.method, "--chunk", str(args.chunk)] + (["--threads", str(args.threads)] if args.threads else [])
+            run = json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)
+            os.unlink(f.name)
+            t0 = time.perf_counter()
+            r = client.completions.create(model=ep.service.model_name, prompt=prompt, max_tokens=1)
+            client_ms = (time.perf_counter() - t0) * 1e3
+            h = r.usage.model_extra["hetero"]
+            assert r.usage.prompt_tokens == run["prompt_tokens"] and r.usage.prompt_tokens_details.cached_tokens == 0
+            rows.append({"prompt_tokens": r.usage.prompt_tokens, "run_prefill_ms": run["prefill_ms"],
+                         "server_ttft_ms": h["ttft_ms"], "server_prefill_ms": h["prefill_ms"],
+                         "server_queue_ms": h["queue_ms"], "client_ms": round(client_ms, 1)})
+            print("ttft:", json.dumps(rows[-1]), flush=True)
+    finally:
+        ep.close()
+        ep.server.stop()
+    med = {k: round(statistics.median(r[k] for r in rows), 1) for k in rows[0] if k != "prompt_tokens"}
+    return {"method": args.method, "chunk": args.chunk, "prompt_tokens": rows[0]["prompt_tokens"], "rows": rows,
+            "median": med, "server_ttft_over_run_prefill": round(med["server_ttft_ms"] / med["run_prefill_ms"], 3)}
 
 
 def ttft_tables(configs: dict, n: int) -> list[str]:
@@ -402,7 +477,9 @@ def write_md(r: dict, path: Path) -> None:
     """The committed summary table of a run (`--md-only` rewrites it from the JSON)."""
     a = r["args"]
     lines = ["# `hetero serve`: multi-turn chat workload (bench/service.py)", "",
-             f"Model {r.get('model')}, float runtime (exact reference), C={a.get('chunk')}, {a.get('turns')} turns "
+             f"Model {r.get('model')}, method {a.get('method', 'float')}"
+             f"{' (the exact reference)' if a.get('method', 'float') == 'float' else ''}, C={a.get('chunk')}, "
+             f"{a.get('turns')} turns "
              f"per conversation, each a passage of ~{a.get('turn_chars')} characters and a question; "
              f"{a.get('max_tokens')} tokens a reply, through the `openai` client (streaming). torch threads "
              f"{r.get('torch_threads')} on {r.get('cpus')} CPUs. Load average (1/5/15 min) before/after: "
@@ -441,6 +518,18 @@ def write_md(r: dict, path: Path) -> None:
                   f"conversations (all fit): {c['kv_bytes_all_fit'] / 2**20:.1f} MiB. Prompt tokens served per "
                   "second: " + ", ".join(f"{k} {v['prompt_tokens_per_s']}" for k, v in c["configs"].items()) + ".", ""]
         lines += ttft_tables(c["configs"], int(a.get("turns")))
+    if "cold_ttft" in r:
+        t = r["cold_ttft"]
+        m = t["median"]
+        lines += [f"## Cold prompt: TTFT at the server vs `hetero run`'s prefill ({t['prompt_tokens']} tokens, "
+                  f"{t['method']}, C={t['chunk']}, median of {len(t['rows'])} interleaved repeats)", "",
+                  f"Server TTFT / `hetero run` prefill: **{t['server_ttft_over_run_prefill']}**. The server prefills "
+                  "the prompt as one plan through the out-of-order executor, stepped in slices (between which "
+                  "the engine serves other requests).", "",
+                  "| `hetero run` prefill ms | server TTFT ms | server prefill ms | server queue ms | client ms |",
+                  "|---:|---:|---:|---:|---:|",
+                  f"| {m['run_prefill_ms']} | {m['server_ttft_ms']} | {m['server_prefill_ms']} | {m['server_queue_ms']} "
+                  f"| {m['client_ms']} |", ""]
     if "switch_latency" in r:
         s = r["switch_latency"]
         lines += [f"## Context-switch latency by restore path ({r['args'].get('switch_tokens')} tokens, median ms)", "",
@@ -487,7 +576,9 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--turn-chars", type=int, default=1000, help="characters of a turn's passage (~4 a token)")
     p.add_argument("--clients", type=int, default=4)
-    p.add_argument("--chunk", type=int, default=64)
+    p.add_argument("--method", default=None, help="the method served (default: the default method)")
+    p.add_argument("--chunk", type=int, default=None, help="C (default: 256, as it ships; 64 for float)")
+    p.add_argument("--ttft-tokens", type=int, default=1024, help="the cold prompt of the ttft phase")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--budgets", default="0.1", help="fractions of the all-fits K/V bytes (lossless tiers)")
@@ -501,18 +592,24 @@ def main() -> None:
     p.add_argument("--eval-tokens", type=int, default=64)
     p.add_argument("--rss-requests", type=int, default=200)
     p.add_argument("--rss-warmup", type=int, default=40)
-    p.add_argument("--phases", default="sequential,concurrent,exactness,switch,accuracy,rss")
+    p.add_argument("--phases", default="sequential,concurrent,exactness,switch,accuracy,rss,ttft")
     p.add_argument("--quick", action="store_true",
                    help="2 sequential + 4 concurrent conversations (no concurrent re-prefill), phases 1-2, results in the "
                         "temp dir")
     p.add_argument("--out", type=Path, default=None, help="results prefix (default bench/results/service)")
     p.add_argument("--md-only", action="store_true", help="rewrite the .md from the committed .json")
     args = p.parse_args()
+    from hetero.methods import DEFAULT_METHOD
+
+    args.method = args.method or DEFAULT_METHOD
+    if args.chunk is None:
+        args.chunk = 64 if args.method == "float" else 256
     if args.quick:
         args.conversations, args.ratio_conversations, args.baseline_conversations = 4, 2, 0
         args.phases = "sequential,concurrent"
     if args.out is None:
-        args.out = Path(tempfile.gettempdir()) / "service_quick" if args.quick else ROOT / "bench" / "results" / "service"
+        name = "service" if args.method == DEFAULT_METHOD else f"service_{args.method}"
+        args.out = Path(tempfile.gettempdir()) / f"{name}_quick" if args.quick else ROOT / "bench" / "results" / name
     if args.md_only:
         write_md(json.loads(args.out.with_suffix(".json").read_text()), args.out.with_suffix(".md"))
         return
@@ -539,6 +636,8 @@ def main() -> None:
         result["compression_accuracy"] = compression_accuracy(model, text_ids, args)
     if "rss" in phases:
         result["rss"] = rss_run(args, convs)
+    if "ttft" in phases:
+        result["cold_ttft"] = cold_ttft(model, args)
     result["load_after"] = os.getloadavg()
     json_path = args.out.with_suffix(".json")
     prev = json.loads(json_path.read_text()) if json_path.exists() else {}

@@ -48,6 +48,11 @@ class PlanRun(Protocol):
         """What ran when, once `step` returned True (times from the first step's start, gaps included)."""
         ...
 
+    @property
+    def n_done(self) -> int:
+        """Subgraphs finished so far."""
+        ...
+
 
 class PrefillExecutor(Protocol):
     """Runs the nodes of a prefill DAG: each exactly once, after its predecessors (Eq. 2-3)."""
@@ -91,6 +96,10 @@ class SerialRun:
             if deadline is not None and t1 >= deadline:
                 break
         return self.next == n
+
+    @property
+    def n_done(self) -> int:
+        return self.next
 
     def schedule(self) -> Schedule:
         if self.next != self.dag.n_nodes:
@@ -292,9 +301,10 @@ class Runtime:
                 return done.value
 
     def prefill_steps(self, ids: Sequence[int] | torch.Tensor, cache: KVCache | None = None,
-                      slice_s: float | None = 0.1) -> Generator[None, None, PrefillResult]:
+                      slice_s: float | None = 0.1) -> Generator[int, None, PrefillResult]:
         """`prefill` as one plan run in slices of about `slice_s` seconds: yields between slices (nothing of
-        this plan runs then), returns the PrefillResult. Closing it early leaves `cache` as it was.
+        this plan runs then) the tokens still to prefill (in proportion to the subgraphs left), returns the
+        PrefillResult. Closing it early leaves `cache` as it was.
         The result's times are wall times from the first slice, the gaps between slices included."""
         if cache is not None:
             check_cache(cache, self.cfg)
@@ -310,8 +320,9 @@ class Runtime:
             with self._busy, torch.inference_mode():
                 job, run = self.start(plan, cache, bufs)
                 done = run.step(slice_s)
+            n, total = plan.ids.numel(), plan.dag.n_nodes
             while not done:
-                yield
+                yield max(1, round(n * (total - run.n_done) / total))
                 with self._busy, torch.inference_mode():
                     done = run.step(slice_s)
             with torch.inference_mode():

@@ -232,6 +232,10 @@ class LaneRun:
             return False
         raise ScheduleError(f"policy {disp.policy.name!r} deadlocked: {n - disp.n_done} of {n} subgraphs never ran")
 
+    @property
+    def n_done(self) -> int:
+        return self.disp.n_done
+
     def schedule(self) -> Schedule:
         if self._schedule is None:
             raise ScheduleError(f"the run is not finished ({self.disp.n_done} of {self.dag.n_nodes} subgraphs ran)")

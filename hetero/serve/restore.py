@@ -97,7 +97,13 @@ def restore(store: ChunkStore, runtime: Runtime, match: Match, cache: KVCache, c
                 ids.extend(node.ids[:used])
                 i += 1
             t1 = time.perf_counter()
-            yield from runtime.prefill_steps(ids, cache=cache)  # from cache.length = pos to pos + len(ids)
+            steps = runtime.prefill_steps(ids, cache=cache)  # from cache.length = pos to pos + len(ids)
+            while True:
+                try:
+                    next(steps)
+                except StopIteration:
+                    break
+                yield
             ms = (time.perf_counter() - t1) * 1e3
             cost.observe_recompute(ms, len(ids))
             report.recompute_ms += ms

@@ -297,7 +297,7 @@ class Service:
             steps = rt.prefill_steps(new, cache=cache)
             while True:  # one plan, stepped: the engine runs other requests between its slices
                 try:
-                    next(steps)
+                    job.remaining = next(steps)
                 except StopIteration as done:
                     result: PrefillResult = done.value
                     break
