@@ -208,8 +208,7 @@ def create_app(service: Service, host: str = "127.0.0.1", api_keys: tuple[str, .
         client = client_of(request, body) if cid is not None else None
         if cid is not None and not isinstance(cid, str):
             raise ConfigError(f"context_id must be a string, got {cid!r}")
-        rid, stream = oa.new_id("chatcmpl"), bool(body.get("stream"))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        rid, (stream, include_usage) = oa.new_id("chatcmpl"), oa.stream_flags(body)
         first = [True]
 
         def on_token(ev: object) -> list:
@@ -235,8 +234,7 @@ def create_app(service: Service, host: str = "127.0.0.1", api_keys: tuple[str, .
         check_model(body, model)
         params = oa.sampling_params(body, DEFAULT_MAX_TOKENS["completion"])
         prompt = oa.completion_prompt(body)
-        rid, stream = oa.new_id("cmpl"), bool(body.get("stream"))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        rid, (stream, include_usage) = oa.new_id("cmpl"), oa.stream_flags(body)
 
         def on_done(reply: Reply) -> list:
             out = [oa.completion_chunk(rid, model, "", reply.finish_reason)]

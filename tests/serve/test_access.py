@@ -153,3 +153,16 @@ def test_shutdown_ends_a_stream_with_an_error_event(default_model: hetero.Model,
     events = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
     assert events[-1]["error"]["code"] == "server_shutting_down" and lines[-1] == "data: [DONE]"
     assert not [rec for rec in caplog.records if rec.exc_info], [rec.getMessage() for rec in caplog.records]
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"messages": QUESTION, "stream": True, "stream_options": "x"}, "stream_options"),
+    ({"messages": QUESTION, "stream": "yes"}, "stream"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages[0].content"),
+    ({"messages": QUESTION, "context_id": 5}, "context_id"),
+    ({"messages": QUESTION, "stop": [1, 2]}, "stop"),
+])
+def test_bad_fields_are_400_naming_the_field(server: RunningServer, body: dict, field: str) -> None:
+    with server.http() as http:
+        r = http.post("/v1/chat/completions", json={"max_tokens": 1, **body})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith(field), r.text
