@@ -30,6 +30,8 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = any free port)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; another one prints a warning)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="another name clients may use in the Host header (e.g. a reverse proxy's; repeatable)")
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' (repeatable: each key owns its contexts); "
                         "default: $HETERO_API_KEY if set, else no key")
@@ -91,5 +93,5 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"hetero: serving {service.model_name} ({args.method}, C={args.chunk}) on http://{shown}:{args.port}/v1"
           f"{' (API key required)' if keys else ''}; contexts saved in {state_dir or 'nowhere (--state-dir none)'}",
           flush=True)
-    serve(service, args.port, host=args.host, api_keys=keys)
+    serve(service, args.port, host=args.host, api_keys=keys, allow_hosts=tuple(args.allow_host))
     return 0

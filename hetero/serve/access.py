@@ -1,8 +1,9 @@
 """Who may talk to `hetero serve`: Host allow-list, JSON-only bodies and the API key (issue 27, D8).
 
 A plain ASGI middleware, in front of every route:
-- `Host` must name this server (127.0.0.1, localhost, ::1 or the `--host` value): a page that rebinds its
-  own DNS name to 127.0.0.1 reaches the port, but with its own name in `Host`, and gets 421.
+- `Host` must name this server (127.0.0.1, localhost, ::1, the `--host` value, and for a wildcard --host
+  this machine's name and addresses, plus any `--allow-host`): a page that rebinds its own DNS name to
+  127.0.0.1 reaches the port, but with its own name in `Host`, and gets 421.
 - A POST must declare `Content-Type: application/json`: the only bodies a web page may send another origin
   without a CORS preflight (text/plain, forms) are refused with 415, so a page the user opens cannot make
   the browser generate, save or flush (CSRF). The server sends no CORS headers.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import socket
 from collections.abc import Awaitable, Callable, Iterable
 
 from hetero.serve import openai_api as oa
@@ -37,10 +39,26 @@ def host_name(header: str) -> str:
     return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
 
 
+def allowed_hosts(host: str, extra: Iterable[str] = ()) -> set[str]:
+    """The names `Host` may carry: the loopback names, `host`, `extra`, and for a wildcard `host` (0.0.0.0,
+    ::) this machine's name, its fully qualified name and their addresses."""
+    names = {n.lower() for n in LOCAL_NAMES} | {host_name(host)} | {host_name(e) for e in extra}
+    if host in ("0.0.0.0", "::", ""):
+        own = {socket.gethostname(), socket.getfqdn()}
+        for name in list(own):
+            try:
+                own |= {info[4][0] for info in socket.getaddrinfo(name, None)}
+            except OSError:
+                continue
+        names |= {n.lower() for n in own if n}
+    return names
+
+
 class AccessMiddleware:
-    def __init__(self, app: Callable, host: str = "127.0.0.1", api_keys: Iterable[str] = ()):
+    def __init__(self, app: Callable, host: str = "127.0.0.1", api_keys: Iterable[str] = (),
+                 allow_hosts: Iterable[str] = ()):
         self.app = app
-        self.allowed = {n.lower() for n in LOCAL_NAMES} | {host_name(host)}
+        self.allowed = allowed_hosts(host, allow_hosts)
         self.keys = [k.encode() for k in api_keys if k]
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:

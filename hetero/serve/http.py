@@ -91,10 +91,11 @@ def check_model(body: dict, model: str) -> None:
         raise UnknownModel(f"The model {name!r} does not exist: this server serves {model!r} (GET /v1/models)")
 
 
-def create_app(service: Service, host: str = "127.0.0.1", api_keys: tuple[str, ...] = ()) -> FastAPI:
+def create_app(service: Service, host: str = "127.0.0.1", api_keys: tuple[str, ...] = (),
+               allow_hosts: tuple[str, ...] = ()) -> FastAPI:
     app = FastAPI(title="hetero", description="OpenAI-compatible hetero service", docs_url=None, redoc_url=None,
                   openapi_url=None)
-    app.add_middleware(AccessMiddleware, host=host, api_keys=api_keys)
+    app.add_middleware(AccessMiddleware, host=host, api_keys=api_keys, allow_hosts=allow_hosts)
     model = service.model_name
     page = resources.files("hetero.serve").joinpath("page.html").read_text(encoding="utf-8")
 

@@ -46,13 +46,13 @@ def bound_malloc() -> None:
 
 
 def make_server(service: Service, port: int, grace_s: float = 5.0, log_level: str = "warning",
-                host: str = HOST, api_keys: tuple[str, ...] = ()) -> "object":
+                host: str = HOST, api_keys: tuple[str, ...] = (), allow_hosts: tuple[str, ...] = ()) -> "object":
     import uvicorn
     from contextlib import asynccontextmanager
 
     from hetero.serve.http import create_app
 
-    app = create_app(service, host=host, api_keys=api_keys)
+    app = create_app(service, host=host, api_keys=api_keys, allow_hosts=allow_hosts)
 
     @asynccontextmanager
     async def lifespan(_app: object):
@@ -78,14 +78,14 @@ def make_server(service: Service, port: int, grace_s: float = 5.0, log_level: st
 
 
 def serve(service: Service, port: int, grace_s: float = 5.0, log_level: str = "warning", host: str = HOST,
-          api_keys: tuple[str, ...] = ()) -> None:
+          api_keys: tuple[str, ...] = (), allow_hosts: tuple[str, ...] = ()) -> None:
     """Serve until SIGINT/SIGTERM, then return normally (exit status 0).
 
     uvicorn re-raises the signal after its graceful shutdown (so the process dies of it, status 128+n);
     here the graceful shutdown is the end of the story, so the captured signals are forgotten.
     """
     bound_malloc()
-    server = make_server(service, port, grace_s, log_level, host, api_keys)
+    server = make_server(service, port, grace_s, log_level, host, api_keys, allow_hosts)
     server.run()
 
 

@@ -166,3 +166,15 @@ def test_bad_fields_are_400_naming_the_field(server: RunningServer, body: dict, 
     with server.http() as http:
         r = http.post("/v1/chat/completions", json={"max_tokens": 1, **body})
     assert r.status_code == 400 and r.json()["error"]["message"].startswith(field), r.text
+
+
+def test_allowed_hosts() -> None:
+    import socket
+
+    from hetero.serve.access import allowed_hosts, host_name
+
+    assert allowed_hosts("127.0.0.1") == {"127.0.0.1", "localhost", "::1"}
+    assert "proxy.example" in allowed_hosts("127.0.0.1", ["proxy.example:443"])
+    assert socket.gethostname().lower() in allowed_hosts("0.0.0.0")  # a wildcard: this machine's own names
+    assert "attacker.example" not in allowed_hosts("0.0.0.0")
+    assert host_name("[::1]:8000") == "::1" and host_name("LocalHost:80") == "localhost"
