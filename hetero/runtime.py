@@ -39,9 +39,10 @@ NodeFn = Callable[[int], None]  # runs the subgraph of DAG node v (see CompiledD
 class PlanRun(Protocol):
     """One DAG's execution, advanced in slices; between two `step`s no subgraph of it runs."""
 
-    def step(self, budget_s: float | None) -> bool:
-        """Run nodes until all are done (True) or `budget_s` has passed (None: no limit); then let the
-        running ones finish and return (False: more to run)."""
+    def step(self, budget_s: float | None, contended: Callable[[], bool] | None = None) -> bool:
+        """Run nodes until all are done (True) or `budget_s` has passed (None: no limit) and `contended()`
+        says someone waits (asked once a budget; None: always stop); then let the running ones finish and
+        return (False: more to run)."""
         ...
 
     def schedule(self) -> Schedule:
@@ -82,7 +83,7 @@ class SerialRun:
         self.start_us, self.end_us = [0.0] * dag.n_nodes, [0.0] * dag.n_nodes
         self.t_origin: float | None = None
 
-    def step(self, budget_s: float | None) -> bool:
+    def step(self, budget_s: float | None, contended: Callable[[], bool] | None = None) -> bool:
         clock, n = time.perf_counter, self.dag.n_nodes
         if self.t_origin is None:
             self.t_origin = clock()
@@ -94,7 +95,9 @@ class SerialRun:
             self.start_us[v], self.end_us[v] = (t0 - self.t_origin) * 1e6, (t1 - self.t_origin) * 1e6
             self.next += 1
             if deadline is not None and t1 >= deadline:
-                break
+                if contended is None or contended():
+                    break
+                deadline = t1 + budget_s  # nobody waits: run on, without a pause
         return self.next == n
 
     @property
@@ -301,10 +304,13 @@ class Runtime:
                 return done.value
 
     def prefill_steps(self, ids: Sequence[int] | torch.Tensor, cache: KVCache | None = None,
-                      slice_s: float | None = 0.1) -> Generator[int, None, PrefillResult]:
+                      slice_s: float | None = 0.1, contended: Callable[[], bool] | None = None
+                      ) -> Generator[int, None, PrefillResult]:
         """`prefill` as one plan run in slices of about `slice_s` seconds: yields between slices (nothing of
         this plan runs then) the tokens still to prefill (in proportion to the subgraphs left), returns the
-        PrefillResult. Closing it early leaves `cache` as it was.
+        PrefillResult. Closing it early leaves `cache` as it was. `contended`: asked when a slice's time is
+        up; while it says no one else waits, the plan runs on without pausing (a lone request's prefill is
+        one uninterrupted run, as `prefill`'s).
         The result's times are wall times from the first slice, the gaps between slices included."""
         if cache is not None:
             check_cache(cache, self.cfg)
@@ -319,12 +325,12 @@ class Runtime:
             t0 = time.perf_counter()
             with self._busy, torch.inference_mode():
                 job, run = self.start(plan, cache, bufs)
-                done = run.step(slice_s)
+                done = run.step(slice_s, contended)
             n, total = plan.ids.numel(), plan.dag.n_nodes
             while not done:
                 yield max(1, round(n * (total - run.n_done) / total))
                 with self._busy, torch.inference_mode():
-                    done = run.step(slice_s)
+                    done = run.step(slice_s, contended)
             with torch.inference_mode():
                 return self.commit(job, run.schedule(), t0)
         finally:

@@ -114,3 +114,15 @@ def test_a_closed_plan_leaves_the_cache(tiny_model) -> None:
     assert first.cache.length == 20
     again = rt.prefill(torch.arange(50) % 256, cache=first.cache)
     assert again.start == 20 and again.cache.length == 70
+
+
+def test_an_uncontended_plan_runs_without_pausing(tiny_model) -> None:
+    rt = Runtime(tiny_model, chunk=16)
+    asked: list[bool] = []
+
+    def contended() -> bool:
+        asked.append(True)
+        return False
+
+    got, slices = _drive(rt.prefill_steps(torch.arange(70) % 256, slice_s=0.0, contended=contended))
+    assert slices == 0 and asked and torch.equal(got.logits, rt.prefill(torch.arange(70) % 256).logits)

@@ -164,15 +164,16 @@ class LaneRun:
         self.t_origin: float | None = None
         self._schedule: Schedule | None = None
 
-    def step(self, budget_s: float | None) -> bool:
-        """Dispatch and collect until every node ran (True) or `budget_s` passed; then drain (False)."""
+    def step(self, budget_s: float | None, contended: Callable[[], bool] | None = None) -> bool:
+        """Dispatch and collect until every node ran (True) or `budget_s` passed and `contended()` (if given)
+        says someone waits; then drain (False)."""
         if self._schedule is not None:
             return True
         w = self.workers
         if w._closed:
             raise ScheduleError("executor is closed")
         with w._lock:
-            finished = self._step(budget_s)
+            finished = self._step(budget_s, contended)
         if finished:
             dag, n = self.dag, self.dag.n_nodes
             self._schedule = Schedule.of_run(self.disp.policy.name, dag, self.start_us, self.end_us,
@@ -181,7 +182,7 @@ class LaneRun:
                 self.on_finish(self._schedule)
         return finished
 
-    def _step(self, budget_s: float | None) -> bool:
+    def _step(self, budget_s: float | None, contended: Callable[[], bool] | None) -> bool:
         clock_ns, clock = time.perf_counter_ns, time.perf_counter
         w, dag, disp, fns, run_id = self.workers, self.dag, self.disp, self.fns, self.run_id
         inboxes = [w._inbox[ln] for ln in dag.lanes]
@@ -222,7 +223,10 @@ class LaneRun:
             disp.complete(v)
             self.sched_ns += clock_ns() - t0
             if deadline is not None and te >= deadline:
-                stopping = True  # a wave boundary: let the running ones finish, dispatch nothing new
+                if contended is None or contended():
+                    stopping = True  # a wave boundary: let the running ones finish, dispatch nothing new
+                else:
+                    deadline = te + budget_s  # nobody waits: run on without draining the lanes
         if failed is not None:
             v, err = failed
             raise node_error(dag, v, err) from err
@@ -263,12 +267,12 @@ class ChainRun(SerialRun):
         super().__init__("serial", dag, guarded)
         self.threads = threads
 
-    def step(self, budget_s: float | None) -> bool:
+    def step(self, budget_s: float | None, contended: Callable[[], bool] | None = None) -> bool:
         before = torch.get_num_threads()
         if self.threads:
             torch.set_num_threads(self.threads)
         try:
-            return super().step(budget_s)
+            return super().step(budget_s, contended)
         finally:
             torch.set_num_threads(before)
 

@@ -95,6 +95,11 @@ class Engine:
             return {"active": len(self._active), "queued": len(self._pending), "max_active": self.max_active,
                     "max_queue": self.max_queue, "steps": self.steps}
 
+    def contended(self) -> bool:
+        """Whether a request other than the running one waits for the engine thread (a prefill slice asks
+        this before pausing; an unlocked read: a stale answer costs one slice)."""
+        return len(self._active) > 1 or bool(self._pending) or self._stop
+
     def _admit(self) -> None:
         busy = {j.key for j in self._active if j.key is not None}
         now = time.perf_counter()

@@ -294,7 +294,8 @@ class Service:
             cache = rt.new_cache(min(rt.max_context, len(ids) + max_new + 1))
             report: RestoreReport = yield from restore(store, rt, match, cache, self.cost, store.config.restore)
             t0 = time.perf_counter()
-            steps = rt.prefill_steps(new, cache=cache)
+            steps = rt.prefill_steps(new, cache=cache,  # pauses only when someone waits (or this job is cancelled)
+                                     contended=lambda: self.engine.contended() or job.cancelled.is_set())
             while True:  # one plan, stepped: the engine runs other requests between its slices
                 try:
                     job.remaining = next(steps)
