@@ -26,7 +26,8 @@ class ServeMetrics:
 
     def __init__(self, load: Callable[[], dict]):
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("hetero_requests", "Requests finished, by outcome", ["outcome"], registry=r)
+        self.requests = Counter("hetero_requests", "Requests finished, by outcome (ok, or the error's class)",
+                                ["outcome"], registry=r)
         self.prompt_tokens = Counter("hetero_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("hetero_generation_tokens", "Tokens generated", registry=r)
         self.prefill_tokens = Counter("hetero_prefill_tokens", "Prompt tokens prefilled (not taken from the cache)",

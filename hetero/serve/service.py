@@ -267,7 +267,7 @@ class Service:
 
             return self._turn(job, ctx, ids, params, on_done)
 
-        return self.engine.submit(Job(start, sink, key=ctx.id, remaining=estimate))
+        return self.engine.submit(Job(start, self._counted(sink), key=ctx.id, remaining=estimate))
 
     def submit_completion(self, prompt: str | list[int], params: "SamplingParams", sink: Sink) -> Job:
         return self._submit(None, self.encode_text(prompt), params, sink, on_done=None)
@@ -275,8 +275,17 @@ class Service:
     def _submit(self, ctx: Context | None, ids: list[int], params: "SamplingParams", sink: Sink,
                 on_done: Callable[[Reply], None] | None) -> Job:
         self.runtime.check_ids(ids)
-        return self.engine.submit(Job(lambda job: self._turn(job, ctx, ids, params, on_done), sink,
+        return self.engine.submit(Job(lambda job: self._turn(job, ctx, ids, params, on_done), self._counted(sink),
                                       remaining=len(ids)))
+
+    def _counted(self, sink: Sink) -> Sink:
+        """`sink`, counting the requests that end in an error (by its class) in the metrics."""
+        def counted(kind: str, payload: object) -> None:
+            if kind == "error":
+                self.metrics.requests.labels(type(payload).__name__).inc()
+            sink(kind, payload)
+
+        return counted
 
     def _turn(self, job: Job, ctx: Context | None, ids: list[int], params: "SamplingParams",
               on_done: Callable[[Reply], None] | None) -> Generator[None, None, None]:

@@ -113,6 +113,7 @@ def test_metrics_move_flush_and_timeline(server: RunningServer) -> None:
             == r1.usage.prompt_tokens_details.cached_tokens + r.usage.prompt_tokens_details.cached_tokens
         assert after["hetero_time_to_first_token_seconds_count"] == before["hetero_time_to_first_token_seconds_count"] + 2
         assert after["hetero_inter_token_latency_seconds_count"] >= before["hetero_inter_token_latency_seconds_count"] + 4
+        assert after["hetero_requests_total{outcome=ok}"] - before.get("hetero_requests_total{outcome=ok}", 0) == 2
         assert after["hetero_kv_cache_bytes{tier=ram_float}"] > 0
         assert "hetero_queue_length" in after and "hetero_active_requests" in after
         timeline = http.get("/v1/prefill/last").json()
