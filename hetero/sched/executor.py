@@ -99,18 +99,6 @@ class LaneWorkers:
         `work` is one callable for all lanes or a mapping lane -> callable. `timeout_s` bounds the wait
         for any single completion (None: wait forever).
         """
-        if self._closed:
-            raise ScheduleError("executor is closed")
-        missing = [ln for ln in dag.lanes if ln not in self._inbox]
-        if missing:
-            raise ConfigError(f"DAG needs lanes {missing} that this executor lacks (it has {self.lanes})")
-        if isinstance(work, Mapping):
-            lack = [ln for ln in dag.lanes if ln not in work]
-            if lack:
-                raise ConfigError(f"work has no callable for lanes {lack}")
-            fns = [work[ln] for ln in dag.lanes]
-        else:
-            fns = [work] * len(dag.lanes)
         run = self.start(dag, policy, work, seed, timeout_s)
         run.step(None)
         return run.schedule()
