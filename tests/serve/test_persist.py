@@ -28,7 +28,7 @@ def test_a_context_survives_a_restart(default_model: hetero.Model, tmp_path: Pat
         messages = list(s.context(cid).messages)
         saved = s.save_context(cid, "alice")
         assert saved["kv_tokens"] == len(history) - 1  # all but the last token have K/V
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{cid}.json", f"{cid}.kv.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [f"{cid}.json", f"{cid}.kv.safetensors"]
     with service(default_model, tmp_path) as s:
         ctx = s.context(cid, "alice")
         assert ctx.ids == history and ctx.messages == messages
