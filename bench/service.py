@@ -38,12 +38,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import hetero  # noqa: E402
+import hetero  # noqa: E402  (before torch: its OpenMP threads then wait passively, as in `hetero run`)
+import torch  # noqa: E402
 from hetero.paths import atomic_path  # noqa: E402
 from hetero.serve import Service, StoreConfig  # noqa: E402
 from hetero.serve.server import BackgroundServer, free_port  # noqa: E402
