@@ -415,10 +415,11 @@ def cold_ttft(model: hetero.Model, args: argparse.Namespace) -> dict:
     """Phase 6: a cold prompt's TTFT at the server vs `hetero run`'s prefill (same method, C and prompt).
 
     The server (in this process, its engine thread) gets a warm-up chat first (as `hetero run` warms up
-    with one chunk), then one distinct cold prompt per repeat as a completion with max_tokens 1; its TTFT
-    is the reply's own account (submission to first token: prefill, lm_head, first token), and the client's
-    (HTTP and tokenization included). `hetero run --raw -n 1 --json` runs between two server requests, so
-    both see the same load."""
+    with one chunk), then one distinct prompt per repeat as a completion with max_tokens 1, its prefix cache
+    flushed first (cold: not even a shared first token is reused); its TTFT is the reply's own account
+    (submission to first token: prefill, lm_head, first token), and the client's (HTTP and tokenization
+    included). `hetero run --raw -n 1 --json` runs beside each server request, before it on even repeats and
+    after it on odd ones, so both see the same load."""
     from openai import OpenAI
 
     ps = passages(args.ttft_tokens * 6)
@@ -433,11 +434,17 @@ def cold_ttft(model: hetero.Model, args: argparse.Namespace) -> dict:
                 f.write(prompt)
             cmd = [sys.executable, "-m", "hetero", "run", "--raw", "-f", f.name, "-n", "1", "--json", "--method",
                    args.method, "--chunk", str(args.chunk)] + (["--threads", str(args.threads)] if args.threads else [])
-            run = json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)
-            os.unlink(f.name)
+
+            def hetero_run() -> dict:
+                return json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)
+
+            run = hetero_run() if i % 2 == 0 else None
+            ep.service.flush()
             t0 = time.perf_counter()
             r = client.completions.create(model=ep.service.model_name, prompt=prompt, max_tokens=1)
             client_ms = (time.perf_counter() - t0) * 1e3
+            run = run or hetero_run()
+            os.unlink(f.name)
             h = r.usage.model_extra["hetero"]
             assert r.usage.prompt_tokens == run["prompt_tokens"] and r.usage.prompt_tokens_details.cached_tokens == 0
             rows.append({"prompt_tokens": r.usage.prompt_tokens, "run_prefill_ms": run["prefill_ms"],
@@ -448,8 +455,21 @@ def cold_ttft(model: hetero.Model, args: argparse.Namespace) -> dict:
         ep.close()
         ep.server.stop()
     med = {k: round(statistics.median(r[k] for r in rows), 1) for k in rows[0] if k != "prompt_tokens"}
+    paired = statistics.median(r["server_ttft_ms"] / r["run_prefill_ms"] for r in rows)
     return {"method": args.method, "chunk": args.chunk, "prompt_tokens": rows[0]["prompt_tokens"], "rows": rows,
-            "median": med, "server_ttft_over_run_prefill": round(med["server_ttft_ms"] / med["run_prefill_ms"], 3)}
+            "median": med, "server_ttft_over_run_prefill": round(med["server_ttft_ms"] / med["run_prefill_ms"], 3),
+            "paired_median_ratio": round(paired, 3), "cpu": _cpu()}
+
+
+def _cpu() -> str:
+    """The CPU model and the ISA flags that matter for INT8 (lscpu)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    name = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "?")
+    flags = next((ln.split(":", 1)[1].split() for ln in out.splitlines() if ln.startswith("Flags")), [])
+    return f"{name} ({', '.join(f for f in ('avx512_vnni', 'avx512_bf16', 'amx_tile') if f in flags) or 'no VNNI/AMX'})"
 
 
 def ttft_tables(configs: dict, n: int) -> list[str]:
@@ -522,7 +542,8 @@ def write_md(r: dict, path: Path) -> None:
         m = t["median"]
         lines += [f"## Cold prompt: TTFT at the server vs `hetero run`'s prefill ({t['prompt_tokens']} tokens, "
                   f"{t['method']}, C={t['chunk']}, median of {len(t['rows'])} interleaved repeats)", "",
-                  f"Server TTFT / `hetero run` prefill: **{t['server_ttft_over_run_prefill']}**. The server prefills "
+                  f"Server TTFT / `hetero run` prefill: **{t['server_ttft_over_run_prefill']}** (ratio of medians; "
+                  f"median of the paired ratios {t.get('paired_median_ratio')}), on {t.get('cpu')}. The server prefills "
                   "the prompt as one plan through the out-of-order executor, stepped in slices (between which "
                   "the engine serves other requests).", "",
                   "| `hetero run` prefill ms | server TTFT ms | server prefill ms | server queue ms | client ms |",
