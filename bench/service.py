@@ -549,7 +549,10 @@ def write_md(r: dict, path: Path) -> None:
                   "| `hetero run` prefill ms | server TTFT ms | server prefill ms | server queue ms | client ms |",
                   "|---:|---:|---:|---:|---:|",
                   f"| {m['run_prefill_ms']} | {m['server_ttft_ms']} | {m['server_prefill_ms']} | {m['server_queue_ms']} "
-                  f"| {m['client_ms']} |", ""]
+                  f"| {m['client_ms']} |", "",
+                  "Per repeat, `hetero run` prefill / server TTFT (ms): " + ", ".join(
+                      f"{r['run_prefill_ms']:.0f} / {r['server_ttft_ms']:.0f}" for r in t["rows"]) +
+                  ". A shared machine: the spread is other processes' load, which both sides see alike.", ""]
     if "switch_latency" in r:
         s = r["switch_latency"]
         lines += [f"## Context-switch latency by restore path ({r['args'].get('switch_tokens')} tokens, median ms)", "",
