@@ -89,6 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     service = make_service(model, args.method, args.chunk, args.threads, store,
                            max_contexts_per_client=args.max_contexts_per_client, max_active=args.max_active,
                            max_queue=args.max_queue, state_dir=state_dir, state_key=state_key)
+    service.warm_up()  # the first request's TTFT is then a prefill's, as `hetero run` times it
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(f"hetero: serving {service.model_name} ({args.method}, C={args.chunk}) on http://{shown}:{args.port}/v1"
           f"{' (API key required)' if keys else ''}; contexts saved in {state_dir or 'nowhere (--state-dir none)'}",

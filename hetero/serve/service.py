@@ -163,6 +163,18 @@ class Service:
 
         self.engine.submit(Job(release, lambda kind, payload: None, key=cid, bounded=False))
 
+    def warm_up(self) -> float:
+        """Pay the first-call costs before the first request does (as `hetero run` warms up before it times
+        its prefill): a one-chunk prefill and a two-token decode, which builds the decode step's graphs.
+        Touches neither the store nor the metrics; returns the seconds it took."""
+        from hetero.decode import SamplingParams, generate
+
+        rt, t0 = self.runtime, time.perf_counter()
+        n = min(rt.chunk, rt.max_context - 4)
+        ids = [t % rt.cfg.vocab for t in range(100, 100 + n)]
+        generate(rt, rt.prefill(ids), SamplingParams(max_new_tokens=2))
+        return time.perf_counter() - t0
+
     # --- persistence and flush (run on the engine thread: it owns the store) ------------------------
     def save_context(self, cid: str, client: str | None = None) -> dict:
         """Save one context (messages, ids, K/V) to the state folder now; returns what was saved."""

@@ -69,3 +69,10 @@ def test_a_request_prefills_as_one_plan_on_both_lanes() -> None:
     assert reply.usage.prompt_tokens == 57 and t["tokens"] == 57 and t["chunks"] == 4
     assert t["policy"] == "rank" and {n[3] for n in t["nodes"]} == {"npu", "cpu"}
     assert len(t["nodes"]) == 4 * model.config.n_layers * 3 and {n[0] for n in t["nodes"]} == {0, 1, 2, 3}
+
+
+def test_warm_up_leaves_no_trace(default_model: hetero.Model) -> None:
+    with hetero.Service(hetero.Runtime(default_model, chunk=32)) as service:
+        assert service.warm_up() > 0
+        assert service.store.stats()["blocks"] == {} and service.metrics.text().count(b"hetero_requests_total{") == 0
+        assert service.complete("The capital of France is", SamplingParams(max_new_tokens=3)).usage.cached_tokens == 0
