@@ -4,13 +4,19 @@
 `execute` hands every subgraph G[i][j] to the runtime's executor (`SerialExecutor` in program order,
 or `hetero.sched.executor.OutOfOrderExecutor`, mllm-NPU §3.4), which runs it on per-chunk buffers
 allocated once per runtime; `commit` advances the KV cache and returns a frozen `PrefillResult`.
+
+`prefill_steps` runs the same one plan in slices: the executor's `PlanRun` stops dispatching when a
+slice's time is up, lets the running subgraphs finish (a wave boundary: nothing in flight) and resumes at
+the next `next()`. A service interleaves other requests there without cutting a prompt into one-chunk
+plans (which would run every chunk as a chain and lose the lanes' overlap). Each plan in flight holds its
+own chunk buffers (a pool: one set per plan suspended at once).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
@@ -35,6 +41,25 @@ C = TypeVar("C", bound=Closeable)
 NodeFn = Callable[[int], None]  # runs the subgraph of DAG node v (see CompiledDag.node_info)
 
 
+class PlanRun(Protocol):
+    """One DAG's execution, advanced in slices; between two `step`s no subgraph of it runs."""
+
+    def step(self, budget_s: float | None, contended: Callable[[], bool] | None = None) -> bool:
+        """Run nodes until all are done (True) or `budget_s` has passed (None: no limit) and `contended()`
+        says someone waits (asked once a budget; None: always stop); then let the running ones finish and
+        return (False: more to run)."""
+        ...
+
+    def schedule(self) -> Schedule:
+        """What ran when, once `step` returned True (times from the first step's start, gaps included)."""
+        ...
+
+    @property
+    def n_done(self) -> int:
+        """Subgraphs finished so far."""
+        ...
+
+
 class PrefillExecutor(Protocol):
     """Runs the nodes of a prefill DAG: each exactly once, after its predecessors (Eq. 2-3)."""
 
@@ -44,11 +69,50 @@ class PrefillExecutor(Protocol):
         """The DAG of a prompt of `n_chunks` chunks (cached per count)."""
         ...
 
+    def start(self, dag: CompiledDag, run: NodeFn) -> PlanRun:
+        """A run of `dag` that calls run(v) for every node as it is stepped."""
+        ...
+
     def execute(self, dag: CompiledDag, run: NodeFn) -> Schedule:
         """Call run(v) for every node; return when all are done, with what ran when."""
         ...
 
     def close(self) -> None: ...
+
+
+class SerialRun:
+    """Nodes in id order on the calling thread, `step` by `step`."""
+
+    def __init__(self, name: str, dag: CompiledDag, run: NodeFn):
+        self.name, self.dag, self.run, self.next = name, dag, run, 0
+        self.start_us, self.end_us = [0.0] * dag.n_nodes, [0.0] * dag.n_nodes
+        self.t_origin: float | None = None
+
+    def step(self, budget_s: float | None, contended: Callable[[], bool] | None = None) -> bool:
+        clock, n = time.perf_counter, self.dag.n_nodes
+        if self.t_origin is None:
+            self.t_origin = clock()
+        deadline = None if budget_s is None else clock() + budget_s
+        while self.next < n:
+            v, t0 = self.next, clock()
+            self.run(v)
+            t1 = clock()
+            self.start_us[v], self.end_us[v] = (t0 - self.t_origin) * 1e6, (t1 - self.t_origin) * 1e6
+            self.next += 1
+            if deadline is not None and t1 >= deadline:
+                if contended is None or contended():
+                    break
+                deadline = t1 + budget_s  # nobody waits: run on, without a pause
+        return self.next == n
+
+    @property
+    def n_done(self) -> int:
+        return self.next
+
+    def schedule(self) -> Schedule:
+        if self.next != self.dag.n_nodes:
+            raise ConfigError(f"the plan ran {self.next} of {self.dag.n_nodes} subgraphs: no schedule yet")
+        return Schedule.of_run(self.name, self.dag, self.start_us, self.end_us, decision_us=0.0)
 
 
 class SerialExecutor:
@@ -64,15 +128,13 @@ class SerialExecutor:
             dag = self._dags[n_chunks] = compile_graph(build_dag(n_chunks, self.placement, self.n_layers), 0)
         return dag
 
+    def start(self, dag: CompiledDag, run: NodeFn) -> SerialRun:
+        return SerialRun("serial", dag, run)
+
     def execute(self, dag: CompiledDag, run: NodeFn) -> Schedule:
-        clock, n = time.perf_counter, dag.n_nodes
-        start, end = [0.0] * n, [0.0] * n
-        t_origin = clock()
-        for v in range(n):
-            t0 = clock()
-            run(v)
-            start[v], end[v] = (t0 - t_origin) * 1e6, (clock() - t_origin) * 1e6
-        return Schedule.of_run("serial", dag, start, end, decision_us=0.0)
+        r = self.start(dag, run)
+        r.step(None)
+        return r.schedule()
 
     def close(self) -> None:
         pass
@@ -147,9 +209,9 @@ class ChunkBuffers:
 class PrefillJob:
     """The state of one prefill in flight; `run(i, layer, kind)` executes subgraph G[i][layer·3 + kind]."""
 
-    def __init__(self, runtime: "Runtime", plan: PrefillPlan, cache: KVCache):
+    def __init__(self, runtime: "Runtime", plan: PrefillPlan, cache: KVCache, buffers: ChunkBuffers | None = None):
         rt = self.runtime = runtime
-        self.plan, self.cache, self.bufs = plan, cache, rt.buffers
+        self.plan, self.cache, self.bufs = plan, cache, buffers or rt.buffers
         self.bufs.ensure(len(plan.chunks))
         self.h: list[torch.Tensor] = []  # per chunk: the current residual stream [C, hidden]
         for c in plan.chunks:
@@ -203,8 +265,9 @@ class Runtime:
             local=(rope.local_cos, rope.local_sin) if rope.local_cos is not None else None,
             qk_norms=[(lw.q_norm, lw.k_norm) for lw in layers] if self.cfg.qk_norm else None,
             pool=self.execution.ort_pool)
-        self.buffers = ChunkBuffers(model, chunk)
-        self._busy = threading.Lock()  # the buffers serve one prefill at a time (callers may be threads)
+        self.buffers = ChunkBuffers(model, chunk)  # what a lone prefill uses (first in the pool)
+        self._spare = [self.buffers]  # free buffer sets: a plan in flight holds one until it ends
+        self._busy = threading.Lock()  # one slice of one prefill at a time (callers may be threads)
         self._owned: dict[str, Closeable] = {}
 
     def owned(self, name: str, make: Callable[[], C]) -> C:
@@ -243,12 +306,20 @@ class Runtime:
         return PrefillPlan(ids, start, chunks, self.executor.compile(len(chunks)))
 
     @torch.inference_mode()
-    def execute(self, plan: PrefillPlan, cache: KVCache) -> tuple[PrefillJob, Schedule]:
-        """Run every subgraph of `plan`, writing K/V into `cache` (whose length is not yet advanced)."""
-        job = PrefillJob(self, plan, cache)
+    def start(self, plan: PrefillPlan, cache: KVCache, buffers: ChunkBuffers | None = None
+              ) -> tuple[PrefillJob, PlanRun]:
+        """The job of `plan` (its embeddings looked up) and its executor run, not yet stepped."""
+        job = PrefillJob(self, plan, cache, buffers)
         dag = plan.dag
         info = [dag.node_info(v) for v in range(dag.n_nodes)]
-        return job, self.executor.execute(dag, lambda v: job.run(*info[v]))
+        return job, self.executor.start(dag, lambda v: job.run(*info[v]))
+
+    def execute(self, plan: PrefillPlan, cache: KVCache) -> tuple[PrefillJob, Schedule]:
+        """Run every subgraph of `plan`, writing K/V into `cache` (whose length is not yet advanced)."""
+        job, run = self.start(plan, cache)
+        with torch.inference_mode():
+            run.step(None)
+        return job, run.schedule()
 
     def commit(self, job: PrefillJob, schedule: Schedule, t0: float) -> PrefillResult:
         """The last real token's logits; only now the cache's length grows (a failed prefill leaves it)."""
@@ -256,19 +327,37 @@ class Runtime:
         last = plan.chunks[-1]
         logits = ref.logits(self.cfg, self.model.weights, job.h[-1][last.n_valid - 1])
         n = plan.ids.numel()
-        cache.length = plan.start + n
+        if cache.length != plan.start:
+            raise ConfigError(f"the cache moved during the prefill: {cache.length} positions, the plan started at "
+                              f"{plan.start}")
+        cache.advance(n)
         dag = plan.dag
         chunk_ms = tuple(max(schedule.end_us[i * dag.per_chunk: (i + 1) * dag.per_chunk]) / 1e3
                          for i in range(len(plan.chunks)))
         return PrefillResult(cache, logits, n, plan.start, chunk_ms, (time.perf_counter() - t0) * 1e3, schedule)
 
-    @torch.inference_mode()
     def prefill(self, ids: Sequence[int] | torch.Tensor, cache: KVCache | None = None) -> PrefillResult:
         """Prefill `ids`, continuing `cache` at position P = cache.length if given (the next turn).
 
         The cache is extended in place (the returned result holds that same cache): to keep the earlier
         state, pass `cache.fork()`.
         """
+        steps = self.prefill_steps(ids, cache, slice_s=None)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def prefill_steps(self, ids: Sequence[int] | torch.Tensor, cache: KVCache | None = None,
+                      slice_s: float | None = 0.1, contended: Callable[[], bool] | None = None
+                      ) -> Generator[int, None, PrefillResult]:
+        """`prefill` as one plan run in slices of about `slice_s` seconds: yields between slices (nothing of
+        this plan runs then) the tokens still to prefill (in proportion to the subgraphs left), returns the
+        PrefillResult. Closing it early leaves `cache` as it was. `contended`: asked when a slice's time is
+        up; while it says no one else waits, the plan runs on without pausing (a lone request's prefill is
+        one uninterrupted run, as `prefill`'s).
+        The result's times are wall times from the first slice, the gaps between slices included."""
         if cache is not None:
             check_cache(cache, self.cfg)
         start = cache.length if cache is not None else 0
@@ -276,7 +365,20 @@ class Runtime:
         if cache is None:
             cache = self.new_cache()
         cache.reserve(plan.ids.numel())
-        with self._busy, torch_threads(self.execution.lane_threads):  # restored after (`threads.torch_threads`)
+        with self._busy:
+            bufs = self._spare.pop() if self._spare else ChunkBuffers(self.model, self.chunk)
+        try:
             t0 = time.perf_counter()
-            job, schedule = self.execute(plan, cache)
-            return self.commit(job, schedule, t0)
+            with self._busy, torch.inference_mode(), torch_threads(self.execution.lane_threads):
+                job, run = self.start(plan, cache, bufs)
+                done = run.step(slice_s, contended)
+            n, total = plan.ids.numel(), plan.dag.n_nodes
+            while not done:
+                yield max(1, round(n * (total - run.n_done) / total))
+                with self._busy, torch.inference_mode(), torch_threads(self.execution.lane_threads):
+                    done = run.step(slice_s, contended)
+            with torch.inference_mode():
+                return self.commit(job, run.schedule(), t0)
+        finally:
+            with self._busy:
+                self._spare.append(bufs)

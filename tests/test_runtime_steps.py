@@ -64,3 +64,65 @@ def test_concurrent_prefills_share_buffers_safely(tiny_model) -> None:
     for t in threads:
         t.join()
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def _drive(steps) -> object:
+    n = 0
+    while True:
+        try:
+            next(steps)
+            n += 1
+        except StopIteration as done:
+            return done.value, n
+
+
+@pytest.mark.parametrize("ooo", [False, True])
+def test_a_plan_stepped_in_slices_equals_one_run(tiny_model, ooo: bool) -> None:
+    """prefill_steps with a tiny slice yields between waves and still writes the same K/V and logits; two
+    plans interleaved slice by slice (each with its own buffers) both stay exact."""
+    from hetero.sched.executor import OutOfOrderExecutor
+
+    ex = OutOfOrderExecutor(tiny_model.config.n_layers, 16, "rank") if ooo else None
+    rt = Runtime(tiny_model, chunk=16, executor=ex)
+    a, b = torch.arange(70) * 7 % 256, torch.arange(45) * 5 % 256
+    want_a, want_b = rt.prefill(a), rt.prefill(b)
+    got, slices = _drive(rt.prefill_steps(a, slice_s=0.0))
+    assert slices >= 2  # resumed between waves, not run in one go
+    assert torch.equal(got.logits, want_a.logits) and got.cache.length == 70
+    assert torch.equal(got.cache.k[:, :, :70], want_a.cache.k[:, :, :70])
+    check_schedule(got.schedule)
+    ga, gb = rt.prefill_steps(a, slice_s=0.0), rt.prefill_steps(b, slice_s=0.0)
+    out: dict = {}
+    while len(out) < 2:
+        for name, g in (("a", ga), ("b", gb)):
+            if name in out:
+                continue
+            try:
+                next(g)
+            except StopIteration as done:
+                out[name] = done.value
+    assert torch.equal(out["a"].logits, want_a.logits) and torch.equal(out["b"].logits, want_b.logits)
+    rt.close()
+
+
+def test_a_closed_plan_leaves_the_cache(tiny_model) -> None:
+    rt = Runtime(tiny_model, chunk=16)
+    first = rt.prefill(torch.arange(20) % 256)
+    steps = rt.prefill_steps(torch.arange(50) % 256, cache=first.cache, slice_s=0.0)
+    next(steps)
+    steps.close()
+    assert first.cache.length == 20
+    again = rt.prefill(torch.arange(50) % 256, cache=first.cache)
+    assert again.start == 20 and again.cache.length == 70
+
+
+def test_an_uncontended_plan_runs_without_pausing(tiny_model) -> None:
+    rt = Runtime(tiny_model, chunk=16)
+    asked: list[bool] = []
+
+    def contended() -> bool:
+        asked.append(True)
+        return False
+
+    got, slices = _drive(rt.prefill_steps(torch.arange(70) % 256, slice_s=0.0, contended=contended))
+    assert slices == 0 and asked and torch.equal(got.logits, rt.prefill(torch.arange(70) % 256).logits)

@@ -13,9 +13,15 @@
 3. Context-switch latency by restore path (in RAM, compressed, swap-in, recompute, pipelined).
 4. Accuracy cost of KV compression: teacher-forced top-1 agreement and perplexity on held-out text.
 5. RSS of a `hetero serve` subprocess over `--rss-requests` requests from 8 concurrent clients.
+6. Cold TTFT (`ttft`): a cold `--ttft-tokens` prompt's time to first token at the server vs `hetero run`'s
+   prefill of the same prompt (a subprocess per repeat, as a user runs it), same method and C, interleaved.
 
-    python bench/service.py            # writes bench/results/service.{json,md}
-    python bench/service.py --quick    # a few minutes: 2 + 4 conversations, phases 1 and 2, in the temp dir
+Every phase runs `--method` (default: the default method, at C = 256 as it ships; float at C = 64, the
+exact reference).
+
+    python bench/service.py                   # the default method: bench/results/service.{json,md}
+    python bench/service.py --method float    # bench/results/service_float.{json,md}
+    python bench/service.py --quick           # a few minutes: 2 + 4 conversations, phases 1 and 2, in the temp dir
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import hetero
 from hetero.paths import atomic_path
 from hetero.serve import Service, StoreConfig
 from hetero.serve.server import BackgroundServer, free_port
+from hetero.threads import set_torch_threads
 
 HELP = "`hetero serve` under a multi-turn chat workload: reuse vs re-prefill, K/V budgets, restore paths, RSS"
 ROOT = Path(__file__).resolve().parents[2]  # the repository: bench/results/, and PYTHONPATH of the served child
@@ -64,14 +71,26 @@ def conversations(n: int, turns: int, chars: int) -> list[list[str]]:
     return [[f"Passage:\n{ps[(c * turns + t) % len(ps)]}\n\n{QUESTION}" for t in range(turns)] for c in range(n)]
 
 
+_RUNTIMES: dict[tuple, hetero.Runtime] = {}
+
+
+def runtime_of(model: hetero.Model, args: argparse.Namespace) -> hetero.Runtime:
+    """The method's runtime, built once and shared by the endpoints (they run one after another)."""
+    from hetero.methods import make_runtime
+
+    key = (model.fingerprint, args.method, args.chunk, args.threads)
+    if key not in _RUNTIMES:
+        _RUNTIMES[key] = make_runtime(model, args.method, chunk=args.chunk, threads=args.threads)
+    return _RUNTIMES[key]
+
+
 class Endpoint:
     """A `Service` with a given store behind a real HTTP server in this process, and an `openai` client."""
 
     def __init__(self, model: hetero.Model, store: StoreConfig, args: argparse.Namespace, clients: int = 1):
         from openai import OpenAI
 
-        self.service = Service(hetero.Runtime(model, chunk=args.chunk), store, max_active=clients,
-                               max_queue=4 * clients)
+        self.service = Service(runtime_of(model, args), store, max_active=clients, max_queue=4 * clients)
         self.server = BackgroundServer(self.service, free_port())
         self.client = OpenAI(base_url=self.server.url + "/v1", api_key="unused", timeout=1800, max_retries=0)
         self.turn([{"role": "user", "content": "Hello."}], 2)  # warm-up: first-call costs out of turn 1
@@ -80,7 +99,8 @@ class Endpoint:
         """One streamed chat request: TTFT at the client and the server's own account from the usage."""
         t0 = time.perf_counter()
         ttft, pieces, usage = None, [], None
-        for chunk in self.client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens,
+        for chunk in self.client.chat.completions.create(model=self.service.model_name, messages=messages,
+                                                         max_tokens=max_tokens,
                                                          stream=True, stream_options={"include_usage": True}):
             if chunk.choices and chunk.choices[0].delta.content:
                 ttft = ttft or time.perf_counter() - t0
@@ -229,7 +249,7 @@ def restore_paths(model: hetero.Model, text_ids: list[int], args: argparse.Names
     from hetero.serve.restore import CostModel, restore
     from hetero.serve.store import ChunkStore
 
-    rt = hetero.Runtime(model, chunk=args.chunk)
+    rt = runtime_of(model, args)
     ids = text_ids[: args.switch_tokens]
     out, cost = {}, CostModel()
     for path in ("ram", "compressed", "swap", "recompute", "pipelined"):
@@ -269,7 +289,6 @@ def restore_paths(model: hetero.Model, text_ids: list[int], args: argparse.Names
 def compression_accuracy(model: hetero.Model, text_ids: list[int], args: argparse.Namespace) -> dict:
     """Teacher-forced next tokens after a prefix whose K/V blocks are stored at each level."""
     from hetero.serve.quant import compress, dequantize
-    from hetero.serve.store import read_span, write_span
 
     rt = hetero.Runtime(model, chunk=args.chunk)
     step = hetero.Runtime(model, chunk=1)
@@ -279,7 +298,7 @@ def compression_accuracy(model: hetero.Model, text_ids: list[int], args: argpars
     results, ref_top = {}, None
     for level, tol in (("float", None), ("int8", 0.0), ("auto", args.tolerance), ("int4", float("inf"))):
         cache = rt.new_cache(base.capacity)
-        k, v = read_span(base, 0, len(prefix))
+        k, v = base.read_span(0, len(prefix))
         errors, levels = [], []
         for a in range(0, len(prefix), 16):
             kb, vb = k[:, :, a : a + 16], v[:, :, a : a + 16]
@@ -288,11 +307,10 @@ def compression_accuracy(model: hetero.Model, text_ids: list[int], args: argpars
                 kb, vb = dequantize(qk), dequantize(qv)
                 errors.append(err)
                 levels.append(qk.level)
-            write_span(cache, a, kb, vb)
-        cache.length = len(prefix)
+            cache.write_span(a, kb, vb)
         nll, top = 0.0, []
         with torch.inference_mode():
-            cache.length = len(prefix) - 1  # re-run the last prefix token to get its logits over this cache
+            cache.truncate(len(prefix) - 1)  # re-run the last prefix token to get its logits over this cache
             logits = step.prefill(prefix[-1:], cache=cache).logits
             for tok in cont:
                 nll -= float(torch.log_softmax(logits, -1)[tok])
@@ -339,8 +357,8 @@ def rss_run(args: argparse.Namespace, convs: list[list[str]]) -> dict:
 
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "hetero", "serve", "--method", "float", "--chunk", str(args.chunk), "--port", str(port),
-           "--kv-budget", "8M", "--max-active", "8", "--max-queue", "64"]
+    cmd = [sys.executable, "-m", "hetero", "serve", "--method", args.method, "--chunk", str(args.chunk), "--port",
+           str(port), "--kv-budget", "8M", "--max-active", "8", "--max-queue", "64", "--state-dir", "none"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         proc.stdout.readline()  # "hetero: serving ..."
@@ -354,13 +372,14 @@ def rss_run(args: argparse.Namespace, convs: list[list[str]]) -> dict:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+        served = client.models.list().data[0].id
         ps = psutil.Process(proc.pid)
         lock, done, samples = threading.Lock(), [0], []
         texts = [t[:200] for c in convs for t in c]
 
         def one(i: int) -> None:
             msgs = [{"role": "user", "content": texts[i % len(texts)]}]
-            client.chat.completions.create(model="m", messages=msgs, max_tokens=4)
+            client.chat.completions.create(model=served, messages=msgs, max_tokens=4)
             with lock:
                 done[0] += 1
                 if done[0] % 10 == 0:
@@ -377,6 +396,81 @@ def rss_run(args: argparse.Namespace, convs: list[list[str]]) -> dict:
     finally:
         proc.terminate()  # SIGTERM: the clean shutdown path
         proc.wait(60)
+
+
+def prompt_of_tokens(model: hetero.Model, text: str, n: int) -> str:
+    """The longest prefix of `text` (cut at a word) that the tokenizer makes at most `n` tokens (raw, as
+    `hetero run --raw` and a completion request encode it)."""
+    words = text.split()
+    lo, hi = 1, len(words)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(model.tokenizer(" ".join(words[:mid]))["input_ids"]) <= n:
+            lo = mid
+        else:
+            hi = mid - 1
+    return " ".join(words[:lo])
+
+
+def cold_ttft(model: hetero.Model, args: argparse.Namespace) -> dict:
+    """Phase 6: a cold prompt's TTFT at the server vs `hetero run`'s prefill (same method, C and prompt).
+
+    The server (in this process, its engine thread) gets a warm-up chat first (as `hetero run` warms up
+    with one chunk), then one distinct prompt per repeat as a completion with max_tokens 1, its prefix cache
+    flushed first (cold: not even a shared first token is reused); its TTFT is the reply's own account
+    (submission to first token: prefill, lm_head, first token), and the client's (HTTP and tokenization
+    included). `hetero run --raw -n 1 --json` runs beside each server request, before it on even repeats and
+    after it on odd ones, so both see the same load."""
+    from openai import OpenAI
+
+    ps = passages(args.ttft_tokens * 6)
+    prompts = [prompt_of_tokens(model, ps[i], args.ttft_tokens) for i in range(args.repeats)]
+    ep = Endpoint(model, StoreConfig(), args)
+    client = OpenAI(base_url=ep.server.url + "/v1", api_key="unused", timeout=600, max_retries=0)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    rows = []
+    try:
+        for i, prompt in enumerate(prompts):
+            with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+                f.write(prompt)
+            cmd = [sys.executable, "-m", "hetero", "run", "--raw", "-f", f.name, "-n", "1", "--json", "--method",
+                   args.method, "--chunk", str(args.chunk)] + (["--threads", str(args.threads)] if args.threads else [])
+
+            def hetero_run() -> dict:
+                return json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)
+
+            run = hetero_run() if i % 2 == 0 else None
+            ep.service.flush()
+            t0 = time.perf_counter()
+            r = client.completions.create(model=ep.service.model_name, prompt=prompt, max_tokens=1)
+            client_ms = (time.perf_counter() - t0) * 1e3
+            run = run or hetero_run()
+            os.unlink(f.name)
+            h = r.usage.model_extra["hetero"]
+            assert r.usage.prompt_tokens == run["prompt_tokens"] and r.usage.prompt_tokens_details.cached_tokens == 0
+            rows.append({"prompt_tokens": r.usage.prompt_tokens, "run_prefill_ms": run["prefill_ms"],
+                         "server_ttft_ms": h["ttft_ms"], "server_prefill_ms": h["prefill_ms"],
+                         "server_queue_ms": h["queue_ms"], "client_ms": round(client_ms, 1)})
+            print("ttft:", json.dumps(rows[-1]), flush=True)
+    finally:
+        ep.close()
+        ep.server.stop()
+    med = {k: round(statistics.median(r[k] for r in rows), 1) for k in rows[0] if k != "prompt_tokens"}
+    paired = statistics.median(r["server_ttft_ms"] / r["run_prefill_ms"] for r in rows)
+    return {"method": args.method, "chunk": args.chunk, "prompt_tokens": rows[0]["prompt_tokens"], "rows": rows,
+            "median": med, "server_ttft_over_run_prefill": round(med["server_ttft_ms"] / med["run_prefill_ms"], 3),
+            "paired_median_ratio": round(paired, 3), "cpu": _cpu()}
+
+
+def _cpu() -> str:
+    """The CPU model and the ISA flags that matter for INT8 (lscpu)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    name = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "?")
+    flags = next((ln.split(":", 1)[1].split() for ln in out.splitlines() if ln.startswith("Flags")), [])
+    return f"{name} ({', '.join(f for f in ('avx512_vnni', 'avx512_bf16', 'amx_tile') if f in flags) or 'no VNNI/AMX'})"
 
 
 def ttft_tables(configs: dict, n: int) -> list[str]:
@@ -403,7 +497,9 @@ def write_md(r: dict, path: Path) -> None:
     """The committed summary table of a run (`--md-only` rewrites it from the JSON)."""
     a = r["args"]
     lines = ["# `hetero serve`: multi-turn chat workload (bench/service.py)", "",
-             f"Model {r.get('model')}, float runtime (exact reference), C={a.get('chunk')}, {a.get('turns')} turns "
+             f"Model {r.get('model')}, method {a.get('method', 'float')}"
+             f"{' (the exact reference)' if a.get('method', 'float') == 'float' else ''}, C={a.get('chunk')}, "
+             f"{a.get('turns')} turns "
              f"per conversation, each a passage of ~{a.get('turn_chars')} characters and a question; "
              f"{a.get('max_tokens')} tokens a reply, through the `openai` client (streaming). torch threads "
              f"{r.get('torch_threads')} on {r.get('cpus')} CPUs. Load average (1/5/15 min) before/after: "
@@ -442,6 +538,22 @@ def write_md(r: dict, path: Path) -> None:
                   f"conversations (all fit): {c['kv_bytes_all_fit'] / 2**20:.1f} MiB. Prompt tokens served per "
                   "second: " + ", ".join(f"{k} {v['prompt_tokens_per_s']}" for k, v in c["configs"].items()) + ".", ""]
         lines += ttft_tables(c["configs"], int(a.get("turns")))
+    if "cold_ttft" in r:
+        t = r["cold_ttft"]
+        m = t["median"]
+        lines += [f"## Cold prompt: TTFT at the server vs `hetero run`'s prefill ({t['prompt_tokens']} tokens, "
+                  f"{t['method']}, C={t['chunk']}, median of {len(t['rows'])} interleaved repeats)", "",
+                  f"Server TTFT / `hetero run` prefill: **{t['server_ttft_over_run_prefill']}** (ratio of medians; "
+                  f"median of the paired ratios {t.get('paired_median_ratio')}), on {t.get('cpu')}. The server prefills "
+                  "the prompt as one plan through the out-of-order executor, stepped in slices (between which "
+                  "the engine serves other requests).", "",
+                  "| `hetero run` prefill ms | server TTFT ms | server prefill ms | server queue ms | client ms |",
+                  "|---:|---:|---:|---:|---:|",
+                  f"| {m['run_prefill_ms']} | {m['server_ttft_ms']} | {m['server_prefill_ms']} | {m['server_queue_ms']} "
+                  f"| {m['client_ms']} |", "",
+                  "Per repeat, `hetero run` prefill / server TTFT (ms): " + ", ".join(
+                      f"{r['run_prefill_ms']:.0f} / {r['server_ttft_ms']:.0f}" for r in t["rows"]) +
+                  ". A shared machine: the spread is other processes' load, which both sides see alike.", ""]
     if "switch_latency" in r:
         s = r["switch_latency"]
         lines += [f"## Context-switch latency by restore path ({r['args'].get('switch_tokens')} tokens, median ms)", "",
@@ -487,7 +599,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--turn-chars", type=int, default=1000, help="characters of a turn's passage (~4 a token)")
     p.add_argument("--clients", type=int, default=4)
-    p.add_argument("--chunk", type=int, default=64)
+    p.add_argument("--method", default=None, help="the method served (default: the default method)")
+    p.add_argument("--chunk", type=int, default=None, help="C (default: 256, as it ships; 64 for float)")
+    p.add_argument("--ttft-tokens", type=int, default=1024, help="the cold prompt of the ttft phase")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--budgets", default="0.1", help="fractions of the all-fits K/V bytes (lossless tiers)")
@@ -501,7 +615,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-tokens", type=int, default=64)
     p.add_argument("--rss-requests", type=int, default=200)
     p.add_argument("--rss-warmup", type=int, default=40)
-    p.add_argument("--phases", default="sequential,concurrent,exactness,switch,accuracy,rss")
+    p.add_argument("--phases", default="sequential,concurrent,exactness,switch,accuracy,rss,ttft")
     p.add_argument("--quick", action="store_true",
                    help="2 sequential + 4 concurrent conversations (no concurrent re-prefill), phases 1-2, results in the "
                         "temp dir")
@@ -510,16 +624,22 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hetero.methods import DEFAULT_METHOD
+
+    args.method = args.method or DEFAULT_METHOD
+    if args.chunk is None:
+        args.chunk = 64 if args.method == "float" else 256
     if args.quick:
         args.conversations, args.ratio_conversations, args.baseline_conversations = 4, 2, 0
         args.phases = "sequential,concurrent"
     if args.out is None:
-        args.out = Path(tempfile.gettempdir()) / "service_quick" if args.quick else ROOT / "bench" / "results" / "service"
+        name = "service" if args.method == DEFAULT_METHOD else f"service_{args.method}"
+        args.out = Path(tempfile.gettempdir()) / f"{name}_quick" if args.quick else ROOT / "bench" / "results" / name
     if args.md_only:
         write_md(json.loads(args.out.with_suffix(".json").read_text()), args.out.with_suffix(".md"))
         return 0
     if args.threads is not None:
-        torch.set_num_threads(args.threads)
+        set_torch_threads(args.threads)
     phases = set(args.phases.split(","))
     model = hetero.load_model()
     text_ids = model.tokenizer((DATA / "austen_emma.txt").read_text()[20000:40000])["input_ids"]
@@ -541,6 +661,8 @@ def run(args: argparse.Namespace) -> int:
         result["compression_accuracy"] = compression_accuracy(model, text_ids, args)
     if "rss" in phases:
         result["rss"] = rss_run(args, convs)
+    if "ttft" in phases:
+        result["cold_ttft"] = cold_ttft(model, args)
     result["load_after"] = os.getloadavg()
     json_path = args.out.with_suffix(".json")
     prev = json.loads(json_path.read_text()) if json_path.exists() else {}

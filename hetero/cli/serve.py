@@ -1,9 +1,11 @@
-"""`hetero serve`: the OpenAI-compatible service (`hetero.serve`) on 127.0.0.1."""
+"""`hetero serve`: the OpenAI-compatible service (`hetero.serve`), on 127.0.0.1 unless --host says otherwise."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,17 @@ def parse_bytes(text: str, name: str = "--kv-budget") -> int | None:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API on 127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="TCP port on 127.0.0.1 (default 8000; 0 = any free port)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = any free port)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; another one prints a warning)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="another name clients may use in the Host header (e.g. a reverse proxy's; repeatable)")
+    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' (repeatable: each key owns its contexts); "
+                        "default: $HETERO_API_KEY if set, else no key")
+    p.add_argument("--state-dir", default=None,
+                   help="where contexts are saved on shutdown and restored at start (default: in the cache, per "
+                        "model and method; 'none': not saved)")
     add_model_arg(p)
     add_method_arg(p)
     p.add_argument("--chunk", type=positive_int, default=256, help="prefill chunk length C (default 256)")
@@ -37,7 +49,9 @@ def register(sub: Any) -> None:
     p.add_argument("--kv-tolerance", type=float, default=0.1, help="attention-output error allowed for INT4 (default 0.1)")
     p.add_argument("--kv-reserve", type=float, default=0.1, help="fraction of the budget kept free ahead of time")
     p.add_argument("--no-kv-disk", dest="kv_disk", action="store_false", help="never swap to disk (drop + recompute)")
-    p.add_argument("--kv-disk-budget", default="4G", help="disk for swapped K/V; beyond it blocks are dropped (default 4G)")
+    p.add_argument("--kv-disk-budget", default="auto",
+                   help="disk for swapped K/V, e.g. 2G; beyond it blocks are dropped and recomputed (default auto: "
+                        "a quarter of the free space in --kv-dir, at most 16G)")
     p.add_argument("--kv-dir", type=Path, default=None, help="where the private swap directory goes (default: temp)")
     p.add_argument("--kv-restore", choices=("auto", "swap", "recompute"), default="auto",
                    help="restoring a swapped block: the cheaper per block, pipelined (auto), or always one way")
@@ -50,20 +64,35 @@ def register(sub: Any) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from hetero.loader import load_model
     from hetero.methods import make_service
-    from hetero.serve.server import serve
+    from hetero.serve import persist
+    from hetero.serve.disk import default_disk_budget
+    from hetero.serve.server import exposure_warning, serve
     from hetero.serve.store import StoreConfig
 
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
+    keys = tuple(args.api_key or ([os.environ["HETERO_API_KEY"]] if os.environ.get("HETERO_API_KEY") else []))
+    if any(not k.strip() or any(c.isspace() for c in k) for k in keys):
+        raise ConfigError("--api-key must be a non-empty key without spaces")
+    disk_budget = (default_disk_budget(args.kv_dir) if args.kv_disk_budget.strip().lower() == "auto"
+                   else parse_bytes(args.kv_disk_budget, "--kv-disk-budget"))
     store = StoreConfig(block=args.kv_block, budget_bytes=parse_bytes(args.kv_budget), reserve=args.kv_reserve,
                         compress=args.kv_compress, tolerance=args.kv_tolerance, disk=args.kv_disk,
-                        disk_budget_bytes=parse_bytes(args.kv_disk_budget, "--kv-disk-budget"), kv_dir=args.kv_dir,
-                        restore=args.kv_restore)
+                        disk_budget_bytes=disk_budget, kv_dir=args.kv_dir, restore=args.kv_restore)
     model = load_model(args.model)
+    state_key = {"model": model.fingerprint, "method": args.method}
+    state_dir = None if (args.state_dir or "").lower() == "none" else \
+        Path(args.state_dir) if args.state_dir else persist.default_folder(model.fingerprint, args.method)
+    warning = exposure_warning(args.host, keys)
+    if warning:
+        print(f"hetero: warning: {warning}", file=sys.stderr, flush=True)
     service = make_service(model, args.method, args.chunk, args.threads, store,
                            max_contexts_per_client=args.max_contexts_per_client, max_active=args.max_active,
-                           max_queue=args.max_queue)
-    print(f"hetero: serving {service.model_name} ({args.method}, C={args.chunk}) on http://127.0.0.1:{args.port}/v1",
+                           max_queue=args.max_queue, state_dir=state_dir, state_key=state_key)
+    service.warm_up()  # the first request's TTFT is then a prefill's, as `hetero run` times it
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"hetero: serving {service.model_name} ({args.method}, C={args.chunk}) on http://{shown}:{args.port}/v1"
+          f"{' (API key required)' if keys else ''}; contexts saved in {state_dir or 'nowhere (--state-dir none)'}",
           flush=True)
-    serve(service, args.port)
+    serve(service, args.port, host=args.host, api_keys=keys, allow_hosts=tuple(args.allow_host))
     return 0

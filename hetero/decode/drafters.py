@@ -168,7 +168,7 @@ class ModelDrafter:
         else:
             for t in missing:
                 self.step.forward(self.cache, TokenTree([t], [-1]), rows=[])
-                self.cache.length += 1
+                self.cache.advance(1)
         self.cached = list(want)
 
     def draft(self, context: list[int], depth: int, size: int) -> TokenTree:
@@ -178,7 +178,7 @@ class ModelDrafter:
         base = self.cache.length
         for i in range(min(depth, size - 1)):
             logits = self.step.forward(self.cache, TokenTree([tokens[node]], [-1]), slot=base + i)
-            self.cache.length = base + i + 1
+            self.cache.advance(1)
             self.cached.append(tokens[node])
             p = torch.softmax(logits[0].float(), -1)
             top = torch.topk(p, 2)

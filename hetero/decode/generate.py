@@ -165,9 +165,7 @@ class Decoding:
                 break
             node = kids[idx]
             path.append(node)
-        start = self.cache.length
-        self.cache.keep_rows(start, path)
-        self.cache.length = start + len(path)
+        self.cache.accept_path(path)
         n_drafted = len(tree) - 1
         self.drafted += max(tree.depth)
         self.accepted += len(path) - 1

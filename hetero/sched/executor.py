@@ -3,7 +3,9 @@
 The calling thread asks the policy for a node for every idle lane, hands it to that lane's worker and
 releases successors on completion (Eq. 2-3); a lane runs one subgraph at a time (Eq. 4). When a node
 raises, the running ones finish and `ScheduleError` names it; workers survive for the next prefill.
-`OutOfOrderExecutor` is the runtime's `PrefillExecutor` built on this.
+A run (`LaneRun`) can be stepped in slices: when a slice's time is up it dispatches nothing more, waits
+for the running subgraphs (a wave boundary) and returns; the next step resumes with the same policy
+state. `OutOfOrderExecutor` is the runtime's `PrefillExecutor` built on this.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from hetero.sched.policy import POLICIES, Dispatcher, PolicyFactory
 from hetero.sched.learned import CostLearner, learned_path
 from hetero.sched.profile import Profile
 from hetero.sched.measure import host_profile
-from hetero.runtime import SerialExecutor
+from hetero.runtime import SerialRun
 from hetero.schedule import Schedule
 from hetero.threads import set_torch_threads, torch_threads
 
@@ -96,6 +98,14 @@ class LaneWorkers:
         `work` is one callable for all lanes or a mapping lane -> callable. `timeout_s` bounds the wait
         for any single completion (None: wait forever).
         """
+        run = self.start(dag, policy, work, seed, timeout_s)
+        run.step(None)
+        return run.schedule()
+
+    def start(self, dag: CompiledDag, policy: str | PolicyFactory, work: NodeFn | Mapping[str, NodeFn],
+              seed: int = 0, timeout_s: float | None = None,
+              on_finish: Callable[[Schedule], None] | None = None) -> "LaneRun":
+        """A run of `dag` to be stepped (`LaneRun.step`); `on_finish` gets its Schedule when it is done."""
         if self._closed:
             raise ScheduleError("executor is closed")
         missing = [ln for ln in dag.lanes if ln not in self._inbox]
@@ -108,55 +118,7 @@ class LaneWorkers:
             fns = [work[ln] for ln in dag.lanes]
         else:
             fns = [work] * len(dag.lanes)
-        with self._lock:
-            return self._run(dag, policy, fns, seed, timeout_s)
-
-    def _run(self, dag: CompiledDag, policy: str | PolicyFactory, fns: list[NodeFn], seed: int,
-             timeout_s: float | None) -> Schedule:
-        clock_ns = time.perf_counter_ns
-        run_id = next(self._run_ids)
-        inboxes = [self._inbox[ln] for ln in dag.lanes]
-        n, n_lanes, lane_of = dag.n_nodes, len(dag.lanes), dag.lane
-        t0 = clock_ns()
-        disp = Dispatcher(dag, policy, seed)
-        sched_ns = clock_ns() - t0
-        start, end = [0.0] * n, [0.0] * n
-        idle = [True] * n_lanes
-        in_flight = 0
-        failed: tuple[int, BaseException] | None = None
-        t_origin = time.perf_counter()
-        while True:
-            if failed is None:
-                t0 = clock_ns()
-                started = disp.fill(idle)
-                for ln, v in started:  # alone: every other lane idle, so its cores are free for this one
-                    in_flight += 1
-                    inboxes[ln].put((run_id, v, fns[ln], in_flight == 1 and len(started) == 1))
-                sched_ns += clock_ns() - t0
-            if in_flight == 0:
-                break
-            try:
-                rid, v, ts, te, err = self._done.get(timeout=timeout_s)
-            except queue.Empty:
-                raise ScheduleError(f"no subgraph completed within {timeout_s} s ({in_flight} running)") from None
-            if rid != run_id:  # a straggler from an interrupted earlier run
-                continue
-            in_flight -= 1
-            idle[lane_of[v]] = True
-            start[v], end[v] = (ts - t_origin) * 1e6, (te - t_origin) * 1e6
-            if err is not None:
-                if failed is None:
-                    failed = (v, err)
-                continue
-            t0 = clock_ns()
-            disp.complete(v)
-            sched_ns += clock_ns() - t0
-        if failed is not None:
-            v, err = failed
-            raise node_error(dag, v, err) from err
-        if not disp.finished:
-            raise ScheduleError(f"policy {disp.policy.name!r} deadlocked: {n - disp.n_done} of {n} subgraphs never ran")
-        return Schedule.of_run(disp.policy.name, dag, start, end, sched_ns / 1e3 / max(n, 1))
+        return LaneRun(self, dag, policy, fns, seed, timeout_s, on_finish)
 
     def close(self) -> None:
         """Stop and join the workers (each finishes the node it is running first)."""
@@ -175,11 +137,128 @@ class LaneWorkers:
         self.close()
 
 
+class LaneRun:
+    """One DAG on a `LaneWorkers`, advanced by `step`: the policy's state lives across steps."""
+
+    def __init__(self, workers: LaneWorkers, dag: CompiledDag, policy: str | PolicyFactory, fns: list[NodeFn],
+                 seed: int, timeout_s: float | None, on_finish: Callable[[Schedule], None] | None):
+        self.workers, self.dag, self.fns, self.timeout_s, self.on_finish = workers, dag, fns, timeout_s, on_finish
+        self.run_id = next(workers._run_ids)
+        t0 = time.perf_counter_ns()
+        self.disp = Dispatcher(dag, policy, seed)
+        self.sched_ns = time.perf_counter_ns() - t0
+        self.start_us, self.end_us = [0.0] * dag.n_nodes, [0.0] * dag.n_nodes
+        self.t_origin: float | None = None
+        self._schedule: Schedule | None = None
+
+    def step(self, budget_s: float | None, contended: Callable[[], bool] | None = None) -> bool:
+        """Dispatch and collect until every node ran (True) or `budget_s` passed and `contended()` (if given)
+        says someone waits; then drain (False)."""
+        if self._schedule is not None:
+            return True
+        w = self.workers
+        if w._closed:
+            raise ScheduleError("executor is closed")
+        with w._lock:
+            finished = self._step(budget_s, contended)
+        if finished:
+            dag, n = self.dag, self.dag.n_nodes
+            self._schedule = Schedule.of_run(self.disp.policy.name, dag, self.start_us, self.end_us,
+                                             self.sched_ns / 1e3 / max(n, 1))
+            if self.on_finish is not None:
+                self.on_finish(self._schedule)
+        return finished
+
+    def _step(self, budget_s: float | None, contended: Callable[[], bool] | None) -> bool:
+        clock_ns, clock = time.perf_counter_ns, time.perf_counter
+        w, dag, disp, fns, run_id = self.workers, self.dag, self.disp, self.fns, self.run_id
+        inboxes = [w._inbox[ln] for ln in dag.lanes]
+        n, lane_of = dag.n_nodes, dag.lane
+        start, end = self.start_us, self.end_us
+        if self.t_origin is None:
+            self.t_origin = clock()
+        t_origin = self.t_origin
+        deadline = None if budget_s is None else clock() + budget_s
+        idle = [True] * len(dag.lanes)
+        in_flight = 0
+        failed: tuple[int, BaseException] | None = None
+        stopping = False
+        while True:
+            if failed is None and not stopping:
+                t0 = clock_ns()
+                started = disp.fill(idle)
+                for ln, v in started:  # alone: every other lane idle, so its cores are free for this one
+                    in_flight += 1
+                    inboxes[ln].put((run_id, v, fns[ln], in_flight == 1 and len(started) == 1))
+                self.sched_ns += clock_ns() - t0
+            if in_flight == 0:
+                break
+            try:
+                rid, v, ts, te, err = w._done.get(timeout=self.timeout_s)
+            except queue.Empty:
+                raise ScheduleError(f"no subgraph completed within {self.timeout_s} s ({in_flight} running)") from None
+            if rid != run_id:  # a straggler from an interrupted earlier run
+                continue
+            in_flight -= 1
+            idle[lane_of[v]] = True
+            start[v], end[v] = (ts - t_origin) * 1e6, (te - t_origin) * 1e6
+            if err is not None:
+                if failed is None:
+                    failed = (v, err)
+                continue
+            t0 = clock_ns()
+            disp.complete(v)
+            self.sched_ns += clock_ns() - t0
+            if deadline is not None and te >= deadline:
+                if contended is None or contended():
+                    stopping = True  # a wave boundary: let the running ones finish, dispatch nothing new
+                else:
+                    deadline = te + budget_s  # nobody waits: run on without draining the lanes
+        if failed is not None:
+            v, err = failed
+            raise node_error(dag, v, err) from err
+        if disp.finished:
+            return True
+        if stopping:
+            return False
+        raise ScheduleError(f"policy {disp.policy.name!r} deadlocked: {n - disp.n_done} of {n} subgraphs never ran")
+
+    @property
+    def n_done(self) -> int:
+        return self.disp.n_done
+
+    def schedule(self) -> Schedule:
+        if self._schedule is None:
+            raise ScheduleError(f"the run is not finished ({self.disp.n_done} of {self.dag.n_nodes} subgraphs ran)")
+        return self._schedule
+
+
 def execute(dag: CompiledDag, policy: str | PolicyFactory, work: NodeFn | Mapping[str, NodeFn],
             seed: int = 0, sync: Mapping[str, Callable[[], None]] | None = None) -> Schedule:
     """Run `dag` once on fresh lane workers (see `LaneWorkers.run`); for repeated prefills keep a LaneWorkers."""
     with LaneWorkers(dag.lanes, sync=sync) as ex:
         return ex.run(dag, policy, work, seed=seed)
+
+
+class ChainRun(SerialRun):
+    """A one-chunk DAG (a chain, Eq. 3) in program order on the calling thread, torch on `threads` cores (a
+    lane alone) while it steps; a failing node is named like the lanes name it."""
+
+    def __init__(self, dag: CompiledDag, run: NodeFn, threads: int | None):
+        def guarded(v: int) -> None:
+            try:
+                run(v)
+            except Exception as e:
+                raise node_error(dag, v, e) from e
+
+        super().__init__("serial", dag, guarded)
+        self.threads = threads
+
+    def step(self, budget_s: float | None, contended: Callable[[], bool] | None = None) -> bool:
+        if not self.threads:
+            return super().step(budget_s, contended)
+        with torch_threads(self.threads):
+            return super().step(budget_s, contended)
 
 
 class OutOfOrderExecutor:
@@ -211,7 +290,6 @@ class OutOfOrderExecutor:
         self.cost_chunk = min(have, key=lambda c: (abs(c - chunk), c)) if have else chunk
         self._dags: dict[int, CompiledDag] = {}
         self.torch_threads = torch_threads
-        self._serial = SerialExecutor(n_layers, self.placement)
         lanes = tuple(dict.fromkeys(lane for _, lane in self.placement))
         self.workers = LaneWorkers(lanes, torch_threads=dict.fromkeys(lanes, torch_threads) if torch_threads else None)
 
@@ -222,13 +300,17 @@ class OutOfOrderExecutor:
                                                      self.profile, self.cost_chunk)
         return dag
 
-    def execute(self, dag: CompiledDag, run: NodeFn) -> Schedule:
+    def start(self, dag: CompiledDag, run: NodeFn) -> "LaneRun | ChainRun":
         if dag.n_chunks == 1:  # one chunk is a chain (Eq. 3): nothing overlaps, so skip the lane hand-offs
-            return self._chain(dag, run)
-        schedule = self.workers.run(dag, self.policy, run)
-        if self.learner is not None:  # only overlapped runs: their durations are what the policy orders
-            self._learn(dag, schedule)
-        return schedule
+            return ChainRun(dag, run, self.torch_threads[1] if self.torch_threads else None)
+        # only overlapped runs are learnt from: their durations are what the policy orders
+        return self.workers.start(dag, self.policy, run,
+                                  on_finish=None if self.learner is None else lambda s: self._learn(dag, s))
+
+    def execute(self, dag: CompiledDag, run: NodeFn) -> Schedule:
+        r = self.start(dag, run)
+        r.step(None)
+        return r.schedule()
 
     def _learn(self, dag: CompiledDag, schedule: Schedule) -> None:
         learner = self.learner
@@ -237,19 +319,6 @@ class OutOfOrderExecutor:
             self.profile, self.cost_chunk = learner.profile(), self.chunk
             self._dags.clear()
             learner.save()
-
-    def _chain(self, dag: CompiledDag, run: NodeFn) -> Schedule:
-        """Every node in program order on the calling thread, torch on every core (a lane alone)."""
-        def guarded(v: int) -> None:
-            try:
-                run(v)
-            except Exception as e:
-                raise node_error(dag, v, e) from e
-
-        if not self.torch_threads:
-            return self._serial.execute(dag, guarded)
-        with torch_threads(self.torch_threads[1]):
-            return self._serial.execute(dag, guarded)
 
     def close(self) -> None:
         self.workers.close()

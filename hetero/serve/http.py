@@ -1,9 +1,12 @@
-"""The OpenAI-compatible HTTP front of `Service` (FastAPI + uvicorn), bound to 127.0.0.1.
+"""The OpenAI-compatible HTTP front of `Service` (FastAPI + uvicorn), bound to 127.0.0.1 by default.
 
 Routes: POST /v1/chat/completions, POST /v1/completions (both also as server-sent events with
-`stream: true`), GET /v1/models, GET /health, GET /v1/stats, and the contexts of LLMS's API under
-/v1/contexts. Errors are OpenAI-style JSON with a 4xx status (429 + Retry-After when the queue is full);
-a client that disconnects cancels its request, which frees the engine at its next step.
+`stream: true`), GET /v1/models, GET /health, GET /v1/stats, GET /metrics (Prometheus), the contexts of
+LLMS's API under /v1/contexts (and POST /v1/contexts/{id}/save), POST /v1/cache/flush, GET
+/v1/prefill/last (the last prefill's timeline) and the page at /. Errors are OpenAI-style JSON with a 4xx
+status (429 + Retry-After when the queue is full, 404 `model_not_found` for a model this server does not
+serve); a client that disconnects cancels its request, which frees the engine at its next step.
+`hetero.serve.access` checks Host, Content-Type and the API key first.
 """
 
 from __future__ import annotations
@@ -13,20 +16,32 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 
+from importlib import resources
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from hetero.errors import ConfigError, HeteroError
 from hetero.serve import openai_api as oa
-from hetero.serve.engine import Job, QueueFull
+from hetero.serve.access import OWNER, AccessMiddleware
+from hetero.serve.engine import Job, QueueFull, ShuttingDown
+from hetero.serve.metrics import CONTENT_TYPE_LATEST
 from hetero.serve.service import ContextLimit, Reply, Service, UnknownContext
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_TOKENS = {"chat": 256, "completion": 16}  # OpenAI's completion default is 16
 
 
+class UnknownModel(HeteroError):
+    """A request named a model this server does not serve (OpenAI: 404 `model_not_found`)."""
+
+
 def _status(e: Exception) -> tuple[int, str]:
+    if isinstance(e, ShuttingDown):
+        return 503, "server_shutting_down"
+    if isinstance(e, UnknownModel):
+        return 404, "model_not_found"
     if isinstance(e, QueueFull):
         return 429, "rate_limit_exceeded"
     if isinstance(e, UnknownContext):
@@ -41,10 +56,18 @@ def _status(e: Exception) -> tuple[int, str]:
 def error_response(e: Exception) -> JSONResponse:
     status, kind = _status(e)
     headers = {"Retry-After": str(int(e.retry_after + 0.999))} if isinstance(e, QueueFull) else None
-    return JSONResponse(oa.error_body(str(e) or type(e).__name__, kind, code=kind), status_code=status, headers=headers)
+    param = "model" if isinstance(e, UnknownModel) else None
+    kind_ = "invalid_request_error" if status in (400, 404) else kind
+    return JSONResponse(oa.error_body(str(e) or type(e).__name__, kind_, code=kind, param=param), status_code=status,
+                        headers=headers)
 
 
 def client_of(request: Request, body: dict | None = None) -> str:
+    """Who owns the contexts of this request: the API key when the server has keys (never a header the
+    caller chooses), else the X-Client-Id header or `user` (trusted: without keys every local caller is)."""
+    owner = request.scope.get(OWNER)
+    if owner is not None:
+        return owner
     name = request.headers.get("x-client-id") or (body or {}).get("user") or "default"
     if not isinstance(name, str) or len(name) > 128:
         raise ConfigError("client id (X-Client-Id header or `user`) must be a string of at most 128 characters")
@@ -61,9 +84,20 @@ async def json_body(request: Request) -> dict:
     return body
 
 
-def create_app(service: Service) -> FastAPI:
-    app = FastAPI(title="hetero", description="OpenAI-compatible hetero service")
+def check_model(body: dict, model: str) -> None:
+    """OpenAI answers 404 for a model it does not serve; so does hetero (a missing `model` means this one)."""
+    name = body.get("model")
+    if name is not None and name != model:
+        raise UnknownModel(f"The model {name!r} does not exist: this server serves {model!r} (GET /v1/models)")
+
+
+def create_app(service: Service, host: str = "127.0.0.1", api_keys: tuple[str, ...] = (),
+               allow_hosts: tuple[str, ...] = ()) -> FastAPI:
+    app = FastAPI(title="hetero", description="OpenAI-compatible hetero service", docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.add_middleware(AccessMiddleware, host=host, api_keys=api_keys, allow_hosts=allow_hosts)
     model = service.model_name
+    page = resources.files("hetero.serve").joinpath("page.html").read_text(encoding="utf-8")
 
     @app.exception_handler(HeteroError)
     async def _hetero_error(request: Request, e: HeteroError) -> JSONResponse:
@@ -89,6 +123,29 @@ def create_app(service: Service) -> FastAPI:
     @app.get("/v1/stats")
     async def stats() -> dict:
         return service.stats()
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index() -> HTMLResponse:
+        return HTMLResponse(page, headers={"Cache-Control": "no-store", "X-Frame-Options": "DENY",
+                                           "Content-Security-Policy": "default-src 'self'; "
+                                           "script-src 'unsafe-inline'; style-src 'unsafe-inline'"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(service.metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/prefill/last")
+    async def last_prefill() -> dict:
+        return service.last_prefill or {"tokens": 0, "nodes": [], "lanes": []}
+
+    @app.post("/v1/cache/flush")
+    async def flush() -> dict:
+        return await asyncio.to_thread(service.flush)
+
+    @app.post("/v1/contexts/{cid}/save")
+    async def save_context(cid: str, request: Request) -> dict:
+        client = client_of(request)
+        return await asyncio.to_thread(service.save_context, cid, client)
 
     async def run(request: Request, submit: Callable, stream: bool, on_token: Callable, on_done: Callable,
                   on_error: Callable) -> object:
@@ -146,13 +203,13 @@ def create_app(service: Service) -> FastAPI:
         return await chat_request(request, await json_body(request), cid)
 
     async def chat_request(request: Request, body: dict, cid: str | None) -> object:
+        check_model(body, model)
         params = oa.sampling_params(body, DEFAULT_MAX_TOKENS["chat"])
         messages = oa.chat_messages(body)
         client = client_of(request, body) if cid is not None else None
         if cid is not None and not isinstance(cid, str):
             raise ConfigError(f"context_id must be a string, got {cid!r}")
-        rid, stream = oa.new_id("chatcmpl"), bool(body.get("stream"))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        rid, (stream, include_usage) = oa.new_id("chatcmpl"), oa.stream_flags(body)
         first = [True]
 
         def on_token(ev: object) -> list:
@@ -175,10 +232,10 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> object:
         body = await json_body(request)
+        check_model(body, model)
         params = oa.sampling_params(body, DEFAULT_MAX_TOKENS["completion"])
         prompt = oa.completion_prompt(body)
-        rid, stream = oa.new_id("cmpl"), bool(body.get("stream"))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        rid, (stream, include_usage) = oa.new_id("cmpl"), oa.stream_flags(body)
 
         def on_done(reply: Reply) -> list:
             out = [oa.completion_chunk(rid, model, "", reply.finish_reason)]

@@ -47,6 +47,20 @@ def sampling_params(body: dict, default_max: int) -> SamplingParams:
                           seed=_number(body, "seed", None, int), stop=tuple(stop))
 
 
+def stream_flags(body: dict) -> tuple[bool, bool]:
+    """(stream, stream_options.include_usage), each a JSON boolean or absent."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ConfigError(f"stream must be true or false, got {stream!r}")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise ConfigError(f"stream_options must be an object like {{\"include_usage\": true}}, got {options!r}")
+    usage = (options or {}).get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        raise ConfigError(f"stream_options.include_usage must be true or false, got {usage!r}")
+    return bool(stream), bool(usage)
+
+
 def chat_messages(body: dict) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -57,8 +71,9 @@ def chat_messages(body: dict) -> list[dict]:
             raise ConfigError(f"messages[{i}] must be an object, got {m!r}")
         content = m.get("content")
         if isinstance(content, list):  # content parts: only text is supported
-            if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
-                raise ConfigError(f"messages[{i}].content: only text parts are supported")
+            if any(not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text", ""), str)
+                   for p in content):
+                raise ConfigError(f"messages[{i}].content: only text parts {{type: text, text: string}} are supported")
             content = "".join(p.get("text", "") for p in content)
         out.append({"role": m.get("role"), "content": content})
     return out

@@ -25,7 +25,7 @@ from hetero.runtime import Runtime
 from hetero.serve.disk import payload_kv
 from hetero.serve.index import Match
 from hetero.serve.quant import dequantize
-from hetero.serve.store import ChunkStore, write_span
+from hetero.serve.store import ChunkStore
 
 SLICE_S = 0.02  # copying work between two yields: well under one prefill chunk's step
 
@@ -83,7 +83,7 @@ def restore(store: ChunkStore, runtime: Runtime, match: Match, cache: KVCache, c
         n_re = 0
     else:
         dropped = sum(u for (n, u), k in zip(items, kinds) if k == "dropped")
-        n_re = cost.plan([(items[i][1], items[i][0].ram_bytes() or _float_bytes(cache, items[i][1]))
+        n_re = cost.plan([(items[i][1], items[i][0].ram_bytes() or cache.nbytes(items[i][1]))
                           for i in disk], dropped)
     for i in disk[:n_re]:
         kinds[i] = "dropped"
@@ -96,9 +96,14 @@ def restore(store: ChunkStore, runtime: Runtime, match: Match, cache: KVCache, c
                 node, used = items[i]
                 ids.extend(node.ids[:used])
                 i += 1
-            cache.length = pos
             t1 = time.perf_counter()
-            runtime.prefill(ids, cache=cache)  # advances cache.length to pos + len(ids)
+            steps = runtime.prefill_steps(ids, cache=cache)  # from cache.length = pos to pos + len(ids)
+            while True:
+                try:
+                    next(steps)
+                except StopIteration:
+                    break
+                yield
             ms = (time.perf_counter() - t1) * 1e3
             cost.observe_recompute(ms, len(ids))
             report.recompute_ms += ms
@@ -121,18 +126,12 @@ def restore(store: ChunkStore, runtime: Runtime, match: Match, cache: KVCache, c
             report.io_ms += io_ms
             store.counts["swap_in_blocks"] += 1
             store.counts["swap_in_bytes"] += nbytes
-        write_span(cache, pos, k[:, :, :used], v[:, :, :used])
+        cache.write_span(pos, k[:, :, :used], v[:, :, :used])
         report.tokens[kinds[i]] += used
         pos += used
         i += 1
-        cache.length = pos
         if time.perf_counter() - t_yield > SLICE_S:
             yield
             t_yield = time.perf_counter()
-    cache.length = pos
     report.ms = (time.perf_counter() - t0) * 1e3
     return report
-
-
-def _float_bytes(cache: KVCache, tokens: int) -> int:
-    return 2 * cache.k[:, :, :tokens].numel() * cache.k.element_size()

@@ -1,8 +1,10 @@
-"""Run the HTTP service with uvicorn on 127.0.0.1; SIGINT/SIGTERM stop it cleanly.
+"""Run the HTTP service with uvicorn (127.0.0.1 unless told otherwise); SIGINT/SIGTERM stop it cleanly.
 
-uvicorn's own signal handling stops accepting connections and lets in-flight responses finish (up to
-`grace_s`); the app's shutdown then closes the service: queued requests are refused, running ones are
-cancelled, and the swap directory is removed.
+On a signal the engine stops first: queued requests are refused and every running one ends with a
+`ShuttingDown` error, so a stream gets an error event and its end instead of being cut (and uvicorn
+cancels no response task, which would log tracebacks). uvicorn then stops accepting connections and lets
+the responses finish (up to `grace_s`); the app's shutdown closes the service: contexts are saved (with a
+state folder) and the swap directory is removed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,16 @@ from hetero.serve.service import Service
 
 log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
+
+
+def exposure_warning(host: str, api_keys: tuple[str, ...]) -> str | None:
+    """What binding beyond loopback risks, or None on loopback."""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return None
+    risk = (f"hetero serve listens on {host}: every machine that can reach this address can run the model, "
+            f"read and change every context and fill the K/V budget")
+    return risk + (" (an API key is set: keep it secret, and the traffic is not encrypted: put TLS in front)"
+                   if api_keys else "; no --api-key is set, so nothing stops them")
 
 
 def bound_malloc() -> None:
@@ -33,13 +45,14 @@ def bound_malloc() -> None:
         libc.mallopt(m_mmap_threshold, 1 << 20)
 
 
-def make_server(service: Service, port: int, grace_s: float = 5.0, log_level: str = "warning") -> "object":
+def make_server(service: Service, port: int, grace_s: float = 5.0, log_level: str = "warning",
+                host: str = HOST, api_keys: tuple[str, ...] = (), allow_hosts: tuple[str, ...] = ()) -> "object":
     import uvicorn
     from contextlib import asynccontextmanager
 
     from hetero.serve.http import create_app
 
-    app = create_app(service)
+    app = create_app(service, host=host, api_keys=api_keys, allow_hosts=allow_hosts)
 
     @asynccontextmanager
     async def lifespan(_app: object):
@@ -47,8 +60,9 @@ def make_server(service: Service, port: int, grace_s: float = 5.0, log_level: st
         service.close()
 
     app.router.lifespan_context = lifespan
-    config = uvicorn.Config(app, host=HOST, port=port, log_level=log_level, timeout_graceful_shutdown=grace_s,
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace_s,
                             access_log=False)
+
     class Server(uvicorn.Server):
         @contextlib.contextmanager
         def capture_signals(self):  # noqa: ANN202
@@ -56,29 +70,35 @@ def make_server(service: Service, port: int, grace_s: float = 5.0, log_level: st
                 yield
                 getattr(self, "_captured_signals", []).clear()  # shut down gracefully: do not die of the signal
 
+        async def shutdown(self, sockets: list | None = None) -> None:
+            service.engine.stop()  # running streams end with an error event now, not cut at the grace's end
+            await super().shutdown(sockets)
+
     return Server(config)
 
 
-def serve(service: Service, port: int, grace_s: float = 5.0, log_level: str = "warning") -> None:
+def serve(service: Service, port: int, grace_s: float = 5.0, log_level: str = "warning", host: str = HOST,
+          api_keys: tuple[str, ...] = (), allow_hosts: tuple[str, ...] = ()) -> None:
     """Serve until SIGINT/SIGTERM, then return normally (exit status 0).
 
     uvicorn re-raises the signal after its graceful shutdown (so the process dies of it, status 128+n);
     here the graceful shutdown is the end of the story, so the captured signals are forgotten.
     """
     bound_malloc()
-    server = make_server(service, port, grace_s, log_level)
+    server = make_server(service, port, grace_s, log_level, host, api_keys, allow_hosts)
     server.run()
 
 
 class BackgroundServer:
     """The HTTP service in a thread of this process (tests, benchmarks); `stop()` shuts it down cleanly."""
 
-    def __init__(self, service: Service, port: int, grace_s: float = 2.0, timeout_s: float = 60.0):
+    def __init__(self, service: Service, port: int, grace_s: float = 2.0, timeout_s: float = 60.0,
+                 api_keys: tuple[str, ...] = ()):
         import threading
         import time
 
         self.service, self.port, self.url = service, port, f"http://{HOST}:{port}"
-        self.server = make_server(service, port, grace_s)
+        self.server = make_server(service, port, grace_s, api_keys=api_keys)
         self.thread = threading.Thread(target=self.server.run, name="hetero-serve-http", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + timeout_s

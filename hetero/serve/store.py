@@ -53,17 +53,6 @@ class StoreConfig:
             raise ConfigError(f"restore must be 'auto', 'swap' or 'recompute', got {self.restore!r}")
 
 
-def read_span(cache: KVCache, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Copies of positions [a, b) of every layer: [L, n_kv, b-a, D] each."""
-    return cache.k[:, :, a:b].clone(), cache.v[:, :, a:b].clone()
-
-
-def write_span(cache: KVCache, a: int, k: torch.Tensor, v: torch.Tensor) -> None:
-    n = k.shape[2]
-    cache.k[:, :, a : a + n] = k
-    cache.v[:, :, a : a + n] = v
-
-
 class ChunkStore:
     """Owns the prefix index and every block's payload. Mutated by one thread (the engine's)."""
 
@@ -104,10 +93,10 @@ class ChunkStore:
                 child = self.index.add(node, blk)
                 for s in self.index.subsumed(child):
                     self.delete(s)
-                self._set_float(child, *read_span(cache, a, a + len(blk)))
+                self._set_float(child, *cache.read_span(a, a + len(blk)))
                 self.counts["blocks_created"] += 1
             elif child.tier in ("disk", "dropped"):  # swapped back in by this request: keep it hot
-                self._set_float(child, *read_span(cache, a, a + len(blk)))
+                self._set_float(child, *cache.read_span(a, a + len(blk)))
                 self.counts["blocks_readmitted"] += 1
             child.last_used = now
             path.append(child)
@@ -159,11 +148,31 @@ class ChunkStore:
                     self._demote(v)
         limit = self.config.disk_budget_bytes
         if self.disk is not None and limit is not None and self.disk_bytes > limit:
-            for v in self._lctru([n for n in self.index.walk() if n.pins == 0 and n.tier == "disk"]):
+            # first the ahead-of-time copies of blocks still in RAM (nothing is lost), then swapped blocks
+            # (dropped: recomputed from their ids when next needed)
+            spare = [n for n in self.index.walk() if n.pins == 0 and n.disk is not None and n.tier != "disk"]
+            for v in self._lctru(spare) + self._lctru([n for n in self.index.walk()
+                                                       if n.pins == 0 and n.tier == "disk"]):
                 if self.disk_bytes <= limit:
                     break
-                self._drop(v)
+                if v.tier == "disk":
+                    self._drop(v)
+                else:
+                    self._forget_disk(v)
+                    self.counts["disk_copies_forgotten"] += 1
         self._prune()
+
+    def flush(self) -> int:
+        """Drop the K/V of every block no running request pins (RAM and disk); returns how many. Blocks that
+        contexts hold keep their ids (recomputed when next used); the others are forgotten."""
+        n = 0
+        for node in list(self.index.walk()):
+            if node.pins == 0 and node.tier != "dropped":
+                self._drop(node)
+                n += 1
+        self._prune()
+        self.counts["flushes"] += 1
+        return n
 
     def _lctru(self, nodes: list[Node]) -> list[Node]:
         """LLMS's LCTRU queue: least-compressed level first; then Pensieve: longest idle, trailing first."""

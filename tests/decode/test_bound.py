@@ -67,7 +67,7 @@ def test_bound_step_equals_the_unbound_graphs_and_a_tree_row(form, kind, attenti
         for c in (r2.cache, r3.cache):
             assert torch.equal(r1.cache.k[:, :, slot], c.k[:, :, slot]) and torch.equal(r1.cache.v[:, :, slot], c.v[:, :, slot])
         for r in (r1, r2, r3):
-            r.cache.length += 1
+            r.cache.advance(1)
         slot += 1
 
 

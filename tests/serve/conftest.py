@@ -13,13 +13,17 @@ from hetero.serve.server import BackgroundServer, free_port
 
 
 class RunningServer(BackgroundServer):
-    def __init__(self, service: Service):
-        super().__init__(service, free_port())
+    def __init__(self, service: Service, api_keys: tuple[str, ...] = ()):
+        super().__init__(service, free_port(), api_keys=api_keys)
+
+    @property
+    def model(self) -> str:
+        return self.service.model_name
 
     def openai(self, **kw: object) -> "object":
         from openai import OpenAI
 
-        return OpenAI(base_url=self.url + "/v1", api_key="unused", timeout=120, max_retries=0, **kw)
+        return OpenAI(base_url=self.url + "/v1", **{"api_key": "unused", "timeout": 120, "max_retries": 0, **kw})
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=120)

@@ -87,3 +87,46 @@ def test_queue_bound_cancel_and_failure() -> None:
     assert rec.log.count("running") < 1000
     kind, err = rec.events["failing"][-1]
     assert kind == "error" and "failing failed" in str(err)
+
+
+def test_shortest_remaining_prefill_runs_first_with_aging() -> None:
+    """Two prefilling jobs: the shorter one is stepped alone until it decodes; a long one that has waited
+    long enough (aging) is not overtaken."""
+    import time
+
+    from hetero.serve.engine import AGING_TOKENS_PER_S
+
+    log: list[str] = []
+    done = threading.Event()
+    gate = threading.Event()
+
+    def prefill(name: str, steps: int) -> object:
+        def start(job: Job) -> Generator[None, None, None]:
+            gate.wait(10)
+            size = job.remaining
+            for _ in range(steps):
+                log.append(name)
+                job.remaining -= size // steps
+                yield
+            job.remaining = 0
+            log.append(f"{name}:decode")
+            if name == "late":
+                done.set()
+
+        return start
+
+    engine = Engine(max_active=4, max_queue=4)
+    try:
+        engine.submit(Job(prefill("long", 4), lambda k, p: None, remaining=4000))
+        engine.submit(Job(prefill("short", 2), lambda k, p: None, remaining=100))
+        old = Job(prefill("late", 2), lambda k, p: None, remaining=3000)
+        old.submitted -= 3000 / AGING_TOKENS_PER_S + 5  # waited long enough: its score is below a fresh short one
+        engine.submit(old)
+        time.sleep(0.2)
+        gate.set()
+        assert done.wait(10)
+    finally:
+        engine.close()
+    first = [n for n in log if not n.endswith(":decode")]
+    assert first[:4] == ["late", "late", "short", "short"], log
+    assert log.index("long") > log.index("short:decode") > log.index("late:decode")

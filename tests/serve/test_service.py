@@ -52,3 +52,27 @@ def test_tight_budget_gives_identical_float_replies(default_model: hetero.Model)
         assert converse(service) == free
         counts = service.stats()["counts"]
     assert counts.get("swap_in_blocks", 0) + counts.get("recomputed_blocks", 0) > 0
+
+
+def test_a_request_prefills_as_one_plan_on_both_lanes() -> None:
+    """A multi-chunk prompt is one out-of-order plan (not one-chunk plans): the last prefill's timeline
+    holds every chunk's subgraphs, on both lanes."""
+    from hetero.sched.executor import OutOfOrderExecutor
+    from tests.conftest import make_tiny_model
+
+    model = make_tiny_model()
+    rt = hetero.Runtime(model, chunk=16, executor=OutOfOrderExecutor(model.config.n_layers, 16, "rank"))
+    with hetero.Service(rt) as service:
+        reply = service.complete(list(range(3, 60)), SamplingParams(max_new_tokens=2))
+        t = service.last_prefill
+    rt.close()
+    assert reply.usage.prompt_tokens == 57 and t["tokens"] == 57 and t["chunks"] == 4
+    assert t["policy"] == "rank" and {n[3] for n in t["nodes"]} == {"npu", "cpu"}
+    assert len(t["nodes"]) == 4 * model.config.n_layers * 3 and {n[0] for n in t["nodes"]} == {0, 1, 2, 3}
+
+
+def test_warm_up_leaves_no_trace(default_model: hetero.Model) -> None:
+    with hetero.Service(hetero.Runtime(default_model, chunk=32)) as service:
+        assert service.warm_up() > 0
+        assert service.store.stats()["blocks"] == {} and service.metrics.text().count(b"hetero_requests_total{") == 0
+        assert service.complete("The capital of France is", SamplingParams(max_new_tokens=3)).usage.cached_tokens == 0
