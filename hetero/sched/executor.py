@@ -60,18 +60,18 @@ class LaneWorkers:
         self.lanes = tuple(lanes)
         self._sync = dict(sync or {})
         self._torch_threads = threads
-        self._inbox: dict[str, queue.SimpleQueue] = {ln: queue.SimpleQueue() for ln in self.lanes}
-        self._done: queue.SimpleQueue = queue.SimpleQueue()
-        self._run_ids = itertools.count()
-        self._lock = threading.Lock()  # one prefill at a time
-        self._closed = False
+        self.inbox: dict[str, queue.SimpleQueue] = {ln: queue.SimpleQueue() for ln in self.lanes}
+        self.done: queue.SimpleQueue = queue.SimpleQueue()
+        self.run_ids = itertools.count()
+        self.lock = threading.Lock()  # one prefill at a time
+        self.closed = False
         self._threads = [threading.Thread(target=self._worker, args=(ln,), name=f"hetero-lane-{ln}", daemon=True)
                          for ln in self.lanes]
         for t in self._threads:
             t.start()
 
     def _worker(self, lane: str) -> None:
-        inbox, done, sync, clock = self._inbox[lane], self._done, self._sync.get(lane), time.perf_counter
+        inbox, done, sync, clock = self.inbox[lane], self.done, self._sync.get(lane), time.perf_counter
         counts, now = self._torch_threads.get(lane), 0
         while True:
             item = inbox.get()
@@ -106,9 +106,9 @@ class LaneWorkers:
               seed: int = 0, timeout_s: float | None = None,
               on_finish: Callable[[Schedule], None] | None = None) -> "LaneRun":
         """A run of `dag` to be stepped (`LaneRun.step`); `on_finish` gets its Schedule when it is done."""
-        if self._closed:
+        if self.closed:
             raise ScheduleError("executor is closed")
-        missing = [ln for ln in dag.lanes if ln not in self._inbox]
+        missing = [ln for ln in dag.lanes if ln not in self.inbox]
         if missing:
             raise ConfigError(f"DAG needs lanes {missing} that this executor lacks (it has {self.lanes})")
         if isinstance(work, Mapping):
@@ -122,11 +122,11 @@ class LaneWorkers:
 
     def close(self) -> None:
         """Stop and join the workers (each finishes the node it is running first)."""
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         for ln in self.lanes:
-            self._inbox[ln].put(None)
+            self.inbox[ln].put(None)
         for t in self._threads:
             t.join()
 
@@ -143,7 +143,7 @@ class LaneRun:
     def __init__(self, workers: LaneWorkers, dag: CompiledDag, policy: str | PolicyFactory, fns: list[NodeFn],
                  seed: int, timeout_s: float | None, on_finish: Callable[[Schedule], None] | None):
         self.workers, self.dag, self.fns, self.timeout_s, self.on_finish = workers, dag, fns, timeout_s, on_finish
-        self.run_id = next(workers._run_ids)
+        self.run_id = next(workers.run_ids)
         t0 = time.perf_counter_ns()
         self.disp = Dispatcher(dag, policy, seed)
         self.sched_ns = time.perf_counter_ns() - t0
@@ -157,9 +157,9 @@ class LaneRun:
         if self._schedule is not None:
             return True
         w = self.workers
-        if w._closed:
+        if w.closed:
             raise ScheduleError("executor is closed")
-        with w._lock:
+        with w.lock:
             finished = self._step(budget_s, contended)
         if finished:
             dag, n = self.dag, self.dag.n_nodes
@@ -172,7 +172,7 @@ class LaneRun:
     def _step(self, budget_s: float | None, contended: Callable[[], bool] | None) -> bool:
         clock_ns, clock = time.perf_counter_ns, time.perf_counter
         w, dag, disp, fns, run_id = self.workers, self.dag, self.disp, self.fns, self.run_id
-        inboxes = [w._inbox[ln] for ln in dag.lanes]
+        inboxes = [w.inbox[ln] for ln in dag.lanes]
         n, lane_of = dag.n_nodes, dag.lane
         start, end = self.start_us, self.end_us
         if self.t_origin is None:
@@ -194,7 +194,7 @@ class LaneRun:
             if in_flight == 0:
                 break
             try:
-                rid, v, ts, te, err = w._done.get(timeout=self.timeout_s)
+                rid, v, ts, te, err = w.done.get(timeout=self.timeout_s)
             except queue.Empty:
                 raise ScheduleError(f"no subgraph completed within {self.timeout_s} s ({in_flight} running)") from None
             if rid != run_id:  # a straggler from an interrupted earlier run

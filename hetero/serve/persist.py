@@ -2,10 +2,10 @@
 
 A saved context is two files in the state folder: `<id>.kv.safetensors` (its K/V, [L, n_kv, n, D] for the
 first n of its token ids) and `<id>.json`, the commit record: messages, ids, owner, the key its K/V is valid
-for (model fingerprint, method) and the K/V file's `paths.file_record` (size, sha256). Both are written
+for (model fingerprint, method) and the K/V file's `paths.file_record` (size, content hash). Both are written
 atomically (temp + rename), the K/V first, so a record never names a half-written file, under the
 context's lock (`.<id>.lock`: two servers sharing the folder never mix one's record with the other's K/V). A restore checks
-the key and re-hashes the K/V file (`paths.check_files`, full): a context whose K/V fails keeps its
+the key and re-hashes the K/V file (`paths.verify_files`, in full): a context whose K/V fails keeps its
 messages and ids, with one warning, and its next turn recomputes the K/V (nothing unverified is used).
 """
 
@@ -20,7 +20,7 @@ import torch
 from filelock import FileLock
 from safetensors.torch import load_file, save_file
 
-from hetero.paths import atomic_path, check_files, file_record
+from hetero.paths import atomic_path, file_record, verify_files
 
 log = logging.getLogger(__name__)
 FORMAT = 1
@@ -98,7 +98,7 @@ def _load_one(folder: Path, record: Path, key: dict) -> SavedContext | None:
         return None
     k = v = None
     if meta["files"]:
-        why, _ = check_files(folder, meta["files"], full=True)
+        why = "; ".join(str(d) for d in verify_files(folder, meta["files"])) or None
         if why is None:
             try:
                 t = load_file(str(folder / next(iter(meta["files"]))))
