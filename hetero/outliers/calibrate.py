@@ -129,10 +129,10 @@ class CalibrationStats:
     # ------------------------------------------------------------------------- file format
     def save(self, path: str | Path) -> Path:
         """Write one .npz (a JSON header + arrays) atomically; ConfigError naming the path if it cannot."""
-        path = Path(path)
+        path, data = Path(path), self.to_bytes()
         try:
             with atomic_path(path) as tmp:
-                tmp.write_bytes(self.to_bytes())
+                tmp.write_bytes(data)
         except OSError as e:
             raise ConfigError(f"calibration output {str(path)!r} cannot be written: {e.strerror or e}") from e
         return path

@@ -36,7 +36,8 @@ from hetero.outliers.pruning import PlanOptions, SiteChoice, plan_from_choices
 from hetero.outliers.quantize import ACT_QMAX, ACT_QMIN, W_QMAX, WEIGHT_FORMS, check_weight_form, fake_quant
 from hetero.outliers.rotate import block_hadamard
 from hetero.outliers.shadow import QuantizedBackend
-from hetero.paths import cached, keep
+from hetero.paths import cached
+from hetero.paths import keep as keep_in_cache
 from hetero.timing import median_seconds
 
 log = logging.getLogger(__name__)
@@ -354,7 +355,7 @@ def ensure_precision(model, calibration: CalibrationStats, costs: Callable[[], S
     if budget_pct is None:
         return cached(path.parent, path.name, load, lambda: search(DEFAULT_BUDGET_PCT), save, "precision plan")
     plan = search(budget_pct)
-    keep(path.parent, path.name, plan, save)
+    keep_in_cache(path.parent, path.name, plan, save)
     return plan
 
 

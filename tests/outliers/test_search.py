@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 import torch
@@ -105,6 +106,11 @@ def test_cached_plan_round_trips_and_is_replaced_by_a_new_budget(setup, tmp_path
     path.write_text("{ truncated")
     ensure_precision(model, stats, costs, "w8-u8s8")  # unreadable: searched again, not trusted
     assert len(calls) == 3 and PrecisionPlan.from_dict(json.loads(path.read_text())).budget_pct == 1.0
+    st, text = path.stat(), path.read_text()  # an edit that keeps size and mtime (issue 27, D4) ...
+    path.write_text(text.replace('"budget_pct": 1.0', '"budget_pct": 7.0'))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert ensure_precision(model, stats, costs, "w8-u8s8").budget_pct == 1.0  # ... fails its content hash
+    assert len(calls) == 4
 
 
 def test_bad_input_is_named(setup):
