@@ -146,16 +146,19 @@ class Method:
     policy: str | None  # default dispatch policy; None = in program order on the calling thread
     doc: str
     recipe: Recipe | None = None  # quantized methods: how the plan is built
+    chunk: int = 256  # the chunk length C a command uses when not told (`hetero run --chunk`)
 
 
-def _hetero(provider: str, policy: str, doc: str, recipe: Recipe = DEFAULT_RECIPE) -> Method:
-    return Method(_npu(provider, recipe), policy, doc, recipe)
+def _hetero(provider: str, policy: str, doc: str, recipe: Recipe = DEFAULT_RECIPE, chunk: int = 256) -> Method:
+    return Method(_npu(provider, recipe), policy, doc, recipe, chunk)
 
 
 METHODS: dict[str, Method] = {
     "hetero": _hetero("cpu", "rank", "INT8 graphs (ORT CPU EP as NPU lane), rotation, shadow outliers on 15% of "
                       "the sites, out of order"),
-    "hetero-qnn": _hetero("qnn", "rank", "as hetero, INT8 QDQ graphs on QNN HTP (simulator on x86)"),
+    # C=128: the simulator's generic HTP cannot finalize the o_ffn graph at 256 (`npu.constraints`)
+    "hetero-qnn": _hetero("qnn", "rank", "as hetero, INT8 QDQ graphs on QNN HTP (simulator on x86), decode on the CPU",
+                          chunk=128),
     "hetero-inorder": _hetero("cpu", "in_order", "as hetero, dispatched in order"),
     "hetero-w8a8": _hetero("cpu", "rank", "mllm-NPU's plan: W8A8, shadow outliers on 15% of the sites, no rotation",
                            W8A8),

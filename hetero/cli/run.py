@@ -22,7 +22,8 @@ def register(sub: Any) -> None:
     run.add_argument("-f", "--file", help="read the prompt from this UTF-8 text file")
     run.add_argument("--system", help="system message (through the model's chat template)")
     add_model_arg(run)
-    run.add_argument("--chunk", type=positive_int, default=256, help="chunk length C (default 256)")
+    run.add_argument("--chunk", type=positive_int, default=None,
+                     help="chunk length C (default: the method's, 256; hetero-qnn 128)")
     run.add_argument("-n", "--max-new-tokens", type=int, default=64, help="tokens to decode at most (default 64; "
                      "fewer when the context is full)")
     run.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
@@ -125,12 +126,13 @@ def _decode_hetero(args: argparse.Namespace, model: Any, runtime: Any, prompt: A
 def cmd_run(args: argparse.Namespace) -> int:
     from hetero.adapters.hf import generate, to_hf_model
     from hetero.loader import load_model
-    from hetero.methods import make_runtime, use_threads
+    from hetero.methods import METHODS, make_runtime, use_threads
 
     from hetero.prompt import encode_prompt, new_token_budget, read_prompt
 
     if args.max_new_tokens < 0:
         raise ConfigError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    args.chunk = args.chunk or METHODS[args.method].chunk
     text_in = read_prompt(args.prompt, args.file)
     if args.decoder == "hetero":
         sampling_params(args)
