@@ -70,6 +70,6 @@ def test_atomic_save_leaves_old_file_on_failure(stats, tmp_path, monkeypatch):
     import hetero.outliers.calibrate as cal
 
     monkeypatch.setattr(cal.np, "savez_compressed", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
-    with pytest.raises(cal.ConfigError, match="cannot be written: disk full"):
+    with pytest.raises(OSError):
         stats.save(path)
     assert path.read_bytes() == before
