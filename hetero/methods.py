@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hetero.backend import FloatBackend, LayerBackend
+from hetero.torch_backends import FloatBackend, LayerBackend
 from hetero.errors import ConfigError
 from hetero.loader import Model
 from hetero.runtime import Runtime
@@ -95,7 +95,7 @@ def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float | None
     precision plan (`outliers.search.ensure_precision`); `budget` (percent) searches a new one.
     """
     from hetero.npu.isa import resolve_weight_form
-    from hetero.outliers.calibrate import ensure_calibration
+    from hetero.outliers.calibration import ensure_calibration
     from hetero.outliers.pruning import PlanOptions, plan_from_calibration
     from hetero.outliers.rotate import online_sites
 
@@ -130,7 +130,7 @@ def _float(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str 
 
 def _npu(provider: str, recipe: Recipe = DEFAULT_RECIPE) -> Callable[[Model, int, ExecutionPlan, str | None], LayerBackend]:
     def make(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str | None) -> LayerBackend:
-        from hetero.npu.backend import GraphOptions, NpuBackend
+        from hetero.npu.graph_backend import GraphOptions, NpuBackend
 
         plan = quant_plan(model, provider, weight_form=weight_form, recipe=recipe)
         return NpuBackend(model, plan, chunk=chunk, provider=provider,

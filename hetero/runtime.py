@@ -24,7 +24,7 @@ import torch
 
 from hetero import model as ref
 from hetero.attention import ChunkAttention
-from hetero.backend import FloatBackend, LayerBackend
+from hetero.torch_backends import FloatBackend, LayerBackend
 from hetero.chunking import Chunk, check_chunk, padded_ids, plan_chunks, token_ids
 from hetero.dag import DEFAULT_PLACEMENT, CompiledDag, build_dag, compile_graph
 from hetero.errors import ConfigError

@@ -17,8 +17,8 @@ import torch
 from hetero import model as ref
 from hetero.methods import quant_setup
 from hetero.npu import isa
-from hetero.npu.backend import NpuBackend
-from hetero.outliers.calibrate import token_windows
+from hetero.npu.graph_backend import NpuBackend
+from hetero.outliers.calibration import token_windows
 from hetero.outliers.corpus import load_corpus
 
 C = 64  # every (prompt + answer) below fits one chunk: the graphs then run the whole sequence at once

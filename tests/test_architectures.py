@@ -290,7 +290,7 @@ def test_int8_path_computes_the_variant(tmp_path, monkeypatch, variant) -> None:
     from hetero.decode.rowattn import row_attention
     from hetero.decode.step import DECODE_THREADS, DecodeStep
     from hetero.decode.tree import TokenTree
-    from hetero.npu.backend import NpuBackend
+    from hetero.npu.graph_backend import NpuBackend
     from hetero.outliers.rotate import rotate_weights
     from hetero.outliers.shadow import QuantizedBackend
     from tests.npu.conftest import SHADOWS, tiny_plan

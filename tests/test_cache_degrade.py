@@ -27,7 +27,7 @@ def run_pipeline(gguf: Path) -> torch.Tensor:
     """Load, rotate, calibrate and build the graphs of layer 0 from the cache at $HETERO_CACHE; its output."""
     from hetero.loader import load_model
     from hetero.methods import quant_setup
-    from hetero.npu.backend import NpuBackend
+    from hetero.npu.graph_backend import NpuBackend
 
     model = dataclasses.replace(load_model(gguf), tokenizer=ByteTokenizer())
     qm, plan = quant_setup(model)

@@ -2,10 +2,10 @@
 
 Checked: README.md, docs/*.md and the package's READMEs, and every docstring in hetero/ (module, class,
 function). Not docs/journal.md: it is a dated record, and names what existed then. What counts as a name:
-- a path in backticks or a Markdown link (`npu/backend.py`, `bench/results/decode.md`,
+- a path in backticks or a Markdown link (`npu/graph_backend.py`, `bench/results/decode.md`,
   `tests/npu/test_export.py::test_name`), resolved from the text's folder, the repository or `hetero/`;
   a bare `name.py` or `name.md` anywhere in the text must be a file of the repository;
-- a dotted name in backticks: `hetero.decode.step.DecodeStep`, `decode.bound.BoundStep`, `rowattn.AttentionPool`
+- a dotted name in backticks: `hetero.decode.step.DecodeStep`, `decode.bound_step.BoundStep`, `rowattn.AttentionPool`
   (the tail of a module's name), `AttentionPool.run_stages` (a class of hetero); where the head is also
   a variable named after its class, its attributes count (`cache.length`: `KVCache`). A dotted name whose
   head is no module or class of hetero (`torch.sum`, `session.run`) is not ours;
@@ -132,7 +132,7 @@ def dotted_exists(name: str) -> bool | None:
             if ".".join(parts[:k]) in mods:
                 return resolve_module(".".join(parts[:k]), parts[k:])
         return False
-    candidates = []  # (module, rest of the chain): `decode.bound.BoundStep`, `rowattn.decode_rows`
+    candidates = []  # (module, rest of the chain): `decode.bound_step.BoundStep`, `rowattn.decode_rows`
     for k in range(len(parts) - 1, 0, -1):
         tail = "." + ".".join(parts[:k])
         candidates += [(m, parts[k:]) for m in mods if m.endswith(tail)]
@@ -297,8 +297,8 @@ def test_docs_name_only_what_exists() -> None:
     assert not bad, "the docs name what does not exist:\n" + "\n".join(bad)
 
 
-GOOD = """`hetero.decode.step.DecodeStep`, `decode.bound.BoundStep`, `attnpool.AttentionPool.run_stages`,
-`AttentionPool.end`, `cache.length`, `torch.sum`, `npu/backend.py`, `bench/results/decode.md`, `model.py`,
+GOOD = """`hetero.decode.step.DecodeStep`, `decode.bound_step.BoundStep`, `attnpool.AttentionPool.run_stages`,
+`AttentionPool.end`, `cache.length`, `torch.sum`, `npu/graph_backend.py`, `bench/results/decode.md`, `model.py`,
 `tests/npu/test_export.py::test_linear_outputs_bit_exact_same_float_input`, [design](docs/design.md),
 docs/design.md, "Decoding"; `DecodeStep(..., attention_threads=1)`, `<cache>/profiles/`, `capi/lib.so.*`."""
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1] / "hetero"
 # First component under hetero/ -> layer. A new module or subpackage must be added here.
 LAYER_OF = {
     **dict.fromkeys(("config", "errors", "paths", "model", "kv_cache", "chunking", "runtime", "loader",
-                     "default_model", "data", "backend", "dag", "schedule", "prompt", "extras", "threads", "sessions", "timing",
+                     "default_model", "data", "torch_backends", "dag", "schedule", "prompt", "extras", "threads", "sessions", "timing",
                      "attention"), "core"),
     **dict.fromkeys(("outliers", "npu", "sched", "adapters", "decode", "serve"), "techniques"),
     "methods": "composition",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hetero.bench.bound import attention_flops, linear_ops_per_token, machine_bound
+from hetero.bench.machine_bound import attention_flops, linear_ops_per_token, machine_bound
 from hetero.loader import load_model, release_pages
 from hetero.model import SITE_LINEARS
 from tests.conftest import make_tiny_model
@@ -26,7 +26,7 @@ def test_release_pages_leaves_memory_that_is_not_a_clean_file_mapping() -> None:
 
 
 def test_npu_backend_keeps_only_shadow_weights() -> None:
-    from hetero.npu.backend import NpuBackend
+    from hetero.npu.graph_backend import NpuBackend
     from tests.npu.conftest import SHADOWS, tiny_plan
 
     tiny = make_tiny_model()

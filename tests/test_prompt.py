@@ -60,7 +60,7 @@ def test_chunk_is_bounded_by_the_context():
 def test_chunk_is_bounded_by_memory(monkeypatch):
     import psutil
 
-    from hetero.npu.backend import check_graph_memory, graph_memory_bytes
+    from hetero.npu.graph_backend import check_graph_memory, graph_memory_bytes
 
     cfg = make_tiny_model().config
     need = graph_memory_bytes(cfg, 512, cfg.n_layers)

@@ -102,7 +102,7 @@ _DECODE_CHILD = """
 import hashlib, torch
 from hetero.decode.step import DecodeStep
 from hetero.decode.tree import TokenTree
-from hetero.npu.backend import NpuBackend
+from hetero.npu.graph_backend import NpuBackend
 from hetero.runtime import Runtime
 from tests.conftest import make_tiny_model
 from tests.npu.conftest import SHADOWS, tiny_plan

@@ -27,7 +27,7 @@ from hetero.bench.method_quality import method_rows
 from hetero.methods import use_threads
 from hetero.npu import isa
 from hetero.outliers.baselines import LLMInt8Backend, PerGroupBackend, SmoothQuantBackend
-from hetero.outliers.calibrate import ensure_calibration, token_windows
+from hetero.outliers.calibration import ensure_calibration, token_windows
 from hetero.outliers.corpus import DEFAULT_EVALUATION, corpus_id, load_corpus
 from hetero.outliers.hotstore import HotChannelStore
 from hetero.model import SITES

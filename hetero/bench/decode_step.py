@@ -26,7 +26,7 @@ from hetero.arguments import add_method_arg, add_model_arg, int_list, positive_i
 HELP = ("one plain decode step's time at given contexts, split into graph runs, attention, head, shadow, rest; "
         "and a step verifying a chain of each static chunk size")
 # part -> (file name, function)s whose cumulative time it is; the functions do not call each other
-_PARTS = {"graphs": {("bound.py", "_run")},
+_PARTS = {"graphs": {("bound_step.py", "_run")},
           "attention": {("rowattn.py", "decode_rows"), ("attnpool.py", "attend")}, "head": {("head.py", "__call__")},
           "shadow": {("shadow.py", "shadow_delta_rows")}}
 
@@ -59,9 +59,12 @@ def step_parts(runtime, ids: list[int], steps: int, threads: int) -> dict[str, A
     shares = {part: sum(s[3] for (file, _, name), s in stats.items() if (Path(file).name, name) in key) / total
               for part, key in _PARTS.items()}
     shares["rest"] = max(0.0, 1.0 - sum(shares.values()))
+    seen = sorted(part for part, key in _PARTS.items()
+                  if any((Path(file).name, name) in key and s[1] > 0 for (file, _, name), s in stats.items()))
     ms = statistics.median(times)
     return {"context": len(ids), "step_ms": round(ms, 2), "p10_ms": round(sorted(times)[len(times) // 10], 2),
-            "parts_ms": {k: round(v * ms, 2) for k, v in shares.items()}, "load": round(os.getloadavg()[0], 2)}
+            "parts_ms": {k: round(v * ms, 2) for k, v in shares.items()}, "profiled": seen,
+            "load": round(os.getloadavg()[0], 2)}
 
 
 def chunk_costs(runtime, ids: list[int], steps: int, threads: int) -> dict[str, Any]:

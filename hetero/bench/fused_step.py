@@ -1,7 +1,7 @@
 """`hetero bench fused_step`: what a decode step would cost as ONE ONNX Runtime run (a design probe, issue 13).
 
 hetero's INT8 decode step is ~80 graph runs with attention and shadow corrections between them
-(`decode.bound`), so it runs on one core: a two-thread pool that sleeps between runs costs a wake-up per
+(`decode.bound_step`), so it runs on one core: a two-thread pool that sleeps between runs costs a wake-up per
 run. This builds the whole step of a model's shapes as one graph (per layer: RMSNorm, per-tensor
 QuantizeLinear + `MatMulIntegerToFloat` for qkv, o, gate|up and down, QuickGelu·up, residual adds;
 attention as `com.microsoft.GroupQueryAttention` with RoPE and the KV cache bound in place; the final norm

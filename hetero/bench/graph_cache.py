@@ -23,7 +23,7 @@ from hetero import model as ref
 from hetero.arguments import positive_int
 from hetero.loader import load_model
 from hetero.methods import quant_plan, quant_setup, use_threads
-from hetero.npu.backend import GraphOptions, NpuBackend
+from hetero.npu.graph_backend import GraphOptions, NpuBackend
 from hetero.npu.cache import library_versions
 from hetero.npu.naive import graph_counts
 from hetero.paths import atomic_path

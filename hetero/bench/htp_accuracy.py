@@ -34,7 +34,7 @@ def layer_steps() -> dict:
 
     from hetero import model as ref
     from hetero.loader import load_model
-    from hetero.npu.backend import GraphOptions, NpuBackend
+    from hetero.npu.graph_backend import GraphOptions, NpuBackend
     from hetero.npu.providers import QnnHtpProvider
     from hetero.npu.quickplan import absmax_plan
     from hetero.outliers.shadow import QuantizedBackend

@@ -12,7 +12,7 @@ from pathlib import Path
 from datetime import datetime, timezone
 from typing import Any
 
-from hetero.bench.bound import machine_bound
+from hetero.bench.machine_bound import machine_bound
 from hetero.bench.conditions import load_avg, trust_warnings
 from hetero.bench.e2e import run_e2e
 from hetero.bench.engines import ABLATION, PEERS

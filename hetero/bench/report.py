@@ -38,7 +38,7 @@ def vs_best_peer(rows: list[Row], peers: tuple[str, ...]) -> list[dict[str, Any]
 
 
 def fraction_of_bound(rows: list[Row], bound: dict[str, Any], engine: str = "hetero") -> list[dict[str, Any]]:
-    """An engine's tokens/s over the machine's bound (`bench.bound`) per prompt length."""
+    """An engine's tokens/s over the machine's bound (`bench.machine_bound`) per prompt length."""
     ours = {r.prompt_len: r for r in rows if r.engine == engine and not r.simulated}
     return [{"prompt_len": b["prompt_len"], "fraction": round(ours[b["prompt_len"]].tokens_per_s / b["bound_tokens_per_s"], 3)}
             for b in bound["per_len"] if b["prompt_len"] in ours]
@@ -85,7 +85,7 @@ def markdown(result: dict[str, Any]) -> str:
         frac = {f["prompt_len"]: f["fraction"] for f in b["hetero_fraction"]}
         peer = {f["prompt_len"]: f for f in b.get("best_peer_fraction", [])}
         best = ", ".join(f"{p} {r / 1e9:.0f}" for p, r in b["best_ops_per_s"].items())
-        lines += ["", f"## The machine's bound (same run, {b['threads']} threads; `hetero.bench.bound`)", "",
+        lines += ["", f"## The machine's bound (same run, {b['threads']} threads; `hetero.bench.machine_bound`)", "",
                   f"Best measured GEMM rate per precision, G(FL)OP/s: {best}. Linears at the {b['linear_precision']} "
                   f"rate, attention at the {b['attention_precision']} rate.", "",
                   "| prompt | bound tokens/s | hetero / bound | fastest peer / bound |", "|---:|---:|---:|---:|"]

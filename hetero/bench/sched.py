@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from hetero.paths import PROFILES_DIR, atomic_path, profile_search_path
-from hetero.sched.dag import compiled_prefill_dag
+from hetero.sched.costs import compiled_prefill_dag
 from hetero.sched.optimal import solve_optimal
 from hetero.sched.measure import host_slug
 from hetero.sched.profile import Profile, load_profile

@@ -9,7 +9,7 @@ from typing import Any
 
 from hetero.bench.harness import Row
 from hetero.paths import PROFILES_DIR
-from hetero.sched.dag import build_dag, compile_dag, compiled_prefill_dag
+from hetero.sched.costs import build_dag, compile_dag, compiled_prefill_dag
 from hetero.sched.profile import Profile, load_profile
 from hetero.sched.simulate import simulate
 

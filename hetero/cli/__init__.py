@@ -42,8 +42,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 # command -> the module of `hetero.cli` that registers it
-COMMANDS = {"run": "run", "info": "run", "calibrate": "calibrate", "npu": "npu", "profile": "sched",
-            "timeline": "sched", "bench": "bench", "serve": "serve", "cache": "cache"}
+COMMANDS = {"run": "run", "info": "run", "calibrate": "calibrate", "npu": "npu", "profile": "profile",
+            "timeline": "profile", "bench": "bench", "serve": "serve", "cache": "cache"}
 
 
 def main(argv: list[str] | None = None) -> int:

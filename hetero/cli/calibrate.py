@@ -7,7 +7,7 @@ import json
 import time
 
 from hetero.arguments import add_model_arg, positive_float, positive_int
-from hetero.outliers.calibrate import DEFAULT_TOKENS, DEFAULT_WINDOW
+from hetero.outliers.calibration import DEFAULT_TOKENS, DEFAULT_WINDOW
 from hetero.outliers.corpus import CORPORA, DEFAULT_CALIBRATION
 
 
@@ -31,7 +31,7 @@ def register(subparsers) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from hetero.loader import load_model
-    from hetero.outliers.calibrate import calibrate, calibration_path, summary
+    from hetero.outliers.calibration import calibrate, calibration_path, summary
     from hetero.outliers.corpus import corpus_id, load_corpus
     from hetero.outliers.pruning import DEFAULT_PERCENTILE, kept_sites
     from hetero.paths import check_writable, keep

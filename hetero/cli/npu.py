@@ -30,7 +30,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         out = {"device": args.device, "chunk": args.chunk, "graphs": len(graphs),
                "binaries": [str(g.binary) for g in graphs]}
     else:
-        from hetero.npu.backend import GraphOptions, NpuBackend
+        from hetero.npu.graph_backend import GraphOptions, NpuBackend
         from hetero.npu.placement import place
 
         placement = place(model.config, args.budget) if args.budget is not None else None

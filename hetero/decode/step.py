@@ -20,16 +20,16 @@ from contextlib import nullcontext
 import torch
 
 from hetero import model as ref
-from hetero.backend import LayerBackend
+from hetero.torch_backends import LayerBackend
 from hetero.decode.twocore.attnpool import AttentionPool
-from hetero.decode.bound import BoundStep
+from hetero.decode.bound_step import BoundStep
 from hetero.decode.head import FloatHead, Int8Head
 from hetero.decode.rowattn import row_attention
 from hetero.decode.stepcosts import load_costs, save_costs
 from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
-from hetero.npu.backend import NpuBackend
+from hetero.npu.graph_backend import NpuBackend
 from hetero.runtime import Runtime
 from hetero.threads import torch_threads
 
@@ -48,7 +48,7 @@ SPLIT_AFTER_STEPS = 256
 class Layers(Protocol):
     """A step's layers at one chunk size: the hidden states [C, hidden] of a tree's rows (padded to C with the
     root) after `layers` layers (default all), their K/V written to cache rows slot.. (cache.length unchanged).
-    Two implementations: `bound.BoundStep` (the INT8 graphs, bound once) and `FloatLayers` (the float layer)."""
+    Two implementations: `bound_step.BoundStep` (the INT8 graphs, bound once) and `FloatLayers` (the float layer)."""
 
     def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> torch.Tensor: ...
 
@@ -76,7 +76,7 @@ class FloatLayers:
 class DecodeStep:
     """Forward passes of decode-sized chunks for one runtime (`DecodeStep.of(runtime)`: the runtime's own).
 
-    A step is its layers (`Layers`: the INT8 graphs bound once, `bound.BoundStep`, or the float layer,
+    A step is its layers (`Layers`: the INT8 graphs bound once, `bound_step.BoundStep`, or the float layer,
     `FloatLayers`) and its head (`head.FloatHead` or `head.Int8Head`): hidden states, then logits."""
 
     def __init__(self, runtime: Runtime, head: str = "auto", threads: int = DECODE_THREADS,

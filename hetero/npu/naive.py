@@ -30,7 +30,7 @@ class NaiveResult:
 
 def naive_prefill(model: Model, plan, ids: torch.Tensor, provider="cpu", intra_op_threads: int = 2) -> NaiveResult:
     """Prefill `ids` through a graph set built for exactly T = len(ids) rows (no cache: a new T is new work)."""
-    from hetero.npu.backend import GraphOptions, NpuBackend
+    from hetero.npu.graph_backend import GraphOptions, NpuBackend
 
     ids = torch.as_tensor(ids).long().flatten()
     t = int(ids.numel())

@@ -14,7 +14,7 @@ import logging
 import platform
 from dataclasses import dataclass
 
-from hetero.backend import LayerBackend
+from hetero.torch_backends import LayerBackend
 from hetero.errors import ConfigError
 from hetero.runtime import DecodePlacement
 

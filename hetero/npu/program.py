@@ -2,7 +2,7 @@
 CPU adds a shadow correction (mllm-NPU §3.2-3.3).
 
 `NpuBackend.program(layer)` builds it once per layer; the prefill (`NpuBackend.qkv` / `o_ffn`) and the decode
-step (`decode.bound.BoundStep`) both interpret it, so neither reads the other's fields and a change of the
+step (`decode.bound_step.BoundStep`) both interpret it, so neither reads the other's fields and a change of the
 graphs' cut (`segments.layer_segments`) reaches both. Buffer names: `segments.Buffer`.
 """
 

@@ -81,7 +81,7 @@ class Graph:
     def bind(self, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> ort.IOBinding:
         """A binding of its own to fixed contiguous float32 [rows, width] buffers, made once: each
         `session.run_with_iobinding(binding)` then reads and writes them in place (the decode step's
-        graphs, `hetero.decode.bound`). The caller keeps the buffers alive while it uses the binding."""
+        graphs, `hetero.decode.bound_step`). The caller keeps the buffers alive while it uses the binding."""
         b = self.session.io_binding()
         for names, bind in ((inputs, b.bind_input), (outputs, b.bind_output)):
             for name, t in names.items():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from hetero.backend import TorchBackend
+from hetero.torch_backends import TorchBackend
 from hetero.model import FloatLinear, observed, run_layers
 from hetero.outliers.plan import QuantPlan, plan_from_scales
 from hetero.outliers.quantize import symmetric_scale

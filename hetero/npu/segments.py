@@ -21,7 +21,7 @@ from hetero.outliers.quantize import W_QMAX
 
 class Buffer(StrEnum):
     """The tensors a layer's graphs pass between them and the CPU, every one [C, width] float32: the one definition
-    of their names (ONNX inputs/outputs of `export.build_segment`, buffers of `NpuBackend` and `decode.bound`)."""
+    of their names (ONNX inputs/outputs of `export.build_segment`, buffers of `NpuBackend` and `decode.bound_step`)."""
 
     H = "h"  # the layer's input hidden state [C, hidden]
     QKV = "qkv"  # q | k | v [C, q_dim + 2·kv_dim]

@@ -17,7 +17,7 @@ import numpy as np
 from hetero.errors import ConfigError
 from hetero.model import SITES
 from hetero.outliers.a16 import a16_scale
-from hetero.outliers.calibrate import PERCENTILES, SiteStats, ensure_calibration
+from hetero.outliers.calibration import PERCENTILES, SiteStats, ensure_calibration
 from hetero.outliers.plan import (
     DEFAULT_WEIGHT_GRANULARITY,
     DEFAULT_WEIGHT_QMAX,
@@ -118,7 +118,7 @@ def plan_from_calibration(model, calibration=None, options: PlanOptions = PlanOp
     """The hetero quantization plan: calibrated per-tensor scales, shadow on the important sites only.
 
     calibration: `CalibrationStats` of this model, or None for the cached one (calibrated on first use,
-    `calibrate.ensure_calibration`); options: `PlanOptions`.
+    `calibration.ensure_calibration`); options: `PlanOptions`.
     """
     o = options
     if calibration is None:

@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 
 from hetero import model as ref
-from hetero.backend import TorchBackend
+from hetero.torch_backends import TorchBackend
 from hetero.errors import ConfigError
 from hetero.model import SITE_LINEARS, FloatLinear, observed
 from hetero.outliers.a16 import A16_QMAX, A16_QMIN
-from hetero.outliers.calibrate import CalibrationStats, SiteStats, calibration_path, token_windows
+from hetero.outliers.calibration import CalibrationStats, SiteStats, calibration_path, token_windows
 from hetero.outliers.corpus import DEFAULT_CALIBRATION, corpus_id, load_corpus
 from hetero.outliers.plan import QuantPlan
 from hetero.outliers.pruning import PlanOptions, SiteChoice, plan_from_choices

@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from hetero.backend import TorchBackend
+from hetero.torch_backends import TorchBackend
 from hetero.config import ModelConfig
 from hetero.model import SITE_BIASES, SITE_LINEARS, Weights
 from hetero.outliers.a16 import a16_part

@@ -6,7 +6,7 @@ subgraph at a time (Eq. 4); a policy picks which ready subgraph an idle lane run
 runs it on real lanes, `timeline` draws it.
 """
 
-from hetero.sched.dag import CompiledDag, build_dag, compile_dag, compiled_prefill_dag
+from hetero.sched.costs import CompiledDag, build_dag, compile_dag, compiled_prefill_dag
 from hetero.sched.policy import DEFAULT_POLICY, POLICIES
 from hetero.sched.profile import Profile, load_profile, save_profile
 from hetero.schedule import Schedule

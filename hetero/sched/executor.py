@@ -18,7 +18,7 @@ from typing import Callable, Mapping, Sequence
 
 from hetero.dag import DEFAULT_PLACEMENT, LANES
 from hetero.errors import ConfigError, ScheduleError
-from hetero.sched.dag import CompiledDag, build_dag, compile_dag
+from hetero.sched.costs import CompiledDag, build_dag, compile_dag
 from hetero.sched.policy import POLICIES, Dispatcher, PolicyFactory
 from hetero.sched.learned import CostLearner, learned_path
 from hetero.sched.profile import Profile

@@ -73,7 +73,7 @@ class CostLearner:
 
     def observe(self, dag: CompiledDag, schedule: Schedule) -> None:
         """Fold the real durations of one prefill in: per (kind, lane) the median over the layers, per chunk
-        for attention at kv_len = (i + 1)·C, the keys `sched.dag.compile_dag` costs it at."""
+        for attention at kv_len = (i + 1)·C, the keys `sched.costs.compile_dag` costs it at."""
         if schedule.simulated:
             raise ConfigError("observe takes a real run's schedule, got a simulated one")
         runs: dict[tuple[str, str, int], list[float]] = defaultdict(list)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from hetero.extras import require
-from hetero.sched.dag import CompiledDag
+from hetero.sched.costs import CompiledDag
 from hetero.schedule import Schedule
 
 NS_PER_US = 1000

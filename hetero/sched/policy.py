@@ -14,7 +14,7 @@ import random
 from typing import Callable
 
 from hetero.errors import ConfigError
-from hetero.sched.dag import CompiledDag
+from hetero.sched.costs import CompiledDag
 
 
 class Policy(abc.ABC):

@@ -11,7 +11,7 @@ import heapq
 import time
 
 from hetero.errors import ScheduleError
-from hetero.sched.dag import CompiledDag
+from hetero.sched.costs import CompiledDag
 from hetero.sched.policy import Dispatcher, PolicyFactory
 from hetero.schedule import Schedule
 

@@ -87,7 +87,7 @@ def timeline_command(profile_path: str | os.PathLike | None, prompt_len: int, ch
     `profile_path` None: the derived Snapdragon 8 Gen 3 profile. Returns the Schedule drawn. (A real
     run's timeline: pass the Schedule that `LaneWorkers.run` returned to `plot_timeline`.)
     """
-    from hetero.sched.dag import compiled_prefill_dag
+    from hetero.sched.costs import compiled_prefill_dag
     from hetero.sched.policy import get_policy
     from hetero.sched.profile import load_profile
     from hetero.sched.simulate import simulate

@@ -1,4 +1,4 @@
-"""The bound one-token step (`decode.bound`) computes what the unbound graphs + `model.attention` compute,
+"""The bound one-token step (`decode.bound_step`) computes what the unbound graphs + `model.attention` compute,
 bit for bit, on every quantized plan shape: shadow cuts at every site, W8A16 sites with online Hadamards, and
 each weight form this CPU runs exactly; and a tree row verified in a chunk equals the plain step."""
 
@@ -12,7 +12,7 @@ from hetero.decode.rowattn import row_attention
 from hetero.decode.step import DECODE_THREADS, DecodeStep
 from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
-from hetero.npu.backend import GraphOptions, NpuBackend
+from hetero.npu.graph_backend import GraphOptions, NpuBackend
 from hetero.runtime import Runtime
 from tests.conftest import make_tiny_model
 from tests.npu.conftest import SHADOWS, tiny_plan

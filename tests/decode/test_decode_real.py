@@ -28,7 +28,7 @@ def rt(default_model):
 @pytest.fixture(scope="module")
 def int8_rt(default_model, real_text_ids):
     """INT8 graphs on the CPU EP lane (a quick absmax plan: no calibration needed)."""
-    from hetero.npu.backend import NpuBackend
+    from hetero.npu.graph_backend import NpuBackend
     from hetero.npu.quickplan import absmax_plan
 
     plan = absmax_plan(default_model, real_text_ids[:128])

@@ -14,7 +14,7 @@ from hetero.decode.twocore.attnpool import AttentionPool
 from hetero.decode.twocore.stages import Stages
 from hetero.decode.twocore.halves import split_graph
 from hetero.decode.step import DECODE_THREADS
-from hetero.npu.backend import NpuBackend
+from hetero.npu.graph_backend import NpuBackend
 from tests.conftest import make_tiny_model
 from tests.npu.conftest import SHADOWS, tiny_plan
 from tests.npu.test_site_ops import FORMS, rotated_a16_plan

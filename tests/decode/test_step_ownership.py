@@ -8,7 +8,7 @@ import torch
 
 from hetero.decode.step import DecodeStep
 from hetero.decode.tree import TokenTree
-from hetero.npu.backend import GraphOptions, NpuBackend
+from hetero.npu.graph_backend import GraphOptions, NpuBackend
 from hetero.runtime import Runtime
 from tests.conftest import make_tiny_model
 from tests.npu.conftest import tiny_plan

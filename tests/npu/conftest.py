@@ -31,7 +31,7 @@ def tiny():
 
 def assert_layers_match(model, plan, atol: float) -> None:
     """NpuBackend (CPU EP, C=16) against QuantizedBackend on two layers of `model`, qkv and o_ffn."""
-    from hetero.npu.backend import NpuBackend
+    from hetero.npu.graph_backend import NpuBackend
     from hetero.outliers.shadow import QuantizedBackend
 
     ref, be = QuantizedBackend(model.config, model.weights, plan), NpuBackend(model, plan, 16, provider="cpu")

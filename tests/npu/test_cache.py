@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hetero.errors import GraphCacheError
-from hetero.npu.backend import GraphOptions, NpuBackend
+from hetero.npu.graph_backend import GraphOptions, NpuBackend
 from hetero.npu.cache import CacheEntry, cache_usage, clear_cache, graphs_root
 from tests.npu.conftest import tiny_plan
 

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from hetero.npu.backend import NpuBackend
+from hetero.npu.graph_backend import NpuBackend
 from hetero.npu.cache import CacheEntry, graphs_root
 from tests.conftest import make_tiny_model
 from tests.npu.conftest import tiny_plan

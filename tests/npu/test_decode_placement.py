@@ -12,13 +12,13 @@ import dataclasses
 import pytest
 import torch
 
-from hetero.backend import FloatBackend
+from hetero.torch_backends import FloatBackend
 from hetero.decode.step import DecodeStep
 from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
 from hetero.model import SITES
 from hetero.npu import isa
-from hetero.npu.backend import NpuBackend
+from hetero.npu.graph_backend import NpuBackend
 from hetero.npu.placement import decode_placement
 from hetero.npu.providers import OrtCpuProvider
 from hetero.outliers.plan import plan_from_scales

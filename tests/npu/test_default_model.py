@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hetero.npu import isa
-from hetero.npu.backend import NpuBackend
+from hetero.npu.graph_backend import NpuBackend
 from hetero.npu.quickplan import absmax_plan
 from hetero.outliers.shadow import QuantizedBackend
 

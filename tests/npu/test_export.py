@@ -10,7 +10,7 @@ import torch
 
 from hetero.errors import ConfigError
 from hetero.npu import export, segments
-from hetero.npu.backend import GraphOptions, NpuBackend
+from hetero.npu.graph_backend import GraphOptions, NpuBackend
 from hetero.npu.providers import OrtCpuProvider, prepare_graph
 from hetero.model import SITES
 from hetero.outliers.plan import plan_from_scales

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hetero.npu.backend import GraphOptions, NpuBackend
+from hetero.npu.graph_backend import GraphOptions, NpuBackend
 from hetero.npu.placement import graph_weight_bytes, place
 from tests.npu.conftest import tiny_plan
 

@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("onnxruntime_qnn")
 
-from hetero.npu.backend import NpuBackend  # noqa: E402
+from hetero.npu.graph_backend import NpuBackend  # noqa: E402
 from hetero.npu.providers import QnnHtpProvider  # noqa: E402
 from hetero.outliers.shadow import QuantizedBackend  # noqa: E402
 from tests.npu.conftest import SHADOWS, tiny_plan  # noqa: E402

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hetero import model as ref
-from hetero.npu.backend import GraphOptions, NpuBackend
+from hetero.npu.graph_backend import GraphOptions, NpuBackend
 from hetero.npu.naive import graph_counts, naive_prefill
 from hetero.outliers.shadow import QuantizedBackend
 from hetero.runtime import Runtime

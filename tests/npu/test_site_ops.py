@@ -10,7 +10,7 @@ import torch
 
 from hetero.model import SITES
 from hetero.npu import isa, segments
-from hetero.npu.backend import NpuBackend
+from hetero.npu.graph_backend import NpuBackend
 from hetero.npu.providers import OrtCpuProvider, prepare_graph
 from hetero.outliers.a16 import a16_part, split_bytes
 from hetero.outliers.plan import plan_from_scales, quantize_weights

@@ -1,4 +1,4 @@
-"""Calibration statistics, file round trip and validation (hetero/outliers/calibrate.py)."""
+"""Calibration statistics, file round trip and validation (hetero/outliers/calibration.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hetero.errors import ConfigError, ModelFormatError
-from hetero.outliers.calibrate import PERCENTILES, CalibrationStats, calibrate, run_sites
+from hetero.outliers.calibration import PERCENTILES, CalibrationStats, calibrate, run_sites
 from hetero.model import SITES
 
 
@@ -67,7 +67,7 @@ def test_file_round_trip_and_validation(tiny, make_tiny, stats, tmp_path):
 def test_atomic_save_leaves_old_file_on_failure(stats, tmp_path, monkeypatch):
     path = stats.save(tmp_path / "calib.npz")
     before = path.read_bytes()
-    import hetero.outliers.calibrate as cal
+    import hetero.outliers.calibration as cal
 
     monkeypatch.setattr(cal.np, "savez_compressed", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError):

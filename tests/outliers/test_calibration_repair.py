@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hetero.errors import ConfigError
-from hetero.outliers.calibrate import CalibrationStats, ensure_calibration
+from hetero.outliers.calibration import CalibrationStats, ensure_calibration
 from hetero.outliers.corpus import load_corpus
 from tests.outliers.test_calibrate import TEXT, ByteTokenizer
 
@@ -60,7 +60,7 @@ def test_damage_behind_a_kept_mtime_is_recomputed(setup, caplog):
 
 def _calibrate_in_child(path: str, corpus: str, barrier, log_path: str) -> None:
     """One cold process: counts its own calibrations in `log_path` (slowed down, so that the two overlap)."""
-    from hetero.outliers import calibrate as cal
+    from hetero.outliers import calibration as cal
     from tests.conftest import make_tiny_model
 
     real = cal.calibrate

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hetero.errors import ConfigError
-from hetero.outliers.calibrate import PERCENTILES, CalibrationStats, SiteStats, site_dims
+from hetero.outliers.calibration import PERCENTILES, CalibrationStats, SiteStats, site_dims
 from hetero.model import SITES
 from hetero.outliers.pruning import PlanOptions, hot_channels, kept_sites, plan_from_calibration, rank_sites
 
@@ -66,7 +66,7 @@ def test_error_importance_from_histogram(tiny, stats):
     # with a heavier tail beyond the pruned threshold ranks first
     from dataclasses import replace
 
-    from hetero.outliers.calibrate import _BINS_PER_OCTAVE, _LOG2_LO, _NBINS
+    from hetero.outliers.calibration import _BINS_PER_OCTAVE, _LOG2_LO, _NBINS
 
     def hist(tail):
         h = np.zeros(_NBINS)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hetero.model import forward
-from hetero.outliers.calibrate import calibrate, token_windows
+from hetero.outliers.calibration import calibrate, token_windows
 from hetero.outliers.corpus import load_corpus
 from hetero.outliers.pruning import PlanOptions, plan_from_calibration
 from hetero.outliers.shadow import QuantizedBackend

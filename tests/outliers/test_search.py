@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hetero.errors import ConfigError
-from hetero.outliers.calibrate import calibrate
+from hetero.outliers.calibration import calibrate
 from hetero.outliers.pruning import SiteChoice
 from hetero.outliers.search import (
     OPTIONS,

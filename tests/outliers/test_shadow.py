@@ -76,7 +76,7 @@ def test_pruned_site_has_no_shadow():
 def test_backend_close_to_float_and_shadow_helps(tiny, ids):
     cfg, w = tiny.config, tiny.weights
     ref_logits, _, _ = forward(cfg, w, ids)
-    from hetero.outliers.calibrate import run_sites
+    from hetero.outliers.calibration import run_sites
 
     amax = {}
     run_sites(cfg, w, ids, lambda l, s, x: amax.__setitem__((l, s), float(x.abs().max())))

@@ -11,8 +11,8 @@ import shutil
 import numpy as np
 import pytest
 
-from hetero.outliers import calibrate as cal
-from hetero.outliers.calibrate import ensure_calibration
+from hetero.outliers import calibration as cal
+from hetero.outliers.calibration import ensure_calibration
 from tests.outliers.test_calibrate import TEXT, ByteTokenizer
 
 

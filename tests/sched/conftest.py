@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hetero.sched.dag import build_dag, compile_dag
+from hetero.sched.costs import build_dag, compile_dag
 from hetero.sched.profile import CostEntry, Profile
 
 LAYER = (("qkv", "npu"), ("attn", "cpu"), ("o_ffn", "npu"))

@@ -2,7 +2,7 @@ import networkx as nx
 import pytest
 
 from hetero.errors import ConfigError, ScheduleError
-from hetero.sched.dag import build_dag, compile_dag, validate_dag
+from hetero.sched.costs import build_dag, compile_dag, validate_dag
 
 
 def test_edges_follow_eq3_and_kv_dependency(layer):

@@ -30,7 +30,7 @@ def test_measure_profile_rejects_bad_repeats():
 def test_hetero_profile_times_the_runtimes_own_subgraphs():
     """`hetero profile`'s runner: qkv / o_ffn on the backend, attn through the runtime's attention kernel (the
     one a prefill runs), over kv_len keys; kinds on another lane or a C without graphs are not measured."""
-    from hetero.cli.sched import subgraph_runner
+    from hetero.cli.profile import subgraph_runner
     from hetero.runtime import Runtime
     from tests.conftest import make_tiny_model
 

@@ -1,6 +1,6 @@
 import pytest
 
-from hetero.sched.dag import build_dag, compile_dag
+from hetero.sched.costs import build_dag, compile_dag
 from hetero.sched.policy import Dispatcher, upward_rank
 from hetero.sched.simulate import simulate
 

@@ -9,5 +9,5 @@
 
 One switch: a runtime's `threads.ExecutionPlan.decode_helper` (or `DecodeStep(..., attention_threads=1)`); off,
 a step runs on one thread with the whole graphs, bit for bit the same logits. The rest of `hetero.decode` reaches
-this package only from `step.py` (the pool), `bound.py` (the split stages) and `head.py` (the head's halves).
+this package only from `step.py` (the pool), `bound_step.py` (the split stages) and `head.py` (the head's halves).
 """

@@ -46,7 +46,7 @@ _FIELDS = 13
 
 @dataclass(frozen=True, slots=True)
 class StageTable:
-    """A step's split graphs as the compiled loops see them (`bound.BoundStep`): stage i's own half (or tail) runs
+    """A step's split graphs as the compiled loops see them (`bound_step.BoundStep`): stage i's own half (or tail) runs
     as session ms[i] with binding mb[i], its other half as hs[i] / hb[i] (0: none), through the C function at
     run_fn (ONNX Runtime's RunWithBinding); raise_for(status) raises a failed run's error."""
 

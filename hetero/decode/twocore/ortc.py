@@ -5,7 +5,7 @@ Python module, which links its own static copy; loading the library gives a seco
 the process. A decode step's helper thread runs graph halves through it from numba (`native.call3` on
 `run_fn` = RunWithBinding), with no GIL to hand over (~40 µs a hand-off, measured: docs/journal.md, "Decoding").
 
-Only what the split decode graphs need (`halves`, `bound.BoundStep`): a session from a model in memory on one
+Only what the split decode graphs need (`halves`, `bound_step.BoundStep`): a session from a model in memory on one
 thread without spinning or arena, as `npu.providers.OrtCpuProvider.load`, and a binding of its inputs and
 outputs to fixed float32 buffers. Slots are positions in `struct OrtApi` (onnxruntime_c_api.h), append-only
 across releases; the runtime's own static_asserts pin ReleaseCustomOpDomain at 101 and ReleaseModelMetadata

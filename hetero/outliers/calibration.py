@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from hetero import model as ref
-from hetero.backend import TorchBackend
+from hetero.torch_backends import TorchBackend
 from hetero.model import SITES, FloatLinear, Observer, observed
 from hetero.errors import ConfigError, ModelFormatError
 from hetero.outliers.corpus import DEFAULT_CALIBRATION, corpus_id, load_corpus
