@@ -106,8 +106,8 @@ def test_a_prompt_at_the_context_edge_is_refused_before_the_prefill_or_answered(
     prefills = []
     real = Runtime.prefill
     monkeypatch.setattr(Runtime, "prefill", lambda self, *a, **k: prefills.append(1) or real(self, *a, **k))
-    # --speculate off: a drafted tree needs rows past the context (decode's own edge, the lead's issue 28 work)
-    code = main(["run", question, "-n", "8", "--method", "float", "--chunk", "32", "--speculate", "off", "--json"])
+    # the default speculation (lookup): a drafted tree is cut to the context's room, and so are the step costs
+    code = main(["run", question, "-n", "8", "--method", "float", "--chunk", "32", "--json"])
     captured = capsys.readouterr()
     if room == 0:
         assert code == 2 and not prefills

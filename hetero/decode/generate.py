@@ -136,7 +136,9 @@ class Decoding:
     def _one_step(self, gen) -> list[int]:
         """One target pass over the root (+ a drafted tree); returns the tokens it decided."""
         root = self.tokens[-1]
-        budget = self.params.max_new_tokens - len(self.tokens)
+        # a tree's rows are written at positions length.. : no more rows than the context has room for
+        room = self.runtime.cfg.context_length - self.cache.length
+        budget = min(self.params.max_new_tokens - len(self.tokens), room)
         draft_ms, depth, confidence = 0.0, 0, None
         tree = TokenTree([root], [-1])
         if self.drafter is not None and self.fixed_tree is None and getattr(self.drafter, "free", False):
@@ -145,10 +147,10 @@ class Decoding:
             confidence = self.drafter.confidence
             if len(full) > 1:
                 depth, size = self.control.choose(budget, confidence, max(full.depth))
-                tree = full.cut(min(depth, budget - 1), size)
+                tree = full.cut(min(depth, budget - 1), min(size, room))
         elif self.drafter is not None:
             depth, size = self.control.choose(budget) if self.fixed_tree is None else self.fixed_tree
-            depth = min(depth, budget - 1)
+            depth, size = min(depth, budget - 1), min(size, room)
             t = time.perf_counter()
             tree = self.drafter.draft(self.context + self.tokens, depth, size) if depth else tree
             draft_ms = (time.perf_counter() - t) * 1e3

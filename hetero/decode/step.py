@@ -170,7 +170,8 @@ class DecodeStep:
         host), else timed now (rows past cache.length: scratch, unchanged length) and stored."""
         if not self.costs:
             self.costs.update(load_costs(self.costs_key))
-        missing = [c for c in sizes if c not in self.costs]
+        room = self.cfg.context_length - cache.length  # scratch rows past the cache must fit in the context
+        missing = [c for c in sizes if c not in self.costs and c <= room]
         for c in missing:
             if c not in self.costs:
                 tree = TokenTree.chain([self.cfg.bos_token_id or 0] * c)
