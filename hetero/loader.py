@@ -120,8 +120,8 @@ def _load_gguf(p: Path) -> Model:
     # processes may both read it; only one writes the entry)
     t0 = time.perf_counter()
     print(f"hetero: reading {p.name} once (dequantizing, building the tokenizer); cached in {entry}", file=sys.stderr)
-    cfg, weights, tokenizer = _read_gguf(p)
-    model = Model(cfg, weights, tokenizer, p, fp, p.stem)
+    cfg, weights, hf_tokenizer = _read_gguf(p)
+    model = Model(cfg, weights, _wrap(hf_tokenizer), p, fp, p.stem)
     try:
         lock = entry_lock(entry)
         lock.acquire(timeout=900)
@@ -134,7 +134,7 @@ def _load_gguf(p: Path) -> Model:
             return cached
         remove_stale_temps(entry)  # of writers killed mid-way
         try:
-            _save_cache(entry, cfg, weights, tokenizer)
+            _save_cache(entry, cfg, weights, hf_tokenizer)
         except OSError as e:  # full disk: no partial entry stays
             discard_entry(entry)
             cache_unwritable(entry.parent, e)
@@ -295,7 +295,16 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, out // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape).contiguous()
 
 
+def _wrap(hf_tokenizer: Any) -> Any:
+    """hetero's `Tokenizer` of what transformers converted (None: the model has none)."""
+    from hetero.tokenizer import Tokenizer
+
+    return None if hf_tokenizer is None else Tokenizer.of(hf_tokenizer)
+
+
 def _gguf_tokenizer(p: Path) -> Any:
+    """transformers' tokenizer built from the GGUF's metadata (its converter; a warm load reads the saved
+    tokenizer.json with `hetero.tokenizer` instead)."""
     from transformers import AutoTokenizer
 
     try:
@@ -346,9 +355,11 @@ def _load_hf_dir(p: Path) -> Model:
     _check_shapes(cfg, weights, p)
     tokenizer = None
     if (p / "tokenizer.json").is_file() or (p / "tokenizer.model").is_file():
+        # transformers reads a user's folder (its tokenizer classes may rewrite the post-processor from the
+        # config, e.g. add_bos_token); hetero's cache keeps what it built (`_load_cached`)
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(p))
+        tokenizer = _wrap(AutoTokenizer.from_pretrained(str(p)))
     fp = _dir_fingerprint(shards + [cfg_file])
     return Model(cfg, weights, tokenizer, p, fp, p.name)
 
@@ -423,7 +434,7 @@ def _config_sha(config: dict) -> str:
 
 def _save_cache(entry: Path, cfg: ModelConfig, w: Weights, tokenizer: Any) -> None:
     """Write the entry (hold its lock): meta.json goes first away and comes back last, with a record of
-    every file, so a reader sees a complete entry or none."""
+    every file, so a reader sees a complete entry or none. `tokenizer`: transformers' (None: the model has none)."""
     state = {"tok_emb": w.tok_emb, "norm": w.norm}
     if not cfg.tie_embeddings:
         state["lm_head"] = w.lm_head
@@ -513,9 +524,9 @@ def _load_cached(entry: Path, p: Path, fp: str, repair: bool) -> Model | None:
         weights = Weights(tok_emb, layers, state["norm"], state.get("lm_head", tok_emb), cfg.embed_scale)
         tokenizer = None
         if (entry / "tokenizer").is_dir():
-            from transformers import AutoTokenizer
+            from hetero.tokenizer import Tokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(str(entry / "tokenizer"))
+            tokenizer = Tokenizer.from_dir(entry / "tokenizer")
     except Exception as e:  # a damaged cache entry is rebuilt, never trusted
         if repair:
             log.warning("model cache entry %s is damaged (%s); rebuilding it from %s", entry, e, p.name)

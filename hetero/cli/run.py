@@ -102,7 +102,10 @@ def _decode_hetero(args: argparse.Namespace, model: Any, runtime: Any, prompt: A
     from hetero.loader import load_model
     from hetero.methods import make_runtime
 
+    from hetero.cli import start_up_done
+
     params = sampling_params(args)
+    start_up_done()  # the decode loop makes garbage; what was built so far lives until exit
     with timing("decode set-up"):
         draft = None
         if args.speculate == "draft":
@@ -172,6 +175,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.max_new_tokens = budget
         out.update(_decode_hetero(args, model, runtime, prompt, result, timing))
     else:
+        from hetero.cli import start_up_done
+
+        start_up_done()
         with timing("decode set-up"):
             hf = to_hf_model(model)
         with timing("decode"):
