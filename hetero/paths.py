@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import io
 import logging
+import mmap
 import os
 import tempfile
 import threading
@@ -156,15 +158,30 @@ def content_hash(path: str | os.PathLike) -> str:
             known = _HASHED.get(key)
         if known is not None:
             return known
-        h, buf = xxhash.xxh3_128(), bytearray(_BLOCK)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    digest = h.hexdigest()
+        digest = _hash_open_file(f, st.st_size)
     if t0 - max(st.st_mtime_ns, st.st_ctime_ns) > _RACY_NS:
         with _HASHED_LOCK:
             _HASHED[key] = digest
     return digest
+
+
+def _hash_open_file(f: "io.FileIO", size: int) -> str:
+    """xxh3-128 of an open file: hashed in place in a populated read-only mapping of its page cache (4x faster
+    than reading it into a buffer: 25 vs 107 ms for 513 MB, issue 28), in blocks where it cannot be mapped."""
+    h = xxhash.xxh3_128()
+    try:
+        with mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                       prot=mmap.PROT_READ) as m:
+            h.update(m)
+        return h.hexdigest()
+    except (OSError, ValueError, AttributeError):  # empty file, no mmap here (a pipe, another OS)
+        h.reset()
+        f.seek(0)
+    buf = bytearray(_BLOCK)
+    view = memoryview(buf)
+    while n := f.readinto(buf):
+        h.update(view[:n])
+    return h.hexdigest()
 
 
 def file_record(path: str | os.PathLike) -> dict:

@@ -83,10 +83,11 @@ def cached_arrays(model, kind: str, form: dict, compute: Callable[[], dict[str, 
     def load(path: Path) -> dict[str, np.ndarray]:
         from safetensors import safe_open
 
-        with safe_open(str(path), "numpy") as f:
+        # through torch: its tensors map the file (copy on write), numpy's are copies (7 vs 85 ms, issue 28)
+        with safe_open(str(path), "pt") as f:
             if (f.metadata() or {}).get("form") != text:
                 raise ValueError("it was made for another form")
-            return {k: f.get_tensor(k) for k in f.keys()}
+            return {k: f.get_tensor(k).numpy() for k in f.keys()}
 
     def save(arrays: dict[str, np.ndarray], tmp: Path) -> None:
         from safetensors.numpy import save_file
