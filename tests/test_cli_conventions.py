@@ -46,7 +46,7 @@ def test_run_from_stdin_with_system_n_and_timing(default_model, monkeypatch, cap
     out = json.loads(captured.out.strip().splitlines()[-1])
     assert "Paris" in out["text"] and out["new_tokens"] <= 12
     # in-process (argv given): no "imports", the process was not started for this command
-    assert list(out["seconds"]) == ["load", "calibrate", "build", "warm-up", "prefill", "decode set-up", "decode"]
+    assert list(out["seconds"]) == ["load", "calibrate", "build", "prefill", "decode set-up", "decode"]
     assert out["decode_on"]["engine"] == "torch" and out["chunk"] == 256  # no --chunk: the method's C
     assert "hetero: time: load" in captured.err
 

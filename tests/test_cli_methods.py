@@ -29,7 +29,7 @@ ANSWER_ONLY = {
 }
 FAST = {DEFAULT_METHOD, "float"}  # the demo's paths
 EXTRA_ARGS = {"hetero-qnn": ["--chunk", "8"]}  # one chunk of 8 rows on the simulator (the prompt is 5 tokens)
-SECONDS = ["load", "calibrate", "build", "warm-up", "prefill", "decode set-up", "decode"]
+SECONDS = ["load", "calibrate", "build", "prefill", "decode set-up", "decode"]
 
 
 def run_method(method: str) -> subprocess.CompletedProcess:
