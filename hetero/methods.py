@@ -19,13 +19,13 @@ from hetero.torch_backends import FloatBackend, LayerBackend
 from hetero.errors import ConfigError
 from hetero.loader import Model
 from hetero.runtime import Runtime
-from hetero.serve.service import Service
-from hetero.serve.store import StoreConfig
 from hetero.threads import ExecutionPlan, set_torch_threads
 
 if TYPE_CHECKING:
     from hetero.outliers.plan import QuantPlan
     from hetero.outliers.search import SiteCosts
+    from hetero.serve.service import Service
+    from hetero.serve.store import StoreConfig
 
 log = logging.getLogger(__name__)
 
@@ -215,9 +215,20 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
 
 
 def make_service(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,
-                 store: StoreConfig | None = None, **options: int) -> Service:
+                 store: "StoreConfig | None" = None, **options: int) -> "Service":
     """A `hetero.serve.Service` (contexts, prefix reuse, the chunk K/V store) over a runtime for `method`.
 
     `options`: max_contexts_per_client, max_active, max_queue (see `Service`).
     """
+    from hetero.serve.service import Service
+
     return Service(make_runtime(model, method, chunk, threads), store, **options)
+
+
+def __getattr__(name: str) -> object:
+    """`Service` (the public API's `hetero.Service`), imported at first use: `hetero run` serves nothing (50 ms)."""
+    if name == "Service":
+        from hetero.serve.service import Service
+
+        return Service
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

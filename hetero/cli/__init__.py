@@ -29,11 +29,19 @@ def _version() -> str:
         return __version__
 
 
+class _Version(argparse.Action):
+    """--version: the version read when asked (importlib.metadata costs ~25 ms of every command's start)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        print(f"hetero {_version()}")
+        parser.exit()
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser of `argv`'s command (default sys.argv), or of every command when none is given."""
     parser = argparse.ArgumentParser(prog="hetero", description="Fast LLM prefill on NPU + CPU/GPU (mllm-NPU).")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what hetero decides (and, for run, where the time went)")
-    parser.add_argument("--version", action="version", version=f"hetero {_version()}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
     groups = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
