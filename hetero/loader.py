@@ -19,6 +19,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ _HF_GEMMA3_NAMES = {**_HF_NAMES, "ffn_norm": "pre_feedforward_layernorm.weight",
 _NORMS = ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
 
 
-def _fields_used(cfg: ModelConfig) -> list[str]:
+def fields_used(cfg: ModelConfig) -> list[str]:
     """The LayerWeights fields a layer of `cfg` reads (the others stay None)."""
     used = ["attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down"]
     for on, names in ((cfg.qkv_bias, ("bq", "bk", "bv")), (cfg.o_bias, ("bo",)),
@@ -78,12 +79,24 @@ class Model:
     """A loaded model: config, float weights, tokenizer (None if the directory has none), provenance."""
 
     config: ModelConfig
-    weights: Weights
+    _weights: Weights | Callable[[], Weights]  # the float weights, or what loads (and verifies) them at first use
     tokenizer: Any
     path: Path
     fingerprint: str  # content hash of the source file(s): keys calibration and graph caches
     name: str
     rotated: bool = False  # residual stream rotated offline (`outliers.rotate.rotate_model`)
+
+    @property
+    def weights(self) -> Weights:
+        """The float weights. A cached model's are mapped and checked against their content record at their first
+        use: the default method runs the rotated copy and never reads these (~0.1 s of a warm start, issue 28)."""
+        if not isinstance(self._weights, Weights):
+            self._weights = self._weights()
+        return self._weights
+
+    def with_weights(self, weights: Weights | Callable[[], Weights], **changes: Any) -> "Model":
+        """A copy of this model with other float weights (and other `changes` of its fields)."""
+        return dataclasses.replace(self, _weights=weights, **changes)
 
 
 def load_model(path: str | os.PathLike | None = None) -> Model:
@@ -107,13 +120,15 @@ def load_model(path: str | os.PathLike | None = None) -> Model:
 # ---------------------------------------------------------------------------------------------- GGUF
 
 
-def _load_gguf(p: Path) -> Model:
+def _load_gguf(p: Path, damaged: bool = False) -> Model:
+    """The model of GGUF file `p` from its cache entry, else read and cached; damaged: the entry's weights failed
+    their check at first use (`_first_use`), so it is checked again and repaired under its lock."""
     with p.open("rb") as f:
         if f.read(4) != b"GGUF":
             raise ModelFormatError(f"{p} is not a GGUF file (bad magic) and not a directory")
     fp = file_fingerprint(p)
     entry = cache_dir() / "models" / fp
-    model = _load_cached(entry, p, fp, repair=False)  # the common case: no lock taken
+    model = None if damaged else _load_cached(entry, p, fp, repair=False)  # the common case: no lock taken
     if model is not None:
         return model
     # read before anything is created or locked: a GGUF that fails leaves nothing behind (two cold
@@ -274,7 +289,7 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
             gate_up = tensor(f"blk.{i}.ffn_up.weight").split([cfg.ffn, cfg.ffn])
             fused["w_gate"], fused["w_up"] = (t.contiguous() for t in gate_up)
         fields: dict[str, torch.Tensor | None] = {f: fused[f] if f in fused else tensor(f"blk.{i}.{_GGUF_NAMES[f]}")
-                                                  for f in _fields_used(cfg)}
+                                                  for f in fields_used(cfg)}
         if arch in ("llama", "mistral"):  # llama.cpp's converter permutes Q/K of Llama-style models only
             fields["wq"] = _unpermute(fields["wq"], cfg.n_heads)
             fields["wk"] = _unpermute(fields["wk"], cfg.n_kv_heads)
@@ -368,7 +383,7 @@ def _hf_layer(cfg: ModelConfig, i: int, tensor: Any) -> dict[str, torch.Tensor]:
     """The LayerWeights fields of HF layer i: the ones `cfg` reads (others None); Phi-3's fused qkv and
     gate_up split; Gemma 3's norms as 1 + w (its RMSNorm's form, folded once)."""
     names = _HF_GEMMA3_NAMES if cfg.arch == "gemma3" else _HF_NAMES
-    used = _fields_used(cfg)
+    used = fields_used(cfg)
     pre = f"model.layers.{i}."
     out: dict[str, torch.Tensor] = {}
     if cfg.arch == "phi3":
@@ -401,7 +416,7 @@ def _check_shapes(cfg: ModelConfig, w: Weights, p: Path) -> None:
                 "w_up": (cfg.ffn, d), "w_down": (d, cfg.ffn), "attn_norm": (d,), "ffn_norm": (d,),
                 "bq": (q,), "bk": (kv,), "bv": (kv,), "bo": (d,), "b_gate": (cfg.ffn,), "b_up": (cfg.ffn,),
                 "b_down": (d,), "q_norm": (hd,), "k_norm": (hd,), "post_attn_norm": (d,), "post_ffn_norm": (d,)}
-    used = _fields_used(cfg)
+    used = fields_used(cfg)
     for i, lw in enumerate(w.layers):
         for name in used:
             shape = expected[name]
@@ -462,8 +477,9 @@ def _save_cache(entry: Path, cfg: ModelConfig, w: Weights, tokenizer: Any) -> No
         tmp.write_text(json.dumps(meta, indent=1))
 
 
-def _verify_cached(entry: Path) -> dict | None:
-    """meta.json of a complete, intact entry; None if there is none; ModelFormatError saying what is wrong."""
+def _verify_cached(entry: Path, skip: tuple[str, ...] = ()) -> dict | None:
+    """meta.json of a complete, intact entry (but for its files named in `skip`, checked later); None if there is
+    none; ModelFormatError saying what is wrong."""
     meta_file = entry / "meta.json"
     if not meta_file.is_file():
         return None
@@ -475,7 +491,8 @@ def _verify_cached(entry: Path) -> dict | None:
         raise ModelFormatError(f"cache format {meta.get('version')!r}, not {CACHE_VERSION}")
     if _config_sha(meta.get("config", {})) != meta.get("config_sha256"):
         raise ModelFormatError("meta.json was edited (its config no longer matches its hash)")
-    bad = verify_files(entry, meta.get("files") or {"weights.safetensors": {"size": -1}})
+    files = meta.get("files") or {"weights.safetensors": {"size": -1}}
+    bad = verify_files(entry, {k: v for k, v in files.items() if k not in skip})
     if bad:
         raise ModelFormatError("; ".join(map(str, bad)))
     return meta
@@ -514,25 +531,51 @@ def _load_cached(entry: Path, p: Path, fp: str, repair: bool) -> Model | None:
     """The cached model if its entry verifies, else None; repair (holding the entry's lock): warn about
     a damaged entry and delete its meta.json so that it is rebuilt."""
     try:
-        meta = _verify_cached(entry)
+        meta = _verify_cached(entry, skip=(WEIGHTS,))
         if meta is None:
             return None
         cfg = ModelConfig.from_dict(meta["config"])
-        state = load_file(str(entry / "weights.safetensors"))
-        layers = [LayerWeights(**{f: state.get(f"layers.{i}.{f}") for f in _LAYER_FIELDS}) for i in range(cfg.n_layers)]
-        tok_emb = state["tok_emb"]
-        weights = Weights(tok_emb, layers, state["norm"], state.get("lm_head", tok_emb), cfg.embed_scale)
+        record = (meta.get("files") or {}).get(WEIGHTS, {"size": -1})
         tokenizer = None
         if (entry / "tokenizer").is_dir():
             from hetero.tokenizer import Tokenizer
 
             tokenizer = Tokenizer.from_dir(entry / "tokenizer")
+        # the float weights are checked at their first use (`Model.weights`); a repair (under the lock) checks
+        # them now
+        weights = _cached_weights(entry, cfg, record) if repair else lambda: _first_use(entry, cfg, record, p)
     except Exception as e:  # a damaged cache entry is rebuilt, never trusted
         if repair:
             log.warning("model cache entry %s is damaged (%s); rebuilding it from %s", entry, e, p.name)
             discard_entry(entry)
         return None
     return Model(cfg, weights, tokenizer, p, fp, p.stem)
+
+
+WEIGHTS = "weights.safetensors"
+
+
+def _cached_weights(entry: Path, cfg: ModelConfig, record: dict) -> Weights:
+    """The entry's float weights (mapped), after their content check; ModelFormatError naming the damage."""
+    bad = verify_files(entry, {WEIGHTS: record})
+    if bad:
+        raise ModelFormatError("; ".join(map(str, bad)))
+    try:
+        state = load_file(str(entry / WEIGHTS))
+        layers = [LayerWeights(**{f: state.get(f"layers.{i}.{f}") for f in _LAYER_FIELDS}) for i in range(cfg.n_layers)]
+        tok_emb = state["tok_emb"]
+        return Weights(tok_emb, layers, state["norm"], state.get("lm_head", tok_emb), cfg.embed_scale)
+    except Exception as e:  # bytes that verify but do not load (an older writer): damage all the same
+        raise ModelFormatError(f"{WEIGHTS} cannot be read ({type(e).__name__}: {e})") from e
+
+
+def _first_use(entry: Path, cfg: ModelConfig, record: dict, p: Path) -> Weights:
+    """A cached model's float weights at their first use; damaged ones are rebuilt from the GGUF `p` with a
+    warning (as `_load_gguf` rebuilds a damaged entry)."""
+    try:
+        return _cached_weights(entry, cfg, record)
+    except ModelFormatError:  # checked again under the entry's lock, then rebuilt with a warning
+        return _load_gguf(p, damaged=True).weights
 
 
 _MADV_DONTNEED = 4

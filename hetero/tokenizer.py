@@ -65,6 +65,8 @@ class Tokenizer:
         return {"input_ids": self.backend.encode(text, add_special_tokens=add_special_tokens).ids}
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        """The text of token ids (a sequence, or one id as an int or a 0-d tensor)."""
+        ids = [ids] if isinstance(ids, int) or getattr(ids, "ndim", 1) == 0 else ids
         text = self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
         return _clean_up(text) if self.clean_up_spaces else text
 

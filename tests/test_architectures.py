@@ -271,8 +271,7 @@ def _qk_norm_tiny():
     layers = [dataclasses.replace(lw, q_norm=1 + 0.2 * torch.randn(16, generator=g),
                                   k_norm=1 + 0.2 * torch.randn(16, generator=g)) for lw in m.weights.layers]
     cfg = dataclasses.replace(m.config, arch="qwen3", qk_norm=True)
-    return dataclasses.replace(m, config=cfg, weights=dataclasses.replace(m.weights, layers=layers),
-                               fingerprint="tiny-qknorm")
+    return m.with_weights(dataclasses.replace(m.weights, layers=layers), config=cfg, fingerprint="tiny-qknorm")
 
 
 def _biased_gelu_tiny(path):

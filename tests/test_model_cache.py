@@ -43,6 +43,7 @@ def test_flipped_bytes_in_weights_are_detected_and_rebuilt(gguf_path, caplog):
     w.write_bytes(bytes(data))  # same size, new stamp: hashed on the next load
     with caplog.at_level(logging.WARNING):
         again = load_model(gguf_path)
+        again.weights  # checked at their first use
     assert "damaged" in caplog.text and "content hash" in caplog.text
     assert _same(first, again)
     caplog.clear()
@@ -111,6 +112,7 @@ def test_nan_weights_behind_a_kept_mtime_are_rebuilt(gguf_path, caplog):
     os.utime(w, ns=(st.st_atime_ns, st.st_mtime_ns))  # bit rot or a `cp -p` restore keeps the stamp
     with caplog.at_level(logging.WARNING):
         again = load_model(gguf_path)
+        again.weights  # checked at their first use
     assert "damaged" in caplog.text and "fails its content hash" in caplog.text
     assert _same(first, again) and all(bool(torch.isfinite(lw.w_down).all()) for lw in again.weights.layers)
 

@@ -38,6 +38,7 @@ def test_ids_and_text_equal_transformers(pair) -> None:
             assert ids == list(hf(text, add_special_tokens=special)["input_ids"]), (text, special)
             for skip in (True, False):
                 assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)
+    assert ours.decode(ids[-1]) == hf.decode(ids[-1])  # one id, as an int
     assert ours.eos_token_id == hf.eos_token_id and ours.bos_token_id == hf.bos_token_id
     assert ours.get_vocab() == hf.get_vocab()
 

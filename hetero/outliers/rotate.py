@@ -109,11 +109,19 @@ def _save(w, path: Path) -> None:
     save_file(state, str(path))
 
 
-def _load(path: Path, w):
+def _load(path: Path, model):
+    """The rotated weights in `path`; the layer fields rotation leaves as they are (QK norms, gate/up biases) come
+    from `model`, whose float weights are read only for them (the default model has none: issue 28)."""
+    from hetero.loader import fields_used
+    from hetero.model import LayerWeights, Weights
+
     state = load_file(str(path))
-    layers = [dataclasses.replace(lw, **{f: state[f"layers.{i}.{f}"] for f in _FIELDS if f"layers.{i}.{f}" in state})
-              for i, lw in enumerate(w.layers)]
-    return dataclasses.replace(w, tok_emb=state["tok_emb"], layers=layers, norm=state["norm"], lm_head=state["lm_head"])
+    cfg = model.config
+    kept = [f for f in fields_used(cfg) if f not in _FIELDS]
+    base = model.weights.layers if kept else None
+    layers = [LayerWeights(**{f: state.get(f"layers.{i}.{f}") for f in _FIELDS},
+                           **{f: getattr(base[i], f) for f in kept}) for i in range(cfg.n_layers)]
+    return Weights(state["tok_emb"], layers, state["norm"], state["lm_head"], cfg.embed_scale)
 
 
 def rotate_model(model, seed: int = 0, cache: bool = True):
@@ -131,8 +139,8 @@ def rotate_model(model, seed: int = 0, cache: bool = True):
         return w
 
     if cache:
-        weights = cached(cache_dir() / "models" / fp, "weights.safetensors", lambda p: _load(p, model.weights),
+        weights = cached(cache_dir() / "models" / fp, "weights.safetensors", lambda p: _load(p, model),
                          build, _save, "rotated weights")
     else:
         weights = build()
-    return dataclasses.replace(model, weights=weights, fingerprint=fp, rotated=True)
+    return model.with_weights(weights, fingerprint=fp, rotated=True)
