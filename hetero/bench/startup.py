@@ -2,8 +2,9 @@
 
 Each round runs, in their own processes, `hetero run PROMPT -n 8` and llama.cpp (llama-cpp-python) answering the
 same chat question from the same GGUF on the same threads; a round's order alternates. Every hetero run reports its
-phases (`hetero -v run --json`: load, calibrate, build, warm-up, prefill, decode set-up, decode); what the wall time
-has beyond them is the interpreter's start, the imports and the exit. Medians of the rounds, after one warm-up run
+phases (`hetero -v run --json`: imports, load, calibrate, build, prefill (the process's first: `hetero run` does no
+warm-up prefill), decode set-up, decode); what the wall time has beyond them is the interpreter's start before its
+clock starts, and the exit. Medians of the rounds, after one warm-up run
 of each engine (the warm cache).
 """
 
