@@ -119,8 +119,9 @@ class OrtC:
             self.fn["ReleaseStatus"](status)
             raise OrtError(msg)
 
-    def session(self, model: onnx.ModelProto) -> "Session":
-        """A session of `model` on one thread: no spinning, no arena, no further graph optimization."""
+    def session(self, model: "onnx.ModelProto | bytes") -> "Session":
+        """A session of `model` (or its serialization) on one thread: no spinning, no arena, no further graph
+        optimization."""
         f = self.fn
         so = c_void_p()
         self.check(f["CreateSessionOptions"](byref(so)))
@@ -130,7 +131,7 @@ class OrtC:
             self.check(f["SetSessionGraphOptimizationLevel"](so, _DISABLE_ALL))
             self.check(f["DisableCpuMemArena"](so))
             self.check(f["AddSessionConfigEntry"](so, b"session.intra_op.allow_spinning", b"0"))
-            data = model.SerializeToString()
+            data = model if isinstance(model, bytes) else model.SerializeToString()
             sess = c_void_p()
             self.check(f["CreateSessionFromArray"](self.env, data, len(data), so, byref(sess)))
         finally:
