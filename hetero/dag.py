@@ -2,17 +2,16 @@
 
 Node G[i][j] has id ``i * (L*M) + j``, so ids are program order (chunk-major). Edges: Eq. 3 within a
 chunk, and attn of chunk i-1 → attn of chunk i (its K/V; docs/design.md, "Scheduler", says why this
-differs from Eq. 2 as printed). networkx builds and checks the graph once; `compile_graph` flattens it into
-the integer tuples the dispatch loop reads, so no decision walks networkx objects.
+differs from Eq. 2 as printed). `prefill_dag` builds it straight into the integer tuples the dispatch loop reads
+(`CompiledDag`), so no decision walks graph objects and a prefill imports no graph library (networkx: 0.15 s of
+a start, issue 28); `build_dag` is its networkx view (analysis, tests), `compile_graph` flattens any such graph.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Sequence
-
-import networkx as nx
+from typing import TYPE_CHECKING, Sequence
 
 from hetero.errors import ConfigError, ScheduleError
 
@@ -20,6 +19,9 @@ SUBGRAPH_KINDS = ("qkv", "attn", "o_ffn")  # one decoder layer, in execution ord
 LANES = ("npu", "cpu", "gpu")  # scheduler lane ids; a lane runs one subgraph at a time (Eq. 4)
 DEFAULT_PLACEMENT = (("qkv", "npu"), ("attn", "cpu"), ("o_ffn", "npu"))  # (kind, lane) of one layer
 CROSS_CHUNK_KINDS = ("attn",)  # kinds that read the K/V of earlier chunks of their layer
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 def _layer_key(layer_subgraphs: Sequence[Sequence[str]]) -> tuple[tuple[str, str], ...]:
@@ -32,48 +34,91 @@ def _layer_key(layer_subgraphs: Sequence[Sequence[str]]) -> tuple[tuple[str, str
     return key
 
 
-def build_dag(n_chunks: int, layer_subgraphs: Sequence[Sequence[str]], n_layers: int,
-              kv_source: str = "attn") -> nx.DiGraph:
-    """The DAG of a prefill of `n_chunks` chunks (Eq. 2-3), validated acyclic; cached, do not mutate.
+def prefill_dag(n_chunks: int, layer_subgraphs: Sequence[Sequence[str]], n_layers: int, kv_source: str = "attn",
+                chunk_len: int = 0) -> CompiledDag:
+    """The DAG of a prefill of `n_chunks` chunks (Eq. 2-3), flat (`CompiledDag`, costs 0); cached.
 
-    Node id ``i * (n_layers * M) + j``; attributes ``chunk``, ``j``, ``layer``, ``kind``, ``lane``.
+    Node id ``i * (n_layers * M) + j``. Every edge goes from a smaller id to a larger one, so it is acyclic and
+    ids are a topological order. kv_source "attn": attn of chunk i-1 → attn of chunk i (its K/V); "qkv": Eq. 2
+    as printed (G[i2][j-1] → G[i][j] for every earlier chunk i2).
     """
     if n_chunks <= 0 or n_layers <= 0:
         raise ConfigError(f"n_chunks and n_layers must be > 0, got {n_chunks} and {n_layers}")
     if kv_source not in ("attn", "qkv"):
         raise ConfigError(f"kv_source must be 'attn' or 'qkv', got {kv_source!r}")
-    return _build_dag(n_chunks, _layer_key(layer_subgraphs), n_layers, kv_source)
+    return _prefill_dag(n_chunks, _layer_key(layer_subgraphs), n_layers, kv_source, chunk_len)
 
 
 @functools.lru_cache(maxsize=64)
-def _build_dag(n_chunks: int, layer: tuple[tuple[str, str], ...], n_layers: int, kv_source: str) -> nx.DiGraph:
+def _prefill_dag(n_chunks: int, layer: tuple[tuple[str, str], ...], n_layers: int, kv_source: str,
+                 chunk_len: int) -> CompiledDag:
     m = len(layer)
     per_chunk = n_layers * m
-    g = nx.DiGraph(n_chunks=n_chunks, n_layers=n_layers, layer_subgraphs=layer, kv_source=kv_source)
-    for i in range(n_chunks):
-        for j in range(per_chunk):
-            kind, lane = layer[j % m]
-            g.add_node(i * per_chunk + j, chunk=i, j=j, layer=j // m, kind=kind, lane=lane)
+    n = n_chunks * per_chunk
+    preds: list[list[int]] = [[] for _ in range(n)]
     for i in range(n_chunks):
         base = i * per_chunk
-        for j in range(1, per_chunk):
-            g.add_edge(base + j - 1, base + j)  # Eq. 3
-        if i == 0:
-            continue
         for j in range(per_chunk):
-            if layer[j % m][0] not in CROSS_CHUNK_KINDS:
+            v = base + j
+            if j > 0:
+                preds[v].append(v - 1)  # Eq. 3
+            if i == 0 or layer[j % m][0] not in CROSS_CHUNK_KINDS:
                 continue
             if kv_source == "attn":
-                g.add_edge(base - per_chunk + j, base + j)  # K/V of chunk i-1 (and, transitively, 0..i-2)
+                preds[v].append(v - per_chunk)  # K/V of chunk i-1 (and, transitively, 0..i-2)
             elif j > 0:
-                for i2 in range(i):  # Eq. 2 as printed
-                    g.add_edge(i2 * per_chunk + j - 1, base + j)
+                preds[v].extend(i2 * per_chunk + j - 1 for i2 in range(i))  # Eq. 2 as printed
+    succs: list[list[int]] = [[] for _ in range(n)]
+    for v in range(n):
+        preds[v] = sorted(set(preds[v]))
+        for u in preds[v]:
+            succs[u].append(v)  # v ascending: each list comes out sorted
+    lanes = tuple(ln for ln in LANES if any(lane == ln for _, lane in layer))
+    kinds = tuple(dict.fromkeys(kind for kind, _ in layer))
+    succ_ptr, succ_idx, pred_ptr, pred_idx = [0], [], [0], []
+    for v in range(n):
+        succ_idx.extend(succs[v])
+        succ_ptr.append(len(succ_idx))
+        pred_idx.extend(preds[v])
+        pred_ptr.append(len(pred_idx))
+    return CompiledDag(
+        n_chunks=n_chunks, n_layers=n_layers, layer_subgraphs=layer, chunk_len=chunk_len, lanes=lanes, kinds=kinds,
+        lane=tuple(lanes.index(layer[v % per_chunk % m][1]) for v in range(n)),
+        kind=tuple(kinds.index(layer[v % per_chunk % m][0]) for v in range(n)),
+        chunk=tuple(v // per_chunk for v in range(n)), j=tuple(v % per_chunk for v in range(n)),
+        cost_us=(0.0,) * n, succ_ptr=tuple(succ_ptr), succ_idx=tuple(succ_idx), pred_ptr=tuple(pred_ptr),
+        pred_idx=tuple(pred_idx), indeg=tuple(len(p) for p in preds))
+
+
+def build_dag(n_chunks: int, layer_subgraphs: Sequence[Sequence[str]], n_layers: int,
+              kv_source: str = "attn") -> "nx.DiGraph":
+    """`prefill_dag` as a networkx graph, validated acyclic; cached, do not mutate.
+
+    Node attributes ``chunk``, ``j``, ``layer``, ``kind``, ``lane``; graph attributes ``n_chunks``, ``n_layers``,
+    ``layer_subgraphs``, ``kv_source``.
+    """
+    return _build_dag(prefill_dag(n_chunks, layer_subgraphs, n_layers, kv_source), kv_source)
+
+
+@functools.lru_cache(maxsize=64)
+def _build_dag(dag: CompiledDag, kv_source: str) -> "nx.DiGraph":
+    import networkx as nx
+
+    m = len(dag.layer_subgraphs)
+    g = nx.DiGraph(n_chunks=dag.n_chunks, n_layers=dag.n_layers, layer_subgraphs=dag.layer_subgraphs,
+                   kv_source=kv_source)
+    for v in range(dag.n_nodes):
+        g.add_node(v, chunk=dag.chunk[v], j=dag.j[v], layer=dag.j[v] // m, kind=dag.kinds[dag.kind[v]],
+                   lane=dag.lanes[dag.lane[v]])
+    g.add_edges_from((u, v) for u in range(dag.n_nodes) for v in dag.successors(u))
     validate_dag(g)
     return g
 
 
-def validate_dag(g: nx.DiGraph) -> None:
+def validate_dag(g: "nx.DiGraph") -> None:
     """Raise ScheduleError if `g` has a cycle (a schedule would deadlock) or a node lacks lane/kind."""
+    import networkx as nx
+
     if not nx.is_directed_acyclic_graph(g):
         cycle = nx.find_cycle(g)
         raise ScheduleError(f"prefill DAG has a cycle (a schedule would deadlock): {cycle[:6]}")
@@ -174,7 +219,7 @@ class CompiledDag:
         return lb
 
 
-def compile_graph(graph: nx.DiGraph, chunk_len: int, costs: Sequence[float] | None = None,
+def compile_graph(graph: "nx.DiGraph", chunk_len: int, costs: Sequence[float] | None = None,
                   profile_name: str = "") -> CompiledDag:
     """Flatten `graph` (from `build_dag`) into a CompiledDag; `costs` per node in µs (default 0)."""
     n = graph.number_of_nodes()

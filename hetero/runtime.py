@@ -26,7 +26,7 @@ from hetero import model as ref
 from hetero.attention import ChunkAttention
 from hetero.torch_backends import FloatBackend, LayerBackend
 from hetero.chunking import Chunk, check_chunk, padded_ids, plan_chunks, token_ids
-from hetero.dag import DEFAULT_PLACEMENT, CompiledDag, build_dag, compile_graph
+from hetero.dag import DEFAULT_PLACEMENT, CompiledDag, prefill_dag
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache, check_cache
 from hetero.loader import Model
@@ -125,7 +125,7 @@ class SerialExecutor:
     def compile(self, n_chunks: int) -> CompiledDag:
         dag = self._dags.get(n_chunks)
         if dag is None:
-            dag = self._dags[n_chunks] = compile_graph(build_dag(n_chunks, self.placement, self.n_layers), 0)
+            dag = self._dags[n_chunks] = prefill_dag(n_chunks, self.placement, self.n_layers)
         return dag
 
     def start(self, dag: CompiledDag, run: NodeFn) -> SerialRun:

@@ -6,31 +6,39 @@ runs one; this module adds what only the scheduler needs: profiled costs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import networkx as nx
-
-from hetero.dag import CompiledDag, build_dag, compile_graph, validate_dag
+from hetero.dag import CompiledDag, build_dag, compile_graph, prefill_dag, validate_dag
 from hetero.errors import ConfigError
 from hetero.sched.profile import Profile
 
-__all__ = ["CompiledDag", "build_dag", "compile_dag", "compiled_prefill_dag", "validate_dag"]
+if TYPE_CHECKING:
+    import networkx as nx
+
+__all__ = ["CompiledDag", "build_dag", "compile_dag", "compiled_prefill_dag", "prefill_dag", "validate_dag",
+           "with_costs"]
 
 
-def compile_dag(graph: nx.DiGraph, profile: Profile | None, chunk_len: int,
-                costs: Sequence[float] | None = None) -> CompiledDag:
-    """Flatten `graph` into a CompiledDag with costs from `profile` (or explicit per-node `costs`).
+def with_costs(dag: CompiledDag, profile: Profile, chunk_len: int) -> CompiledDag:
+    """`dag` with each node's latency from `profile` at chunk length `chunk_len`.
 
     The cost of attn G[i][j] is taken at kv_len = (i+1)*C (it attends over chunks 0..i, §3.2).
     """
-    if costs is None:
-        if profile is None:
-            raise ConfigError("compile_dag needs a profile or explicit costs, got neither")
-        attrs = graph.nodes
-        costs = [profile.cost_us(attrs[v]["kind"], attrs[v]["lane"], chunk_len, (attrs[v]["chunk"] + 1) * chunk_len)
-                 for v in sorted(graph.nodes)]
-    return compile_graph(graph, chunk_len, costs, profile.name if profile is not None else "")
+    costs = tuple(float(profile.cost_us(dag.kinds[dag.kind[v]], dag.lanes[dag.lane[v]], chunk_len,
+                                        (dag.chunk[v] + 1) * chunk_len)) for v in range(dag.n_nodes))
+    return dataclasses.replace(dag, chunk_len=chunk_len, cost_us=costs, profile_name=profile.name)
+
+
+def compile_dag(graph: "nx.DiGraph", profile: Profile | None, chunk_len: int,
+                costs: Sequence[float] | None = None) -> CompiledDag:
+    """Flatten `graph` into a CompiledDag with costs from `profile` (`with_costs`) or explicit per-node `costs`."""
+    if costs is not None:
+        return compile_graph(graph, chunk_len, costs, profile.name if profile is not None else "")
+    if profile is None:
+        raise ConfigError("compile_dag needs a profile or explicit costs, got neither")
+    return with_costs(compile_graph(graph, chunk_len), profile, chunk_len)
 
 
 @functools.lru_cache(maxsize=64)
@@ -45,5 +53,4 @@ def compiled_prefill_dag(profile: Profile, n_tokens: int, chunk_len: int,
         raise ConfigError(f"n_tokens and chunk_len must be > 0, got {n_tokens} and {chunk_len}")
     n_chunks = -(-n_tokens // chunk_len)
     layer = layer_subgraphs or profile.layer_subgraphs
-    graph = build_dag(n_chunks, layer, n_layers or profile.n_layers)
-    return compile_dag(graph, profile, chunk_len)
+    return with_costs(prefill_dag(n_chunks, layer, n_layers or profile.n_layers), profile, chunk_len)

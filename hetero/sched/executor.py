@@ -18,7 +18,7 @@ from typing import Callable, Mapping, Sequence
 
 from hetero.dag import DEFAULT_PLACEMENT, LANES
 from hetero.errors import ConfigError, ScheduleError
-from hetero.sched.costs import CompiledDag, build_dag, compile_dag
+from hetero.sched.costs import CompiledDag, prefill_dag, with_costs
 from hetero.sched.policy import POLICIES, Dispatcher, PolicyFactory
 from hetero.sched.learned import CostLearner, learned_path
 from hetero.sched.profile import Profile
@@ -296,8 +296,8 @@ class OutOfOrderExecutor:
     def compile(self, n_chunks: int) -> CompiledDag:
         dag = self._dags.get(n_chunks)
         if dag is None:
-            dag = self._dags[n_chunks] = compile_dag(build_dag(n_chunks, self.placement, self.n_layers),
-                                                     self.profile, self.cost_chunk)
+            dag = self._dags[n_chunks] = with_costs(prefill_dag(n_chunks, self.placement, self.n_layers),
+                                                    self.profile, self.cost_chunk)
         return dag
 
     def start(self, dag: CompiledDag, run: NodeFn) -> "LaneRun | ChainRun":

@@ -68,3 +68,12 @@ def test_lower_bound_is_valid_and_at_least_lane_work_and_critical_path(make_dag)
     # the CPU cannot start before the first qkv nor finish after the last o_ffn: head + work + tail
     cpu = d.work_us()["cpu"] + d.cost_us[0] + d.cost_us[-1]
     assert d.lower_bound_us() >= cpu - 1e-9
+
+
+@pytest.mark.parametrize("kv_source", ["attn", "qkv"])
+def test_flat_prefill_dag_is_its_graph_flattened(layer, kv_source):
+    """The runtime's DAG (`prefill_dag`, built flat without networkx) is what `compile_graph` makes of its graph."""
+    from hetero.dag import compile_graph, prefill_dag
+
+    for n_chunks in (1, 3):
+        assert prefill_dag(n_chunks, layer, 2, kv_source) == compile_graph(build_dag(n_chunks, layer, 2, kv_source), 0)
