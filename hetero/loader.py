@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from collections.abc import Callable
@@ -74,6 +75,9 @@ def fields_used(cfg: ModelConfig) -> list[str]:
     return used
 
 
+_FIRST_USE = threading.RLock()  # a cached model's float weights are loaded once (`Model.weights`)
+
+
 @dataclass(slots=True)
 class Model:
     """A loaded model: config, float weights, tokenizer (None if the directory has none), provenance."""
@@ -91,7 +95,9 @@ class Model:
         """The float weights. A cached model's are mapped and checked against their content record at their first
         use: the default method runs the rotated copy and never reads these (~0.1 s of a warm start, issue 28)."""
         if not isinstance(self._weights, Weights):
-            self._weights = self._weights()
+            with _FIRST_USE:  # threads sharing the model read them once
+                if not isinstance(self._weights, Weights):
+                    self._weights = self._weights()
         return self._weights
 
     def with_weights(self, weights: Weights | Callable[[], Weights], **changes: Any) -> "Model":
