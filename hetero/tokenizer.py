@@ -70,8 +70,10 @@ class Tokenizer:
         text = self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
         return _clean_up(text) if self.clean_up_spaces else text
 
-    def get_vocab(self) -> dict[str, int]:
-        return self.backend.get_vocab(with_added_tokens=True)
+    def token_to_id(self, token: str) -> int | None:
+        """The id of the vocabulary entry `token` (e.g. "<|im_end|>"), None when there is none: a look-up, where
+        transformers' `get_vocab()` builds a dict of the whole vocabulary (25 ms for 49k entries)."""
+        return self.backend.token_to_id(token)
 
     def token_id(self, name: str) -> int | None:
         """The id of special token `name` (e.g. "eos_token"), None when the tokenizer has none."""
