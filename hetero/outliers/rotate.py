@@ -7,6 +7,13 @@ Offline: embedding E·Q; readers (q/k/v, gate/up, lm_head) W·diag(g)·Q; writer
 (quantization time only, `ONLINE_BLOCK`): the input of `o_in` (per head) and `down_in` is multiplied by
 a block-diagonal Hadamard T before it is quantized and the site's weights by T (T = Tᵀ = T⁻¹), a fixed
 matmul in the static graph. Q = diag(±1)·(R ⊗ H_b) with H_b the largest Hadamard dividing the size.
+
+Gemma 3's post-norms (RMSNorm of o and down, with their own scales, before the residual add) do not commute
+with a residual rotation: RMSNorm(x)·diag(g)·Q is not RMSNorm(x·Q)·diag(g'), so Q could only be applied
+after each post-norm, a dense float [hidden, hidden] matmul twice a layer. Such a model is rotated per
+site instead (`site_rotated`): the residual stream stays as trained, the pre-norms' scales are folded into
+the linears that read them, and attn_in and ffn_in become online sites too (x·T after the RMSNorm, in the
+graph, like o_in and down_in). Measured on Gemma 3 270M: docs/design.md, "Outliers".
 """
 
 from __future__ import annotations
@@ -52,13 +59,22 @@ def residual_rotation(n: int, seed: int = 0) -> torch.Tensor:
     return signs[:, None] * q
 
 
+def site_rotated(cfg) -> bool:
+    """Whether the model is rotated per site (post-norms: see the module doc) rather than in its residual stream."""
+    return bool(cfg.post_norms)
+
+
 def online_sites(cfg) -> dict[str, int]:
-    """site → Hadamard block of the online transforms this model takes (o_in per head, down_in)."""
+    """site → Hadamard block of the online transforms this model takes (o_in per head, down_in; a site-rotated
+    model also attn_in and ffn_in, and o_in in 64-blocks of a longer head)."""
     out = {}
-    if cfg.head_dim == ONLINE_BLOCK:
+    site = site_rotated(cfg)
+    if cfg.head_dim == ONLINE_BLOCK or (site and cfg.head_dim % ONLINE_BLOCK == 0):
         out["o_in"] = ONLINE_BLOCK
     if cfg.ffn % ONLINE_BLOCK == 0:
         out["down_in"] = ONLINE_BLOCK
+    if site and cfg.hidden % ONLINE_BLOCK == 0:
+        out["attn_in"] = out["ffn_in"] = ONLINE_BLOCK
     return out
 
 
@@ -77,7 +93,15 @@ def _hadamard_as(n: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def rotate_weights(cfg, w, seed: int = 0):
-    """Weights of the rotated model (same architecture, RMSNorm scales 1): its float output equals `w`'s."""
+    """Weights of the rotated model (same architecture, RMSNorm scales 1): its float output equals `w`'s.
+    A site-rotated model (`site_rotated`) only has its pre-norms folded into their readers (the online
+    transforms of `online_sites` rotate the sites); its embedding, final norm and head stay `w`'s tensors."""
+    if site_rotated(cfg):
+        layers = [dataclasses.replace(
+            lw, attn_norm=torch.ones(cfg.hidden), ffn_norm=torch.ones(cfg.hidden),
+            wq=lw.wq * lw.attn_norm, wk=lw.wk * lw.attn_norm, wv=lw.wv * lw.attn_norm,
+            w_gate=lw.w_gate * lw.ffn_norm, w_up=lw.w_up * lw.ffn_norm) for lw in w.layers]
+        return dataclasses.replace(w, layers=layers)
     q = residual_rotation(cfg.hidden, seed).float()
 
     def read(m: torch.Tensor, g: torch.Tensor) -> torch.Tensor:  # W·diag(g)·Q
@@ -102,8 +126,9 @@ def rotate_weights(cfg, w, seed: int = 0):
 _FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down", "bq", "bk", "bv", "bo", "b_down")
 
 
-def _save(w, path: Path) -> None:
-    state = {"tok_emb": w.tok_emb, "norm": w.norm, "lm_head": w.lm_head}
+def _save(w, path: Path, site: bool = False) -> None:
+    """site: a site-rotated model's embedding, norm and head are the model's own: not written (`_load`)."""
+    state = {} if site else {"tok_emb": w.tok_emb, "norm": w.norm, "lm_head": w.lm_head}
     for i, lw in enumerate(w.layers):
         state.update({f"layers.{i}.{f}": getattr(lw, f).contiguous() for f in _FIELDS if getattr(lw, f) is not None})
     save_file(state, str(path))
@@ -113,6 +138,8 @@ def _load(path: Path, w):
     state = load_file(str(path))
     layers = [dataclasses.replace(lw, **{f: state[f"layers.{i}.{f}"] for f in _FIELDS if f"layers.{i}.{f}" in state})
               for i, lw in enumerate(w.layers)]
+    if "tok_emb" not in state:  # a site-rotated model's (`_save`)
+        return dataclasses.replace(w, layers=layers)
     return dataclasses.replace(w, tok_emb=state["tok_emb"], layers=layers, norm=state["norm"], lm_head=state["lm_head"])
 
 
@@ -131,8 +158,9 @@ def rotate_model(model, seed: int = 0, cache: bool = True):
         return w
 
     if cache:
+        site = site_rotated(model.config)
         weights = cached(cache_dir() / "models" / fp, "weights.safetensors", lambda p: _load(p, model.weights),
-                         build, _save, "rotated weights")
+                         build, lambda w, p: _save(w, p, site), "rotated weights")
     else:
         weights = build()
     return dataclasses.replace(model, weights=weights, fingerprint=fp, rotated=True)
