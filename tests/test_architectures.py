@@ -350,6 +350,10 @@ def _decode_step_equals_unbound_graphs(rt, m, prompt, tree) -> None:
                               layer=layer, lw=lw)
             h = whole.o_ffn(layer, a, h)
     assert torch.equal(logits, step.head(h))
+    if len(tree) == 1:  # the two-core step (the helper's heads, the split graphs' halves) is the one-thread step's
+        shared = DecodeStep(rt, attention_threads=2, split_after=0)
+        for _ in range(2):
+            assert torch.equal(shared.forward(rt.prefill(prompt).cache, tree), logits)
 
 
 def test_sliding_windows_on_the_int8_path(tmp_path, monkeypatch) -> None:
