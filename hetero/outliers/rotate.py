@@ -11,9 +11,10 @@ matmul in the static graph. Q = diag(±1)·(R ⊗ H_b) with H_b the largest Hada
 Gemma 3's post-norms (RMSNorm of o and down, with their own scales, before the residual add) do not commute
 with a residual rotation: RMSNorm(x)·diag(g)·Q is not RMSNorm(x·Q)·diag(g'), so Q could only be applied
 after each post-norm, a dense float [hidden, hidden] matmul twice a layer. Such a model is rotated per
-site instead (`site_rotated`): the residual stream stays as trained, the pre-norms' scales are folded into
-the linears that read them, and attn_in and ffn_in become online sites too (x·T after the RMSNorm, in the
-graph, like o_in and down_in). Measured on Gemma 3 270M: docs/design.md, "Outliers".
+site instead (`site_rotated`): its weights stay as trained and attn_in and ffn_in become online sites too
+(x·T after the RMSNorm, in the graph, like o_in and down_in). The pre-norms' scales are not folded into the
+linears: Gemma 3's reach 122 (and 0) in a channel, and folded they leave a column per output row that sets
+its INT8 scale (perplexity x30). Measured on Gemma 3 270M: docs/design.md, "Outliers".
 """
 
 from __future__ import annotations
@@ -94,14 +95,9 @@ def _hadamard_as(n: int, dtype: torch.dtype) -> torch.Tensor:
 
 def rotate_weights(cfg, w, seed: int = 0):
     """Weights of the rotated model (same architecture, RMSNorm scales 1): its float output equals `w`'s.
-    A site-rotated model (`site_rotated`) only has its pre-norms folded into their readers (the online
-    transforms of `online_sites` rotate the sites); its embedding, final norm and head stay `w`'s tensors."""
+    A site-rotated model (`site_rotated`) keeps `w`: the online transforms of `online_sites` rotate its sites."""
     if site_rotated(cfg):
-        layers = [dataclasses.replace(
-            lw, attn_norm=torch.ones(cfg.hidden), ffn_norm=torch.ones(cfg.hidden),
-            wq=lw.wq * lw.attn_norm, wk=lw.wk * lw.attn_norm, wv=lw.wv * lw.attn_norm,
-            w_gate=lw.w_gate * lw.ffn_norm, w_up=lw.w_up * lw.ffn_norm) for lw in w.layers]
-        return dataclasses.replace(w, layers=layers)
+        return w
     q = residual_rotation(cfg.hidden, seed).float()
 
     def read(m: torch.Tensor, g: torch.Tensor) -> torch.Tensor:  # W·diag(g)·Q
@@ -126,9 +122,8 @@ def rotate_weights(cfg, w, seed: int = 0):
 _FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down", "bq", "bk", "bv", "bo", "b_down")
 
 
-def _save(w, path: Path, site: bool = False) -> None:
-    """site: a site-rotated model's embedding, norm and head are the model's own: not written (`_load`)."""
-    state = {} if site else {"tok_emb": w.tok_emb, "norm": w.norm, "lm_head": w.lm_head}
+def _save(w, path: Path) -> None:
+    state = {"tok_emb": w.tok_emb, "norm": w.norm, "lm_head": w.lm_head}
     for i, lw in enumerate(w.layers):
         state.update({f"layers.{i}.{f}": getattr(lw, f).contiguous() for f in _FIELDS if getattr(lw, f) is not None})
     save_file(state, str(path))
@@ -138,8 +133,6 @@ def _load(path: Path, w):
     state = load_file(str(path))
     layers = [dataclasses.replace(lw, **{f: state[f"layers.{i}.{f}"] for f in _FIELDS if f"layers.{i}.{f}" in state})
               for i, lw in enumerate(w.layers)]
-    if "tok_emb" not in state:  # a site-rotated model's (`_save`)
-        return dataclasses.replace(w, layers=layers)
     return dataclasses.replace(w, tok_emb=state["tok_emb"], layers=layers, norm=state["norm"], lm_head=state["lm_head"])
 
 
@@ -150,17 +143,18 @@ def rotate_model(model, seed: int = 0, cache: bool = True):
     from hetero.loader import check_finite
 
     model.config.check_quantizable("rotation")
-    fp = f"{model.fingerprint}-rot{ROTATION_VERSION}s{seed}"
+    fp = f"{model.fingerprint}-{'site' if site_rotated(model.config) else 'rot'}{ROTATION_VERSION}s{seed}"
 
     def build():
         w = rotate_weights(model.config, model.weights, seed)
         check_finite(w, f"the rotated copy of {model.name}")
         return w
 
-    if cache:
-        site = site_rotated(model.config)
+    if site_rotated(model.config):  # its weights are the model's (`rotate_weights`): nothing to cache
+        weights = model.weights
+    elif cache:
         weights = cached(cache_dir() / "models" / fp, "weights.safetensors", lambda p: _load(p, model.weights),
-                         build, lambda w, p: _save(w, p, site), "rotated weights")
+                         build, _save, "rotated weights")
     else:
         weights = build()
     return dataclasses.replace(model, weights=weights, fingerprint=fp, rotated=True)
