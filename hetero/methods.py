@@ -55,16 +55,18 @@ class Recipe:
 
     def for_config(self, cfg) -> "Recipe":
         """The recipe a model of `cfg` runs for this one: the default (`ROTATED`) on a site-rotated model (Gemma 3's
-        post-norms, `outliers.rotate.site_rotated`) adds W8A16 on down_in, which its site rotation alone leaves at
-        +3.5% perplexity (+0.9% with it; docs/design.md, "Outliers")."""
+        post-norms, `outliers.rotate.site_rotated`) is `SITE_ROTATED`, W8A16 on attn_in and down_in: site rotation
+        alone leaves Gemma 3 270M at +3.5% perplexity, +1.2% with W8A16 down_in, +0.36% with both (docs/design.md,
+        "Outliers")."""
         from hetero.outliers.rotate import site_rotated
 
-        return ROT_A16_DOWN if self == ROTATED and site_rotated(cfg) else self
+        return SITE_ROTATED if self == ROTATED and site_rotated(cfg) else self
 
 
 W8A8 = Recipe()  # mllm-NPU's plan: W8A8 per tensor, shadow outliers on the 15% most important sites
 ROTATED = Recipe(rotate=True)  # the default: the same plan on the rotated model (bench/results/accuracy.md)
 ROT_A16_DOWN = Recipe(rotate=True, a16=("down_in",))
+SITE_ROTATED = Recipe(rotate=True, a16=("attn_in", "down_in"))  # the default of a site-rotated model (`for_config`)
 SEARCHED = Recipe(rotate=True, search=True)  # rotation + the searched precision of every site
 DEFAULT_RECIPE = ROTATED
 
