@@ -67,14 +67,14 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
                     acc = np.float32(0.0)
                     for i in range(d):
                         acc += q[r, h, j, i] * k[h, kr, i]
-                    s[r, j, t] = acc * sc
+                    s[r, j, t - lo[r]] = acc * sc  # row r's scores from its first key on (the loops below from 0)
         for r in range(rows):
-            length = prefix + n_extra[r]
+            length = prefix + n_extra[r] - lo[r]
             for j in range(g):
-                m = s[r, j, lo[r]]
-                for t in range(lo[r] + 1, length):
+                m = s[r, j, 0]
+                for t in range(1, length):
                     m = max(m, s[r, j, t])
-                for t in range(lo[r], length):  # exp(x) for x <= 0 as 2^z·e^r, |r| <= ln2/2 (Cephes expf): SIMD, unlike libm's
+                for t in range(length):  # exp(x) for x <= 0 as 2^z·e^r, |r| <= ln2/2 (Cephes expf): SIMD, unlike libm's
                     x = max(s[r, j, t] - m, np.float32(-87.0))
                     z = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
                     e = x - z * np.float32(0.693359375) - z * np.float32(-2.12194440e-4)
@@ -84,12 +84,12 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
                     s[r, j, t] = p * e * e + e + np.float32(1.0)
                     bits[t] = (np.int32(z) + np.int32(127)) << 23
                 tot = np.float32(0.0)
-                for t in range(lo[r], length):
+                for t in range(length):
                     w = s[r, j, t] * two_z[t]
                     s[r, j, t] = w
                     tot += w
                 inv = np.float32(1.0) / tot
-                for t in range(lo[r], length):
+                for t in range(length):
                     s[r, j, t] *= inv
                 for i in range(d):
                     out[r, h, j, i] = 0.0
@@ -104,7 +104,7 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
                 else:
                     continue
                 for j in range(g):
-                    w = s[r, j, t]
+                    w = s[r, j, t - lo[r]]
                     for i in range(d):
                         out[r, h, j, i] += w * v[h, vr, i]
 
