@@ -478,3 +478,32 @@ def test_the_default_recipe_of_a_post_norm_model_adds_w8a16_sites(tmp_path) -> N
     assert METHODS["hetero"].recipe.for_config(llama) == ROTATED
     noshadow = METHODS["hetero-noshadow"].recipe
     assert noshadow.for_config(gemma) == noshadow
+
+
+def test_serve_reuse_and_restore_of_windowed_layers_on_the_int8_path(tmp_path, monkeypatch) -> None:
+    """The service's K/V store over the INT8 graphs of a windowed model (Mistral, window 7): with prefix reuse and
+    a budget that swaps blocks to disk or recomputes them, a completion emits the tokens a fresh prefill and plain
+    decoding on the same runtime emit (reuse at a multiple of C is bit for bit a fresh prefill)."""
+    from hetero.decode.generate import generate
+    from hetero.decode.params import SamplingParams
+    from hetero.npu.graph_backend import NpuBackend
+    from hetero.serve.service import Service
+    from hetero.serve.store import StoreConfig
+    from tests.npu.conftest import SHADOWS, tiny_plan
+
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    build("mistral", tmp_path / "hf", sliding_window=7)
+    m = load_model(tmp_path / "hf")
+    rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m, SHADOWS), 16, provider="cpu"))
+    g = torch.Generator().manual_seed(8)
+    first = torch.randint(3, m.config.vocab, (48,), generator=g)
+    longer = torch.cat([first, torch.randint(3, m.config.vocab, (25,), generator=g)])
+    params = SamplingParams(max_new_tokens=8, stop_token_ids=())
+    want = [list(generate(rt, rt.prefill(ids), params, speculate="off").tokens) for ids in (first, longer)]
+    kv_bytes_per_token = 2 * m.config.n_layers * m.config.kv_dim * 4
+    with Service(rt, StoreConfig(block=16, budget_bytes=30 * kv_bytes_per_token, compress="off",
+                                 kv_dir=tmp_path)) as service:
+        assert list(service.complete(first.tolist(), params).tokens) == want[0]
+        assert list(service.complete(longer.tolist(), params).tokens) == want[1]
+        counts = service.stats()["counts"]
+    assert counts["hits"] == 1 and counts.get("swap_in_blocks", 0) + counts.get("recomputed_blocks", 0) > 0
