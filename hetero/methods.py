@@ -24,6 +24,7 @@ from hetero.serve.store import StoreConfig
 from hetero.threads import ExecutionPlan, set_torch_threads
 
 if TYPE_CHECKING:
+    from hetero.config import ModelConfig
     from hetero.outliers.plan import QuantPlan
     from hetero.outliers.search import SiteCosts
 
@@ -53,7 +54,7 @@ class Recipe:
         if self.search and (self.a16 or self.prune_fraction != 0.85):
             raise ConfigError("a searched recipe chooses every site itself: give neither a16 nor prune_fraction")
 
-    def for_config(self, cfg) -> "Recipe":
+    def for_config(self, cfg: "ModelConfig") -> "Recipe":
         """The recipe a model of `cfg` runs for this one: the default (`ROTATED`) on a site-rotated model (Gemma 3's
         post-norms, `outliers.rotate.site_rotated`) is `SITE_ROTATED`, W8A16 on attn_in and down_in: site rotation
         alone leaves Gemma 3 270M at +3.5% perplexity, +1.2% with W8A16 down_in, +0.36% with both (docs/design.md,
