@@ -30,7 +30,8 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freqs", "longrope")
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_new": "gelu_tanh", "relu": "relu"}
 # variants the INT8 path computes (`ModelConfig.quantized_unsupported`)
-QUANTIZED_VARIANTS = ("qk_norm", "o_bias", "mlp_bias", "act")
+QUANTIZED_VARIANTS = ("qk_norm", "o_bias", "mlp_bias", "act", "windows", "post_norms", "embed_scale", "attn_scale",
+                      "local_rope_theta")
 _ROPE_KEYS = {"default": set(), "linear": {"factor"},
               "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
               "longrope": {"short_factor", "long_factor", "original_max_position_embeddings"}}
@@ -131,7 +132,10 @@ class ModelConfig:
         """'field=value' of the first variant the INT8 path (graphs, rotation, the INT8 decode step) does not
         compute yet, or None: such a model runs the float methods only. QK-norm it computes: it sits between
         the qkv graph and attention, on the CPU lane (`attention.qk_norm_`), and commutes with the rotation;
-        the o/MLP biases and the activation are in the graphs (`npu.segments.layer_q`, `npu.export`)."""
+        the o/MLP biases, the activation and Gemma 3's post-norms are in the graphs (`npu.segments.layer_q`,
+        `npu.export`); windows, the local RoPE base and the query scale are attention's (prefill and
+        `decode.rowattn`); the embedding scale is `model.embed`'s. Partial rotary is not (`rowattn` rotates
+        whole heads)."""
         for k, v in self.variants().items():
             if k not in QUANTIZED_VARIANTS:
                 return f"{k}={v!r}"

@@ -40,8 +40,9 @@ SITE_BIASES: dict[str, tuple[str, ...]] = {  # LayerWeights field of each linear
 # linear(layer, site, x): x [T, in] at `site` of `layer` -> one [T, out] per name in SITE_LINEARS[site]
 SiteLinear = Callable[[int, str, torch.Tensor], Sequence[torch.Tensor]]
 Observer = Callable[[int, str, torch.Tensor], None]  # observe(layer, site, x), e.g. calibration statistics
-# row_attention(cfg, q [H, 1, D] roped, k_cache, v_cache [n_kv, capacity, D], length) -> [H, 1, D]: one decode
-# row over cache rows [0, length) (default: `one_row_attention` on the views; decode steps pass `decode.rowattn`'s kernel)
+# row_attention(cfg, q [H, 1, D] roped, k_cache, v_cache [n_kv, capacity, D], length, window=W) -> [H, 1, D]: one
+# decode row over cache rows [0, length), the last W of them when W > 0 (default: `one_row_attention` on the views;
+# decode steps pass `decode.rowattn`'s kernel)
 RowAttention = Callable[["ModelConfig", torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
@@ -290,10 +291,10 @@ def _row_attention(cfg: ModelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
             v_cache[:, start : start + len(path)] = v[:, path]
         end = start + len(path)
         lo = max(0, end - window) if window else 0
-        if row_attention is None or lo:
+        if row_attention is None:
             out[:, i : i + 1] = one_row_attention(cfg, q[:, i : i + 1], k_cache[:, lo:end], v_cache[:, lo:end])
         else:
-            out[:, i : i + 1] = row_attention(cfg, q[:, i : i + 1], k_cache, v_cache, end)
+            out[:, i : i + 1] = row_attention(cfg, q[:, i : i + 1], k_cache, v_cache, end, window=window)
         if not lead:
             k_cache[:, start : start + len(path)] = k[:, : len(path)]
             v_cache[:, start : start + len(path)] = v[:, : len(path)]

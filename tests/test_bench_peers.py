@@ -90,6 +90,16 @@ def test_failed_peer_build_leaves_nothing(tmp_path, monkeypatch) -> None:
         peers.build(tmp_path / "model.safetensors", "probe")
 
 
+def test_a_tool_that_cannot_convert_the_model_makes_the_peer_unavailable() -> None:
+    """A converter's failure (optimum-intel refusing Gemma 3) skips that peer with the tool's last line; the bench
+    goes on with the others (`harness.run_engines` skips an `EngineUnavailable`)."""
+    import sys
+
+    with pytest.raises(EngineUnavailable, match=r"the exporter failed \(exit 3\): cannot export gemma3"):
+        peers._run([sys.executable, "-c", "import sys; print('cannot export gemma3', file=sys.stderr); sys.exit(3)"],
+                   "the exporter")
+
+
 def test_missing_exporter_skips_openvino_before_building_anything(tmp_path, monkeypatch) -> None:
     if importlib.util.find_spec("openvino_genai") is None:
         pytest.skip("openvino-genai not installed (the optional extra 'bench')")

@@ -83,6 +83,11 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                          f"(default {DEFAULT_BUDGET_PCT}; 0 = use its cached plan)")
     ap.add_argument("--ablations", action="store_true",
                     help="also the reference-plan ablations (7-bit weights, per-tensor weights, p99.5)")
+    ap.add_argument("--model", default=None,
+                    help="a model name (gemma3-270m), .gguf or HF directory (default: the default model); results "
+                         "go to accuracy_<name>.{json,md}")
+    ap.add_argument("--methods-only", action="store_true",
+                    help="only the methods' rows (no reference plans, Table 5 baselines or pruning sweep)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     n_win = args.windows or (2 if args.quick else 12)
     out = Path(args.out)
 
-    model = load_model()
+    model = load_model(args.model)
     calib = ensure_calibration(model, progress=not args.json)
     text_name = Path(args.text).stem if args.text else DEFAULT_EVALUATION
     text = Path(args.text).read_text() if args.text else load_corpus(DEFAULT_EVALUATION)
@@ -106,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     if methods:  # one chunk (256) per window, >= 2,000 positions
         n256 = max(8, (n_win * args.window) // 256)
         mwin = token_windows(model.tokenizer, text, n256 * 256, 256)[:n256]
-        speed_ids = None if args.no_speed else prompt_ids(None, 1024)
+        # another model's speed: `bench/prefill.py --model` (its torch reference here is the default model's)
+        speed_ids = None if args.no_speed or args.model else prompt_ids(None, 1024)
         if "hetero-search" in methods and args.budget > 0:  # the plan it runs is searched for this budget
             from hetero.methods import METHODS, quant_model, quant_plan
 
@@ -142,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
         return CountingBackend(cfg, w, plan, rows=rows_src), rows_src
 
     measure("float_ref", None)
+    if args.methods_only:
+        return _write(args, out, model, calib, text_name, text, windows, rows, [], {})
     naive = plan_from_calibration(model, calib, PlanOptions(prune_fraction=1.0, pruned_percentile=100.0, method="naive_w8a8"))
     measure("naive_w8a8", QuantizedBackend(cfg, w, naive), scale="absmax", shadow_sites=0)
     clipped = plan_from_calibration(model, calib, PlanOptions(prune_fraction=1.0, pruned_percentile=DEFAULT_PERCENTILE,
@@ -179,6 +187,13 @@ def run(args: argparse.Namespace) -> int:
         log(f"  sweep prune {frac:.2f}             ppl {ppl:9.4f}")
         sweep.append({"prune_fraction": frac, "ppl": ppl})
     sweep.sort(key=lambda r: r["prune_fraction"])
+    return _write(args, out, model, calib, text_name, text, windows, rows, sweep, store_info)
+
+
+def _write(args, out: Path, model, calib, text_name: str, text: str, windows, rows: list, sweep: list,
+           store_info: dict) -> int:
+    """Δ columns, outlier statistics and the ranking; the result files (and stdout)."""
+    by = {r["method"]: r["ppl"] for r in rows if "ppl" in r}
     for r in rows + sweep:
         if "ppl" in r and "top1_agree_pct" not in r:  # method rows compare with their own float row
             r["delta_pct"] = 100.0 * (r["ppl"] / by["float_ref"] - 1.0)
@@ -206,7 +221,8 @@ def run(args: argparse.Namespace) -> int:
                  "chunk per kept site.",
     }
     out.mkdir(parents=True, exist_ok=True)
-    stem = ("accuracy_quick" if args.quick else "accuracy") + (f"_{text_name}" if args.text else "")
+    stem = (("accuracy_quick" if args.quick else "accuracy") + (f"_{text_name}" if args.text else "")
+            + (f"_{Path(args.model).stem}" if args.model else ""))
     with atomic_path(out / f"{stem}.json") as tmp:
         tmp.write_text(json.dumps(result, indent=1))
     with atomic_path(out / f"{stem}.md") as tmp:
@@ -249,8 +265,9 @@ def to_markdown(r: dict) -> str:
             continue
         extra = ", ".join(f"{k}={v}" for k, v in row.items() if k not in ("method", "ppl", "delta_pct", "seconds"))
         lines.append(f"| {row['method']} | {row['ppl']:.4f} | {row['delta_pct']:+.2f}% | {extra} |")
-    lines += ["", "Pruning sweep (Fig. 12 right): share of sites whose shadow is dropped, least important first.", "",
-              "| pruned fraction | ppl | Δ vs float |", "|---:|---:|---:|"]
+    if r["prune_sweep"]:
+        lines += ["", "Pruning sweep (Fig. 12 right): share of sites whose shadow is dropped, least important first.",
+                  "", "| pruned fraction | ppl | Δ vs float |", "|---:|---:|---:|"]
     for s in r["prune_sweep"]:
         lines.append(f"| {s['prune_fraction']:.2f} | {s['ppl']:.4f} | {s['delta_pct']:+.2f}% |")
     o = r["outliers"]

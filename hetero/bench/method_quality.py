@@ -17,11 +17,13 @@ import torch
 from hetero import model as ref
 from hetero.bench.questions import QUESTIONS
 from hetero.methods import make_runtime
+from hetero.prompt import encode_prompt
 
 
 def chat_ids(tok, question: str) -> torch.Tensor:
-    text = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False)
-    return torch.tensor(tok(text, add_special_tokens=False)["input_ids"])
+    """The question as `hetero run` sends it: through the model's chat template, or raw (with its special tokens)
+    when the tokenizer has none (Gemma 3 270M's GGUF)."""
+    return torch.tensor(encode_prompt(tok, question))
 
 
 def _speed(prefill, ids: torch.Tensor, repeats: int) -> float:

@@ -153,10 +153,14 @@ LABELS: dict[str, str] = {"openvino_genai": "OpenVINO GenAI, INT8 weights (optim
 
 
 def source_gguf(model_path: str | None) -> Path:
-    """The GGUF every peer is built from: `model_path`, or hetero's default model."""
-    from hetero.default_model import default_model_path
+    """The GGUF every peer is built from: `model_path` (a file, or a name of `default_model.WHEEL_MODELS`), or
+    hetero's default model."""
+    from hetero.default_model import WHEEL_MODELS, default_model_path, wheel_model_path
 
-    path = Path(model_path) if model_path else default_model_path()
+    if model_path in WHEEL_MODELS and not Path(model_path).exists():
+        path = wheel_model_path(WHEEL_MODELS[model_path])
+    else:
+        path = Path(model_path) if model_path else default_model_path()
     if path.suffix != ".gguf" or not path.is_file():
         raise EngineUnavailable(f"the peers run a GGUF model file, got {str(path)!r}")
     return path

@@ -42,11 +42,13 @@ def _version(dist: str) -> str:
 
 
 def _run(cmd: list[str], what: str, timeout_s: float = 1800) -> None:
-    """Run a peer's own tool; its last lines of output name the failure."""
+    """Run a peer's own tool; its last lines of output name the failure. A tool that cannot convert the model
+    (optimum-intel refusing Gemma 3 under the transformers it has) makes the peer unavailable for it: the bench
+    skips it with that line, and the other engines still run."""
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-        raise RuntimeError(f"{what} failed (exit {proc.returncode}): {tail}")
+        raise EngineUnavailable(f"{what} failed (exit {proc.returncode}): {tail}")
 
 
 def _build_hf(gguf: Path, out: Path) -> dict[str, str]:

@@ -104,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
     result = run_prefill_bench(lens, args.repeats, args.threads, args.model, engines=engines,
                                e2e=not (args.quick or args.no_e2e), ablation_len=256 if args.quick else 512,
                                ablation=not args.no_ablation)
-    paths = write_outputs(result, Path(args.out))
+    # another model's run goes beside the default model's committed one (prefill_<model>.*)
+    paths = write_outputs(result, Path(args.out), "prefill" + (f"_{Path(args.model).stem}" if args.model else ""))
     for w in result["warnings"]:
         print(f"hetero bench: warning: {w}", file=sys.stderr)
     if args.json:

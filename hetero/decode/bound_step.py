@@ -120,7 +120,7 @@ class BoundStep:
             if shared:  # both threads (`attnpool`): the same kernel per KV head, the same result
                 self.pool.attend(cfg, layer, qkv, layout)
             else:
-                decode_rows(cfg, qkv, *cache.layer(layer), layout, self.a)
+                decode_rows(cfg, qkv, *cache.layer(layer), layout, self.a, layer)
             env: dict[str, torch.Tensor] = {Buffer.A: self.a}
             d_extra = None
             for run in rest:
@@ -132,7 +132,7 @@ class BoundStep:
             last = rest[-1].outs
             if Buffer.D in last:  # a separate down graph: h1 + (d + shadow), as `NpuBackend.o_ffn`
                 d = last[Buffer.D] if d_extra is None else last[Buffer.D].add_(d_extra)
-                torch.add(env[Buffer.H1], d, out=self.h[(layer + 1) % 2])
+                self.backend.program(layer).finish(env[Buffer.H1], d, self.h[(layer + 1) % 2])
 
     def _correct(self, layer: int, run: _Run, env: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """The shadow correction after a run (each row's own, after one compiled range check of all rows)."""

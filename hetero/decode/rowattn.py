@@ -29,24 +29,34 @@ from hetero.model import RopeTable
 
 @numba.njit(cache=True, fastmath=True, nogil=True)
 def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra: np.ndarray, n_extra: np.ndarray,
-                 scale: float, out: np.ndarray, h0: int, h1: int) -> None:  # pragma: no cover - compiled
+                 scale: float, out: np.ndarray, h0: int, h1: int, window: int) -> None:  # pragma: no cover - compiled
     """q [R, n_kv, g, D] (query heads grouped by KV head), k/v [n_kv, capacity, D]. Row r sees cache rows
-    [0, prefix) and then extra[r, :n_extra[r]], in that order; out[:, h0:h1] = softmax(q·kᵀ·scale)·v of KV heads
-    [h0, h1) (out [R, n_kv, g, D]). The heads are independent: two threads may share them (`AttentionPool`).
+    [0, prefix) and then extra[r, :n_extra[r]], in that order, of which only the last `window` when window > 0
+    (a sliding-window layer: keys p-W+1..p, as transformers' mask); out[:, h0:h1] = softmax(q·kᵀ·scale)·v of KV
+    heads [h0, h1) (out [R, n_kv, g, D]). The heads are independent: two threads may share them (`AttentionPool`).
+    A windowed layer reads only the rows some row's window covers.
 
     Every score, softmax and output sum of a row is computed by the same statement whichever rows come with
     it and whether a cache row is in the prefix or an extra: a row's result depends only on its query and the
     sequence of cache rows it sees, so a tree row equals the plain step of its token bit for bit."""
     rows, n_kv, g, d = q.shape
     span = prefix + extra.shape[1]
+    lo = np.zeros(rows, np.int64)  # row r sees sequence positions lo[r] .. prefix + n_extra[r] - 1
+    first = span
+    for r in range(rows):
+        if window > 0:
+            lo[r] = max(0, prefix + n_extra[r] - window)
+        first = min(first, lo[r])
     s = np.empty((rows, g, span), np.float32)
     bits = np.empty(span, np.int32)  # 2^z of each exp as float32 bits
     two_z = bits.view(np.float32)
     sc = np.float32(scale)
     for h in range(h0, h1):
         # The row choice is written out here and for V: an inlined helper made the kernel 1.3-2x slower.
-        for t in range(span):  # K row read once for every row and query head that sees it
+        for t in range(first, span):  # K row read once for every row and query head that sees it
             for r in range(rows):
+                if t < lo[r]:
+                    continue
                 if t < prefix:
                     kr = t
                 elif t - prefix < n_extra[r]:
@@ -57,9 +67,9 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
                     acc = np.float32(0.0)
                     for i in range(d):
                         acc += q[r, h, j, i] * k[h, kr, i]
-                    s[r, j, t] = acc * sc
+                    s[r, j, t - lo[r]] = acc * sc  # row r's scores from its first key on (the loops below from 0)
         for r in range(rows):
-            length = prefix + n_extra[r]
+            length = prefix + n_extra[r] - lo[r]
             for j in range(g):
                 m = s[r, j, 0]
                 for t in range(1, length):
@@ -83,8 +93,10 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
                     s[r, j, t] *= inv
                 for i in range(d):
                     out[r, h, j, i] = 0.0
-        for t in range(span):  # V row read once
+        for t in range(first, span):  # V row read once
             for r in range(rows):
+                if t < lo[r]:
+                    continue
                 if t < prefix:
                     vr = t
                 elif t - prefix < n_extra[r]:
@@ -92,7 +104,7 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
                 else:
                     continue
                 for j in range(g):
-                    w = s[r, j, t]
+                    w = s[r, j, t - lo[r]]
                     for i in range(d):
                         out[r, h, j, i] += w * v[h, vr, i]
 
@@ -102,10 +114,10 @@ _ZERO = np.zeros(1, np.int64)
 
 
 def row_attention(cfg: ModelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
     """One roped query row q [H, 1, D] (or [H, D]) over cache rows [0, length) of one layer's whole-capacity
-    views k_cache/v_cache [n_kv, capacity, D] (contiguous float32, as `KVCache.layer`). Returns [H, 1, D],
-    written into `out` (contiguous, H·D float32) when given."""
+    views k_cache/v_cache [n_kv, capacity, D] (contiguous float32, as `KVCache.layer`), the last `window` of
+    them when window > 0. Returns [H, 1, D], written into `out` (contiguous, H·D float32) when given."""
     if not 0 < length <= k_cache.shape[1]:
         raise ValueError(f"length must be in [1, {k_cache.shape[1]}], got {length}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == torch.float32):
@@ -115,7 +127,7 @@ def row_attention(cfg: ModelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_ca
     if out is None:
         out = torch.empty(cfg.n_heads, 1, cfg.head_dim)
     _attend_rows(qg.numpy()[None], k_cache.numpy(), v_cache.numpy(), length, _NO_EXTRA, _ZERO, cfg.scale,
-                 out.view(1, cfg.n_kv_heads, g, cfg.head_dim).numpy(), 0, cfg.n_kv_heads)
+                 out.view(1, cfg.n_kv_heads, g, cfg.head_dim).numpy(), 0, cfg.n_kv_heads, window)
     return out.view(cfg.n_heads, 1, cfg.head_dim)
 
 
@@ -153,9 +165,15 @@ class RowLayout:
     n_extra: np.ndarray  # [n] int64: its length
     cos: np.ndarray  # [n, D/2] float32: RoPE at each row's position (slot + depth)
     sin: np.ndarray
+    local_cos: np.ndarray | None = None  # the same of the windowed layers' own base (Gemma 3), None: none
+    local_sin: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.n_extra)
+
+    def rope(self, cfg: ModelConfig, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """(cos, sin) [n, D/2] of `layer` (`model.RopeTable.tables`)."""
+        return (self.local_cos, self.local_sin) if cfg.local_rope(layer) else (self.cos, self.sin)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -184,39 +202,44 @@ def tree_layout(depth: list[int], parents: list[int], slot: int, rope: RopeTable
     if slot < 0 or slot + deepest >= rope.cos.shape[0]:
         raise ValueError(f"positions {slot}..{slot + deepest} must lie in [0, {rope.cos.shape[0]})")
     extra, n_extra = _paths(np.asarray(parents, np.int64), slot, deepest + 1)
-    cos, sin = rope.cos.numpy(), rope.sin.numpy()
+    tables = [rope.cos, rope.sin] + ([] if rope.local_cos is None else [rope.local_cos, rope.local_sin])
     if list(depth) == list(range(n)):  # a chain: positions slot .. slot + n - 1
-        return RowLayout(slot, extra, n_extra, cos[slot : slot + n], sin[slot : slot + n])
-    positions = np.asarray(depth, np.int64) + slot
-    return RowLayout(slot, extra, n_extra, cos[positions], sin[positions])
+        rows = [t.numpy()[slot : slot + n] for t in tables]
+    else:
+        positions = np.asarray(depth, np.int64) + slot
+        rows = [t.numpy()[positions] for t in tables]
+    return RowLayout(slot, extra, n_extra, *rows)
 
 
 def rope_rows(cfg: ModelConfig, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: RowLayout,
-              q: np.ndarray) -> None:
-    """RoPE of the rows' q and k (qkv [>= n, q_dim + 2·kv_dim]) at their positions: q into q [n, n_kv, g, D]
-    (C-contiguous float32), k and v into cache rows slot..slot+n-1 of one layer's views [n_kv, capacity, D]."""
+              q: np.ndarray, layer: int = 0) -> None:
+    """RoPE of the rows' q and k (qkv [>= n, q_dim + 2·kv_dim]) at their positions (layer `layer`'s table): q into
+    q [n, n_kv, g, D] (C-contiguous float32), k and v into cache rows slot..slot+n-1 of one layer's views
+    [n_kv, capacity, D]."""
     n, slot = len(layout), layout.slot
     if slot + n > k_cache.shape[1]:
         raise ValueError(f"rows {slot}..{slot + n - 1} must lie in the cache (capacity {k_cache.shape[1]})")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and qkv.is_contiguous()):
         raise ValueError("qkv, k_cache and v_cache must be contiguous")
     d = cfg.head_dim
-    _rope_rows(qkv.numpy()[:n], layout.cos, layout.sin, cfg.n_heads, cfg.n_kv_heads, d, k_cache.numpy(),
+    cos, sin = layout.rope(cfg, layer)
+    _rope_rows(qkv.numpy()[:n], cos, sin, cfg.n_heads, cfg.n_kv_heads, d, k_cache.numpy(),
                v_cache.numpy(), slot, q.reshape(n, cfg.n_heads, d))
 
 
 def decode_rows(cfg: ModelConfig, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: RowLayout,
-                out: torch.Tensor) -> None:
+                out: torch.Tensor, layer: int = 0) -> None:
     """A decode step's attention for its n rows (one token, or a token tree as one chunk, LLMCad §3.2) in two
     compiled calls: RoPE of qkv [>= n, q_dim + 2·kv_dim] at the rows' positions, their K/V into cache rows
     slot..slot+n-1 (`rope_rows`), and each row's attention over [0, slot) and its path (`tree_layout`) into
     out [>= n, q_dim] (contiguous): the cache is read once for all rows. A row's result is bit for bit that of
     `row_attention` over the same keys in a contiguous cache (tested), so greedy speculation emits plain
-    greedy's tokens. `attnpool.AttentionPool` runs the same kernel per KV head on two threads."""
+    greedy's tokens. `attnpool.AttentionPool` runs the same kernel per KV head on two threads. `layer` picks
+    the layer's RoPE table and sliding window (`ModelConfig.local_rope`, `window`)."""
     if not out.is_contiguous():
         raise ValueError("out must be contiguous")
     n, g, d = len(layout), cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
     q = np.empty((n, cfg.n_kv_heads, g, d), np.float32)
-    rope_rows(cfg, qkv, k_cache, v_cache, layout, q)
+    rope_rows(cfg, qkv, k_cache, v_cache, layout, q, layer)
     _attend_rows(q, k_cache.numpy(), v_cache.numpy(), layout.slot, layout.extra, layout.n_extra, cfg.scale,
-                 out.numpy()[:n].reshape(n, cfg.n_kv_heads, g, d), 0, cfg.n_kv_heads)
+                 out.numpy()[:n].reshape(n, cfg.n_kv_heads, g, d), 0, cfg.n_kv_heads, cfg.window(layer))

@@ -25,6 +25,8 @@ from hetero.outliers.quantize import ACT_ZERO_POINT, WEIGHT_FORMS, check_weight_
 # 7: qnn weights dequantized at their largest channel scale; the qnn-fp16 flavour (RMSNorm on x / max|x|).
 # 8: the plan's weight form (not the weights' range) picks the CPU EP's kernel (w8-u8s8 with VNNI); W8A16
 #    sites (two u8 passes on the CPU EP) and online block Hadamards of rotated sites.
+# (Gemma 3's post-norms and online attn_in/ffn_in transforms change only the graphs of models that have them:
+#  their parameters are in `segments.layer_digest`, so the version stays.)
 EXPORT_VERSION = 8
 ACT_ZERO_POINT_U16 = 32768
 OPSET = 21
@@ -280,22 +282,24 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
     for piece in spec.pieces:
         if piece == "qkv":
             env[B.X] = _rms_norm(g, env[B.H], lq.attn_norm, lq.eps, f)
-            env[B.QKV] = _linears(g, env[B.X], list(lq.qkv), f, conv=conv, kernel=k)
+            env[B.QKV] = _linears(g, online("attn_in", env[B.X], lq.hidden), list(lq.qkv), f, conv=conv, kernel=k)
         elif piece == "o":
             env[B.X] = env[B.A]
             env[B.O] = _linears(g, online("o_in", env[B.A], lq.q_dim), [lq.o], f, conv=conv, kernel=k)
         elif piece == "gu":
-            env[B.H1] = g.op("Add", [env[B.H], env[B.O]], B.H1)
+            o = env[B.O] if lq.post_attn_norm is None else _rms_norm(g, env[B.O], lq.post_attn_norm, lq.eps, f)
+            env[B.H1] = g.op("Add", [env[B.H], o], B.H1)
             env[B.X] = _rms_norm(g, env[B.H1], lq.ffn_norm, lq.eps, f)
-            env[B.GU] = _linears(g, env[B.X], list(lq.gate_up), f, conv=conv, kernel=k)
+            env[B.GU] = _linears(g, online("ffn_in", env[B.X], lq.hidden), list(lq.gate_up), f, conv=conv, kernel=k)
         elif piece == "act":
             gate = _slice_last(g, env[B.GU], 0, lq.ffn)
             up = _slice_last(g, env[B.GU], lq.ffn, 2 * lq.ffn)
             env[B.M] = g.op("Mul", [_activation(g, gate, lq.act), up], B.M)
         elif piece == "down":
             env[B.D] = _linears(g, online("down_in", env[B.M], lq.ffn), [lq.down], f, conv=conv, kernel=k)
-            if B.H1 in env:
-                env[B.H_OUT] = g.op("Add", [env[B.H1], env[B.D]], B.H_OUT)
+            if B.H1 in env:  # (a separate down graph's caller adds h1 + post-norm(d + shadow): `LayerProgram.finish`)
+                d = env[B.D] if lq.post_ffn_norm is None else _rms_norm(g, env[B.D], lq.post_ffn_norm, lq.eps, f)
+                env[B.H_OUT] = g.op("Add", [env[B.H1], d], B.H_OUT)
     for name, width in outs.items():
         src = env[name]
         if ab:

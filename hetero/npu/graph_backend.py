@@ -229,7 +229,8 @@ class NpuBackend:
                                     self.options.graphs_root)
             graphs.append(g)
             self.report.rows.append((layer, spec.kind, provider.name, info.cached, info.seconds, info.size_bytes))
-        return layer_program(layer, graphs, shadow)
+        lw = self.model.weights.layers[layer]
+        return layer_program(layer, graphs, shadow, lw.post_ffn_norm if self.cfg.post_norms else None, self.cfg.rms_eps)
 
     # --------------------------------------------------------------------------- LayerBackend
     def qkv(self, layer: int, h: torch.Tensor, out: torch.Tensor | None = None
@@ -256,5 +257,5 @@ class NpuBackend:
                     d_extra = extra
         if Buffer.D in env:  # a separate down graph: h1 + (d + shadow), the reference's order
             d = env[Buffer.D] if d_extra is None else env[Buffer.D].add_(d_extra)
-            return torch.add(env[Buffer.H1], d, out=out)
+            return self.program(layer).finish(env[Buffer.H1], d, out)
         return out

@@ -14,6 +14,7 @@ from pathlib import Path
 import onnxruntime as ort
 import torch
 
+from hetero.model import rms_norm
 from hetero.npu.providers import Graph
 from hetero.npu.segments import Buffer
 
@@ -81,17 +82,28 @@ class LayerProgram:
 
     layer: int
     runs: tuple[GraphRun, ...]
+    post_ffn_norm: torch.Tensor | None = None  # Gemma 3's RMSNorm of d before the residual add (`finish`)
+    eps: float = 0.0
 
     @property
     def shadowed(self) -> bool:
         return any(r.shadow is not None for r in self.runs)
 
+    def finish(self, h1: torch.Tensor, d: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """A stand-alone down graph's residual: out = h1 + d (d already holds down_in's shadow), with Gemma 3's
+        post-norm of d first: the reference's order (`model.o_ffn`)."""
+        if self.post_ffn_norm is not None:
+            d = rms_norm(d, self.post_ffn_norm, self.eps)
+        return torch.add(h1, d, out=out)
 
-def layer_program(layer: int, graphs: list[Graph], shadow_sites: frozenset[str]) -> LayerProgram:
-    """The program of a layer's prepared graphs (`segments.layer_segments` order) given its shadowed sites."""
+
+def layer_program(layer: int, graphs: list[Graph], shadow_sites: frozenset[str],
+                  post_ffn_norm: torch.Tensor | None = None, eps: float = 0.0) -> LayerProgram:
+    """The program of a layer's prepared graphs (`segments.layer_segments` order) given its shadowed sites (and
+    Gemma 3's post-norm of d, which `LayerProgram.finish` applies after a stand-alone down graph)."""
     runs = []
     for g in graphs:
         after = _AFTER.get(g.spec.pieces[-1])
         shadow = Shadow(*after) if after is not None and after[0] in shadow_sites else None
         runs.append(GraphRun(g, shadow))
-    return LayerProgram(layer, tuple(runs))
+    return LayerProgram(layer, tuple(runs), post_ffn_norm, eps)

@@ -120,6 +120,8 @@ class LayerQ:
     weight_form: str = "w8-u8u8"  # the plan's weight form: the CPU EP's kernel (`export.cpu_kernel`); in the digest
     online: tuple[tuple[str, int], ...] = ()  # (site, Hadamard block) of the plan's online transforms
     act: str = "silu"  # the gate's activation (`config.ACTIVATIONS`); in the digest
+    post_attn_norm: np.ndarray | None = None  # Gemma 3's post-norms of o and down, before their residual adds
+    post_ffn_norm: np.ndarray | None = None
 
 
 def segment_io(spec: SegmentSpec, lq: LayerQ) -> tuple[dict[Buffer, int], dict[Buffer, int]]:
@@ -170,6 +172,9 @@ def layer_q(cfg, lw, plan, layer: int) -> LayerQ:
         ws = w.scales.astype(np.float32) if hasattr(w, "scales") else float(w.scale)  # per channel / per tensor
         return LinearQ(w.q, ws, float(s[site]), b, plan.sites[(layer, site)].bits)
 
+    def norm(t) -> np.ndarray | None:
+        return None if t is None else t.detach().cpu().numpy().astype(np.float32)
+
     return LayerQ(
         cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.ffn, float(cfg.rms_eps),
         lw.attn_norm.detach().cpu().numpy().astype(np.float32), lw.ffn_norm.detach().cpu().numpy().astype(np.float32),
@@ -177,6 +182,7 @@ def layer_q(cfg, lw, plan, layer: int) -> LayerQ:
         lin("wo", "o_in", lw.bo), (lin("w_gate", "ffn_in", lw.b_gate), lin("w_up", "ffn_in", lw.b_up)),
         lin("w_down", "down_in", lw.b_down),
         int(plan.weight_qmax), plan.weight_form, tuple(sorted(plan.online.items())), cfg.act,
+        norm(lw.post_attn_norm) if cfg.post_norms else None, norm(lw.post_ffn_norm) if cfg.post_norms else None,
     )
 
 
@@ -202,5 +208,8 @@ def layer_digest(lq: LayerQ) -> str:
             h.update(lin.bias.tobytes())
     h.update(lq.attn_norm.tobytes())
     h.update(lq.ffn_norm.tobytes())
+    for post in (lq.post_attn_norm, lq.post_ffn_norm):  # (absent: the plain layer's digest unchanged)
+        if post is not None:
+            h.update(b"post" + post.tobytes())
     h.update(json.dumps(meta).encode())
     return h.hexdigest()[:24]

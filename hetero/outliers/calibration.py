@@ -203,15 +203,31 @@ def calibration_path(model) -> Path:
 
 def token_windows(tokenizer, text: str, n_tokens: int, window: int, offset: int = 0) -> list[torch.Tensor]:
     """n_tokens tokens of `text` from token `offset` on, as non-overlapping windows of `window` (the last
-    may be shorter)."""
+    may be shorter). A tokenizer that starts every text with special tokens (Gemma's <bos>) starts every
+    window with them too, as the model always sees them (without <bos> Gemma 3 270M's perplexity on the
+    evaluation text is 82.6 instead of ~30 and its activations are not the ones a prompt makes)."""
     if n_tokens <= 0 or window <= 1 or offset < 0:
         raise ConfigError(f"tokens must be > 0, window > 1 and offset >= 0, got tokens={n_tokens} window={window} "
                           f"offset={offset}")
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][offset:]
     if len(ids) < n_tokens:
         log.warning("corpus has only %d tokens after %d, fewer than the %d requested", len(ids), offset, n_tokens)
+    lead = _lead_tokens(tokenizer)
+    if window - len(lead) <= 1:
+        raise ConfigError(f"window {window} leaves no room beside the tokenizer's {len(lead)} leading special tokens")
     ids = torch.tensor(ids[:n_tokens], dtype=torch.long)
-    return [w for w in torch.split(ids, window) if w.numel() > 1]
+    head = torch.tensor(lead, dtype=torch.long)
+    return [torch.cat([head, w]) for w in torch.split(ids, window - len(lead)) if w.numel() > 1]
+
+
+def _lead_tokens(tokenizer) -> list[int]:
+    """The special token ids the tokenizer puts before every text (e.g. [<bos>]; [] for most BPE tokenizers)."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a")["input_ids"]
+    for i in range(len(full) - len(plain) + 1):
+        if full[i : i + len(plain)] == plain:
+            return list(full[:i])
+    return []
 
 
 def run_sites(cfg, w, ids: torch.Tensor, observe: Observer) -> None:

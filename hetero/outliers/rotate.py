@@ -7,6 +7,15 @@ Offline: embedding E·Q; readers (q/k/v, gate/up, lm_head) W·diag(g)·Q; writer
 (quantization time only, `ONLINE_BLOCK`): the input of `o_in` (per head) and `down_in` is multiplied by
 a block-diagonal Hadamard T before it is quantized and the site's weights by T (T = Tᵀ = T⁻¹), a fixed
 matmul in the static graph. Q = diag(±1)·(R ⊗ H_b) with H_b the largest Hadamard dividing the size.
+
+Gemma 3's post-norms (RMSNorm of o and down, with their own scales, before the residual add) do not commute
+with a residual rotation: RMSNorm(x)·diag(g)·Q is not RMSNorm(x·Q)·diag(g'), so Q could only be applied
+after each post-norm, a dense float [hidden, hidden] matmul twice a layer. Such a model is rotated per
+site instead (`site_rotated`): its weights stay as trained and attn_in and ffn_in become online sites too
+(x·T after the RMSNorm, in the graph, like o_in and down_in). The pre-norms' scales are not folded into the
+linears: Gemma 3's reach 122 (and 0) in a channel, and folded they leave a column per output row that sets
+its INT8 scale (perplexity x30). Its default recipe adds W8A16 sites (`methods.Recipe.for_config`). Measured
+on Gemma 3 270M: docs/design.md, "Outliers".
 """
 
 from __future__ import annotations
@@ -52,13 +61,22 @@ def residual_rotation(n: int, seed: int = 0) -> torch.Tensor:
     return signs[:, None] * q
 
 
+def site_rotated(cfg) -> bool:
+    """Whether the model is rotated per site (post-norms: see the module doc) rather than in its residual stream."""
+    return bool(cfg.post_norms)
+
+
 def online_sites(cfg) -> dict[str, int]:
-    """site → Hadamard block of the online transforms this model takes (o_in per head, down_in)."""
+    """site → Hadamard block of the online transforms this model takes (o_in per head, down_in; a site-rotated
+    model also attn_in and ffn_in, and o_in in 64-blocks of a longer head)."""
     out = {}
-    if cfg.head_dim == ONLINE_BLOCK:
+    site = site_rotated(cfg)
+    if cfg.head_dim == ONLINE_BLOCK or (site and cfg.head_dim % ONLINE_BLOCK == 0):
         out["o_in"] = ONLINE_BLOCK
     if cfg.ffn % ONLINE_BLOCK == 0:
         out["down_in"] = ONLINE_BLOCK
+    if site and cfg.hidden % ONLINE_BLOCK == 0:
+        out["attn_in"] = out["ffn_in"] = ONLINE_BLOCK
     return out
 
 
@@ -77,7 +95,10 @@ def _hadamard_as(n: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def rotate_weights(cfg, w, seed: int = 0):
-    """Weights of the rotated model (same architecture, RMSNorm scales 1): its float output equals `w`'s."""
+    """Weights of the rotated model (same architecture, RMSNorm scales 1): its float output equals `w`'s.
+    A site-rotated model (`site_rotated`) keeps `w`: the online transforms of `online_sites` rotate its sites."""
+    if site_rotated(cfg):
+        return w
     q = residual_rotation(cfg.hidden, seed).float()
 
     def read(m: torch.Tensor, g: torch.Tensor) -> torch.Tensor:  # W·diag(g)·Q
@@ -131,14 +152,16 @@ def rotate_model(model, seed: int = 0, cache: bool = True):
     from hetero.loader import check_finite
 
     model.config.check_quantizable("rotation")
-    fp = f"{model.fingerprint}-rot{ROTATION_VERSION}s{seed}"
+    fp = f"{model.fingerprint}-{'site' if site_rotated(model.config) else 'rot'}{ROTATION_VERSION}s{seed}"
 
     def build():
         w = rotate_weights(model.config, model.weights, seed)
         check_finite(w, f"the rotated copy of {model.name}")
         return w
 
-    if cache:
+    if site_rotated(model.config):  # its weights are the model's (`rotate_weights`): nothing to cache
+        weights = model.weights
+    elif cache:
         weights = cached(cache_dir() / "models" / fp, "weights.safetensors", lambda p: _load(p, model),
                          build, _save, "rotated weights")
     else:

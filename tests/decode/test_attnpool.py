@@ -4,6 +4,7 @@ caller; a late or closed helper never makes the step wait."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -26,9 +27,10 @@ def random_cache(cfg, layers: int, capacity: int, seed: int) -> tuple[torch.Tens
 
 @pytest.mark.parametrize("slot", [5, 127, 300])
 def test_shared_attention_equals_the_one_thread_kernel(slot):
-    cfg = make_tiny_model().config
-    rope = ref.RopeTable(cfg, 512)
     layers, capacity = 4, 512
+    # layers 1 and 3 slide (a window shorter than a tree path, and one of 200 keys): the job carries it
+    cfg = dataclasses.replace(make_tiny_model().config, n_layers=layers, windows=(0, 3, 0, 200))
+    rope = ref.RopeTable(cfg, 512)
     tree = TokenTree([1, 2, 3, 4, 5], [-1, 0, 1, 0, 3])
     layout = tree_layout(tree.depth, tree.parents, slot, rope)
     n, g = len(tree), cfg.n_heads // cfg.n_kv_heads
@@ -38,7 +40,7 @@ def test_shared_attention_equals_the_one_thread_kernel(slot):
     k2, v2 = k1.clone(), v1.clone()
     want = [torch.zeros(n, cfg.q_dim) for _ in range(layers)]
     for layer in range(layers):
-        decode_rows(cfg, qkvs[layer], k1[layer], v1[layer], layout, want[layer])
+        decode_rows(cfg, qkvs[layer], k1[layer], v1[layer], layout, want[layer], layer)
     pool = AttentionPool()
     try:
         q = np.zeros((n, cfg.n_kv_heads, g, cfg.head_dim), np.float32)
@@ -113,8 +115,8 @@ def test_a_helper_that_cannot_run_is_turned_off_with_a_growing_backoff():
         def is_alive(self) -> bool:
             return True
 
-    cfg = make_tiny_model().config
     layers = 3
+    cfg = dataclasses.replace(make_tiny_model().config, n_layers=layers, windows=())
     k, v = random_cache(cfg, layers, 64, 1)
     layout = tree_layout([0], [-1], 20, ref.RopeTable(cfg, 64))
     qkv = torch.randn(1, cfg.q_dim + 2 * cfg.kv_dim, generator=torch.Generator().manual_seed(1))
@@ -156,5 +158,5 @@ def test_the_helpers_claims_compute_the_one_thread_kernels_heads():
     rope_rows(cfg, qkv, k[0], v[0], layout, q)
     out = torch.zeros(n, cfg.q_dim)
     _claim_heads(pool.ctrl, cfg.n_kv_heads, q, k.numpy()[0], v.numpy()[0], slot, layout.extra, layout.n_extra,
-                 cfg.head_dim**-0.5, out.numpy().reshape(q.shape), True)
+                 cfg.head_dim**-0.5, out.numpy().reshape(q.shape), True, 0)
     assert torch.equal(out, want) and pool.helped == cfg.n_kv_heads
