@@ -134,7 +134,7 @@ class NpuBackend:
             lacks = gqa_supported(self.cfg)
             if not (can and self.any_rows) or lacks:
                 raise ConfigError("whole-layer graphs need the CPU EP provider with dynamic rows, no placement and "
-                                  f"shape 'auto' or '2d', and attention one GroupQueryAttention node computes"
+                                  "shape 'auto' or '2d', and attention one GroupQueryAttention node computes"
                                   + (f" (this model has {lacks})" if lacks else ""))
         self._segmented: dict[int, NpuBackend] = {}  # a fused backend's decode graphs, per thread count
         self._programs: dict[int, LayerProgram] = {}
