@@ -285,13 +285,10 @@ class NpuBackend:
         return out
 
     # --------------------------------------------------------------------------- LayerBackend
-    def _segments(self) -> None:
-        if self.fused:
-            raise ConfigError("this backend runs whole-layer graphs (`layer`), not the qkv / o_ffn segments")
-
     def qkv(self, layer: int, h: torch.Tensor, out: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        self._segments()
+        if self.fused:  # the same plan's segments (a layer-by-layer forward: `model.forward`, the accuracy bench)
+            return self.at_chunk(self.chunk).qkv(layer, h, out)
         first = self.program(layer).runs[0]
         if out is None:
             out = torch.empty(h.shape[0], self.cfg.q_dim + 2 * self.cfg.kv_dim)
@@ -302,7 +299,8 @@ class NpuBackend:
         return out[:, :qd], out[:, qd : qd + kd], out[:, qd + kd :]
 
     def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        self._segments()
+        if self.fused:
+            return self.at_chunk(self.chunk).o_ffn(layer, a, h, out)
         if out is None:
             out = torch.empty(h.shape[0], self.cfg.hidden)
         env: dict[str, torch.Tensor] = {Buffer.A: a, Buffer.H: h}

@@ -63,6 +63,11 @@ def test_fused_refuses_what_it_cannot_run():
     with pytest.raises(ConfigError, match="whole-layer graphs need"):
         NpuBackend(m, plan, 16, options=GraphOptions(fused=True, dynamic_rows=False))
     seg = NpuBackend(m, plan, 16)
+    fused = NpuBackend(m, plan, 16, options=GraphOptions(fused=True))  # its segments: a layer-by-layer forward
+    h = torch.randn(16, 64, generator=torch.Generator().manual_seed(4))
+    for got, want in zip(fused.qkv(1, h), seg.qkv(1, h)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(fused.o_ffn(1, h, h), seg.o_ffn(1, h, h), rtol=0, atol=0)
     with pytest.raises(ConfigError, match="runs segments"):
         seg.layer(0, torch.zeros(4, 64), torch.zeros(2, 32, 16), torch.zeros(2, 32, 16), 0, (torch.zeros(32, 8),) * 2,
                   torch.zeros(4, 64))
