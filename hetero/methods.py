@@ -256,8 +256,13 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
 
     decode = decode_placement(backend)  # where decode steps run (the CPU, as mllm-NPU; issue 28)
     log.info("placement | %s", decode.describe())
+    head = None
+    if placed is not None:  # an INT8 runtime: the last token's logits through the INT8 head, as its decode steps'
+        from hetero.decode.head import Int8Head
+
+        head = Int8Head(model.config, model.weights, plan.threads, model=model, ort_pool=plan.ort_pool)
     return Runtime(model, chunk=chunk, backend=backend, executor=executor, execution=plan, decode=decode,
-                   layout=placed)
+                   layout=placed, head=head)
 
 
 def make_service(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,
