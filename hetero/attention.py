@@ -37,17 +37,38 @@ from hetero.model import attention as model_attention
 from hetero.sessions import cpu_session
 
 
+GQA_INPUTS = ("past_key", "past_value", "seqlens_k", "total_len", "cos", "sin")  # beside the packed qkv rows
+GQA_OUTPUTS = ("present_key", "present_value")  # beside the attention output; bound to the past buffers
+
+
+def gqa_node(n_heads: int, n_kv_heads: int, scale: float, window: int, qkv: str, out: str, name: str = "gqa"):
+    """The one `GroupQueryAttention` node of a chunk's attention (this module's graph, and the whole-layer graphs of
+    `npu.export`): packed q|k|v [1, S, ·] → `out` [1, S, q_dim], RoPE from cos/sin, K/V written into the cache the
+    graph inputs `GQA_INPUTS` name and its outputs `GQA_OUTPUTS` return (the same buffers: in place)."""
+    return helper.make_node(
+        "GroupQueryAttention", [qkv, "", "", *GQA_INPUTS], [out, *GQA_OUTPUTS], name=name,
+        domain="com.microsoft", num_heads=n_heads, kv_num_heads=n_kv_heads, do_rotary=1, rotary_interleaved=0,
+        scale=scale, local_window_size=window if window else -1,
+    )
+
+
+def gqa_supported(cfg: ModelConfig) -> str | None:
+    """None when one `gqa_node` computes every layer's attention of `cfg`, else what it lacks (such layers run
+    `model.attention` or a QK-norm / local RoPE beside it, `ChunkAttention`)."""
+    if (cfg.rotary_dim // 2) % 8:
+        return f"a rotary width of {cfg.rotary_dim} (GroupQueryAttention rotates a multiple of 16)"
+    if cfg.qk_norm:
+        return "QK-norm"
+    if cfg.local_rope_theta:
+        return "a local RoPE base"
+    return None
+
+
 def _graph(cfg: ModelConfig, window: int = 0) -> bytes:
     """One GroupQueryAttention node: packed qkv [1, S, (H + 2·KV)·D], cache [1, KV, capacity, D] in and out."""
     f, i32 = TensorProto.FLOAT, TensorProto.INT32
     d, kv = cfg.head_dim, cfg.n_kv_heads
-    node = helper.make_node(
-        "GroupQueryAttention",
-        ["qkv", "", "", "past_key", "past_value", "seqlens_k", "total_len", "cos", "sin"],
-        ["out", "present_key", "present_value"],
-        domain="com.microsoft", num_heads=cfg.n_heads, kv_num_heads=kv, do_rotary=1, rotary_interleaved=0,
-        scale=cfg.scale, local_window_size=window if window else -1,
-    )
+    node = gqa_node(cfg.n_heads, kv, cfg.scale, window, "qkv", "out")
     cache = [1, kv, "capacity", d]
     graph = helper.make_graph(
         [node], "chunk_attention",
@@ -130,15 +151,15 @@ class ChunkAttention:
         # all while it runs alone): two lanes' pools on the same cores would wait on each other's threads
         session = self.session(max(1, min(torch.get_num_threads(), self.threads)), cfg.window(layer))
         b = session.io_binding()
-        b.bind_input("qkv", "cpu", 0, f32, (1, n, qkv.shape[1]), _ptr(qkv))
+        b.bind_input("qkv", "cpu", 0, f32, (1, n, qkv.shape[1]), f32_ptr(qkv))
         for name, t in (("past_key", k_cache), ("past_value", v_cache)):
-            b.bind_input(name, "cpu", 0, f32, (1, *t.shape), _ptr(t))
+            b.bind_input(name, "cpu", 0, f32, (1, *t.shape), f32_ptr(t))
             b.bind_output(name.replace("past", "present"), "cpu", 0, f32, (1, *t.shape), t.data_ptr())
         b.bind_cpu_input("seqlens_k", np.array([start + n - 1], dtype=np.int32))
         b.bind_cpu_input("total_len", np.array(start + n, dtype=np.int32))
         b.bind_input("cos", "cpu", 0, f32, tuple(cos.shape), cos.data_ptr())
         b.bind_input("sin", "cpu", 0, f32, tuple(sin.shape), sin.data_ptr())
-        b.bind_output("out", "cpu", 0, f32, (1, n, cfg.q_dim), _ptr(out))
+        b.bind_output("out", "cpu", 0, f32, (1, n, cfg.q_dim), f32_ptr(out))
         session.run_with_iobinding(b)
         return out
 
@@ -151,7 +172,8 @@ def qk_norm_(cfg: ModelConfig, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: 
     k.copy_(rms_norm(k, k_norm, cfg.rms_eps))
 
 
-def _ptr(t: torch.Tensor) -> int:
+def f32_ptr(t: torch.Tensor) -> int:
+    """The address of a contiguous float32 tensor that an ONNX Runtime binding reads or writes in place."""
     if not t.is_contiguous() or t.dtype != torch.float32:
         raise ConfigError(f"attention buffers must be contiguous float32, got {t.dtype} with strides {t.stride()}")
     return t.data_ptr()

@@ -18,7 +18,8 @@ from hetero.errors import ConfigError, ScheduleError
 SUBGRAPH_KINDS = ("qkv", "attn", "o_ffn")  # one decoder layer, in execution order (mllm-NPU §3.2)
 LANES = ("npu", "cpu", "gpu")  # scheduler lane ids; a lane runs one subgraph at a time (Eq. 4)
 DEFAULT_PLACEMENT = (("qkv", "npu"), ("attn", "cpu"), ("o_ffn", "npu"))  # (kind, lane) of one layer
-CROSS_CHUNK_KINDS = ("attn",)  # kinds that read the K/V of earlier chunks of their layer
+CROSS_CHUNK_KINDS = ("attn", "layer")  # kinds that read the K/V of earlier chunks of their layer
+LAYER_PLACEMENT = (("layer", "npu"),)  # a whole layer as one subgraph (`npu.placement.prefill_layout`: fused)
 
 if TYPE_CHECKING:
     import networkx as nx

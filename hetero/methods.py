@@ -23,6 +23,7 @@ from hetero.threads import ExecutionPlan, set_torch_threads
 
 if TYPE_CHECKING:
     from hetero.config import ModelConfig
+    from hetero.npu.placement import PrefillLayout
     from hetero.outliers.plan import QuantPlan
     from hetero.outliers.search import SiteCosts
     from hetero.serve.service import Service
@@ -136,38 +137,48 @@ def quant_setup(model: Model, provider: str = "cpu", weight_form: str | None = N
     return qm, quant_plan(qm, provider, weight_form=weight_form, recipe=recipe)
 
 
-def _float(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str | None) -> LayerBackend:
+MakeBackend = Callable[[Model, int, ExecutionPlan, "str | None", bool], LayerBackend]
+
+
+def _float(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str | None, fused: bool) -> LayerBackend:
     return FloatBackend(model.config, model.weights)
 
 
-def _npu(provider: str, recipe: Recipe = DEFAULT_RECIPE) -> Callable[[Model, int, ExecutionPlan, str | None], LayerBackend]:
-    def make(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str | None) -> LayerBackend:
+def _npu(provider: str, recipe: Recipe = DEFAULT_RECIPE) -> MakeBackend:
+    def make(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str | None, fused: bool) -> LayerBackend:
         from hetero.npu.graph_backend import GraphOptions, NpuBackend
 
         plan = quant_plan(model, provider, weight_form=weight_form, recipe=recipe)
         return NpuBackend(model, plan, chunk=chunk, provider=provider,
-                          options=GraphOptions(intra_op_threads=execution.lane_threads, ort_pool=execution.ort_pool))
+                          options=GraphOptions(intra_op_threads=execution.lane_threads, ort_pool=execution.ort_pool,
+                                               fused=fused))
 
     return make
 
 
 @dataclass(frozen=True, slots=True)
 class Method:
-    # (model, chunk, threads, weight_form) -> the layer ops; `model` is already `quant_model(model, recipe)`
-    make: Callable[[Model, int, ExecutionPlan, str | None], LayerBackend]
+    # (model, chunk, threads, weight_form, fused) -> the layer ops; `model` is already `quant_model(model, recipe)`;
+    # fused: whole-layer graphs (the "layers" layout, `npu.placement.prefill_layout`)
+    make: MakeBackend
     policy: str | None  # default dispatch policy; None = in program order on the calling thread
     doc: str
     recipe: Recipe | None = None  # quantized methods: how the plan is built
     chunk: int = 256  # the chunk length C a command uses when not told (`hetero run --chunk`)
+    provider: str | None = None  # the static graphs' provider ("cpu": the CPU EP; "qnn"); None: torch
+    layout: str = "lanes"  # "auto": the host's placement picks "layers" or "lanes" (`prefill_layout`); "lanes"
 
 
-def _hetero(provider: str, policy: str, doc: str, recipe: Recipe = DEFAULT_RECIPE, chunk: int = 256) -> Method:
-    return Method(_npu(provider, recipe), policy, doc, recipe, chunk)
+def _hetero(provider: str, policy: str, doc: str, recipe: Recipe = DEFAULT_RECIPE, chunk: int = 256,
+            layout: str = "lanes") -> Method:
+    return Method(_npu(provider, recipe), policy, doc, recipe, chunk, provider, layout)
 
 
 METHODS: dict[str, Method] = {
     "hetero": _hetero("cpu", "rank", "INT8 graphs (ORT CPU EP as NPU lane), rotation, shadow outliers on 15% of "
-                      "the sites, out of order"),
+                      "the sites; each layer one graph on every core, or two lanes out of order, as this host's "
+                      "placement decides", layout="auto"),
+    "hetero-lanes": _hetero("cpu", "rank", "as hetero, always on two lanes out of order (mllm-NPU §3.4)"),
     # C=128: the simulator's generic HTP cannot finalize the o_ffn graph at 256 (`npu.constraints`)
     "hetero-qnn": _hetero("qnn", "rank", "as hetero, INT8 QDQ graphs on QNN HTP (simulator on x86), decode on the CPU",
                           chunk=128),
@@ -187,10 +198,34 @@ METHODS: dict[str, Method] = {
 DEFAULT_METHOD = "hetero"
 
 
+def prefill_layout_of(model: Model, spec: Method, chunk: int, threads: int, policy: str | None,
+                      layout: str | None) -> "PrefillLayout | None":
+    """The prefill layout of a runtime of `spec` (None: float layers, no graphs): `layout` when given, the
+    lanes when the method or an explicit `policy` dispatches lanes, else this host's (`npu.placement`)."""
+    from hetero.npu.placement import LAYOUTS, PrefillLayout, layout_key, prefill_layout, recorded_layout
+
+    if spec.provider is None:
+        if layout not in (None, "auto"):
+            raise ConfigError(f"layout {layout!r} applies to the INT8 methods only")
+        return None
+    if layout not in (None, "auto", *LAYOUTS):
+        raise ConfigError(f"layout must be 'auto' or one of {LAYOUTS}, got {layout!r}")
+    if layout in LAYOUTS:
+        return PrefillLayout(layout, "asked for")
+    if spec.layout != "auto":
+        return PrefillLayout("lanes", "the method's")
+    if policy is not None:
+        return PrefillLayout("lanes", f"the dispatch policy {policy!r} was given, which orders lanes")
+    device = "cpu" if spec.provider == "cpu" else "npu"
+    return prefill_layout(model.config, device, threads, recorded_layout(layout_key(model, chunk, threads)))
+
+
 def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,
-                 policy: str | None = None, weight_form: str | None = None) -> Runtime:
+                 policy: str | None = None, weight_form: str | None = None, layout: str | None = None) -> Runtime:
     """A runtime for `method`; `policy` overrides the method's default dispatch policy; `weight_form` forces
-    the INT8 weight form of the quantized methods (None or "auto": this CPU's, `hetero.npu.isa`).
+    the INT8 weight form of the quantized methods (None or "auto": this CPU's, `hetero.npu.isa`); `layout`
+    forces the prefill layout of the INT8 methods ("layers" or "lanes"; None or "auto": the method's, and for
+    `hetero` this host's placement, `npu.placement.prefill_layout`, in `Runtime.layout`).
 
     Threads (default: all cores): when lanes overlap, each lane gets half of them so the lanes do not
     oversubscribe the cores: the provider's ONNX Runtime sessions (the npu lane) always, torch and the
@@ -207,10 +242,20 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
         spec = METHODS["float"]
     if spec.recipe is not None:
         model = quant_model(model, spec.recipe)  # the rotated copy: its embedding and lm_head run the prefill
-    policy = policy or spec.policy
+    n = threads or os.cpu_count() or 1
+    placed = prefill_layout_of(model, spec, chunk, n, policy, layout)
+    fused = placed is not None and placed.mode == "layers"
+    if placed is not None:
+        log.info("placement | %s", placed.describe())
+    policy = None if fused else policy or spec.policy
     plan = ExecutionPlan.for_host(threads, overlapped=policy is not None and spec.make is not _float)
     executor = None
-    if policy is not None:
+    if fused:  # one lane: a whole layer per subgraph, in program order on every core
+        from hetero.dag import LAYER_PLACEMENT
+        from hetero.runtime import SerialExecutor
+
+        executor = SerialExecutor(model.config.n_layers, LAYER_PLACEMENT)
+    elif policy is not None:
         from hetero.sched.executor import OutOfOrderExecutor
 
         executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy,
@@ -218,12 +263,18 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
                                       learn_key=f"{model.name}-{model.fingerprint[:12]}-{method}-C{chunk}-{plan.threads}t")
     # the NPU lane's sessions get the lane's share too: their thread count is fixed per session, and a pool
     # on every core beside attention's preempts it (docs/journal.md, "Measured facts": thread split)
-    backend = spec.make(model, chunk, plan, weight_form)
+    backend = spec.make(model, chunk, plan, weight_form, fused)
     from hetero.npu.placement import decode_placement
 
     decode = decode_placement(backend)  # where decode steps run (the CPU, as mllm-NPU; issue 28)
     log.info("placement | %s", decode.describe())
-    return Runtime(model, chunk=chunk, backend=backend, executor=executor, execution=plan, decode=decode)
+    head = None
+    if placed is not None:  # an INT8 runtime: the last token's logits through the INT8 head, as its decode steps'
+        from hetero.decode.head import Int8Head
+
+        head = Int8Head(model.config, model.weights, plan.threads, model=model, ort_pool=plan.ort_pool)
+    return Runtime(model, chunk=chunk, backend=backend, executor=executor, execution=plan, decode=decode,
+                   layout=placed, head=head)
 
 
 def make_service(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,

@@ -231,6 +231,13 @@ class PrefillJob:
             k_cache, v_cache = self.cache.layer(layer)
             rt.attention(self.bufs.qkv[i][: c.n_valid], k_cache, v_cache, c.start, self.bufs.attn[i][: c.n_valid], layer)
             self.attn[i] = self.bufs.attn[i][: c.rows]
+        elif kind == "layer":  # the whole layer in one graph (a fused backend: `NpuBackend.layer`); real rows only
+            n, (a, b) = c.n_valid, (t[: c.rows] for t in self.bufs.h[i])
+            out = b if self.h[i].data_ptr() == a.data_ptr() else a
+            k_cache, v_cache = self.cache.layer(layer)
+            rt.backend.layer(layer, self.h[i][:n], k_cache, v_cache, c.start, (rt.attention.cos, rt.attention.sin),
+                             out[:n])
+            self.h[i] = out
         elif kind == "o_ffn":
             a, b = (t[: c.rows] for t in self.bufs.h[i])
             self.h[i] = rt.backend.o_ffn(layer, self.attn[i], self.h[i], out=b if self.h[i].data_ptr() == a.data_ptr() else a)
@@ -245,7 +252,8 @@ class Runtime:
     def __init__(self, model: Model, chunk: int = 256, backend: LayerBackend | None = None,
                  max_context: int | None = None, executor: PrefillExecutor | None = None,
                  attention_threads: int | None = None, decode: DecodePlacement | None = None,
-                 execution: ExecutionPlan | None = None):
+                 execution: ExecutionPlan | None = None, layout: object = None,
+                 head: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.model, self.cfg, self.chunk = model, model.config, check_chunk(chunk, model.config.context_length)
         ctx = self.cfg.context_length
         if max_context is not None and not 0 < max_context <= ctx:
@@ -255,6 +263,10 @@ class Runtime:
         self.executor = executor or SerialExecutor(self.cfg.n_layers)
         self.placement = self.executor.placement
         self.decode = decode  # None: decode steps run on the backend's own engines (`decode.step.DecodeStep`)
+        self.layout = layout  # how the placement laid the prefill out (`npu.placement.PrefillLayout`); None: not asked
+        # the last token's logits from its final hidden rows [n, hidden] → [n, vocab]: the float head by default; an
+        # INT8 runtime's is the INT8 head its decode steps use (`decode.head.Int8Head`: 28 instead of 113 MB to read)
+        self.head = head or (lambda h: ref.logits(self.cfg, self.model.weights, h))
         self.rope = ref.RopeTable(self.cfg, ctx + chunk)  # + chunk: padded rows of the last chunk
         # the `attn` subgraph of every chunk (the CPU lane): ORT's GroupQueryAttention over the cache
         # how it uses the host (`threads.ExecutionPlan`, chosen at the edge); by default every core, in program order
@@ -325,7 +337,7 @@ class Runtime:
         """The last real token's logits; only now the cache's length grows (a failed prefill leaves it)."""
         plan, cache = job.plan, job.cache
         last = plan.chunks[-1]
-        logits = ref.logits(self.cfg, self.model.weights, job.h[-1][last.n_valid - 1])
+        logits = self.head(job.h[-1][last.n_valid - 1 : last.n_valid])[0]
         n = plan.ids.numel()
         if cache.length != plan.start:
             raise ConfigError(f"the cache moved during the prefill: {cache.length} positions, the plan started at "

@@ -37,6 +37,7 @@ def test_warnings_reach_the_report_and_the_plots(tmp_path):
 
 
 def test_one_colour_and_name_per_engine():
-    assert engine_style("hetero") == ("tab:red", "hetero (INT8 graphs + shadow + out-of-order)")
+    assert engine_style("hetero") == ("tab:red", "hetero (INT8 graphs + shadow, laid out by this host's placement)")
+    assert engine_style("hetero_lanes")[0] != engine_style("hetero")[0]
     assert engine_style("some_new_engine") == engine_style("some_new_engine")
     assert engine_style("some_new_engine")[1] == "some new engine"

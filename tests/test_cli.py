@@ -16,6 +16,7 @@ def test_info_json_lists_model_and_platform(tmp_path, monkeypatch, capsys) -> No
     out = json.loads(capsys.readouterr().out)
     assert out["config"]["n_layers"] == 2 and out["config"]["arch"] == "llama"
     assert {"torch", "onnxruntime", "qnn_htp", "ort_providers"} <= set(out["platform"])
+    assert out["placement"]["prefill"].startswith("prefill as layers: the NPU lane is this CPU's cores")
 
 
 def test_run_json_answers_paris_on_the_float_path(default_model, capsys) -> None:

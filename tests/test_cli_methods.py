@@ -52,3 +52,5 @@ def test_every_method_answers_from_the_command_line(method, default_model):
     assert all(v >= 0 for v in out["seconds"].values())
     assert out["decode_on"]["device"] == "cpu"  # decode runs on the CPU, whatever prefills (mllm-NPU)
     assert "placement | decode on the cpu" in r.stderr  # -v says where decode runs
+    if METHODS[method].provider is not None:  # and how the INT8 prefill is laid out on this host (`prefill_layout`)
+        assert "placement | prefill as " in r.stderr

@@ -3,7 +3,8 @@
 Every session made while the variable names a folder records each run's kernels (cat "Node") and each run
 (`model_run`, cat "Session") with its start; `collect` ends the profiling of every live session and sums what
 started inside a time window (one timed prefill, not its warm-up) per op type and per session role: the
-attention kernel's sessions (GroupQueryAttention, the CPU lane) apart from the INT8 graphs (the NPU lane).
+attention kernel's sessions (GroupQueryAttention alone, the CPU lane) apart from the INT8 graphs (the NPU lane, or
+whole-layer graphs with their attention inside).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import json
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
+
+
+INT8_OPS = {"MatMulIntegerToFloat", "MatMulInteger", "ConvInteger", "QLinearMatMul"}  # the static graphs' kernels
 
 
 @dataclass
@@ -52,7 +56,8 @@ def collect(windows: list[tuple[int, int]], remove: bool = True) -> list[OrtProf
         if remove:
             os.remove(path)
         ops = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
-        role = "attention" if any(e["args"].get("op_name") == "GroupQueryAttention" for e in ops) else "graphs"
+        kinds = {e["args"].get("op_name") for e in ops}  # a whole-layer graph holds both: it counts as graphs
+        role = "attention" if "GroupQueryAttention" in kinds and not kinds & INT8_OPS else "graphs"
         for prof, (t0, t1) in zip(out, windows):
             for e in events:
                 if not t0 <= start + 1000 * e["ts"] <= t1:

@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     from hetero.bench.host import describe, host
     from hetero.loader import load_model
     from hetero.methods import make_runtime
-    from hetero.runtime import Runtime
+    from hetero.runtime import Runtime, SerialExecutor
 
     lens = int_list(args.lens, "--lens")
     model = load_model(args.model)
@@ -150,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
         finally:
             rt.close()
         return 0
-    serial = Runtime(rt.model, chunk=rt.chunk, backend=rt.backend, attention_threads=args.threads)
+    serial = Runtime(rt.model, chunk=rt.chunk, backend=rt.backend, attention_threads=args.threads,
+                     executor=SerialExecutor(model.config.n_layers, rt.placement))
     ids = prompt_ids(args.model, max(lens))
     try:
         rows = [parts(rt, serial, ids[:n], args.repeats, args.threads) for n in lens]

@@ -1,4 +1,4 @@
-"""`hetero npu compile|shapes|cache`: prepare, profile and inspect the NPU graphs; the AI Hub options of
+"""`hetero npu compile|shapes|layout|cache`: prepare, profile and inspect the NPU graphs; the AI Hub options of
 `hetero profile` (`add_hub_profile_args`, `run_hub_profile`)."""
 
 from __future__ import annotations
@@ -57,6 +57,39 @@ def cmd_shapes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_layout(args: argparse.Namespace) -> int:
+    """Time the default method's prefill in both layouts (`npu.placement`) on this host, interleaved, and record
+    the winner that `make_runtime` then uses."""
+    import os
+    import statistics
+
+    from hetero.bench.harness import prompt_ids
+    from hetero.methods import DEFAULT_METHOD, make_runtime
+    from hetero.npu.placement import LAYOUTS, layout_key, record_layout
+
+    model = _model(args)
+    threads = args.threads or os.cpu_count() or 1
+    lens = sorted(set(args.lens))
+    ids = prompt_ids(getattr(args, "model", None), max(lens) + 64 * args.repeats)
+    rts = {mode: make_runtime(model, DEFAULT_METHOD, args.chunk, threads, layout=mode) for mode in LAYOUTS}
+    try:
+        ms: dict[str, dict[int, list[float]]] = {m: {n: [] for n in lens} for m in LAYOUTS}
+        for r in range(args.repeats):  # rounds interleave the layouts, each on a different window of the text
+            for n in lens:
+                for mode, rt in rts.items():
+                    rt.prefill(ids[64 * r: 64 * r + n])  # warm: its graphs, the learned costs of the lanes
+                    ms[mode][n].append(rt.prefill(ids[64 * r + 1: 64 * r + 1 + n]).total_ms)
+        key = layout_key(rts["layers"].model, args.chunk, threads)
+    finally:
+        for rt in rts.values():
+            rt.close()
+    entry = record_layout(key, {m: {n: statistics.median(v) for n, v in t.items()} for m, t in ms.items()})
+    for mode in LAYOUTS:
+        print(f"{mode:6s} " + "  ".join(f"{n}: {v} ms" for n, v in entry["ms"][mode].items()))
+    print(f"winner: {entry['winner']} (recorded for {key}; load average {os.getloadavg()[0]:.1f})")
+    return 0
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     from hetero.npu.cache import cache_usage, clear_cache, graphs_root
 
@@ -93,6 +126,13 @@ def register(subparsers: Any) -> None:
     s.add_argument("--provider", choices=("cpu", "qnn"), default="cpu", help="ONNX Runtime provider")
     s.add_argument("--repeats", type=positive_int, default=9, help="timed rounds (interleaved) per candidate")
     s.set_defaults(func=cmd_shapes)
+    lay = sub.add_parser("layout", help="time the prefill as whole-layer graphs vs two lanes; record the winner (§4)")
+    add_model_arg(lay)
+    lay.add_argument("--chunk", type=positive_int, default=256)
+    lay.add_argument("--threads", type=positive_int, default=None, help="cores (default: all)")
+    lay.add_argument("--lens", type=positive_int, nargs="+", default=[64, 256, 1024], help="prompt lengths")
+    lay.add_argument("--repeats", type=positive_int, default=3, help="interleaved rounds")
+    lay.set_defaults(func=cmd_layout)
     k = sub.add_parser("cache", help="what the prebuilt-graph cache holds; --clear to empty it")
     g = k.add_mutually_exclusive_group()
     g.add_argument("--clear", action="store_true", help="delete every entry")

@@ -235,7 +235,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     model = load_model(args.model)
     out = {"model": model.name, "path": str(model.path), "fingerprint": model.fingerprint,
-           "config": model.config.to_dict(), "platform": platform_info()}
+           "config": model.config.to_dict(), "platform": platform_info(), "placement": placement_info(model)}
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -245,4 +245,20 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("platform")
     for k, v in out["platform"].items():
         print(f"  {k:<15}{v}")
+    print("placement")
+    for k, v in out["placement"].items():
+        print(f"  {k:<15}{v}")
     return 0
+
+
+def placement_info(model) -> dict[str, str]:
+    """How the default method would lay out a prefill on this host, and why (`npu.placement.prefill_layout`)."""
+    from hetero.methods import DEFAULT_METHOD, METHODS, prefill_layout_of, quant_model
+
+    spec = METHODS[DEFAULT_METHOD]
+    bad = model.config.quantized_unsupported()
+    if bad is not None:
+        return {"prefill": f"float (the INT8 path does not implement {bad} yet)"}
+    threads = os.cpu_count() or 1
+    placed = prefill_layout_of(quant_model(model, spec.recipe), spec, spec.chunk, threads, None, None)
+    return {"prefill": placed.describe(), "method": f"{DEFAULT_METHOD} (C={spec.chunk}, {threads} threads)"}

@@ -15,9 +15,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from hetero.npu.segments import Buffer, LayerQ, LinearQ, SegmentSpec, segment_io, shape_rows
+from hetero.attention import GQA_INPUTS, GQA_OUTPUTS, gqa_node
+from hetero.npu.segments import AttnSpec, Buffer, LayerQ, LinearQ, SegmentSpec, segment_io, shape_rows
 from hetero.npu.site_ops import a16_bytes, a16_combine, online_hadamard
-from hetero.outliers.quantize import ACT_ZERO_POINT, WEIGHT_FORMS, check_weight_form
+from hetero.outliers.quantize import ACT_QMAX, ACT_QMIN, ACT_ZERO_POINT, WEIGHT_FORMS, check_weight_form
 
 # Bump when the graphs' math or I/O change: part of every cache key.
 # 4: per-output-channel weight scales. 5: 7-bit weights by default, u8·s8 MatMulInteger on the CPU EP.
@@ -28,6 +29,8 @@ from hetero.outliers.quantize import ACT_ZERO_POINT, WEIGHT_FORMS, check_weight_
 # (Gemma 3's post-norms and online attn_in/ffn_in transforms change only the graphs of models that have them:
 #  their parameters are in `segments.layer_digest`, so the version stays.)
 EXPORT_VERSION = 8
+# Whole-layer graphs (kind "layer", in their keys only: the segments' keys stay as they are). 2: gate, up apart.
+LAYER_VERSION = 2
 ACT_ZERO_POINT_U16 = 32768
 OPSET = 21
 # ---------------------------------------------------------------------------------------- builder
@@ -63,14 +66,16 @@ class _Graph:
         self.domains.add(domain)
         return out
 
-    def input(self, name: str, shape: list[int | str]) -> str:
+    def input(self, name: str, shape: list[int | str], dtype: int = TensorProto.FLOAT) -> str:
         name = str(name)
-        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+        self.inputs.append(helper.make_tensor_value_info(name, dtype, shape))
         return name
 
-    def output(self, src: str, name: str, shape: list[int | str]) -> None:
+    def output(self, src: str | None, name: str, shape: list[int | str]) -> None:
+        """Graph output `name` [shape] float32: a copy of `src`, or (src None) a tensor a node writes under that name."""
         name = str(name)
-        self.nodes.append(helper.make_node("Identity", [src], [name], name=name + "_out"))
+        if src is not None:
+            self.nodes.append(helper.make_node("Identity", [src], [name], name=name + "_out"))
         self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
 
     def model(self) -> onnx.ModelProto:
@@ -153,11 +158,12 @@ def _product(g: _Graph, op: str, x: str, w: str, extra: list[str], conv: bool) -
 
 
 def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: bool | None = None,
-             conv: bool = False, kernel: str = "u8s8") -> str:
+             conv: bool = False, kernel: str = "u8s8", shadow: bool = False) -> str:
     """y = concat_j(int8_linear(x, s_x, W_j) + b_j) along the last axis; all lins share x and s_x.
 
     conv: x is [a, b, K] and each matmul runs as a 1×1 Conv over [1, K, a, b] (bit-identical on the CPU EP:
     ConvInteger accumulates the same int32 products). kernel: the CPU EP's `cpu_kernel` of the plan.
+    shadow (CPU flavour, 2-D): + the site's shadow correction (Eq. 1) inside the graph (`_shadow`).
     """
     qnn_per_axis = QNN_PER_AXIS_DQ if qnn_per_axis is None else qnn_per_axis
     s_x = np.float32(lins[0].x_scale)
@@ -225,7 +231,30 @@ def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: 
     if has_bias:
         b = np.concatenate([lq.bias if lq.bias is not None else np.zeros(lq.q.shape[0], np.float32) for lq in lins])
         y = g.op("Add", [y, g.const(b.astype(np.float32), "bias")])
+    if shadow:
+        if flavor != "cpu" or conv or bits != 8:
+            raise ValueError("an in-graph shadow needs the CPU flavour, 2-D rows and an 8-bit site")
+        y = g.op("Add", [y, _shadow(g, x, lins, w, kernel)], "y_shadowed")
     return y
+
+
+def _shadow(g: _Graph, x: str, lins: list[LinearQ], w: str, kernel: str) -> str:
+    """The CPU side of Eq. 1 in the graph, as `outliers.shadow.shadow_part` computes it: r = x − clip(x, lo, hi)
+    (lo, hi: the INT8 range, compared in float32 as `rangecheck.split_beyond`), the channels c where some row
+    has r ≠ 0 (found at run time: NonZero), and r[:, c] @ W_deq[:, c]ᵀ with the dequantized rows gathered from
+    the linear's own INT8 weight `w` ([K, ΣN], no float copy of the weights). No outlier: k = 0, a zero product."""
+    s = float(lins[0].x_scale)
+    lo, hi = g.const(np.array(ACT_QMIN * s, np.float32), "lo"), g.const(np.array(ACT_QMAX * s, np.float32), "hi")
+    r = g.op("Sub", [x, g.op("Clip", [x, lo, hi])], "r")
+    beyond = g.op("Greater", [g.op("ReduceMax", [g.op("Abs", [r]), g.const(np.array([0], np.int64))], keepdims=0),
+                              g.const(np.array(0, np.float32), "zero")], "beyond")
+    ch = g.op("Reshape", [g.op("NonZero", [beyond]), g.const(np.array([-1], np.int64))], "channels")
+    rows = g.op("Cast", [g.op("Gather", [w, ch], "w_rows", axis=0)], "w_rows_f", to=TensorProto.FLOAT)
+    if kernel != "u8s8":  # stored q + 128 (`cpu_kernel`)
+        rows = g.op("Sub", [rows, g.const(np.array(ACT_ZERO_POINT, np.float32), "w_zp_f")], "w_rows_q")
+    s_w = np.concatenate([np.broadcast_to(np.asarray(lq.w_scale, np.float32), (lq.q.shape[0],)) for lq in lins])
+    rows = g.op("Mul", [rows, g.const(s_w.astype(np.float32), "w_s")], "w_deq")  # `QuantWeight*.dequantize`
+    return g.op("MatMul", [g.op("Gather", [r, ch], "r_c", axis=1), rows], "shadow")
 
 
 def _out_scale(s_x: np.float32, lq: LinearQ) -> np.ndarray:
@@ -261,6 +290,23 @@ def _activation(g: _Graph, x: str, act: str) -> str:
     return g.op("Mul", [half, g.op("Add", [inner, g.const(np.array(1.0, np.float32), "one")])], act)
 
 
+def _attention(g: _Graph, qkv: str, attn: AttnSpec, lq: LayerQ) -> str:
+    """The chunk's attention over the KV cache (`attention.gqa_node`, as `attention.ChunkAttention` runs it):
+    packed q|k|v [T, ·] → [T, q_dim], this chunk's K/V written into the cache inputs in place."""
+    d, f, i32 = lq.q_dim // attn.n_heads, TensorProto.FLOAT, TensorProto.INT32
+    for name in GQA_INPUTS[:2]:
+        g.input(name, [1, attn.n_kv_heads, "capacity", d])
+    g.input(GQA_INPUTS[2], [1], i32)
+    g.input(GQA_INPUTS[3], [], i32)
+    for name in GQA_INPUTS[4:]:
+        g.input(name, ["positions", "half_rotary"], f)
+    q3 = g.op("Unsqueeze", [qkv, g.const(np.array([0], np.int64))], "qkv3")
+    out = g.fresh("attn")
+    g.nodes.append(gqa_node(attn.n_heads, attn.n_kv_heads, attn.scale, attn.window, q3, out, out + "_gqa"))
+    g.domains.add("com.microsoft")
+    return g.op("Squeeze", [out, g.const(np.array([0], np.int64))], "a")
+
+
 def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
     """The ONNX graph of one segment (pure function of its spec and parameters)."""
     g = _Graph(f"L{spec.layer}_{spec.kind}_C{spec.chunk}_{spec.flavor}")
@@ -274,6 +320,7 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
         env[name] = g.op("Reshape", [t, g.const(np.array([ab[0], ab[1], width], np.int64))]) if ab else t
     f, k = spec.flavor, cpu_kernel(lq.weight_form)
     blocks = dict(lq.online)
+    sh = set(spec.shadows)
 
     def online(site: str, x: str, width: int) -> str:  # x·T in front of a rotated site's quantization
         return online_hadamard(g, x, list(ab or (spec.chunk,)), width, blocks[site]) if site in blocks else x
@@ -282,24 +329,40 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
     for piece in spec.pieces:
         if piece == "qkv":
             env[B.X] = _rms_norm(g, env[B.H], lq.attn_norm, lq.eps, f)
-            env[B.QKV] = _linears(g, online("attn_in", env[B.X], lq.hidden), list(lq.qkv), f, conv=conv, kernel=k)
+            env[B.QKV] = _linears(g, online("attn_in", env[B.X], lq.hidden), list(lq.qkv), f, conv=conv, kernel=k,
+                                  shadow="attn_in" in sh)
+        elif piece == "attn":
+            env[B.A] = _attention(g, env[B.QKV], spec.attn, lq)
         elif piece == "o":
             env[B.X] = env[B.A]
-            env[B.O] = _linears(g, online("o_in", env[B.A], lq.q_dim), [lq.o], f, conv=conv, kernel=k)
+            env[B.O] = _linears(g, online("o_in", env[B.A], lq.q_dim), [lq.o], f, conv=conv, kernel=k,
+                                shadow="o_in" in sh)
         elif piece == "gu":
             o = env[B.O] if lq.post_attn_norm is None else _rms_norm(g, env[B.O], lq.post_attn_norm, lq.eps, f)
             env[B.H1] = g.op("Add", [env[B.H], o], B.H1)
             env[B.X] = _rms_norm(g, env[B.H1], lq.ffn_norm, lq.eps, f)
-            env[B.GU] = _linears(g, online("ffn_in", env[B.X], lq.hidden), list(lq.gate_up), f, conv=conv, kernel=k)
+            x = online("ffn_in", env[B.X], lq.hidden)
+            if spec.kind == "layer":  # gate and up apart: no Split of a [T, 2·ffn] product (8% of a layer's kernels)
+                env["gate"], env["up"] = (_linears(g, x, [lin], f, kernel=k, shadow="ffn_in" in sh)
+                                          for lin in lq.gate_up)
+            else:
+                env[B.GU] = _linears(g, x, list(lq.gate_up), f, conv=conv, kernel=k, shadow="ffn_in" in sh)
         elif piece == "act":
-            gate = _slice_last(g, env[B.GU], 0, lq.ffn)
-            up = _slice_last(g, env[B.GU], lq.ffn, 2 * lq.ffn)
+            if "gate" in env:
+                gate, up = env["gate"], env["up"]
+            else:
+                gate = _slice_last(g, env[B.GU], 0, lq.ffn)
+                up = _slice_last(g, env[B.GU], lq.ffn, 2 * lq.ffn)
             env[B.M] = g.op("Mul", [_activation(g, gate, lq.act), up], B.M)
         elif piece == "down":
-            env[B.D] = _linears(g, online("down_in", env[B.M], lq.ffn), [lq.down], f, conv=conv, kernel=k)
+            env[B.D] = _linears(g, online("down_in", env[B.M], lq.ffn), [lq.down], f, conv=conv, kernel=k,
+                                shadow="down_in" in sh)
             if B.H1 in env:  # (a separate down graph's caller adds h1 + post-norm(d + shadow): `LayerProgram.finish`)
                 d = env[B.D] if lq.post_ffn_norm is None else _rms_norm(g, env[B.D], lq.post_ffn_norm, lq.eps, f)
                 env[B.H_OUT] = g.op("Add", [env[B.H1], d], B.H_OUT)
+    if spec.attn is not None:  # the KV cache rows the attention node writes in place
+        for name in GQA_OUTPUTS:
+            g.output(None, name, [1, spec.attn.n_kv_heads, "capacity", lq.q_dim // spec.attn.n_heads])
     for name, width in outs.items():
         src = env[name]
         if ab:

@@ -13,14 +13,16 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
+from hetero.attention import f32_ptr
 from hetero.chunking import check_chunk
 from hetero.errors import ConfigError
 from hetero.loader import Model
 from hetero.model import SITES
 from hetero.npu import segments
-from hetero.npu.program import LayerProgram, layer_program
+from hetero.npu.program import GraphRun, LayerProgram, layer_program
 from hetero.npu.providers import OrtCpuProvider, Provider, make_provider, prepare_graph
 from hetero.npu.segments import Buffer
 
@@ -82,7 +84,8 @@ class GraphOptions:
     none is recorded), or "2d", "3d:a", "conv:a" for every graph (§4, optimisation 1). dynamic_rows: one graph set
     for every chunk length (rows symbolic) where the provider allows it (the CPU EP); None: when every graph runs on
     the CPU EP with shape "auto" or "2d". use_cache / graphs_root: the graph cache and its folder (default: under
-    the user cache)."""
+    the user cache). fused: each layer one graph (qkv → attention over the KV cache → o → FFN, shadow corrections
+inside), run by `NpuBackend.layer` on the sessions' threads: where the NPU lane is the CPU (`placement.prefill_layout`)."""
 
     intra_op_threads: int = 2
     ort_pool: str | None = None
@@ -91,6 +94,7 @@ class GraphOptions:
     dynamic_rows: bool | None = None
     use_cache: bool = True
     graphs_root: object = None
+    fused: bool = False  # one graph per layer, attention and shadows inside (`segments.layer_graph`; CPU EP only)
 
 
 class NpuBackend:
@@ -123,6 +127,16 @@ class NpuBackend:
         if o.dynamic_rows and not can:
             raise ConfigError("dynamic_rows needs the CPU EP provider, no placement and shape 'auto' or '2d'")
         self.any_rows = can if o.dynamic_rows is None else o.dynamic_rows
+        self.fused = o.fused
+        if o.fused:
+            from hetero.attention import gqa_supported
+
+            lacks = gqa_supported(self.cfg)
+            if not (can and self.any_rows) or lacks:
+                raise ConfigError("whole-layer graphs need the CPU EP provider with dynamic rows, no placement and "
+                                  "shape 'auto' or '2d', and attention one GroupQueryAttention node computes"
+                                  + (f" (this model has {lacks})" if lacks else ""))
+        self._segmented: dict[int, NpuBackend] = {}  # a fused backend's decode graphs, per thread count
         self._programs: dict[int, LayerProgram] = {}
         self.report = PrepareReport()
         t0 = time.perf_counter()
@@ -149,6 +163,14 @@ class NpuBackend:
         o, cpu = self.options, isinstance(self.provider, OrtCpuProvider)
         threads = intra_op_threads or o.intra_op_threads
         same_provider = provider is None or provider == self.provider.name
+        if self.fused:  # the decode steps run the segments (`decode.bound_step`): the same plan's, made once
+            seg = self._segmented.get(threads)
+            if seg is None:
+                plan = QuantPlan.from_dict(self.plan.to_dict(), self.model) if self._weights_dropped else self.plan
+                seg = self._segmented[threads] = NpuBackend(
+                    self.model, plan, self.chunk, OrtCpuProvider(threads, pool=o.ort_pool),
+                    options=dataclasses.replace(o, intra_op_threads=threads, fused=False))
+            return seg.at_chunk(chunk, threads, provider)
         if self.any_rows and chunk <= self.chunk and same_provider and (threads == o.intra_op_threads or not cpu):
             return self  # one graph set serves every row count: the decode sizes share these sessions
         plan = QuantPlan.from_dict(self.plan.to_dict(), self.model) if self._weights_dropped else self.plan
@@ -220,6 +242,12 @@ class NpuBackend:
         lq = segments.layer_q(self.cfg, self.model.weights.layers[layer], self.plan, layer)
         digest = segments.layer_digest(lq)
         graphs = []
+        if self.fused:
+            spec = segments.layer_graph(layer, set(shadow), segments.AttnSpec.of(self.cfg, layer))
+            g, info = prepare_graph(spec, lq, self.model.fingerprint, self.provider, use_cache, digest,
+                                    self.options.graphs_root)
+            self.report.rows.append((layer, spec.kind, self.provider.name, info.cached, info.seconds, info.size_bytes))
+            return LayerProgram(layer, (GraphRun(g, None),))  # its shadows are inside the graph
         for spec0 in segments.layer_segments(layer, set(shadow), self.chunk, "cpu"):
             provider = self._provider_for(layer, "qkv" if spec0.kind == "qkv" else "o_ffn")
             rows = segments.DYNAMIC_ROWS if self.any_rows else self.chunk
@@ -232,9 +260,36 @@ class NpuBackend:
         lw = self.model.weights.layers[layer]
         return layer_program(layer, graphs, shadow, lw.post_ffn_norm if self.cfg.post_norms else None, self.cfg.rms_eps)
 
+    def layer(self, layer: int, h: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
+              rope: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+        """A fused backend's whole layer on a chunk's real rows h [n, hidden] at positions start..start+n-1, in one
+        graph run: K/V written into k_cache/v_cache [n_kv, capacity, D] (one layer's, contiguous) in place, as
+        `attention.ChunkAttention` writes them; rope: the runtime's (cos, sin) table. Returns out [n, hidden]."""
+        if not self.fused:
+            raise ConfigError("layer() runs whole-layer graphs: this backend runs segments (GraphOptions.fused)")
+        graph, n = self.program(layer).runs[0].graph, h.shape[0]
+        cap = k_cache.shape[1]
+        if start + n > min(cap, rope[0].shape[0]):
+            raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({cap}) or RoPE table "
+                              f"({rope[0].shape[0]}) positions")
+        f32, b = np.float32, graph.binding
+        b.bind_input(Buffer.H, "cpu", 0, f32, (n, self.cfg.hidden), f32_ptr(h))
+        b.bind_output(Buffer.H_OUT, "cpu", 0, f32, (n, self.cfg.hidden), f32_ptr(out))
+        for name, t in (("past_key", k_cache), ("past_value", v_cache)):
+            b.bind_input(name, "cpu", 0, f32, (1, *t.shape), f32_ptr(t))
+            b.bind_output(name.replace("past", "present"), "cpu", 0, f32, (1, *t.shape), t.data_ptr())
+        b.bind_cpu_input("seqlens_k", np.array([start + n - 1], dtype=np.int32))
+        b.bind_cpu_input("total_len", np.array(start + n, dtype=np.int32))
+        for name, t in zip(("cos", "sin"), rope):
+            b.bind_input(name, "cpu", 0, f32, tuple(t.shape), f32_ptr(t))
+        graph.session.run_with_iobinding(b)
+        return out
+
     # --------------------------------------------------------------------------- LayerBackend
     def qkv(self, layer: int, h: torch.Tensor, out: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.fused:  # the same plan's segments (a layer-by-layer forward: `model.forward`, the accuracy bench)
+            return self.at_chunk(self.chunk).qkv(layer, h, out)
         first = self.program(layer).runs[0]
         if out is None:
             out = torch.empty(h.shape[0], self.cfg.q_dim + 2 * self.cfg.kv_dim)
@@ -245,6 +300,8 @@ class NpuBackend:
         return out[:, :qd], out[:, qd : qd + kd], out[:, qd + kd :]
 
     def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if self.fused:
+            return self.at_chunk(self.chunk).o_ffn(layer, a, h, out)
         if out is None:
             out = torch.empty(h.shape[0], self.cfg.hidden)
         env: dict[str, torch.Tensor] = {Buffer.A: a, Buffer.H: h}
@@ -259,3 +316,4 @@ class NpuBackend:
             d = env[Buffer.D] if d_extra is None else env[Buffer.D].add_(d_extra)
             return self.program(layer).finish(env[Buffer.H1], d, out)
         return out
+

@@ -1,4 +1,12 @@
-"""NPU memory budget (mllm-NPU §4, optimisation 2): which static graphs live on the NPU, which on the CPU.
+"""Placement (mllm-NPU §4): how a prefill's work is cut into graphs and lanes on this host, and under an NPU
+memory budget which static graphs live on the NPU.
+
+The layout (`prefill_layout`): mllm-NPU runs the static subgraphs on the NPU and attention on the CPU, two
+lanes out of order (§3.4), which pays where the lanes are two pieces of hardware. Where the "NPU" is the CPU
+itself (the ONNX Runtime CPU EP), the lanes split the same cores, each graph gets half of them, and a chunk is
+a chain of ~90 hand-offs between them; there each layer runs as one graph (its attention and shadow corrections
+inside, `segments.layer_graph`) on every core, chunk after chunk. Which one wins is measured per host
+(`hetero npu layout` → `record_layout`); without a record, the rule above decides, and says so.
 
 Mobile NPUs address a limited memory region (≈4 GB on Hexagon), possibly less than the model. Given a
 budget in bytes for NPU-resident weights, place the most compute-dense graphs first: every layer's FFN
@@ -10,12 +18,17 @@ does not fit runs as the same INT8 graph on the CPU (ONNX Runtime CPU EP). Each 
 
 from __future__ import annotations
 
+import json
 import logging
 import platform
+import socket
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 from hetero.torch_backends import LayerBackend
 from hetero.errors import ConfigError
+from hetero.paths import atomic_path, user_profiles_dir
 from hetero.runtime import DecodePlacement
 
 log = logging.getLogger(__name__)
@@ -100,3 +113,81 @@ def decode_placement(backend: LayerBackend) -> DecodePlacement:
     return DecodePlacement("cpu", "ort-cpu", f"the prefill's NPU lane is {provider.name}{where} and a decode step is "
                            f"memory-bound, so the same plan's INT8 graphs on the CPU EP, its {plan.weight_form} "
                            f"weights in this CPU's exact form {cpu_form_for(plan.weight_form)}")
+
+
+LAYOUTS = ("layers", "lanes")
+LAYOUT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillLayout:
+    """How a runtime's prefill runs on this host (module docstring): "layers" (a graph per layer, attention and
+    shadows inside, on every core) or "lanes" (§3.4's subgraphs on the NPU and CPU lanes, out of order)."""
+
+    mode: Literal["layers", "lanes"]
+    reason: str
+
+    def describe(self) -> str:
+        return f"prefill as {self.mode}: {self.reason}"
+
+
+def layout_path(host: str | None = None) -> Path:
+    """This host's measured layouts (`hetero npu layout` writes them)."""
+    return user_profiles_dir() / "layout" / f"prefill_layout_{host or socket.gethostname()}.json"
+
+
+def layout_key(model, chunk: int, threads: int) -> str:
+    """What a measured layout holds for: the model (its file), C and the thread count."""
+    return f"{model.name}-{model.fingerprint[:12]}-C{chunk}-{threads}t"
+
+
+def record_layout(key: str, ms: dict[str, dict[int, float]], path: Path | None = None) -> dict:
+    """Record the measured prefill ms of each layout per prompt length; the winner is the faster in total."""
+    if set(ms) != set(LAYOUTS):
+        raise ConfigError(f"a measured layout needs the times of {LAYOUTS}, got {sorted(ms)}")
+    total = {mode: sum(t.values()) for mode, t in ms.items()}
+    entry = {"key": key, "ms": {m: {str(n): round(v, 1) for n, v in t.items()} for m, t in ms.items()},
+             "winner": min(total, key=total.get)}
+    path = path or layout_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = _read(path)
+    table = {"version": LAYOUT_VERSION, "entries": [e for e in old.get("entries", []) if e.get("key") != key] + [entry]}
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(table, indent=1))
+    return entry
+
+
+def recorded_layout(key: str, path: Path | None = None) -> dict | None:
+    """The entry `record_layout` wrote for `key` on this host, None when it was not measured."""
+    table = _read(path or layout_path())
+    if table.get("version") != LAYOUT_VERSION:
+        return None
+    return next((e for e in table.get("entries", []) if e.get("key") == key and e.get("winner") in LAYOUTS), None)
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def prefill_layout(cfg, provider_device: str, threads: int, measured: dict | None = None) -> PrefillLayout:
+    """The layout of a prefill whose static graphs run on `provider_device` ("cpu": the CPU EP standing in for the
+    NPU; "npu") with `threads` cores: an NPU keeps §3.4's lanes; on the CPU, this host's measurement (`measured`,
+    a `recorded_layout` entry) decides, else the rule of the module docstring."""
+    from hetero.attention import gqa_supported
+
+    if provider_device != "cpu":
+        return PrefillLayout("lanes", "the NPU lane is an NPU beside the CPU: its graphs overlap attention on the "
+                                      "CPU lane (mllm-NPU §3.4)")
+    lacks = gqa_supported(cfg)
+    if lacks is not None:
+        return PrefillLayout("lanes", f"this model's attention ({lacks}) has no in-graph kernel, so it runs on the "
+                                      f"CPU lane beside the INT8 graphs")
+    if measured is not None:
+        ms = "; ".join(f"{m}: " + ", ".join(f"{v:.0f} ms at {n}" for n, v in t.items()) for m, t in measured["ms"].items())
+        return PrefillLayout(measured["winner"], f"measured on this host ({ms}; `hetero npu layout`)")
+    return PrefillLayout("layers", f"the NPU lane is this CPU's cores (the ONNX Runtime CPU EP): two lanes would split "
+                                   f"its {threads} cores and hand ~90 subgraphs a chunk between them, so each layer "
+                                   f"is one graph on every core (not measured on this host: `hetero npu layout`)")

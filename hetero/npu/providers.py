@@ -253,9 +253,10 @@ class PrepareInfo:
 
 
 def graph_key(spec: segments.SegmentSpec, layer_digest: str, model_fp: str, provider: Provider) -> str:
+    layer = (export.LAYER_VERSION, spec.attn, spec.shadows) if spec.kind == "layer" else ()  # (the segments' keys as before)
     return entry_key("hetero-graph", FORMAT, export.EXPORT_VERSION, spec.kind, spec.pieces, spec.chunk, spec.flavor,
                      spec.shape, spec.emit_x, spec.layer, layer_digest, model_fp, provider.options_key(),
-                     library_versions())
+                     library_versions(), *layer)
 
 
 def prepare_graph(spec: segments.SegmentSpec, lq: segments.LayerQ, model_fp: str, provider: Provider,

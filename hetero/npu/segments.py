@@ -35,9 +35,24 @@ class Buffer(StrEnum):
     H_OUT = "h_out"  # the layer's output hidden state [C, hidden]
 
 
+@dataclass(frozen=True, slots=True)
+class AttnSpec:
+    """The attention of a whole-layer graph: one `attention.gqa_node` over the KV cache, as `ChunkAttention` runs it."""
+
+    n_heads: int
+    n_kv_heads: int
+    scale: float
+    window: int = 0  # the layer's sliding window (0: none)
+
+    @classmethod
+    def of(cls, cfg, layer: int) -> "AttnSpec":
+        return cls(cfg.n_heads, cfg.n_kv_heads, float(cfg.scale), cfg.window(layer))
+
+
 DYNAMIC_ROWS = 0  # SegmentSpec.chunk of a graph whose row count is symbolic (one session for every chunk length)
 FLAVORS = ("cpu", "qnn", "qnn-fp16")  # "qnn-fp16": HTP running float ops in fp16 (SoC lanes, AI Hub)
 PIECES = ("o", "gu", "act", "down")
+LAYER_PIECES = ("qkv", "attn", *PIECES)  # a whole layer in one graph (kind "layer": `layer_graph`)
 CUT_AFTER = {"o_in": "o", "ffn_in": "gu", "down_in": "act"}  # shadow site → piece after which we cut
 
 
@@ -52,10 +67,17 @@ class SegmentSpec:
     flavor: str  # "cpu" | "qnn" | "qnn-fp16"
     shape: str = "2d"  # "2d" | "3d:a" | "conv:a" (equivalent shape, §4)
     emit_x: bool = False  # also output the quantized linear's float input (for its shadow on the CPU)
+    attn: AttnSpec | None = None  # kind "layer": its attention node
+    shadows: tuple[str, ...] = ()  # kind "layer": the sites whose shadow correction (Eq. 1) the graph computes
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
             raise ConfigError(f"flavor must be one of {FLAVORS}, got {self.flavor!r}")
+        if (self.kind == "layer") != (self.attn is not None) or (self.shadows and self.kind != "layer"):
+            raise ConfigError(f"only a whole-layer graph (kind 'layer') has an attention node and in-graph shadows, "
+                              f"got kind {self.kind!r}")
+        if self.kind == "layer" and (self.flavor != "cpu" or self.shape != "2d" or self.pieces != LAYER_PIECES):
+            raise ConfigError("a whole-layer graph runs on the CPU EP (flavor 'cpu', shape '2d', every piece)")
         if self.chunk < 0:
             raise ConfigError(f"chunk must be > 0 (or DYNAMIC_ROWS), got {self.chunk}")
         if self.chunk == DYNAMIC_ROWS and self.shape != "2d":
@@ -88,6 +110,13 @@ def layer_segments(layer: int, shadow_sites: set[str], chunk: int, flavor: str, 
             segs.append(SegmentSpec(layer, kind, tuple(run), chunk, flavor, shape, emit))
             run = []
     return segs
+
+
+def layer_graph(layer: int, shadow_sites: set[str], attn: AttnSpec) -> SegmentSpec:
+    """The one graph of a whole layer (qkv → attention over the KV cache → o → FFN), its shadow corrections inside:
+    a chunk's layer in one ONNX Runtime run on every core, where the "NPU" is the CPU itself (`placement`)."""
+    return SegmentSpec(layer, "layer", LAYER_PIECES, DYNAMIC_ROWS, "cpu", "2d", False, attn,
+                       tuple(s for s in SITES if s in shadow_sites))
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +156,8 @@ class LayerQ:
 def segment_io(spec: SegmentSpec, lq: LayerQ) -> tuple[dict[Buffer, int], dict[Buffer, int]]:
     """Input and output buffers of a segment → their width (every tensor is [C, width] float32)."""
     p = spec.pieces
+    if spec.kind == "layer":  # and the KV cache, RoPE tables and lengths of its attention (`attention.GQA_INPUTS`)
+        return {Buffer.H: lq.hidden}, {Buffer.H_OUT: lq.hidden}
     if p == ("qkv",):
         outs = {Buffer.QKV: lq.q_dim + 2 * lq.kv_dim}
         if spec.emit_x:

@@ -1,0 +1,73 @@
+"""Whole-layer graphs (`GraphOptions.fused`): one ONNX Runtime run per layer and chunk, attention and shadow
+corrections inside, against the segmented graphs + `ChunkAttention` (the same plan)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hetero.dag import LAYER_PLACEMENT
+from hetero.errors import ConfigError
+from hetero.npu.graph_backend import GraphOptions, NpuBackend
+from hetero.runtime import Runtime, SerialExecutor
+from tests.conftest import make_tiny_model
+from tests.npu.conftest import SHADOWS, tiny_plan
+
+
+def fused_runtime(model, plan, chunk: int) -> Runtime:
+    be = NpuBackend(model, plan, chunk, options=GraphOptions(fused=True))
+    return Runtime(model, chunk=chunk, backend=be, executor=SerialExecutor(model.config.n_layers, LAYER_PLACEMENT))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("shadow", [None, SHADOWS], ids=["plain", "shadows"])
+def test_fused_layers_equal_the_segments(arch, shadow):
+    m = make_tiny_model(arch)
+    plan = tiny_plan(m, shadow, scale=0.03)
+    ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(0))
+    got = fused_runtime(m, plan, 32).prefill(ids)
+    want = Runtime(m, chunk=32, backend=NpuBackend(m, plan, 32)).prefill(ids)
+    # the same INT8 products; float ops (shadow matmul, Hadamard, attention) in other kernels: rounding only
+    torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-4)
+    for t in ("k", "v"):
+        torch.testing.assert_close(getattr(got.cache, t)[:, :, :70], getattr(want.cache, t)[:, :, :70], rtol=0, atol=1e-4)
+
+
+def test_in_graph_shadow_finds_the_run_time_outliers(tiny):
+    """A site with a shadow corrects exactly the channels beyond its range in this chunk (none: a zero product)."""
+    every = {(0, "attn_in"): (0,), (0, "o_in"): (0,), (0, "down_in"): (0,), (1, "attn_in"): (0,), (1, "ffn_in"): (0,)}
+    plan = tiny_plan(tiny, every, scale=0.01)
+    ids = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(3))
+    got = fused_runtime(tiny, plan, 32).prefill(ids)
+    want = Runtime(tiny, chunk=32, backend=NpuBackend(tiny, plan, 32)).prefill(ids)
+    torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-4)
+    clipped = tiny_plan(tiny, None, scale=0.01)  # the same scales without the shadows: a different answer
+    other = Runtime(tiny, chunk=32, backend=NpuBackend(tiny, clipped, 32)).prefill(ids)
+    assert (other.logits - want.logits).abs().max() > 1e-2
+
+
+def test_fused_continues_a_cache_and_decodes(tiny):
+    plan = tiny_plan(tiny, SHADOWS, scale=0.03)
+    ids = torch.randint(0, 256, (50,), generator=torch.Generator().manual_seed(2))
+    rt, ref = fused_runtime(tiny, plan, 16), Runtime(tiny, chunk=16, backend=NpuBackend(tiny, plan, 16))
+    a, b = rt.prefill(ids[:30]), ref.prefill(ids[:30])
+    got, want = rt.prefill(ids[30:], a.cache), ref.prefill(ids[30:], b.cache)
+    torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-4)
+    seg = rt.backend.at_chunk(4, 1)  # decode steps run the same plan's segments
+    assert not seg.fused and seg.at_chunk(8, 1) is seg and rt.backend.at_chunk(4, 1) is seg
+
+
+def test_fused_refuses_what_it_cannot_run():
+    m = make_tiny_model()
+    plan = tiny_plan(m)
+    with pytest.raises(ConfigError, match="whole-layer graphs need"):
+        NpuBackend(m, plan, 16, options=GraphOptions(fused=True, dynamic_rows=False))
+    seg = NpuBackend(m, plan, 16)
+    fused = NpuBackend(m, plan, 16, options=GraphOptions(fused=True))  # its segments: a layer-by-layer forward
+    h = torch.randn(16, 64, generator=torch.Generator().manual_seed(4))
+    for got, want in zip(fused.qkv(1, h), seg.qkv(1, h)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(fused.o_ffn(1, h, h), seg.o_ffn(1, h, h), rtol=0, atol=0)
+    with pytest.raises(ConfigError, match="runs segments"):
+        seg.layer(0, torch.zeros(4, 64), torch.zeros(2, 32, 16), torch.zeros(2, 32, 16), 0, (torch.zeros(32, 8),) * 2,
+                  torch.zeros(4, 64))
