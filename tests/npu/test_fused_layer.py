@@ -8,7 +8,9 @@ import torch
 
 from hetero.dag import LAYER_PLACEMENT
 from hetero.errors import ConfigError
+from hetero.model import SITES
 from hetero.npu.graph_backend import GraphOptions, NpuBackend
+from hetero.outliers.plan import plan_from_scales
 from hetero.runtime import Runtime, SerialExecutor
 from tests.conftest import make_tiny_model
 from tests.npu.conftest import SHADOWS, tiny_plan
@@ -71,3 +73,17 @@ def test_fused_refuses_what_it_cannot_run():
     with pytest.raises(ConfigError, match="runs segments"):
         seg.layer(0, torch.zeros(4, 64), torch.zeros(2, 32, 16), torch.zeros(2, 32, 16), 0, (torch.zeros(32, 8),) * 2,
                   torch.zeros(4, 64))
+
+
+@pytest.mark.parametrize("form", ["w8-u8u8", "w8-u8s8"])
+def test_fused_layers_equal_the_segments_in_each_weight_form(form):
+    """Both CPU kernels (u8·u8 on AVX2, u8·s8 with VNNI) run inside whole-layer graphs as in the segments."""
+
+    m = make_tiny_model()
+    plan = plan_from_scales(m, {(l, s): 0.03 for l in range(m.config.n_layers) for s in SITES}, SHADOWS,
+                            weight_form=form)
+    assert plan.weight_form == form
+    ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(5))
+    got = fused_runtime(m, plan, 32).prefill(ids)
+    want = Runtime(m, chunk=32, backend=NpuBackend(m, plan, 32)).prefill(ids)
+    torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-4)
