@@ -222,6 +222,11 @@ class PrefillJob:
             self.h.append(h)
         self.attn: list[torch.Tensor | None] = [None] * len(plan.chunks)
 
+    def _spare_h(self, i: int, c: Chunk) -> torch.Tensor:
+        """Chunk i's residual buffer that does not hold its current stream (the two alternate layer by layer)."""
+        a, b = (t[: c.rows] for t in self.bufs.h[i])
+        return b if self.h[i].data_ptr() == a.data_ptr() else a
+
     @torch.inference_mode()  # thread-local: lane worker threads need it too
     def run(self, i: int, layer: int, kind: str) -> None:
         rt, c = self.runtime, self.plan.chunks[i]
@@ -232,15 +237,13 @@ class PrefillJob:
             rt.attention(self.bufs.qkv[i][: c.n_valid], k_cache, v_cache, c.start, self.bufs.attn[i][: c.n_valid], layer)
             self.attn[i] = self.bufs.attn[i][: c.rows]
         elif kind == "layer":  # the whole layer in one graph (a fused backend: `NpuBackend.layer`); real rows only
-            n, (a, b) = c.n_valid, (t[: c.rows] for t in self.bufs.h[i])
-            out = b if self.h[i].data_ptr() == a.data_ptr() else a
+            n, out = c.n_valid, self._spare_h(i, c)
             k_cache, v_cache = self.cache.layer(layer)
             rt.backend.layer(layer, self.h[i][:n], k_cache, v_cache, c.start, (rt.attention.cos, rt.attention.sin),
                              out[:n])
             self.h[i] = out
         elif kind == "o_ffn":
-            a, b = (t[: c.rows] for t in self.bufs.h[i])
-            self.h[i] = rt.backend.o_ffn(layer, self.attn[i], self.h[i], out=b if self.h[i].data_ptr() == a.data_ptr() else a)
+            self.h[i] = rt.backend.o_ffn(layer, self.attn[i], self.h[i], out=self._spare_h(i, c))
         else:
             raise ValueError(f"unknown subgraph kind {kind!r}")
 
