@@ -44,7 +44,7 @@ class Tokenizer:
             template_file = folder / "chat_template.jinja"
             template = (template_file.read_text(encoding="utf-8") if template_file.is_file()
                         else cfg.get("chat_template"))
-        except (OSError, ValueError, Exception) as e:  # tokenizers raises its own Exception on a bad file
+        except Exception as e:  # OSError, a JSON ValueError, or tokenizers' own Exception on a bad file
             raise ModelFormatError(f"{folder}: unreadable tokenizer ({type(e).__name__}: {e})") from e
         if isinstance(template, list):  # named templates: the one transformers applies by default
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
