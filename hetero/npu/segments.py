@@ -175,7 +175,7 @@ def segment_io(spec: SegmentSpec, lq: LayerQ) -> tuple[dict[Buffer, int], dict[B
         ins[Buffer.M] = lq.ffn
     if "gu" in p:
         ins[Buffer.H] = lq.hidden
-    elif first == "act":
+    elif first == "act" and "down" in p:  # the residual add h1 + d
         ins[Buffer.H1] = lq.hidden
     last = p[-1]
     if p == ("down",):  # its shadow is added before the residual, as the reference: h1 + (d + shadow)
@@ -188,7 +188,9 @@ def segment_io(spec: SegmentSpec, lq: LayerQ) -> tuple[dict[Buffer, int], dict[B
         outs = {Buffer.GU: 2 * lq.ffn, Buffer.H1: lq.hidden}
         if spec.emit_x:
             outs[Buffer.X] = lq.hidden
-    else:  # act
+    elif first == "act":  # a lone act (cut after gu and after act): h1 stays where gu put it
+        outs = {Buffer.M: lq.ffn}
+    else:  # ... → act
         outs = {Buffer.M: lq.ffn, Buffer.H1: lq.hidden}
     return ins, outs
 

@@ -27,6 +27,16 @@ def test_layer_segments_follow_shadow_sites():
     assert kinds({"down_in"}) == ["qkv", "o_up", "down"]
     assert kinds({"o_in", "ffn_in", "down_in"}) == ["qkv", "o", "gu", "act", "down"]
     assert kinds({"attn_in"}) == ["qkv", "o_ffn"] and segments.layer_segments(0, {"attn_in"}, 16, "cpu")[0].emit_x
+    assert kinds({"ffn_in", "down_in"}) == ["qkv", "o+gu", "act", "down"]
+
+
+@pytest.mark.parametrize("sites", [("ffn_in", "down_in"), ("o_in", "down_in"), ("down_in",)])
+def test_every_cut_of_a_layer_exports_and_matches(sites):
+    # every way shadows can cut a layer's o→down run exports and computes the reference; a lone `act`
+    # segment (cut after gu and after act) passes the residual through instead of redefining it
+    m = make_tiny_model("llama")
+    shadow = {(layer, s): (1, 4) for layer in range(m.config.n_layers) for s in sites}
+    assert_layers_match(m, tiny_plan(m, shadow), atol=1e-5)
 
 
 @pytest.mark.parametrize("wg", ["channel", "tensor"])
