@@ -110,6 +110,29 @@ def test_missing_exporter_skips_openvino_before_building_anything(tmp_path, monk
     assert not (tmp_path / "cache" / "peers").exists()
 
 
+def test_a_cached_peer_needs_neither_its_converter_nor_its_sources(tmp_path, monkeypatch) -> None:
+    """A built, verified OpenVINO peer model runs without optimum-cli (`$HETERO_OPTIMUM_CLI` unset or wrong) and
+    without rebuilding the safetensors it was converted from."""
+    if importlib.util.find_spec("openvino_genai") is None:
+        pytest.skip("openvino-genai not installed (the optional extra 'bench')")
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(peers.OPTIMUM_CLI, str(tmp_path / "no-such-optimum-cli"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + os.urandom(64))
+    calls: list[int] = []
+    monkeypatch.setitem(peers.KINDS, "openvino-int8", ("hf", _writer(calls)))
+    monkeypatch.setitem(peers.KINDS, "hf", ("gguf", _writer(calls)))
+    entry = peers.build(gguf, "openvino-int8")
+    assert calls == [1, 1] and peers.cached(gguf, "openvino-int8") == entry
+    import shutil
+
+    shutil.rmtree(peers.peers_root(gguf) / "hf")  # the source is gone: the converted model still serves
+    check_installed("openvino_genai", gguf)
+    assert peers.build(gguf, "openvino-int8") == entry and calls == [1, 1]
+    with pytest.raises(EngineUnavailable, match=peers.OPTIMUM_CLI):  # no gguf given: it may have to be built
+        check_installed("openvino_genai")
+
+
 def _row(engine: str, n: int, tps: float) -> Row:
     return Row(engine, n, tps, round(n / tps * 1e3, 2), 100.0, False, [round(n / tps * 1e3, 2)] * 2)
 

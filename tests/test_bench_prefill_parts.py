@@ -33,7 +33,35 @@ def test_ops_table_names_lanes_inside_and_outside_ort() -> None:
     row = {"prompt_len": 64, "wall_ms": 180.3, "dispatch_ms": 0.4, "lanes_busy_ms": {"npu": 100.8, "cpu": 23.6},
            "npu": {"busy_ms": 100.8, "ort_run_ms": 65.6, "kernels_ms": 62.2, "runs": 78, "outside_ort_ms": 35.2},
            "cpu": {"busy_ms": 23.6, "ort_run_ms": 19.6, "kernels_ms": 19.0, "runs": 30, "outside_ort_ms": 4.0},
-           "ops_ms": {"MatMulIntegerToFloat": 49.1, "GroupQueryAttention": 19.0}}
+           "ops_ms": {"MatMulIntegerToFloat": 49.1, "GroupQueryAttention": 19.0},
+           "parts_ms": {"int8 linears": 49.1, "attention": 19.0}}
     text = "\n".join(ops_markdown([row]))
     assert "| 64 | 180.3 | npu | 100.8 | 65.6 (78) | 62.2 | 35.2 | 0.4 |" in text
-    assert "MatMulIntegerToFloat 49.1 (72%)" in text
+    assert "MatMulIntegerToFloat 49.1 (72%)" in text and "int8 linears 49.1 (72%), attention 19.0 (28%)" in text
+
+
+def test_profile_splits_a_whole_layer_graph_into_its_parts(tmp_path, monkeypatch) -> None:
+    """Every kernel of a profiled whole-layer prefill lands in a named part of the layer (the node names of
+    `npu.export`, kept through ONNX Runtime's fusions), and the parts add up to the op types' sum."""
+    import time
+
+    from hetero.bench.ort_profile import collect
+    from hetero.dag import LAYER_PLACEMENT
+    from hetero.npu.graph_backend import GraphOptions, NpuBackend
+    from hetero.runtime import SerialExecutor
+    from hetero.threads import ORT_PROFILE
+    from tests.npu.conftest import SHADOWS, tiny_plan
+
+    monkeypatch.setenv(ORT_PROFILE, str(tmp_path))
+    m = make_tiny_model()
+    plan = tiny_plan(m, SHADOWS, scale=0.03)
+    be = NpuBackend(m, plan, 32, options=GraphOptions(fused=True, use_cache=False))
+    rt = Runtime(m, chunk=32, backend=be, executor=SerialExecutor(m.config.n_layers, LAYER_PLACEMENT))
+    ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(0))
+    t0 = time.time_ns()
+    rt.prefill(ids)
+    (prof,) = collect([(t0, time.time_ns())])
+    parts = {k: v for k, v in prof.part_us.items() if v > 0}
+    assert {"attention", "int8 linears", "shadow (Eq. 1)", "RMSNorm", "activation", "quantize"} <= set(parts)
+    assert not [k for k in parts if k.startswith("other")], parts
+    assert abs(sum(prof.part_us.values()) - sum(prof.op_us.values())) < 1e-6

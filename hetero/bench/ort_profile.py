@@ -17,6 +17,37 @@ from dataclasses import dataclass, field
 
 
 INT8_OPS = {"MatMulIntegerToFloat", "MatMulInteger", "ConvInteger", "QLinearMatMul"}  # the static graphs' kernels
+# What a node of hetero's graphs does, from the stem `npu.export` names it by (`_Graph.op`: "<stem>_<n>_<Op>"; ONNX
+# Runtime keeps it, with a fusion's suffix, in a fused node's name): an op type alone mixes them (a MatMul is a
+# shadow's product or an online Hadamard, a Mul a norm, the SiLU·up product or a dequantization).
+PART_OF_STEM = {
+    "qkv3": "attention", "a": "attention",  # the [1, T, ·] reshapes around GroupQueryAttention
+    "y": "int8 linears", "acc": "int8 linears",
+    "shadow": "shadow (Eq. 1)", "r": "shadow (Eq. 1)", "r_c": "shadow (Eq. 1)", "w_rows": "shadow (Eq. 1)",
+    "w_rows_f": "shadow (Eq. 1)", "w_rows_q": "shadow (Eq. 1)", "w_deq": "shadow (Eq. 1)", "abs": "shadow (Eq. 1)",
+    "reducemax": "shadow (Eq. 1)", "clip": "shadow (Eq. 1)", "beyond": "shadow (Eq. 1)", "nonzero": "shadow (Eq. 1)",
+    "channels": "shadow (Eq. 1)", "y_shadowed": "shadow (Eq. 1)",
+    "xrot": "online Hadamard", "xblk": "online Hadamard",
+    "silu": "activation", "m": "activation", "sigmoid": "activation",
+    "h": "residual adds", "h1": "residual adds", "h_out": "residual adds",
+}
+
+
+def layer_part(op: str, node: str) -> str:
+    """The part of a layer a profiled node (op type, node name) belongs to (`PART_OF_STEM`); an op of another
+    graph (the attention kernel's own session, the LM head) by its op type."""
+    if op == "GroupQueryAttention":
+        return "attention"
+    if op in ("SimplifiedLayerNormalization", "LayerNormalization"):  # ONNX Runtime's fusion of `export._rms_norm`
+        return "RMSNorm"
+    if op in ("QuantizeLinear", "DynamicQuantizeLinear"):
+        return "quantize"
+    stem = node.split("/")[0].rsplit("_", 1)[0]  # "<stem>_<n>" of "<stem>_<n>_<Op>[/Fusion...]"
+    stem = stem.rsplit("_", 1)[0] if stem.rsplit("_", 1)[-1].isdigit() else stem
+    part = PART_OF_STEM.get(stem)
+    if part is None:
+        return "int8 linears" if op in INT8_OPS else f"other ({op})"
+    return part
 
 
 @dataclass
@@ -24,6 +55,7 @@ class OrtProfile:
     """Microseconds inside ONNX Runtime during a window."""
 
     op_us: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # kernel time per op type
+    part_us: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # kernel time per `layer_part`
     run_us: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # session runs per role
     kernel_us: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # kernels per role
     runs: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # session runs per role
@@ -63,7 +95,9 @@ def collect(windows: list[tuple[int, int]], remove: bool = True) -> list[OrtProf
                 if not t0 <= start + 1000 * e["ts"] <= t1:
                     continue
                 if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-                    prof.op_us[e["args"].get("op_name", "?")] += e["dur"]
+                    op = e["args"].get("op_name", "?")
+                    prof.op_us[op] += e["dur"]
+                    prof.part_us[layer_part(op, e["name"][: -len("_kernel_time")])] += e["dur"]
                     prof.kernel_us[role] += e["dur"]
                 elif e.get("cat") == "Session" and e["name"] == "model_run":
                     prof.run_us[role] += e["dur"]

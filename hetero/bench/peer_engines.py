@@ -166,9 +166,10 @@ def source_gguf(model_path: str | None) -> Path:
     return path
 
 
-def check_installed(engine: str) -> None:
+def check_installed(engine: str, gguf: Path | None = None) -> None:
     """EngineUnavailable naming what to install when `engine`'s runtime (or the tool that builds its model) is
-    missing: checked before any model is built."""
+    missing: checked before any model is built. The converter is needed only while `gguf`'s peer model is not
+    cached (`peers.cached`; gguf None: assume it must be built)."""
     import importlib.util
 
     module = {"openvino_genai": "openvino_genai", "ort_genai": "onnxruntime_genai"}.get(engine, "llama_cpp")
@@ -176,17 +177,18 @@ def check_installed(engine: str) -> None:
         dist = {"openvino_genai": "openvino-genai", "onnxruntime_genai": "onnxruntime-genai"}.get(module, "llama-cpp-python")
         raise EngineUnavailable(f"{dist} is not installed (pip install 'hetero[bench]')")
     if engine == "openvino_genai":
-        from hetero.bench.peers import optimum_cli
+        from hetero.bench.peers import cached, optimum_cli
 
-        optimum_cli()
+        if gguf is None or cached(gguf, MODEL_KIND[engine]) is None:
+            optimum_cli()
 
 
 def prepare(engine: str, model_path: str | None) -> Path:
     """Build (once, cached: `peers.build`) the model `engine` runs; its path."""
     from hetero.bench import peers
 
-    check_installed(engine)
     gguf = source_gguf(model_path)
+    check_installed(engine, gguf)
     kind = MODEL_KIND[engine]
     return gguf if kind is None else peers.build(gguf, kind)
 

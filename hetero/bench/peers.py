@@ -158,6 +158,13 @@ def verify(entry: Path) -> str | None:
     return "; ".join(str(d) for d in bad) or None
 
 
+def cached(gguf: str | os.PathLike, kind: str) -> Path | None:
+    """The folder of peer model `kind` of `gguf` when it is built and checks out (`verify`), else None: a cached,
+    verified peer needs neither its converter nor the models it was built from."""
+    entry = peers_root(Path(gguf)) / kind
+    return entry if verify(entry) is None else None
+
+
 def build(gguf: str | os.PathLike, kind: str) -> Path:
     """The folder of peer model `kind` built from `gguf`, building it (and what it needs) once."""
     if kind not in KINDS:
@@ -165,6 +172,9 @@ def build(gguf: str | os.PathLike, kind: str) -> Path:
     gguf = Path(gguf)
     if gguf.suffix != ".gguf":
         raise EngineUnavailable(f"the peers are built from a GGUF model, got {gguf.name}")
+    done = cached(gguf, kind)
+    if done is not None:  # its sources (the safetensors of the OpenVINO peer) may be gone: not needed
+        return done
     source_kind, builder = KINDS[kind]
     source = gguf if source_kind == "gguf" else build(gguf, source_kind)
     root = peers_root(gguf)

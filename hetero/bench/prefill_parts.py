@@ -77,7 +77,8 @@ def profiled_runs(runtime, ids, lens: list[int]) -> list[dict[str, Any]]:
             "cpu": {"busy_ms": round(busy.get("cpu", 0.0), 1), "ort_run_ms": ms(prof.run_us["attention"]),
                     "kernels_ms": ms(prof.kernel_us["attention"]), "runs": prof.runs["attention"],
                     "outside_ort_ms": round(busy.get("cpu", 0.0) - prof.run_us["attention"] / 1e3, 1)},
-            "ops_ms": {k: ms(v) for k, v in top}})
+            "ops_ms": {k: ms(v) for k, v in top},
+            "parts_ms": {k: ms(v) for k, v in sorted(prof.part_us.items(), key=lambda kv: -kv[1])}})
     return rows
 
 
@@ -99,6 +100,14 @@ def ops_markdown(rows: list[dict[str, Any]]) -> list[str]:
         total = sum(r["ops_ms"].values()) or 1.0
         lines.append(f"- {r['prompt_len']} tokens: " + ", ".join(f"{k} {v} ({v / total:.0%})"
                                                              for k, v in list(r["ops_ms"].items())[:10]))
+    if any("parts_ms" in r for r in rows):
+        lines += ["", "### Kernel time per part of the layer (ms, both lanes; `ort_profile.layer_part`)", "",
+                  "An op type mixes parts (a MatMul is a shadow's product or an online Hadamard): the parts follow "
+                  "the names the graph builder gives its nodes.", ""]
+        for r in rows:
+            total = sum(r.get("parts_ms", {}).values()) or 1.0
+            lines.append(f"- {r['prompt_len']} tokens: " + ", ".join(f"{k} {v} ({v / total:.0%})"
+                                                                 for k, v in r.get("parts_ms", {}).items()))
     return lines
 
 
