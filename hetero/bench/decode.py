@@ -1,6 +1,7 @@
 """Decode benchmark (issues 13, 24): hetero's own decoder vs HF generate vs the peers, speculation by drafter.
 
     python bench/decode.py [--quick] [--repeats 3] [--threads 2] [--new 32] [--peers all|none|a,b]
+    python bench/decode.py --plain-only --contexts 1024     # table 1 only, at 1024: decode_plain.{json,md,png}
 
 hetero's engines in this process, each peer in a process of its own, on the same GGUF and the same context ids:
 1. plain greedy decode tokens/s at context 256 / 1024 / 2048: hetero INT8 (`hetero` method: INT8 graphs
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -201,6 +203,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--new", type=int, default=32, help="tokens per plain-decode measurement")
     ap.add_argument("--peers", default="all", help=f"peers to run: all, none, or some of {', '.join(PEERS)}")
+    ap.add_argument("--contexts", default="256,1024,2048", help="context lengths of the plain-decode rows")
+    ap.add_argument("--plain-only", action="store_true",
+                    help="only the plain-decode rows (no speculation, no end to end), written as decode_plain.*")
     ap.add_argument("--out", default="bench/results", help="directory for decode.json/.md/.png")
 
 
@@ -210,14 +215,19 @@ def run(args: argparse.Namespace) -> int:
     if any(p not in PEERS for p in peers):
         raise ConfigError(f"--peers must name peers of {', '.join(PEERS)}, got {args.peers!r}")
     repeats = 1 if args.quick else args.repeats
+    try:
+        lens = (256,) if args.quick else tuple(int(x) for x in args.contexts.split(","))
+    except ValueError:
+        lens = ()
+    if not lens or any(n < 1 or n > 4096 for n in lens):
+        raise ConfigError(f"--contexts must be comma-separated lengths in 1..4096, got {args.contexts!r}")
     model = load_model()
     tok = model.tokenizer
     eng = Engines(model, args.threads, peers)
     text_ids = tok(TEXT.read_text())["input_ids"]
-    result: dict = {"model": model.name, "threads": args.threads, "repeats": repeats, "cpu_count": os.cpu_count(),
+    result: dict = {"model": model.name, "command": "python bench/decode.py " + " ".join(sys.argv[1:]), "threads": args.threads, "repeats": repeats, "cpu_count": os.cpu_count(),
                     "isa": isa.machine(), "host": host(), "machine": describe(host()),
                     "peers": {p: LABELS[p] for p in peers}, "skipped": eng.skipped, "plain": [], "speculative": [], "e2e": []}
-    lens = (256,) if args.quick else (256, 1024, 2048)
     for n in lens:
         ids = text_ids[5000 : 5000 + n]
         row: dict = {"context": n, "load_before": load()}
@@ -240,6 +250,21 @@ def run(args: argparse.Namespace) -> int:
             row["hetero_over_best_peer"] = round(statistics.median(h / c for h, c in zip(rounds["hetero"], rounds[best])), 2)
         row["load_after"] = load()
         result["plain"].append(row)
+    if not args.plain_only:
+        speculative_and_e2e(eng, tok, repeats, args.quick, result)
+    eng.close()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "decode_quick" if args.quick else "decode_plain" if args.plain_only else "decode"
+    with atomic_path(out / f"{name}.json") as tmp:
+        tmp.write_text(json.dumps(result, indent=1))
+    write_md(result, out / f"{name}.md")
+    plot(result, out / f"{name}.png")
+    return 0
+
+
+def speculative_and_e2e(eng: Engines, tok, repeats: int, quick: bool, result: dict) -> None:
+    """The token-tree speculation rows and the end-to-end rows, into `result`."""
     emma = TEXT.read_text()
     start = emma.index("Emma Woodhouse, handsome")
     edit = ("Rewrite the following text, replacing the name Emma with Anne and keeping everything else exactly "
@@ -249,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
         "copy-heavy, short (edit 700 characters; past its end of turn)": edit + emma[start : start + 700],
         "open chat": "Write a short story about a lighthouse keeper who befriends a seagull.",
     }
-    n_spec = 32 if args.quick else 128
+    n_spec = 32 if quick else 128
     for task, prompt in tasks.items():
         ids = chat_ids(tok, prompt)
         base = eng.decode("hetero", ids, n_spec, repeats)
@@ -263,23 +288,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"{task} {spec}: {row[spec]} (plain {base['tokens_per_s']})", flush=True)
         result["speculative"].append(row)
     lc = tok(emma[20000:])["input_ids"][:1500]
-    result["e2e"] = e2e(eng, lc, 32 if args.quick else 128, repeats)
+    result["e2e"] = e2e(eng, lc, 32 if quick else 128, repeats)
     for r in result["e2e"]:
         print(r, flush=True)
-    eng.close()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = "decode_quick" if args.quick else "decode"
-    with atomic_path(out / f"{name}.json") as tmp:
-        tmp.write_text(json.dumps(result, indent=1))
-    write_md(result, out / f"{name}.md")
-    plot(result, out / f"{name}.png")
-    return 0
 
 
 def write_md(r: dict, path: Path) -> None:
     lines = [f"# Decode benchmark ({r['model']}, {r['threads']} threads, median of {r['repeats']})", "",
-             "Reproduce: `python bench/decode.py`. `load` is the 1-minute load average when measured. "
+             f"Reproduce: `{r.get('command', 'python bench/decode.py')}`. `load` is the 1-minute load average when measured. "
              f"CPU: {r.get('machine', '?')}.", "",
              "## Plain greedy decode, tokens/s", "",
              "Median of rounds that interleave the engines (each peer in a process of its own); the ratio is the "
@@ -300,6 +316,10 @@ def write_md(r: dict, path: Path) -> None:
         lines += ["", "; ".join(f"`{k}`: {v}" for k, v in r["peers"].items()) + "."]
     if r.get("skipped"):
         lines += ["", "Skipped: " + "; ".join(f"{k}: {v}" for k, v in r["skipped"].items())]
+    if not r["speculative"] and not r["e2e"]:  # --plain-only
+        with atomic_path(path) as tmp:
+            tmp.write_text("\n".join(lines) + "\n")
+        return
     lines += ["", "## Token-tree speculation (INT8, greedy; output identical to plain)", "",
               "| task | plain tok/s | drafter | tok/s | speedup | acceptance | target passes | same tokens |",
               "|---|---:|---|---:|---:|---:|---:|---|"]
