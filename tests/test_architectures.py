@@ -344,9 +344,10 @@ def _decode_step_equals_unbound_graphs(rt, m, prompt, tree) -> None:
         h = ref.embed(m.weights, torch.tensor(tree.tokens))
         for layer, lw in enumerate(m.weights.layers):
             q, k, v = whole.qkv(layer, h)
+            base = r2.cache.place(layer, slot, len(tree))  # a windowed layer's rows hold its window (`KVCache`)
             kc, vc = r2.cache.layer(layer)
             a = ref.attention(cfg, q, k, v, rt.rope, kc, vc, slot, len(tree), positions, mask, row_attention,
-                              layer=layer, lw=lw)
+                              layer=layer, lw=lw, base=base)
             h = whole.o_ffn(layer, a, h)
     assert torch.equal(logits, step.head(h))
     if len(tree) == 1:  # the two-core step (the helper's heads, the split graphs' halves) is the one-thread step's

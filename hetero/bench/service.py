@@ -293,11 +293,11 @@ def compression_accuracy(model: hetero.Model, text_ids: list[int], args: argpars
     rt = hetero.Runtime(model, chunk=args.chunk)
     step = hetero.Runtime(model, chunk=1)
     prefix, cont = text_ids[: args.eval_prefix], text_ids[args.eval_prefix : args.eval_prefix + args.eval_tokens]
-    base = rt.new_cache(len(prefix) + len(cont) + 1)
+    base = rt.new_cache(len(prefix) + len(cont) + 1, full_history=True)
     rt.prefill(prefix, cache=base)
     results, ref_top = {}, None
     for level, tol in (("float", None), ("int8", 0.0), ("auto", args.tolerance), ("int4", float("inf"))):
-        cache = rt.new_cache(base.capacity)
+        cache = rt.new_cache(base.capacity, full_history=True)
         k, v = base.read_span(0, len(prefix))
         errors, levels = [], []
         for a in range(0, len(prefix), 16):
