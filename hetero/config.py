@@ -31,7 +31,7 @@ ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_ta
                "gelu_new": "gelu_tanh", "relu": "relu"}
 # variants the INT8 path computes (`ModelConfig.quantized_unsupported`)
 QUANTIZED_VARIANTS = ("qk_norm", "o_bias", "mlp_bias", "act", "windows", "post_norms", "embed_scale", "attn_scale",
-                      "local_rope_theta")
+                      "local_rope_theta", "rotary_dim")
 _ROPE_KEYS = {"default": set(), "linear": {"factor"},
               "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
               "longrope": {"short_factor", "long_factor", "original_max_position_embeddings"}}
@@ -134,8 +134,8 @@ class ModelConfig:
         the qkv graph and attention, on the CPU lane (`attention.qk_norm_`), and commutes with the rotation;
         the o/MLP biases, the activation and Gemma 3's post-norms are in the graphs (`npu.segments.layer_q`,
         `npu.export`); windows, the local RoPE base and the query scale are attention's (prefill and
-        `decode.rowattn`); the embedding scale is `model.embed`'s. Partial rotary is not (`rowattn` rotates
-        whole heads)."""
+        `decode.rowattn`); the embedding scale is `model.embed`'s; partial rotary is attention's too (the first
+        rotary_dim dims of a head rotate, in prefill and `rowattn`), inside q/k heads, which no rotation touches."""
         for k, v in self.variants().items():
             if k not in QUANTIZED_VARIANTS:
                 return f"{k}={v!r}"

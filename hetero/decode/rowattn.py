@@ -136,10 +136,10 @@ def row_attention(cfg: ModelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_ca
 @numba.njit(cache=True, nogil=True)
 def _rope_rows(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int, n_kv: int, d: int,
                k: np.ndarray, v: np.ndarray, slot: int, q: np.ndarray) -> None:  # pragma: no cover - compiled
-    """RoPE of each row's q and k heads (qkv [R, q_dim + 2·kv_dim]) at its position (cos/sin [R, D/2]) into
-    q [R, H, D] and k[:, slot + r]; its v into v[:, slot + r]. No fastmath: each product and sum rounds as
-    `model.RopeTable.apply`'s elementwise torch ops."""
-    half = d // 2
+    """RoPE of each row's q and k heads (qkv [R, q_dim + 2·kv_dim]) at its position (cos/sin [R, R_dim/2]) into
+    q [R, H, D] and k[:, slot + r]; its v into v[:, slot + r]. The first R_dim dims of a head rotate, the rest pass
+    (Phi's partial rotary). No fastmath: each product and sum rounds as `model.RopeTable.apply`'s torch ops."""
+    half = cos.shape[1]
     vbase = (n_heads + n_kv) * d
     for r in range(qkv.shape[0]):
         row = slot + r
@@ -153,6 +153,11 @@ def _rope_rows(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int, 
                     q[r, hh, i], q[r, hh, half + i] = a, b
                 else:
                     k[hh - n_heads, row, i], k[hh - n_heads, row, half + i] = a, b
+            for i in range(2 * half, d):
+                if hh < n_heads:
+                    q[r, hh, i] = qkv[r, base + i]
+                else:
+                    k[hh - n_heads, row, i] = qkv[r, base + i]
         for h in range(n_kv):
             for i in range(d):
                 v[h, row, i] = qkv[r, vbase + h * d + i]
