@@ -21,6 +21,7 @@ window 64 on every layer).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -84,24 +85,30 @@ def measure(model, name: str, contexts: list[int], chunk: int, repeats: int) -> 
     for ctx in contexts:
         ids = torch.randint(3, cfg.vocab, (ctx,), generator=g)
         rt.prefill(ids[:chunk])  # warm-up (first-run allocations, sessions)
-        logits: dict[str, torch.Tensor] = {}
+        runs: dict[str, list[tuple[float, Any]]] = {layout: [] for layout in LAYOUTS}
+        for _ in range(repeats):  # the layouts alternate: a load change on a shared host hits both alike
+            for layout in LAYOUTS:
+                times, results = _timed(lambda: rt.prefill(ids, rt.new_cache(ctx + 8, full_history=layout == "mask")), 1)
+                runs[layout].append((times[0], results[0]))
+        tree = TokenTree.chain([int(ids[-1])])
+        steps: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
         for layout in LAYOUTS:
-            full = layout == "mask"
-            times, results = _timed(lambda: rt.prefill(ids, rt.new_cache(ctx + 8, full_history=full)), repeats)
-            res = results[-1]
+            step.forward(runs[layout][-1][1].cache, tree)  # warm-up
+        for _ in range(max(5, repeats)):
+            for layout in LAYOUTS:
+                steps[layout] += _timed(lambda: step.forward(runs[layout][-1][1].cache, tree), 1)[0]
+        for layout in LAYOUTS:
+            res = runs[layout][-1][1]
             # the last chunk: from the end of the one before to its own end (the chunks run in order)
-            last = [r.chunk_ms[-1] - r.chunk_ms[-2] for r in results]
-            tree = TokenTree.chain([int(ids[-1])])
-            step.forward(res.cache, tree)  # warm-up
-            step_ms, _ = _timed(lambda: step.forward(res.cache, tree), max(5, repeats))
-            logits[layout] = res.logits
+            last = [r.chunk_ms[-1] - r.chunk_ms[-2] for _, r in runs[layout]]
             rows.append({"model": name, "context": ctx, "layout": layout, "windows": sorted(set(cfg.windows)),
                          "windowed_layers": sum(1 for w in cfg.windows if w), "layers": cfg.n_layers,
                          "held_mb": round(res.cache.held_bytes() / 2**20, 2),
-                         "prefill_ms": round(statistics.median(times), 1),
+                         "prefill_ms": round(statistics.median(t for t, _ in runs[layout]), 1),
                          "last_chunk_ms": round(statistics.median(last), 1),
-                         "decode_step_ms": round(statistics.median(step_ms), 2),
-                         "logits_max_diff": float((logits[layout] - logits["mask"]).abs().max())})
+                         "decode_step_ms": round(statistics.median(steps[layout]), 2),
+                         "logits_max_diff": float((res.logits - runs["mask"][-1][1].logits).abs().max()),
+                         "load": round(os.getloadavg()[0], 2)})
     step.close()
     rt.close()
     return rows
@@ -111,10 +118,10 @@ def markdown(result: dict[str, Any]) -> str:
     lines = ["# Sliding-window layers: keep only the window, or every position with a mask", "",
              f"Host: {result['host']}; {result['note']}", "",
              "| model | context | layout | K/V held (MiB) | prefill (ms) | last chunk (ms) | decode step (ms) | "
-             "max abs logit diff vs mask |", "|---|---|---|---|---|---|---|---|"]
+             "max abs logit diff vs mask | load |", "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['model']} | {r['context']} | {r['layout']} | {r['held_mb']} | {r['prefill_ms']} | "
-                     f"{r['last_chunk_ms']} | {r['decode_step_ms']} | {r['logits_max_diff']:.2e} |")
+                     f"{r['last_chunk_ms']} | {r['decode_step_ms']} | {r['logits_max_diff']:.2e} | {r['load']} |")
     lines += ["", result["choice"], ""]
     return "\n".join(lines)
 
@@ -146,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
               "chunk time grows with the context; a decode step reads only the window in both. `hetero serve` keeps "
               "every position (full_history): its prefix store can branch at any position.")
     result = {"host": describe(host()), "note": f"C = {args.chunk}, float layers, median of {args.repeats} "
-              "(decode: of 5 or more); K/V held: the rows the cache wrote", "rows": rows, "choice": choice}
+              "(decode: of 5 or more), the layouts alternating; K/V held: the rows the cache wrote; load: the 1-minute load "
+              "average after each pair (a shared machine)", "rows": rows, "choice": choice}
     print(markdown(result))
     if args.out is not None:
         write_json_md(args.out, "window_layout", result, markdown(result))
