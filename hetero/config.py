@@ -224,6 +224,9 @@ def _refuse(name: str, value: Any, why: str) -> ModelFormatError:
 def _rope(name: str, params: dict[str, Any], arch: str) -> tuple[float, dict[str, Any], int | None]:
     """(theta, scaling dict, partial_rotary_factor or None) of one rope_parameters dict, checked."""
     p = dict(params or {})
+    nested = [k for k, v in p.items() if isinstance(v, dict)]
+    if nested:  # per-layer-type parameters: only Gemma 3 reads them (its caller passes each set here)
+        raise _refuse(f"{name}.{nested[0]}", p[nested[0]], f"{arch} reads one set of RoPE parameters for every layer")
     kind = p.get("rope_type", "default")
     if kind not in _ROPE_KEYS:
         raise _refuse(f"{name}.rope_type", kind, f"hetero implements {', '.join(_ROPE_KEYS)} RoPE")

@@ -118,6 +118,10 @@ REFUSED = [
     ("gemma3", {"hidden_activation": "relu2"}, "hidden_activation='relu2'"),
     ("phi3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}},
      "rope_parameters"),  # transformers' Phi3Config itself rejects it (naming rope_parameters)
+    # per-layer-type RoPE parameters outside Gemma 3 (transformers' Qwen3 cannot build such a model)
+    ("qwen3", {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+     "rope_parameters.full_attention"),
 ]
 
 
