@@ -159,8 +159,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # (the graphs are [C, ·]: even one token costs a whole chunk). So this prefill is the process's first and
     # pays the one-time costs (numba's kernels loaded, first-run allocations); `hetero bench prefill` and
     # `hetero serve` (its warm-up) time warm ones.
-    # transformers' generate() takes every position of every layer: keep them (`KVCache` full_history)
-    result = runtime.prefill(prompt, runtime.new_cache(full_history=args.decoder == "hf"))
+    result = runtime.prefill(prompt)
     timing.seconds["prefill"] = result.total_ms / 1e3
     out: dict[str, Any] = {
         "prompt_tokens": result.n_tokens,
