@@ -125,10 +125,12 @@ def test_a_cache_refuses_what_its_window_dropped(tmp_path, monkeypatch) -> None:
 
 def test_int8_graphs_and_bound_step_keep_only_the_window(tmp_path, monkeypatch) -> None:
     """The INT8 graphs (Mistral, window 7, one row of headroom): a prefill 9 windows long equals the full-history
-    cache's to float rounding, and the bound decode step's greedy tokens (one row, and lookup trees) equal the
-    full-history cache's."""
+    cache's to float rounding, the bound decode step on two threads (`AttentionPool`, the base with each job) equals
+    it on one bit for bit, and its greedy tokens (one row, and lookup trees) equal the full-history cache's."""
     from hetero.decode.generate import generate
     from hetero.decode.params import SamplingParams
+    from hetero.decode.step import DecodeStep
+    from hetero.decode.tree import TokenTree
     from hetero.npu.graph_backend import NpuBackend
     from tests.npu.conftest import SHADOWS, tiny_plan
 
@@ -141,6 +143,11 @@ def test_int8_graphs_and_bound_step_keep_only_the_window(tmp_path, monkeypatch) 
     got, full = rt.prefill(prompt), rt.prefill(prompt, rt.new_cache(full_history=True))
     assert got.cache.base(0) > 0 and full.cache.base(0) == 0
     assert (got.logits - full.logits).abs().max() < 1e-4
+    one, two = DecodeStep(rt, attention_threads=1), DecodeStep(rt, attention_threads=2, split_after=0)
+    for tree in (TokenTree([7], [-1]), TokenTree([7, 9, 4, 2], [-1, 0, 0, 1])):  # the helper's heads: the same bits
+        a, b = rt.prefill(prompt).cache, rt.prefill(prompt).cache
+        assert a.base(0) > 0 and torch.equal(one.forward(a, tree), two.forward(b, tree))
+    two.close()
     params = SamplingParams(max_new_tokens=16, stop_token_ids=())
     for speculate in ("off", "lookup"):
         a = generate(rt, rt.prefill(prompt), params, speculate=speculate, context_ids=prompt.tolist())
