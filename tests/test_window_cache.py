@@ -154,3 +154,27 @@ def test_int8_graphs_and_bound_step_keep_only_the_window(tmp_path, monkeypatch) 
         b = generate(rt, rt.prefill(prompt, rt.new_cache(full_history=True)), params, speculate=speculate,
                      context_ids=prompt.tolist())
         assert list(a.tokens) == list(b.tokens) and len(a.tokens) == 16
+
+
+def test_whole_layer_graphs_keep_only_the_window(tmp_path, monkeypatch) -> None:
+    """The whole-layer graphs (`GraphOptions.fused`: GroupQueryAttention inside, bound from `base` on with the RoPE
+    table's rows from `base`) over a windowed model (Mistral, window 7, one row of headroom): the logits equal the
+    segments' prefill to float rounding, and a full-history cache's."""
+    from hetero.dag import LAYER_PLACEMENT
+    from hetero.npu.graph_backend import GraphOptions, NpuBackend
+    from hetero.runtime import SerialExecutor
+    from tests.npu.conftest import SHADOWS, tiny_plan
+
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(kv_cache, "ROOM", 1)
+    build("mistral", tmp_path / "hf", sliding_window=7)
+    m = load_model(tmp_path / "hf")
+    plan = tiny_plan(m, SHADOWS)
+    fused = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16, options=GraphOptions(fused=True)),
+                    executor=SerialExecutor(m.config.n_layers, LAYER_PLACEMENT))
+    segments = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16))
+    prompt = torch.arange(3, 70) * 7 % m.config.vocab
+    got = fused.prefill(prompt)
+    assert got.cache.base(0) > 0
+    assert (got.logits - segments.prefill(prompt).logits).abs().max() < 1e-4
+    assert (got.logits - fused.prefill(prompt, fused.new_cache(full_history=True)).logits).abs().max() < 1e-4
