@@ -27,19 +27,30 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# optimum-intel (OpenVINO's exporter, a build step of the OpenVINO peer) needs transformers<5.6: its own venv.
+# optimum-intel (OpenVINO's exporter, a build step of the OpenVINO peer) exports Gemma 3 only under transformers
+# <= 5.0 (optimum-intel 2.2: "Maximum required is 5.0"; Llama too): its own venv.
 OV_EXPORT := .venv-ov-export
 $(OV_EXPORT)/bin/optimum-cli:
 	$(PY) -m venv $(OV_EXPORT)
 	$(OV_EXPORT)/bin/pip install --quiet "$(TORCH_SPEC)"
-	$(OV_EXPORT)/bin/pip install --quiet "$(TORCH_SPEC)" "optimum-intel[openvino,nncf]>=2.0" "transformers>=5.0,<5.6"
+	$(OV_EXPORT)/bin/pip install --quiet "$(TORCH_SPEC)" "optimum-intel[openvino,nncf]==2.2.0" "transformers==5.0.0"
 	# PyPI's torchvision is built for another torch than the CPU one: its import breaks the export; unused
 	$(OV_EXPORT)/bin/pip uninstall --quiet -y torchvision
 
+# ONNX Runtime GenAI's builder of Gemma 3 reads transformers 4's Gemma 3 config; builder 0.14+ imports transformers 5:
+# builder 0.13.2 under transformers 4.57 in its own venv (its models run on the bench's onnxruntime-genai).
+ORT_BUILDER := .venv-ort-genai-builder
+$(ORT_BUILDER)/bin/python:
+	$(PY) -m venv $(ORT_BUILDER)
+	$(ORT_BUILDER)/bin/pip install --quiet "$(TORCH_SPEC)"
+	$(ORT_BUILDER)/bin/pip install --quiet "$(TORCH_SPEC)" "onnxruntime-genai==0.13.2" "transformers>=4.57,<5" \
+		accelerate gguf onnx onnx-ir sentencepiece
+
 # The committed speed benchmarks of prefill and decode (~25 min on 2 cores; a quiet machine): bench/results/.
-bench: setup $(OV_EXPORT)/bin/optimum-cli
+bench: setup $(OV_EXPORT)/bin/optimum-cli $(ORT_BUILDER)/bin/python
 	$(BIN)/pip install --quiet -e ".[test,hub,serve,bench]"
-	HETERO_OPTIMUM_CLI=$(abspath $(OV_EXPORT))/bin/optimum-cli $(BIN)/python bench/prefill.py
+	HETERO_OPTIMUM_CLI=$(abspath $(OV_EXPORT))/bin/optimum-cli HETERO_ORT_GENAI_PYTHON=$(abspath $(ORT_BUILDER))/bin/python \
+		$(BIN)/python bench/prefill.py
 	$(BIN)/python bench/prefill_parts.py --out bench/results
 	$(BIN)/python bench/decode.py
 	$(BIN)/python bench/decode_step.py --out bench/results

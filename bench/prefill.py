@@ -4,7 +4,8 @@ Runtime GenAI, llama.cpp at its fastest formats and as shipped; issue 24), mllm-
     python bench/prefill.py [--quick] [--json] [--lens 64,256,1024,2048] [--repeats 3] [--threads 2]
 
 The peers need the `bench` extra; OpenVINO's model is exported by optimum-intel's optimum-cli, named by
-$HETERO_OPTIMUM_CLI (`make bench` makes its venv). A missing peer is skipped with the reason in the results.
+$HETERO_OPTIMUM_CLI, ONNX Runtime GenAI's builder by the Python $HETERO_ORT_GENAI_PYTHON names (`make bench` makes
+both venvs). A missing peer is skipped with the reason in the results.
 
 Writes bench/results/prefill.{json,md} and prefill_*.png (the same run as `hetero bench prefill`).
 """

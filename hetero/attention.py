@@ -13,7 +13,9 @@ took 0.57 s or 0.97 s from run to run that way). Measured against `model.attenti
 
 Variants (`config.ModelConfig`): the model's softmax scale; a windowed layer's graph sets
 `local_window_size` = W (measured: equal to transformers' window of W, a query seeing keys p-W+1..p; W - 1
-and W + 1 both differ by O(1));
+and W + 1 both differ by O(1)) and its cache rows hold only its window (`KVCache.place`: row 0 holds position
+`base`; the node sees base..start+n-1 as its whole past, RoPE read from the table's row `base`), since the node
+computes every score of the past and masks the window after (bench/results/window_layout.md);
 a layer binds its own cos/sin (Gemma 3's local RoPE base; R/2 columns for partial rotary); QK-norm runs on
 the chunk's packed q/k rows in place before the node (it needs no graph change on the NPU lane).
 
@@ -124,28 +126,32 @@ class ChunkAttention:
         return s
 
     def __call__(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
-                 out: torch.Tensor, layer: int | None = None) -> torch.Tensor:
+                 out: torch.Tensor, layer: int | None = None, base: int = 0) -> torch.Tensor:
         """qkv [n, q_dim + 2·kv_dim] (the chunk's real rows, un-roped, contiguous) at positions start..start+n-1;
-        k_cache/v_cache [n_kv, capacity, D] (one layer, contiguous); out [n, q_dim]; layer: which layer (needed
-        when layers differ). Returns out. A QK-norm model's q/k rows are normalized in place first."""
+        k_cache/v_cache [n_kv, capacity, D] (one layer, contiguous) whose row 0 holds position `base` (a windowed
+        layer keeping its window, `KVCache.place`); out [n, q_dim]; layer: which layer (needed when layers differ).
+        Returns out. A QK-norm model's q/k rows are normalized in place first."""
         cfg, n = self.cfg, qkv.shape[0]
         if layer is None:
             if not self._uniform:
                 raise ConfigError("this model's layers attend differently: pass the layer")
             layer = 0
         cap = k_cache.shape[1]
-        if start + n > min(cap, self.cos.shape[0]):
-            raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({cap}) or RoPE table "
-                              f"({self.cos.shape[0]}) positions")
+        if not 0 <= base <= start or start - base + n > cap or start + n > self.cos.shape[0]:
+            raise ConfigError(f"chunk rows {start}..{start + n} (row 0 at {base}) exceed the cache ({cap}) or RoPE "
+                              f"table ({self.cos.shape[0]}) positions")
         if self.qk_norms is not None:
             qk_norm_(cfg, qkv, *self.qk_norms[layer])
         if self._torch is not None:
             plain, rope = self._torch
             qd, kd = cfg.q_dim, cfg.kv_dim
             out.copy_(model_attention(plain, qkv[:, :qd], qkv[:, qd : qd + kd], qkv[:, qd + kd :], rope, k_cache,
-                                      v_cache, start, n, layer=layer))
+                                      v_cache, start, n, layer=layer, base=base))
             return out
         cos, sin = self.local if cfg.local_rope(layer) else (self.cos, self.sin)
+        # GroupQueryAttention ropes the new rows at positions past + i (past: the rows before them): from `base`
+        # on, the rows hold positions - base and the table is read from its row `base`
+        cos, sin, start = cos[base:], sin[base:], start - base
         f32 = np.float32
         # as many threads as the lane's torch share (`sched.executor.LaneWorkers`: one while another lane runs,
         # all while it runs alone): two lanes' pools on the same cores would wait on each other's threads

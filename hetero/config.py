@@ -31,7 +31,7 @@ ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_ta
                "gelu_new": "gelu_tanh", "relu": "relu"}
 # variants the INT8 path computes (`ModelConfig.quantized_unsupported`)
 QUANTIZED_VARIANTS = ("qk_norm", "o_bias", "mlp_bias", "act", "windows", "post_norms", "embed_scale", "attn_scale",
-                      "local_rope_theta")
+                      "local_rope_theta", "rotary_dim")
 _ROPE_KEYS = {"default": set(), "linear": {"factor"},
               "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
               "longrope": {"short_factor", "long_factor", "original_max_position_embeddings"}}
@@ -134,8 +134,8 @@ class ModelConfig:
         the qkv graph and attention, on the CPU lane (`attention.qk_norm_`), and commutes with the rotation;
         the o/MLP biases, the activation and Gemma 3's post-norms are in the graphs (`npu.segments.layer_q`,
         `npu.export`); windows, the local RoPE base and the query scale are attention's (prefill and
-        `decode.rowattn`); the embedding scale is `model.embed`'s. Partial rotary is not (`rowattn` rotates
-        whole heads)."""
+        `decode.rowattn`); the embedding scale is `model.embed`'s; partial rotary is attention's too (the first
+        rotary_dim dims of a head rotate, in prefill and `rowattn`), inside q/k heads, which no rotation touches."""
         for k, v in self.variants().items():
             if k not in QUANTIZED_VARIANTS:
                 return f"{k}={v!r}"
@@ -224,6 +224,9 @@ def _refuse(name: str, value: Any, why: str) -> ModelFormatError:
 def _rope(name: str, params: dict[str, Any], arch: str) -> tuple[float, dict[str, Any], int | None]:
     """(theta, scaling dict, partial_rotary_factor or None) of one rope_parameters dict, checked."""
     p = dict(params or {})
+    nested = [k for k, v in p.items() if isinstance(v, dict)]
+    if nested:  # per-layer-type parameters: only Gemma 3 reads them (its caller passes each set here)
+        raise _refuse(f"{name}.{nested[0]}", p[nested[0]], f"{arch} reads one set of RoPE parameters for every layer")
     kind = p.get("rope_type", "default")
     if kind not in _ROPE_KEYS:
         raise _refuse(f"{name}.rope_type", kind, f"hetero implements {', '.join(_ROPE_KEYS)} RoPE")

@@ -223,6 +223,7 @@ def attention(
     *,
     layer: int = 0,
     lw: LayerWeights | None = None,
+    base: int = 0,
 ) -> torch.Tensor:
     """Subgraph `attn` (CPU/GPU): RoPE, write this chunk's K/V in place, causal attention over [0, start+T).
 
@@ -235,6 +236,7 @@ def attention(
     rows run `row_attention` (default `one_row_attention`). Returns [T, n_heads*D].
     The layer's variants (`layer`, its weights `lw`): QK-norm of each head before RoPE, its RoPE table, its
     sliding window (a query at p sees keys p-W+1..p, as transformers' sliding mask), the model's softmax scale.
+    `base`: the position the caches' row 0 holds (a windowed layer keeping only its window, `KVCache.place`).
     """
     t, d = q.shape[0], cfg.head_dim
     q, k = q.view(t, cfg.n_heads, d), k.view(t, cfg.n_kv_heads, d)
@@ -246,14 +248,14 @@ def attention(
     k = rope.apply(k.transpose(0, 1), start, positions, layer)
     v = v.view(t, cfg.n_kv_heads, d).transpose(0, 1)
     end = start + n_valid
-    k_cache[:, start:end] = k[:, :n_valid]
-    v_cache[:, start:end] = v[:, :n_valid]
+    k_cache[:, start - base : end - base] = k[:, :n_valid]
+    v_cache[:, start - base : end - base] = v[:, :n_valid]
     window = cfg.window(layer)
     if positions is not None:
-        return _row_attention(cfg, q, k, v, k_cache, v_cache, start, n_valid, tree, row_attention, window)
-    keys, values = k_cache[:, :end], v_cache[:, :end]
+        return _row_attention(cfg, q, k, v, k_cache, v_cache, start - base, n_valid, tree, row_attention, window)
+    keys, values = k_cache[:, : end - base], v_cache[:, : end - base]
     q_pos = torch.arange(start, start + t).clamp(max=end - 1).unsqueeze(1)  # padded rows: as the last real one
-    k_pos = torch.arange(end).unsqueeze(0)
+    k_pos = torch.arange(base, end).unsqueeze(0)
     mask = k_pos <= q_pos  # [T, end]
     if window:
         mask &= k_pos > q_pos - window

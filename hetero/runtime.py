@@ -233,14 +233,19 @@ class PrefillJob:
         if kind == "qkv":
             rt.backend.qkv(layer, self.h[i], out=self.bufs.qkv[i][: c.rows])  # packed q|k|v rows
         elif kind == "attn":
+            # a windowed layer's rows hold its window from `base` on (`KVCache.place`); a layer's chunks run in order
+            base = self.cache.place(layer, c.start, c.n_valid)
             k_cache, v_cache = self.cache.layer(layer)
-            rt.attention(self.bufs.qkv[i][: c.n_valid], k_cache, v_cache, c.start, self.bufs.attn[i][: c.n_valid], layer)
+            rt.attention(self.bufs.qkv[i][: c.n_valid], k_cache, v_cache, c.start, self.bufs.attn[i][: c.n_valid], layer,
+                         base=base)
             self.attn[i] = self.bufs.attn[i][: c.rows]
         elif kind == "layer":  # the whole layer in one graph (a fused backend: `NpuBackend.layer`); real rows only
             n, out = c.n_valid, self._spare_h(i, c)
+            base = self.cache.place(layer, c.start, n)
             k_cache, v_cache = self.cache.layer(layer)
-            rt.backend.layer(layer, self.h[i][:n], k_cache, v_cache, c.start, (rt.attention.cos, rt.attention.sin),
-                             out[:n])
+            # from `base` on: the rows are positions - base, the RoPE table's rows start at base
+            rt.backend.layer(layer, self.h[i][:n], k_cache, v_cache, c.start - base,
+                             (rt.attention.cos[base:], rt.attention.sin[base:]), out[:n])
             self.h[i] = out
         elif kind == "o_ffn":
             self.h[i] = rt.backend.o_ffn(layer, self.attn[i], self.h[i], out=self._spare_h(i, c))
@@ -301,8 +306,10 @@ class Runtime:
         self._owned.clear()
         self.executor.close()
 
-    def new_cache(self, capacity: int | None = None) -> KVCache:
-        return KVCache(self.cfg, capacity or self.max_context)
+    def new_cache(self, capacity: int | None = None, full_history: bool = False) -> KVCache:
+        """An empty cache (default: room for max_context); windowed layers keep only their window unless
+        full_history (`KVCache`)."""
+        return KVCache(self.cfg, capacity or self.max_context, full_history=full_history)
 
     def check_ids(self, ids: Sequence[int] | torch.Tensor, start: int = 0) -> torch.Tensor:
         """Validate token ids at the edge: 1-D, non-empty, in the vocabulary, within the context."""

@@ -118,6 +118,10 @@ REFUSED = [
     ("gemma3", {"hidden_activation": "relu2"}, "hidden_activation='relu2'"),
     ("phi3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}},
      "rope_parameters"),  # transformers' Phi3Config itself rejects it (naming rope_parameters)
+    # per-layer-type RoPE parameters outside Gemma 3 (transformers' Qwen3 cannot build such a model)
+    ("qwen3", {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+     "rope_parameters.full_attention"),
 ]
 
 
@@ -161,17 +165,57 @@ def test_untied_config_without_lm_head_is_refused(tmp_path) -> None:
         load_model(tmp_path)
 
 
-def test_int8_methods_refuse_what_they_do_not_compute(tmp_path) -> None:
-    """The quantized path names the variant it lacks; the default method runs such a model in float."""
+def test_int8_methods_refuse_what_they_do_not_compute(tmp_path, monkeypatch) -> None:
+    """The quantized path names a variant it lacks; the default method runs such a model in float (every variant of
+    today is computed: a variant is taken out of `QUANTIZED_VARIANTS` here to check the rule)."""
+    from hetero import config
     from hetero.methods import make_runtime
 
     build("phi3", tmp_path, partial_rotary_factor=0.5)
     model = load_model(tmp_path)
+    assert model.config.quantized_unsupported() is None
+    monkeypatch.setattr(config, "QUANTIZED_VARIANTS", tuple(v for v in config.QUANTIZED_VARIANTS if v != "rotary_dim"))
     assert model.config.quantized_unsupported() == "rotary_dim=8"
     with pytest.raises(ConfigError, match=re.escape("rotary_dim=8")):
         make_runtime(model, "hetero-w8a8", chunk=64, threads=1)
     rt = make_runtime(model, "hetero", chunk=64, threads=1)
     assert rt.backend.name == "float"
+
+
+@pytest.mark.parametrize("hidden", [64, 128], ids=["rotary-8-torch", "rotary-16-gqa"])
+def test_partial_rotary_on_the_int8_path(tmp_path, monkeypatch, hidden) -> None:
+    """Phi's partial rotary (Phi-4-mini: 0.75 of 128 dims) on the INT8 graphs: the rotated model's float output is
+    the model's, the prefill equals the torch INT8 layer (rotary widths ONNX Runtime's kernel rotates, and ones
+    `model.attention` runs), the bound decode step (the row kernel rotating the first R dims) equals the unbound
+    graphs bit for bit, and greedy decoding (plain, and lookup trees) emits the same tokens as the torch INT8 layer."""
+    from hetero.decode.generate import generate
+    from hetero.decode.params import SamplingParams
+    from hetero.decode.tree import TokenTree
+    from hetero.npu.graph_backend import NpuBackend
+    from hetero.outliers.rotate import rotate_weights
+    from hetero.outliers.shadow import QuantizedBackend
+    from tests.npu.conftest import SHADOWS, tiny_plan
+
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    build("phi3", tmp_path / "hf", hidden_size=hidden, partial_rotary_factor=0.5)
+    m = load_model(tmp_path / "hf")
+    cfg = m.config
+    assert cfg.rotary_dim == cfg.head_dim // 2 and cfg.quantized_unsupported() is None
+    prompt = torch.arange(3, 40) * 5 % cfg.vocab
+    assert (forward(cfg, rotate_weights(cfg, m.weights), prompt)[0] - forward(cfg, m.weights, prompt)[0]
+            ).abs().max() < 1e-4
+    plan = tiny_plan(m, SHADOWS)
+    rt = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16, provider="cpu"))
+    torch_int8 = Runtime(m, chunk=16, backend=QuantizedBackend(cfg, m.weights, plan))
+    assert (rt.prefill(prompt).logits - torch_int8.prefill(prompt).logits).abs().max() < 1e-3
+    _decode_step_equals_unbound_graphs(rt, m, prompt, TokenTree([7], [-1]))
+    _decode_step_equals_unbound_graphs(rt, m, prompt, TokenTree([7, 9, 4, 2], [-1, 0, 0, 1]))
+    params = SamplingParams(max_new_tokens=8, stop_token_ids=())
+    want = generate(torch_int8, torch_int8.prefill(prompt), params).tokens
+    repeat = prompt.tolist()
+    for speculate in ("off", "lookup"):
+        got = generate(rt, rt.prefill(prompt), params, speculate=speculate, context_ids=repeat).tokens
+        assert list(got) == list(want), speculate
 
 
 # ------------------------------------------------------------------------------------------------ GGUF
@@ -344,9 +388,10 @@ def _decode_step_equals_unbound_graphs(rt, m, prompt, tree) -> None:
         h = ref.embed(m.weights, torch.tensor(tree.tokens))
         for layer, lw in enumerate(m.weights.layers):
             q, k, v = whole.qkv(layer, h)
+            base = r2.cache.place(layer, slot, len(tree))  # a windowed layer's rows hold its window (`KVCache`)
             kc, vc = r2.cache.layer(layer)
             a = ref.attention(cfg, q, k, v, rt.rope, kc, vc, slot, len(tree), positions, mask, row_attention,
-                              layer=layer, lw=lw)
+                              layer=layer, lw=lw, base=base)
             h = whole.o_ffn(layer, a, h)
     assert torch.equal(logits, step.head(h))
     if len(tree) == 1:  # the two-core step (the helper's heads, the split graphs' halves) is the one-thread step's

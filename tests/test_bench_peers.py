@@ -133,6 +133,18 @@ def test_a_cached_peer_needs_neither_its_converter_nor_its_sources(tmp_path, mon
         check_installed("openvino_genai")
 
 
+def test_ort_genai_builder_python_is_checked_before_building(tmp_path, monkeypatch) -> None:
+    """$HETERO_ORT_GENAI_PYTHON (the builder's own venv, transformers 4 for Gemma 3) that is not an executable
+    makes the ONNX Runtime GenAI peer unavailable, naming it, with nothing left in the cache."""
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(peers.ORT_GENAI_PYTHON, str(tmp_path / "no-such-python"))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    with pytest.raises(EngineUnavailable, match=peers.ORT_GENAI_PYTHON):
+        peers.build(gguf, "ort-genai-int4")
+    assert not (peers.peers_root(gguf) / "ort-genai-int4").exists()
+
+
 def _row(engine: str, n: int, tps: float) -> Row:
     return Row(engine, n, tps, round(n / tps * 1e3, 2), 100.0, False, [round(n / tps * 1e3, 2)] * 2)
 

@@ -4,13 +4,21 @@ A user who would pick another runtime starts from the same file. Every peer's mo
 nothing converted by hand:
 - `hf`: Hugging Face safetensors through transformers' GGUF loader (dequantized to float32);
 - `openvino-int8`: `optimum-cli export openvino --weight-format int8` of `hf` (optimum-intel);
-- `ort-genai-int4`: `onnxruntime_genai.models.builder -p int4 --extra_options int4_accuracy_level=4` of `hf`;
+- `ort-genai-int4`: `onnxruntime_genai.models.builder -p int4 --extra_options int4_accuracy_level=4` of the HF
+  folder that the builder's own Python's transformers loads from the GGUF (as `hf`);
 - `gguf-q4_0`, `gguf-q8_0`: the GGUF re-quantized by llama.cpp's own quantizer (`llama_model_quantize`).
 
 Each entry lives in `cache_dir()/peers/<GGUF fingerprint>/<kind>/`, built in a temp folder and renamed into
 place whole, under the entry's lock; its `record.json` names the tool versions and every file's size and
-content hash (`paths.file_record`), checked before each use. optimum-intel needs transformers < 5.6, so its
-`optimum-cli` may live in a venv of its own: `$HETERO_OPTIMUM_CLI` names it.
+content hash (`paths.file_record`), checked before each use. The peers' tools pin their own transformers, so
+each may live in a venv of its own (the Makefile's `bench` target makes both):
+- `$HETERO_OPTIMUM_CLI` names optimum-intel's `optimum-cli`: optimum-intel 2.2 exports Gemma 3 only under
+  transformers <= 5.0 ("Maximum required is 5.0"), Llama under 5.0 too;
+- `$HETERO_ORT_GENAI_PYTHON` names a Python with ONNX Runtime GenAI's builder: its Gemma 3 builder reads
+  transformers 4's Gemma 3 config (`rope_local_base_freq`, one `rope_parameters` set; transformers 5 nests them
+  per layer type: KeyError 'rope_type'), and builder 0.14+ imports transformers 5's classes, so Gemma 3 builds
+  with builder 0.13.2 under transformers 4.57 (its model runs on the bench's own onnxruntime-genai: checked
+  against hetero's float logits, max abs 1.7e-3 at 1024 tokens in fp32).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from hetero.bench.workers import EngineUnavailable
 from hetero.paths import cache_dir, file_fingerprint, file_record, verify_files
 
 OPTIMUM_CLI = "HETERO_OPTIMUM_CLI"
+ORT_GENAI_PYTHON = "HETERO_ORT_GENAI_PYTHON"
 RECORD = "record.json"
 _LLAMA_FTYPES = {"gguf-q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "gguf-q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0"}
 
@@ -51,16 +60,34 @@ def _run(cmd: list[str], what: str, timeout_s: float = 1800) -> None:
         raise EngineUnavailable(f"{what} failed (exit {proc.returncode}): {tail}")
 
 
-def _build_hf(gguf: Path, out: Path) -> dict[str, str]:
-    """transformers' GGUF loader, dequantized (`GgufConfig(dequantize=True)`), saved as safetensors."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+# transformers' GGUF loader, dequantized to float32, saved as safetensors: `python -c _HF_FROM_GGUF GGUF OUT` in the
+# Python whose transformers the next tool reads with (transformers 5: `GgufConfig(dequantize=True)`; 4: always)
+_HF_FROM_GGUF = """
+import sys
+from pathlib import Path
+import torch
+import transformers as T
+gguf, out = Path(sys.argv[1]), sys.argv[2]
+q = {"quantization_config": T.GgufConfig(gguf_file=gguf.name, dequantize=True)} if hasattr(T, "GgufConfig") else {}
+d = {"dtype": torch.float32} if int(T.__version__.split(".")[0]) >= 5 else {"torch_dtype": torch.float32}
+T.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, **d, **q).save_pretrained(out)
+T.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
+"""
 
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
-                                                 quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True))
-    model.save_pretrained(str(out))
-    tok.save_pretrained(str(out))
+
+def _hf_from_gguf(python: str, gguf: Path, out: Path) -> None:
+    _run([python, "-c", _HF_FROM_GGUF, str(gguf), str(out)], "transformers' GGUF loader")
+
+
+def _versions(python: str, *dists: str) -> dict[str, str]:
+    """The versions of `dists` installed for `python`."""
+    code = "import sys, importlib.metadata as m; print(' '.join(m.version(d) for d in sys.argv[1:]))"
+    got = subprocess.run([python, "-c", code, *dists], capture_output=True, text=True).stdout.split()
+    return dict(zip(dists, got)) if len(got) == len(dists) else {d: "unknown" for d in dists}
+
+
+def _build_hf(gguf: Path, out: Path) -> dict[str, str]:
+    _hf_from_gguf(sys.executable, gguf, out)
     return {"transformers": _version("transformers")}
 
 
@@ -74,9 +101,9 @@ def optimum_cli() -> str:
     beside = Path(sys.executable).parent / "optimum-cli"
     found = str(beside) if beside.is_file() else shutil.which("optimum-cli")
     if not found:
-        raise EngineUnavailable("optimum-intel's optimum-cli is not installed (it needs transformers<5.6: "
-                                "`pip install 'optimum-intel[openvino,nncf]'` in a venv of its own, then set "
-                                f"{OPTIMUM_CLI} to its bin/optimum-cli)")
+        raise EngineUnavailable("optimum-intel's optimum-cli is not installed (Gemma 3 needs transformers<=5.0: "
+                                "`pip install 'optimum-intel[openvino,nncf]==2.2.0' transformers==5.0.0` in a venv of "
+                                f"its own, then set {OPTIMUM_CLI} to its bin/optimum-cli; `make bench` does)")
     return found
 
 
@@ -89,20 +116,28 @@ def _build_openvino(hf: Path, out: Path) -> dict[str, str]:
     return {"optimum-intel": ver.stdout.strip() or "unknown", "optimum-cli": cli}
 
 
-def _build_ort_genai(hf: Path, out: Path) -> dict[str, str]:
-    try:
-        import onnxruntime_genai  # noqa: F401
-    except ImportError:
-        raise EngineUnavailable("onnxruntime-genai is not installed (pip install 'hetero[bench]')") from None
+def _build_ort_genai(gguf: Path, out: Path) -> dict[str, str]:
+    """The builder's int4 model of the HF folder its own Python's transformers loads from the GGUF ($HETERO_ORT_GENAI_PYTHON,
+    else this Python)."""
+    python = os.environ.get(ORT_GENAI_PYTHON)
+    if python and not os.access(python, os.X_OK):
+        raise EngineUnavailable(f"{ORT_GENAI_PYTHON}={python!r} is not an executable Python")
+    if not python:
+        try:
+            import onnxruntime_genai  # noqa: F401
+        except ImportError:
+            raise EngineUnavailable("onnxruntime-genai is not installed (pip install 'hetero[bench]')") from None
+        python = sys.executable
     work = out.parent / f".{out.name}.work"
     shutil.rmtree(work, ignore_errors=True)
     try:
-        _run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out), "-p", "int4",
-              "-e", "cpu", "-c", str(work), "--extra_options", "int4_accuracy_level=4"],
+        _hf_from_gguf(python, gguf, work / "hf")
+        _run([python, "-m", "onnxruntime_genai.models.builder", "-i", str(work / "hf"), "-o", str(out), "-p", "int4",
+              "-e", "cpu", "-c", str(work / "cache"), "--extra_options", "int4_accuracy_level=4"],
              "onnxruntime_genai.models.builder")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"onnxruntime-genai": _version("onnxruntime-genai")}
+    return {**_versions(python, "onnxruntime-genai", "transformers"), "python": python}
 
 
 def _build_llama_quant(kind: str) -> Callable[[Path, Path], dict[str, str]]:
@@ -134,7 +169,7 @@ def _llama_cpp():
 KINDS: dict[str, tuple[str, Callable[[Path, Path], dict[str, str]]]] = {
     "hf": ("gguf", _build_hf),
     "openvino-int8": ("hf", _build_openvino),
-    "ort-genai-int4": ("hf", _build_ort_genai),
+    "ort-genai-int4": ("gguf", _build_ort_genai),
     "gguf-q4_0": ("gguf", _build_llama_quant("gguf-q4_0")),
     "gguf-q8_0": ("gguf", _build_llama_quant("gguf-q8_0")),
 }

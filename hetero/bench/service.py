@@ -257,7 +257,7 @@ def restore_paths(model: hetero.Model, text_ids: list[int], args: argparse.Names
         budget = None if path == "ram" else 0
         store = ChunkStore(StoreConfig(budget_bytes=budget, compress=compress, reserve=0.0,
                                        tolerance=float("inf"), disk=path != "compressed"))
-        cache = rt.new_cache(len(ids) + 1)
+        cache = rt.new_cache(len(ids) + 1, full_history=True)  # as the service's: its store reads every position
         rt.prefill(ids, cache=cache)
         path_nodes = store.commit(ids, cache)
         store.hold(path_nodes)
@@ -269,7 +269,7 @@ def restore_paths(model: hetero.Model, text_ids: list[int], args: argparse.Names
         times = []
         for _ in range(args.repeats):
             match = store.match(ids + [0])
-            target = rt.new_cache(len(ids) + 1)
+            target = rt.new_cache(len(ids) + 1, full_history=True)
             gen = restore(store, rt, match, target, cost, mode)
             t0 = time.perf_counter()
             try:
@@ -293,11 +293,11 @@ def compression_accuracy(model: hetero.Model, text_ids: list[int], args: argpars
     rt = hetero.Runtime(model, chunk=args.chunk)
     step = hetero.Runtime(model, chunk=1)
     prefix, cont = text_ids[: args.eval_prefix], text_ids[args.eval_prefix : args.eval_prefix + args.eval_tokens]
-    base = rt.new_cache(len(prefix) + len(cont) + 1)
+    base = rt.new_cache(len(prefix) + len(cont) + 1, full_history=True)
     rt.prefill(prefix, cache=base)
     results, ref_top = {}, None
     for level, tol in (("float", None), ("int8", 0.0), ("auto", args.tolerance), ("int4", float("inf"))):
-        cache = rt.new_cache(base.capacity)
+        cache = rt.new_cache(base.capacity, full_history=True)
         k, v = base.read_span(0, len(prefix))
         errors, levels = [], []
         for a in range(0, len(prefix), 16):
@@ -338,7 +338,7 @@ def exactness(model: hetero.Model, text_ids: list[int], args: argparse.Namespace
         rt = make_runtime(model, backend, chunk=args.chunk)
         scratch = rt.prefill(ids).logits
         for name, cut in (("aligned", 2 * args.chunk), ("unaligned", 2 * args.chunk - 23)):
-            cache = rt.new_cache(len(ids) + 1)
+            cache = rt.new_cache(len(ids) + 1, full_history=True)  # the service's caches
             rt.prefill(ids[:cut], cache=cache)
             reuse = rt.prefill(ids[cut:], cache=cache).logits
             out[f"{backend}_{name}"] = {

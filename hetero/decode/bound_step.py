@@ -104,10 +104,11 @@ class BoundStep:
         shared = self.pool is not None and self.pool.begin(
             cache.k.numpy(), cache.v.numpy(), q, layout.extra, layout.n_extra, cfg.scale,
             self.a.numpy()[:n].reshape(q.shape))
-        self._layers(cache, layout, depth, shared)  # the caller ends the pool's step (after the LM head)
+        bases = [cache.place(layer, slot, n) for layer in range(depth)]  # windowed layers: their window (`place`)
+        self._layers(cache, layout, depth, shared, bases)  # the caller ends the pool's step (after the LM head)
         return self.h[depth % 2]
 
-    def _layers(self, cache: KVCache, layout, depth: int, shared: bool) -> None:
+    def _layers(self, cache: KVCache, layout, depth: int, shared: bool, bases: list[int]) -> None:
         cfg = self.cfg
         for layer in range(depth):
             qkv_run, *rest = self.runs[layer]
@@ -118,9 +119,9 @@ class BoundStep:
                 lw = self.backend.model.weights.layers[layer]
                 qk_norm_(cfg, qkv, lw.q_norm, lw.k_norm)
             if shared:  # both threads (`attnpool`): the same kernel per KV head, the same result
-                self.pool.attend(cfg, layer, qkv, layout)
+                self.pool.attend(cfg, layer, qkv, layout, bases[layer])
             else:
-                decode_rows(cfg, qkv, *cache.layer(layer), layout, self.a, layer)
+                decode_rows(cfg, qkv, *cache.layer(layer), layout, self.a, layer, bases[layer])
             env: dict[str, torch.Tensor] = {Buffer.A: self.a}
             d_extra = None
             for run in rest:

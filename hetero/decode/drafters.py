@@ -160,7 +160,10 @@ class ModelDrafter:
             if a != b:
                 break
             same += 1
-        self.cache.truncate(min(same, self.cache.length))
+        same = min(same, self.cache.length)
+        if not self.cache.resumable(same):  # its windowed layers moved past `same`: start the draft cache over
+            self.cache, same = self.runtime.new_cache(), 0
+        self.cache.truncate(same)
         self.cached = self.cached[: self.cache.length]
         missing = want[self.cache.length :]
         if len(missing) > 8:

@@ -29,9 +29,11 @@ from hetero.model import RopeTable
 
 @numba.njit(cache=True, fastmath=True, nogil=True)
 def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra: np.ndarray, n_extra: np.ndarray,
-                 scale: float, out: np.ndarray, h0: int, h1: int, window: int) -> None:  # pragma: no cover - compiled
+                 scale: float, out: np.ndarray, h0: int, h1: int, window: int,
+                 off: int) -> None:  # pragma: no cover - compiled
     """q [R, n_kv, g, D] (query heads grouped by KV head), k/v [n_kv, capacity, D]. Row r sees cache rows
-    [0, prefix) and then extra[r, :n_extra[r]], in that order, of which only the last `window` when window > 0
+    [0, prefix) and then extra[r, :n_extra[r]] - off (rows of a layer whose row 0 holds position `off`, a windowed
+    layer keeping its window), in that order, of which only the last `window` when window > 0
     (a sliding-window layer: keys p-W+1..p, as transformers' mask); out[:, h0:h1] = softmax(q·kᵀ·scale)·v of KV
     heads [h0, h1) (out [R, n_kv, g, D]). The heads are independent: two threads may share them (`AttentionPool`).
     A windowed layer reads only the rows some row's window covers.
@@ -60,7 +62,7 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
                 if t < prefix:
                     kr = t
                 elif t - prefix < n_extra[r]:
-                    kr = extra[r, t - prefix]
+                    kr = extra[r, t - prefix] - off
                 else:
                     continue
                 for j in range(g):
@@ -100,7 +102,7 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
                 if t < prefix:
                     vr = t
                 elif t - prefix < n_extra[r]:
-                    vr = extra[r, t - prefix]
+                    vr = extra[r, t - prefix] - off
                 else:
                     continue
                 for j in range(g):
@@ -127,17 +129,17 @@ def row_attention(cfg: ModelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_ca
     if out is None:
         out = torch.empty(cfg.n_heads, 1, cfg.head_dim)
     _attend_rows(qg.numpy()[None], k_cache.numpy(), v_cache.numpy(), length, _NO_EXTRA, _ZERO, cfg.scale,
-                 out.view(1, cfg.n_kv_heads, g, cfg.head_dim).numpy(), 0, cfg.n_kv_heads, window)
+                 out.view(1, cfg.n_kv_heads, g, cfg.head_dim).numpy(), 0, cfg.n_kv_heads, window, 0)
     return out.view(cfg.n_heads, 1, cfg.head_dim)
 
 
 @numba.njit(cache=True, nogil=True)
 def _rope_rows(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int, n_kv: int, d: int,
                k: np.ndarray, v: np.ndarray, slot: int, q: np.ndarray) -> None:  # pragma: no cover - compiled
-    """RoPE of each row's q and k heads (qkv [R, q_dim + 2·kv_dim]) at its position (cos/sin [R, D/2]) into
-    q [R, H, D] and k[:, slot + r]; its v into v[:, slot + r]. No fastmath: each product and sum rounds as
-    `model.RopeTable.apply`'s elementwise torch ops."""
-    half = d // 2
+    """RoPE of each row's q and k heads (qkv [R, q_dim + 2·kv_dim]) at its position (cos/sin [R, R_dim/2]) into
+    q [R, H, D] and k[:, slot + r]; its v into v[:, slot + r]. The first R_dim dims of a head rotate, the rest pass
+    (Phi's partial rotary). No fastmath: each product and sum rounds as `model.RopeTable.apply`'s torch ops."""
+    half = cos.shape[1]
     vbase = (n_heads + n_kv) * d
     for r in range(qkv.shape[0]):
         row = slot + r
@@ -151,6 +153,11 @@ def _rope_rows(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int, 
                     q[r, hh, i], q[r, hh, half + i] = a, b
                 else:
                     k[hh - n_heads, row, i], k[hh - n_heads, row, half + i] = a, b
+            for i in range(2 * half, d):
+                if hh < n_heads:
+                    q[r, hh, i] = qkv[r, base + i]
+                else:
+                    k[hh - n_heads, row, i] = qkv[r, base + i]
         for h in range(n_kv):
             for i in range(d):
                 v[h, row, i] = qkv[r, vbase + h * d + i]
@@ -212,11 +219,11 @@ def tree_layout(depth: list[int], parents: list[int], slot: int, rope: RopeTable
 
 
 def rope_rows(cfg: ModelConfig, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: RowLayout,
-              q: np.ndarray, layer: int = 0) -> None:
+              q: np.ndarray, layer: int = 0, base: int = 0) -> None:
     """RoPE of the rows' q and k (qkv [>= n, q_dim + 2·kv_dim]) at their positions (layer `layer`'s table): q into
-    q [n, n_kv, g, D] (C-contiguous float32), k and v into cache rows slot..slot+n-1 of one layer's views
-    [n_kv, capacity, D]."""
-    n, slot = len(layout), layout.slot
+    q [n, n_kv, g, D] (C-contiguous float32), k and v into cache rows slot-base..slot-base+n-1 of one layer's views
+    [n_kv, capacity, D] whose row 0 holds position `base` (`KVCache.place`)."""
+    n, slot = len(layout), layout.slot - base
     if slot + n > k_cache.shape[1]:
         raise ValueError(f"rows {slot}..{slot + n - 1} must lie in the cache (capacity {k_cache.shape[1]})")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and qkv.is_contiguous()):
@@ -228,18 +235,19 @@ def rope_rows(cfg: ModelConfig, qkv: torch.Tensor, k_cache: torch.Tensor, v_cach
 
 
 def decode_rows(cfg: ModelConfig, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: RowLayout,
-                out: torch.Tensor, layer: int = 0) -> None:
+                out: torch.Tensor, layer: int = 0, base: int = 0) -> None:
     """A decode step's attention for its n rows (one token, or a token tree as one chunk, LLMCad §3.2) in two
     compiled calls: RoPE of qkv [>= n, q_dim + 2·kv_dim] at the rows' positions, their K/V into cache rows
     slot..slot+n-1 (`rope_rows`), and each row's attention over [0, slot) and its path (`tree_layout`) into
     out [>= n, q_dim] (contiguous): the cache is read once for all rows. A row's result is bit for bit that of
     `row_attention` over the same keys in a contiguous cache (tested), so greedy speculation emits plain
     greedy's tokens. `attnpool.AttentionPool` runs the same kernel per KV head on two threads. `layer` picks
-    the layer's RoPE table and sliding window (`ModelConfig.local_rope`, `window`)."""
+    the layer's RoPE table and sliding window (`ModelConfig.local_rope`, `window`); `base`: the position the layer's
+    row 0 holds (a windowed layer keeping its window, `KVCache.place`)."""
     if not out.is_contiguous():
         raise ValueError("out must be contiguous")
     n, g, d = len(layout), cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
     q = np.empty((n, cfg.n_kv_heads, g, d), np.float32)
-    rope_rows(cfg, qkv, k_cache, v_cache, layout, q, layer)
-    _attend_rows(q, k_cache.numpy(), v_cache.numpy(), layout.slot, layout.extra, layout.n_extra, cfg.scale,
-                 out.numpy()[:n].reshape(n, cfg.n_kv_heads, g, d), 0, cfg.n_kv_heads, cfg.window(layer))
+    rope_rows(cfg, qkv, k_cache, v_cache, layout, q, layer, base)
+    _attend_rows(q, k_cache.numpy(), v_cache.numpy(), layout.slot - base, layout.extra, layout.n_extra, cfg.scale,
+                 out.numpy()[:n].reshape(n, cfg.n_kv_heads, g, d), 0, cfg.n_kv_heads, cfg.window(layer), base)

@@ -66,9 +66,10 @@ class FloatLayers:
         mask = None if tree.is_chain() else tree.mask()
         for layer in range(self.cfg.n_layers if layers is None else layers):
             q, k, v = self.backend.qkv(layer, h)
+            base = cache.place(layer, slot, n)  # a windowed layer keeps its window (`KVCache.place`)
             kc, vc = cache.layer(layer)
             a = ref.attention(self.cfg, q, k, v, self.runtime.rope, kc, vc, slot, n, positions, mask, row_attention,
-                              layer=layer, lw=self.runtime.model.weights.layers[layer])
+                              layer=layer, lw=self.runtime.model.weights.layers[layer], base=base)
             h = self.backend.o_ffn(layer, a, h)
         return h
 

@@ -214,7 +214,7 @@ class Service:
             ctx = Context(saved.id, saved.client, saved.system, list(saved.messages), list(saved.ids),
                           created=saved.created)
             if saved.k is not None:
-                cache = KVCache(self.runtime.cfg, max(1, saved.k.shape[2]))
+                cache = KVCache(self.runtime.cfg, max(1, saved.k.shape[2]), full_history=True)
                 cache.write_span(0, saved.k, saved.v)
                 ctx.path = self.store.commit(saved.ids, cache)
                 self.store.hold(ctx.path)
@@ -312,7 +312,9 @@ class Service:
         new = ids[match.n_tokens:]
         job.remaining = len(new)
         try:
-            cache = rt.new_cache(min(rt.max_context, len(ids) + max_new + 1))
+            # every position of every layer: the prefix store may branch anywhere, and a branch at P needs a
+            # windowed layer's positions P - W + 1..P - 1
+            cache = rt.new_cache(min(rt.max_context, len(ids) + max_new + 1), full_history=True)
             report: RestoreReport = yield from restore(store, rt, match, cache, self.cost, store.config.restore)
             t0 = time.perf_counter()
             steps = rt.prefill_steps(new, cache=cache,  # pauses only when someone waits (or this job is cancelled)

@@ -158,5 +158,5 @@ def test_the_helpers_claims_compute_the_one_thread_kernels_heads():
     rope_rows(cfg, qkv, k[0], v[0], layout, q)
     out = torch.zeros(n, cfg.q_dim)
     _claim_heads(pool.ctrl, cfg.n_kv_heads, q, k.numpy()[0], v.numpy()[0], slot, layout.extra, layout.n_extra,
-                 cfg.head_dim**-0.5, out.numpy().reshape(q.shape), True, 0)
+                 cfg.head_dim**-0.5, out.numpy().reshape(q.shape), True, 0, 0)
     assert torch.equal(out, want) and pool.helped == cfg.n_kv_heads

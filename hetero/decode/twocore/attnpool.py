@@ -40,8 +40,8 @@ from hetero.decode.rowattn import RowLayout, _attend_rows, _rope_rows
 # job at a time: GSTATE 1 published (its OrtSession* and OrtIoBinding* in GSESS and GBIND), 2 claimed by the
 # helper, 3 done (its OrtStatus* in GSTATUS), 0 none or taken back by the main thread.
 (_SEQ, _STOP, _CLAIM, _DONE, _LAYER, _PREFIX, _LIMIT, _HELPED, _GSTATE, _GSESS, _GBIND, _GSTATUS,
- _GHELPED, _WINDOW) = (8 * i for i in range(14))
-_FIELDS = 14
+ _GHELPED, _WINDOW, _OFF) = (8 * i for i in range(15))
+_FIELDS = 15
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,7 @@ class StageTable:
 @numba.njit(cache=True, nogil=True)
 def _claim_heads(ctrl: np.ndarray, limit: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int,
                  extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray,
-                 helper: bool, window: int) -> None:  # pragma: no cover - compiled
+                 helper: bool, window: int, off: int) -> None:  # pragma: no cover - compiled
     """Claim the job's heads (head numbers limit - n_kv .. limit - 1) one at a time and attend each; the helper
     counts its heads (`AttentionPool.helped`)."""
     base = limit - k.shape[0]
@@ -79,7 +79,7 @@ def _claim_heads(ctrl: np.ndarray, limit: int, q: np.ndarray, k: np.ndarray, v: 
         if c >= limit:
             return
         if atomics.cas(ctrl, _CLAIM, c, c + 1):
-            _attend_rows(q, k, v, prefix, extra, n_extra, scale, out, c - base, c - base + 1, window)
+            _attend_rows(q, k, v, prefix, extra, n_extra, scale, out, c - base, c - base + 1, window, off)
             if helper:
                 atomics.add(ctrl, _HELPED, 1)
             atomics.add(ctrl, _DONE, 1)
@@ -88,10 +88,11 @@ def _claim_heads(ctrl: np.ndarray, limit: int, q: np.ndarray, k: np.ndarray, v: 
 @numba.njit(cache=True, nogil=True)
 def _attend_shared(ctrl: np.ndarray, layer: int, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int,
                    k_all: np.ndarray, v_all: np.ndarray, q: np.ndarray, prefix: int, extra: np.ndarray,
-                   n_extra: np.ndarray, scale: float, out: np.ndarray, window: int) -> int:  # pragma: no cover
+                   n_extra: np.ndarray, scale: float, out: np.ndarray, window: int,
+                   off: int) -> int:  # pragma: no cover
     """The main thread's side of one layer: RoPE of the rows (`rowattn.rope_rows`, their K/V into cache rows
-    prefix..), publish the job (the layer's sliding window with it), claim heads, wait until all are done;
-    returns the spins it waited for the helper's last head."""
+    prefix..), publish the job (the layer's sliding window and the position its row 0 holds with it), claim heads,
+    wait until all are done; returns the spins it waited for the helper's last head."""
     n_kv, d = k_all.shape[1], k_all.shape[3]
     _rope_rows(qkv, cos, sin, n_heads, n_kv, d, k_all[layer], v_all[layer], prefix,
                q.reshape((q.shape[0], n_heads, d)))
@@ -102,8 +103,9 @@ def _attend_shared(ctrl: np.ndarray, layer: int, qkv: np.ndarray, cos: np.ndarra
     atomics.store(ctrl, _PREFIX, prefix)
     atomics.store(ctrl, _LIMIT, limit)
     atomics.store(ctrl, _WINDOW, window)
+    atomics.store(ctrl, _OFF, off)
     atomics.store(ctrl, _SEQ, seq + 2)
-    _claim_heads(ctrl, limit, q, k_all[layer], v_all[layer], prefix, extra, n_extra, scale, out, False, window)
+    _claim_heads(ctrl, limit, q, k_all[layer], v_all[layer], prefix, extra, n_extra, scale, out, False, window, off)
     spins = 0
     while atomics.load(ctrl, _DONE) < limit:
         atomics.pause()
@@ -132,10 +134,11 @@ def _helper_loop(ctrl: np.ndarray, seen: int, k_all: np.ndarray, v_all: np.ndarr
         prefix = atomics.load(ctrl, _PREFIX)
         limit = atomics.load(ctrl, _LIMIT)
         window = atomics.load(ctrl, _WINDOW)
+        off = atomics.load(ctrl, _OFF)
         if atomics.load(ctrl, _SEQ) != seq:  # a newer job was written meanwhile: read that one
             continue
         seen = seq
-        _claim_heads(ctrl, limit, q, k_all[layer], v_all[layer], prefix, extra, n_extra, scale, out, True, window)
+        _claim_heads(ctrl, limit, q, k_all[layer], v_all[layer], prefix, extra, n_extra, scale, out, True, window, off)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -260,19 +263,20 @@ class AttentionPool:
         self._go.set()
         return True
 
-    def attend(self, cfg: ModelConfig, layer: int, qkv: torch.Tensor, layout: RowLayout) -> None:
+    def attend(self, cfg: ModelConfig, layer: int, qkv: torch.Tensor, layout: RowLayout, base: int = 0) -> None:
         """`rowattn.decode_rows` of one layer on both threads, in one compiled call: RoPE of the rows' qkv
-        [>= n, q_dim + 2·kv_dim] (contiguous; their K/V into the layer's cache rows layout.slot..), then their
-        attention over cache rows [0, layout.slot) and their paths into the step's output."""
+        [>= n, q_dim + 2·kv_dim] (contiguous; their K/V into the layer's cache rows layout.slot - base..), then their
+        attention over cache rows [0, layout.slot - base) and their paths into the step's output; `base`: the
+        position the layer's row 0 holds (`KVCache.place`)."""
         k_all, v_all, q, extra, n_extra, scale, out = self._step
         n = len(layout)
-        if layout.slot + n > k_all.shape[2]:
+        if layout.slot - base + n > k_all.shape[2]:
             raise ValueError(f"rows {layout.slot}..{layout.slot + n - 1} must lie in the cache (capacity {k_all.shape[2]})")
         t0 = time.perf_counter()
         cos, sin = layout.rope(cfg, layer)
         self._wait_spins += _attend_shared(self.ctrl, layer, qkv.numpy()[:n], cos, sin, cfg.n_heads,
-                                           k_all, v_all, q, layout.slot, extra, n_extra, scale, out,
-                                           cfg.window(layer))
+                                           k_all, v_all, q, layout.slot - base, extra, n_extra, scale, out,
+                                           cfg.window(layer), base)
         self._attend_s += time.perf_counter() - t0
         self._heads += k_all.shape[1]
 
