@@ -426,7 +426,8 @@ def test_sliding_windows_on_the_int8_path(tmp_path, monkeypatch) -> None:
     params = SamplingParams(max_new_tokens=16, stop_token_ids=())
     plain = generate(rt, rt.prefill(prompt), params, speculate="off")
     repeat = torch.cat([prompt, prompt[:12]])  # lookup drafts from the repeated text
-    spec = [generate(rt, rt.prefill(repeat), params, speculate=s, context_ids=repeat.tolist()) for s in ("off", "lookup")]
+    spec = [generate(rt, rt.prefill(repeat), params, speculate=s, context_ids=repeat.tolist(),  # a fixed tree: the
+                     tree=(7, 8) if s == "lookup" else None) for s in ("off", "lookup")]  # adaptive one is timed
     assert len(plain.tokens) == 16 and list(spec[0].tokens) == list(spec[1].tokens) and spec[1].drafted > 0
 
 
