@@ -107,8 +107,8 @@ def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float | None
     precision plan (`outliers.search.ensure_precision`); `budget` (percent) searches a new one.
     """
     from hetero.npu.isa import resolve_weight_form
-    from hetero.outliers.calibration import ensure_calibration
-    from hetero.outliers.pruning import PlanOptions, plan_from_calibration
+    from hetero.outliers.plancache import cached_plan
+    from hetero.outliers.pruning import PlanOptions
     from hetero.outliers.rotate import online_sites
 
     model.config.check_quantizable("quantization")
@@ -118,16 +118,18 @@ def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float | None
                           f"{'is not' if recipe.rotate else 'is'} rotated; use quant_setup(model, ...)")
     form = resolve_weight_form(weight_form, provider)
     online = online_sites(model.config) if recipe.rotate else {}
-    calib = ensure_calibration(model, progress=True, online=online)
     if recipe.search:
+        from hetero.outliers.calibration import ensure_calibration
         from hetero.outliers.search import ensure_precision, plan_of
 
+        calib = ensure_calibration(model, progress=True, online=online)
         precision = ensure_precision(model, calib, lambda: site_costs(model), form, online, budget,
                                      progress=True)
         return plan_of(model, calib, precision, form, online)
     a16 = [(layer, site) for layer in range(model.config.n_layers) for site in recipe.a16]
     pf = recipe.prune_fraction if prune_fraction is None else prune_fraction
-    return plan_from_calibration(model, calib, PlanOptions(prune_fraction=pf, weight_form=form, a16=a16, online=online))
+    # derived once per calibration and options, then read (`outliers.plancache`: ~0.1 s of a warm start, issue 28)
+    return cached_plan(model, PlanOptions(prune_fraction=pf, weight_form=form, a16=a16, online=online), progress=True)
 
 
 def quant_setup(model: Model, provider: str = "cpu", weight_form: str | None = None,
