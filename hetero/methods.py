@@ -22,6 +22,8 @@ from hetero.runtime import Runtime
 from hetero.threads import ExecutionPlan, set_torch_threads
 
 if TYPE_CHECKING:
+    import torch
+
     from hetero.config import ModelConfig
     from hetero.npu.placement import PrefillLayout
     from hetero.outliers.plan import QuantPlan
@@ -271,12 +273,18 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     decode = decode_placement(backend)  # where decode steps run (the CPU, as mllm-NPU; issue 28)
     log.info("placement | %s", decode.describe())
     head = None
-    if placed is not None:  # an INT8 runtime: the last token's logits through the INT8 head, as its decode steps'
-        from hetero.decode.head import Int8Head
+    if placed is not None:  # an INT8 runtime: the last token's logits through its decode step's INT8 head, the one
+        # head of the runtime (its quantized graphs loaded and its sessions made once: ~0.1 s of a start, issue 28)
+        from hetero.decode.step import DecodeStep
 
-        head = Int8Head(model.config, model.weights, plan.threads, model=model, ort_pool=plan.ort_pool)
-    return Runtime(model, chunk=chunk, backend=backend, executor=executor, execution=plan, decode=decode,
-                   layout=placed, head=head)
+        def head(h: "torch.Tensor") -> "torch.Tensor":
+            return DecodeStep.of(runtime).logits(h)
+
+    runtime = Runtime(model, chunk=chunk, backend=backend, executor=executor, execution=plan, decode=decode,
+                      layout=placed, head=head)
+    if placed is not None:
+        DecodeStep.of(runtime)  # its head now, not in the first prefill (its graphs bind at their first use)
+    return runtime
 
 
 def make_service(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,
