@@ -282,8 +282,6 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
 
     runtime = Runtime(model, chunk=chunk, backend=backend, executor=executor, execution=plan, decode=decode,
                       layout=placed, head=head)
-    if placed is not None:
-        DecodeStep.of(runtime)  # its head now, not in the first prefill (its graphs bind at their first use)
     return runtime
 
 
