@@ -30,7 +30,6 @@ import dataclasses
 import numpy as np
 import onnxruntime as ort
 import torch
-from onnx import TensorProto, helper
 
 from hetero.config import ModelConfig
 from hetero.errors import ConfigError
@@ -47,6 +46,8 @@ def gqa_node(n_heads: int, n_kv_heads: int, scale: float, window: int, qkv: str,
     """The one `GroupQueryAttention` node of a chunk's attention (this module's graph, and the whole-layer graphs of
     `npu.export`): packed q|k|v [1, S, ·] → `out` [1, S, q_dim], RoPE from cos/sin, K/V written into the cache the
     graph inputs `GQA_INPUTS` name and its outputs `GQA_OUTPUTS` return (the same buffers: in place)."""
+    from onnx import helper  # onnx only where a graph is built: a warm `hetero run` builds none (issue 28)
+
     return helper.make_node(
         "GroupQueryAttention", [qkv, "", "", *GQA_INPUTS], [out, *GQA_OUTPUTS], name=name,
         domain="com.microsoft", num_heads=n_heads, kv_num_heads=n_kv_heads, do_rotary=1, rotary_interleaved=0,
@@ -68,6 +69,8 @@ def gqa_supported(cfg: ModelConfig) -> str | None:
 
 def _graph(cfg: ModelConfig, window: int = 0) -> bytes:
     """One GroupQueryAttention node: packed qkv [1, S, (H + 2·KV)·D], cache [1, KV, capacity, D] in and out."""
+    from onnx import TensorProto, helper
+
     f, i32 = TensorProto.FLOAT, TensorProto.INT32
     d, kv = cfg.head_dim, cfg.n_kv_heads
     node = gqa_node(cfg.n_heads, kv, cfg.scale, window, "qkv", "out")
@@ -109,8 +112,9 @@ class ChunkAttention:
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
         self.local = None if local is None else (local[0].contiguous(), local[1].contiguous())
         self.qk_norms = qk_norms
-        self._graphs = {w: _graph(cfg, w) for w in set(cfg.windows)}
-        self._uniform = len(self._graphs) == 1 and local is None and qk_norms is None  # every layer alike
+        # every layer alike: one graph (built at a session's first use: a runtime whose layers are whole-layer graphs
+        # never runs this one, and a warm start imports no onnx, issue 28)
+        self._uniform = len(set(cfg.windows)) == 1 and local is None and qk_norms is None
         self._sessions: dict[tuple[int, int], ort.InferenceSession] = {}
         # GroupQueryAttention rotates a multiple of 16 dims (its cos cache: columns a multiple of 8): other
         # heads (tiny test models, partial rotary) run `model.attention` on the rows, after the QK-norm here
@@ -122,7 +126,7 @@ class ChunkAttention:
         """The session running on `threads` intra-op threads for layers of this window (made once; no weights)."""
         s = self._sessions.get((threads, window))
         if s is None:
-            s = self._sessions[threads, window] = cpu_session(self._graphs[window], threads, self.pool)
+            s = self._sessions[threads, window] = cpu_session(_graph(self.cfg, window), threads, self.pool)
         return s
 
     def __call__(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,

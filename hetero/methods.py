@@ -22,6 +22,8 @@ from hetero.runtime import Runtime
 from hetero.threads import ExecutionPlan, set_torch_threads
 
 if TYPE_CHECKING:
+    import torch
+
     from hetero.config import ModelConfig
     from hetero.npu.placement import PrefillLayout
     from hetero.outliers.plan import QuantPlan
@@ -107,8 +109,8 @@ def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float | None
     precision plan (`outliers.search.ensure_precision`); `budget` (percent) searches a new one.
     """
     from hetero.npu.isa import resolve_weight_form
-    from hetero.outliers.calibration import ensure_calibration
-    from hetero.outliers.pruning import PlanOptions, plan_from_calibration
+    from hetero.outliers.plancache import cached_plan
+    from hetero.outliers.pruning import PlanOptions
     from hetero.outliers.rotate import online_sites
 
     model.config.check_quantizable("quantization")
@@ -118,16 +120,18 @@ def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float | None
                           f"{'is not' if recipe.rotate else 'is'} rotated; use quant_setup(model, ...)")
     form = resolve_weight_form(weight_form, provider)
     online = online_sites(model.config) if recipe.rotate else {}
-    calib = ensure_calibration(model, progress=True, online=online)
     if recipe.search:
+        from hetero.outliers.calibration import ensure_calibration
         from hetero.outliers.search import ensure_precision, plan_of
 
+        calib = ensure_calibration(model, progress=True, online=online)
         precision = ensure_precision(model, calib, lambda: site_costs(model), form, online, budget,
                                      progress=True)
         return plan_of(model, calib, precision, form, online)
     a16 = [(layer, site) for layer in range(model.config.n_layers) for site in recipe.a16]
     pf = recipe.prune_fraction if prune_fraction is None else prune_fraction
-    return plan_from_calibration(model, calib, PlanOptions(prune_fraction=pf, weight_form=form, a16=a16, online=online))
+    # derived once per calibration and options, then read (`outliers.plancache`: ~0.1 s of a warm start, issue 28)
+    return cached_plan(model, PlanOptions(prune_fraction=pf, weight_form=form, a16=a16, online=online), progress=True)
 
 
 def quant_setup(model: Model, provider: str = "cpu", weight_form: str | None = None,
@@ -269,12 +273,16 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     decode = decode_placement(backend)  # where decode steps run (the CPU, as mllm-NPU; issue 28)
     log.info("placement | %s", decode.describe())
     head = None
-    if placed is not None:  # an INT8 runtime: the last token's logits through the INT8 head, as its decode steps'
-        from hetero.decode.head import Int8Head
+    if placed is not None:  # an INT8 runtime: the last token's logits through its decode step's INT8 head, the one
+        # head of the runtime (its quantized graphs loaded and its sessions made once: ~0.1 s of a start, issue 28)
+        from hetero.decode.step import DecodeStep
 
-        head = Int8Head(model.config, model.weights, plan.threads, model=model, ort_pool=plan.ort_pool)
-    return Runtime(model, chunk=chunk, backend=backend, executor=executor, execution=plan, decode=decode,
-                   layout=placed, head=head)
+        def head(h: "torch.Tensor") -> "torch.Tensor":
+            return DecodeStep.of(runtime).logits(h)
+
+    runtime = Runtime(model, chunk=chunk, backend=backend, executor=executor, execution=plan, decode=decode,
+                      layout=placed, head=head)
+    return runtime
 
 
 def make_service(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,

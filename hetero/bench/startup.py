@@ -5,7 +5,9 @@ same chat question from the same GGUF on the same threads; a round's order alter
 phases (`hetero -v run --json`: imports, load, calibrate, build, prefill (the process's first: `hetero run` does no
 warm-up prefill), decode set-up, decode); what the wall time has beyond them is the interpreter's start before its
 clock starts, and the exit. Medians of the rounds, after one warm-up run
-of each engine (the warm cache).
+of each engine (the warm cache). Each round also times a process that only imports what hetero's default path
+cannot do without today (`FLOOR`: torch, numba, ONNX Runtime; started and ended as `hetero` is): a floor under
+hetero's wall time on this machine.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from hetero.errors import ConfigError
 HELP = "a warm `hetero run` end to end, beside llama.cpp (issue 28)"
 PROMPT = "What is the capital of France? Answer in one sentence."
 NEW_TOKENS = 8
+FLOOR = ("torch", "numba", "onnxruntime")  # the default path's heavy imports (issue 28): a process importing only them
 
 _LLAMA = """
 import sys, time
@@ -70,6 +73,13 @@ def llama_run(gguf: str, threads: int) -> dict[str, Any]:
     return {"wall_s": wall, "text": out.strip()}
 
 
+def floor_run() -> dict[str, Any]:
+    # as the `hetero` command starts and ends: the cyclic GC off (`cli.start_up_done`; on, it doubles torch's import),
+    # and no teardown of torch's and numba's state at exit (`cli._end_process`: ~0.35 s)
+    wall, _ = _timed([sys.executable, "-c", f"import gc, os; gc.disable(); import {', '.join(FLOOR)}; os._exit(0)"])
+    return {"wall_s": wall, "text": ""}
+
+
 def run(args: argparse.Namespace) -> int:
     from hetero.default_model import default_model_path
     from hetero.sched.measure import host_metadata
@@ -86,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     engines = {"hetero": lambda: hetero_run(args.threads)}
     if not args.no_llama:
         engines["llama.cpp"] = lambda: llama_run(gguf, args.threads)
+    engines["floor"] = floor_run
     for fn in engines.values():  # warm-up: the caches of both are warm from here on
         fn()
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
@@ -105,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {"prompt": PROMPT, "new_tokens": NEW_TOKENS, "threads": args.threads,
                               "rounds": args.rounds, "host": host_metadata(), "cpu_flags": _isa_flags(),
                               "load_avg": [round(load0, 2), round(load_avg(), 2)], "rows": rows}
+    floor = next(row for row in rows if row["engine"] == "floor")
+    rows.remove(floor)
+    result["floor"] = {"imports": list(FLOOR), "wall_s": floor["wall_s"], "runs_s": floor["runs_s"]}
     if len(rows) == 2:
         result["hetero_over_llama_cpp"] = round(rows[0]["wall_s"] / rows[1]["wall_s"], 2)
     md = render_md(result)
@@ -135,6 +149,9 @@ def render_md(r: dict[str, Any]) -> str:
                      f"{row['text']} |")
     if "hetero_over_llama_cpp" in r:
         lines += ["", f"hetero / llama.cpp: **{r['hetero_over_llama_cpp']:.2f}×** the wall time."]
+    if "floor" in r:
+        lines += ["", f"A process that only imports {', '.join(r['floor']['imports'])} (what hetero's default path loads "
+                  f"today): {r['floor']['wall_s']:.2f} s (median; runs {', '.join(f'{x:.2f}' for x in r['floor']['runs_s'])})."]
     het = next(row for row in r["rows"] if row["engine"] == "hetero")
     lines += ["", "hetero's phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in het["phases_s"].items()), ""]
     return "\n".join(lines)

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import torch
 
@@ -64,6 +63,8 @@ class BoundStep:
             return True
         if self.rows != 1 or self.pool is None or not split_available(self.backend):
             return False
+        import onnx  # only when splitting (a long decode): `hetero run` never imports it (issue 28)
+
         stages = Stages()
         for runs in self.runs:
             for run in runs:

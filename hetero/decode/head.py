@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from typing import TYPE_CHECKING
+
 import numba
 import numpy as np
-import onnx
 import torch
-from onnx import TensorProto, helper, numpy_helper
 
 from hetero import model as ref
 from hetero.config import ModelConfig
@@ -25,6 +25,9 @@ from hetero.model import Weights
 from hetero.outliers.weightcache import cached_arrays
 from hetero.outliers.quantize import W_QMAX_U8S8
 from hetero.sessions import cpu_session
+
+if TYPE_CHECKING:
+    import onnx
 
 
 class FloatHead:
@@ -48,9 +51,11 @@ def quantize_head(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     return wq, scale.astype(np.float32)
 
 
-def head_graph(wq: np.ndarray) -> onnx.ModelProto:
+def head_graph(wq: np.ndarray) -> "onnx.ModelProto":
     """[T, hidden] uint8 (zero point 128) → [T, vocab] int32: MatMulInteger over the quantized W^T (`quantize_head`);
     u8·s8 (activations shifted by 128, a zero point) is ONNX Runtime's fast integer kernel."""
+    from onnx import TensorProto, helper, numpy_helper  # only when built: a warm start loads the serialized graphs
+
     node = helper.make_node("MatMulInteger", ["x_q", "w_q", "x_z"], ["acc"])
     graph = helper.make_graph([node], "lm_head_int8",
                               [helper.make_tensor_value_info("x_q", TensorProto.UINT8, ["T", wq.shape[0]])],
@@ -59,7 +64,7 @@ def head_graph(wq: np.ndarray) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def int8_head_graph(w: torch.Tensor) -> tuple[onnx.ModelProto, torch.Tensor]:
+def int8_head_graph(w: torch.Tensor) -> tuple["onnx.ModelProto", torch.Tensor]:
     """The head graph of `w` (`head_graph`) and its weight scales [vocab]."""
     wq, scale = quantize_head(w)
     return head_graph(wq), torch.from_numpy(scale)

@@ -125,6 +125,12 @@ class DecodeStep:
         if self.pool is not None:
             self.pool.close()
 
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The head's logits of hidden rows h [n, hidden] outside a step (an INT8 runtime's prefill ends with its last
+        token's, `methods.make_runtime`: one head per runtime), in turn with the steps of other threads."""
+        with self._lock:
+            return self.head(h)
+
     def padded_size(self, n: int) -> int:
         if not self.static:
             return n

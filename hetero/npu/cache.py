@@ -41,13 +41,14 @@ COMPILED = "compiled.onnx"
 
 @functools.cache
 def library_versions() -> dict[str, str]:
-    import onnx
+    """The versions of the libraries that build and run a graph, part of its key. onnx's from its installed
+    metadata (the same string as `onnx.__version__`): a warm start keys its graphs without importing onnx."""
+    import importlib.metadata as md
+
     import onnxruntime
 
-    v = {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
+    v = {"onnx": md.version("onnx"), "onnxruntime": onnxruntime.__version__}
     try:
-        import importlib.metadata as md
-
         v["onnxruntime-qnn"] = md.version("onnxruntime-qnn")
     except Exception:  # not installed: part of the key as absent
         v["onnxruntime-qnn"] = "absent"

@@ -16,21 +16,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from hetero.attention import GQA_INPUTS, GQA_OUTPUTS, gqa_node
-from hetero.npu.segments import AttnSpec, Buffer, LayerQ, LinearQ, SegmentSpec, segment_io, shape_rows
+from hetero.npu.segments import (EXPORT_VERSION, LAYER_VERSION, AttnSpec, Buffer, LayerQ, LinearQ,  # noqa: F401
+                                  SegmentSpec, segment_io, shape_rows)
 from hetero.npu.site_ops import a16_bytes, a16_combine, online_hadamard
 from hetero.outliers.quantize import ACT_QMAX, ACT_QMIN, ACT_ZERO_POINT, WEIGHT_FORMS, check_weight_form
 
-# Bump when the graphs' math or I/O change: part of every cache key.
-# 4: per-output-channel weight scales. 5: 7-bit weights by default, u8·s8 MatMulInteger on the CPU EP.
-# 6: qnn flavour: u8→u16 Convert in front of the MatMul, so HTP really rounds the activation.
-# 7: qnn weights dequantized at their largest channel scale; the qnn-fp16 flavour (RMSNorm on x / max|x|).
-# 8: the plan's weight form (not the weights' range) picks the CPU EP's kernel (w8-u8s8 with VNNI); W8A16
-#    sites (two u8 passes on the CPU EP) and online block Hadamards of rotated sites.
-# (Gemma 3's post-norms and online attn_in/ffn_in transforms change only the graphs of models that have them:
-#  their parameters are in `segments.layer_digest`, so the version stays.)
-EXPORT_VERSION = 8
-# Whole-layer graphs (kind "layer", in their keys only: the segments' keys stay as they are). 2: gate, up apart.
-LAYER_VERSION = 2
+# EXPORT_VERSION, LAYER_VERSION: what this module builds, in every graph's cache key; kept in `segments` (no onnx),
+# which a warm start reads without importing this module and onnx (issue 28).
 ACT_ZERO_POINT_U16 = 32768
 OPSET = 21
 # ---------------------------------------------------------------------------------------- builder

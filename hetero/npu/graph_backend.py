@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -97,6 +99,9 @@ inside), run by `NpuBackend.layer` on the sessions' threads: where the NPU lane 
     fused: bool = False  # one graph per layer, attention and shadows inside (`segments.layer_graph`; CPU EP only)
 
 
+PREPARE_THREADS = 4  # at most this many threads load a backend's graphs (`NpuBackend._prepare_layers`)
+
+
 class NpuBackend:
     """A `LayerBackend` running prebuilt chunk-sharing INT8 graphs (`Runtime(model, chunk=C, backend=...)`).
 
@@ -140,8 +145,7 @@ class NpuBackend:
         self._programs: dict[int, LayerProgram] = {}
         self.report = PrepareReport()
         t0 = time.perf_counter()
-        for layer in (range(self.cfg.n_layers) if layers is None else layers):
-            self._programs[layer] = self._prepare_layer(layer, o.use_cache)
+        self._prepare_layers(list(range(self.cfg.n_layers) if layers is None else layers), o.use_cache)
         self._share_buffers()
         self._weights_dropped = layers is None and rows is None
         if self._weights_dropped:  # the graphs hold the INT8 weights now: keep only the shadows' (§3.3)
@@ -236,6 +240,23 @@ class NpuBackend:
         from hetero.npu.shapes import recorded_shape
 
         return recorded_shape(provider.name, kind, self.chunk)
+
+    def _prepare_layers(self, layers: list[int], use_cache: bool) -> None:
+        """Every layer's graphs loaded (or built) into `_programs`. On the CPU EP, layers after the first on a few
+        threads: a session's creation (reading, checking and prepacking its weights) runs mostly without the GIL, and
+        at start-up the other cores are idle (30 layer graphs: 0.2 s on one core, issue 28). The first layer alone,
+        so that what the process makes once (the shared ONNX Runtime pool, cached keys) is made before."""
+        workers = min(PREPARE_THREADS, os.cpu_count() or 1) if isinstance(self.provider, OrtCpuProvider) else 1
+        if layers:
+            self._programs[layers[0]] = self._prepare_layer(layers[0], use_cache)
+        rest = layers[1:]
+        if workers > 1 and len(rest) > 1:
+            with ThreadPoolExecutor(workers, thread_name_prefix="hetero-graphs") as pool:
+                programs = list(pool.map(lambda layer: self._prepare_layer(layer, use_cache), rest))
+            self.report.rows.sort(key=lambda row: row[0])  # by layer, each layer's graphs in their order (stable)
+        else:
+            programs = [self._prepare_layer(layer, use_cache) for layer in rest]
+        self._programs.update(zip(rest, programs))
 
     def _prepare_layer(self, layer: int, use_cache: bool) -> LayerProgram:
         shadow = frozenset(s for s in SITES if self.plan.sites[(layer, s)].shadow)

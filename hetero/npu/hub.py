@@ -91,7 +91,7 @@ def compile_on_hub(model, plan, chunk: int, device: str, layers=None, kinds=("qk
             for spec in segments.layer_segments(layer, shadow, chunk, "qnn-fp16"):
                 if spec.kind not in kinds and not (spec.kind != "qkv" and "o_ffn" in kinds):
                     continue
-                key = entry_key("hub", export.EXPORT_VERSION, device, spec.kind, spec.pieces, chunk, spec.shape,
+                key = entry_key("hub", segments.EXPORT_VERSION, device, spec.kind, spec.pieces, chunk, spec.shape,
                                 segments.layer_digest(lq), model.fingerprint, library_versions()["onnx"])
                 root = graphs_root() / f"hub-{_slug(device)}" / key
                 binary = root / "compiled.bin"

@@ -21,7 +21,7 @@ import onnxruntime as ort
 import torch
 
 from hetero.errors import BackendUnavailable, ConfigError, GraphCacheError
-from hetero.npu import export, isa, segments
+from hetero.npu import isa, segments
 from hetero.npu.cache import FORMAT, CacheEntry, entry_key, library_versions
 from hetero.npu.stdio import stdout_to_stderr
 from hetero.paths import atomic_path, cache_unwritable, warn_once
@@ -253,8 +253,8 @@ class PrepareInfo:
 
 
 def graph_key(spec: segments.SegmentSpec, layer_digest: str, model_fp: str, provider: Provider) -> str:
-    layer = (export.LAYER_VERSION, spec.attn, spec.shadows) if spec.kind == "layer" else ()  # (the segments' keys as before)
-    return entry_key("hetero-graph", FORMAT, export.EXPORT_VERSION, spec.kind, spec.pieces, spec.chunk, spec.flavor,
+    layer = (segments.LAYER_VERSION, spec.attn, spec.shadows) if spec.kind == "layer" else ()  # (the segments' keys as before)
+    return entry_key("hetero-graph", FORMAT, segments.EXPORT_VERSION, spec.kind, spec.pieces, spec.chunk, spec.flavor,
                      spec.shape, spec.emit_x, spec.layer, layer_digest, model_fp, provider.options_key(),
                      library_versions(), *layer)
 
@@ -337,6 +337,8 @@ def _load_entry(entry: CacheEntry, provider: Provider, repair: bool) -> tuple[or
 def _compile(spec: segments.SegmentSpec, lq: segments.LayerQ, provider: Provider,
              stage: CacheEntry) -> ort.InferenceSession:
     """Export the segment into `stage` and compile it there; GraphCacheError names what failed."""
+    from hetero.npu import export  # onnx: only when a graph is built (a warm start loads them all)
+
     export.save_onnx(export.build_segment(spec, lq), stage.model_path)
     try:
         with atomic_path(stage.compiled_path) as tmp:

@@ -49,6 +49,18 @@ class AttnSpec:
         return cls(cfg.n_heads, cfg.n_kv_heads, float(cfg.scale), cfg.window(layer))
 
 
+# Versions of what `export` builds of a segment, part of every graph's cache key (here, not in `export`: a warm start
+# keys its graphs without importing onnx). Bump EXPORT_VERSION when the graphs' math or I/O change.
+# 4: per-output-channel weight scales. 5: 7-bit weights by default, u8·s8 MatMulInteger on the CPU EP.
+# 6: qnn flavour: u8→u16 Convert in front of the MatMul, so HTP really rounds the activation.
+# 7: qnn weights dequantized at their largest channel scale; the qnn-fp16 flavour (RMSNorm on x / max|x|).
+# 8: the plan's weight form (not the weights' range) picks the CPU EP's kernel (w8-u8s8 with VNNI); W8A16
+#    sites (two u8 passes on the CPU EP) and online block Hadamards of rotated sites.
+# (Gemma 3's post-norms and online attn_in/ffn_in transforms change only the graphs of models that have them:
+#  their parameters are in `layer_digest`, so the version stays.)
+EXPORT_VERSION = 8
+# Whole-layer graphs (kind "layer", in their keys only: the segments' keys stay as they are). 2: gate, up apart.
+LAYER_VERSION = 2
 DYNAMIC_ROWS = 0  # SegmentSpec.chunk of a graph whose row count is symbolic (one session for every chunk length)
 FLAVORS = ("cpu", "qnn", "qnn-fp16")  # "qnn-fp16": HTP running float ops in fp16 (SoC lanes, AI Hub)
 PIECES = ("o", "gu", "act", "down")

@@ -65,3 +65,25 @@ def test_graphs_write_into_the_callers_buffers(tiny) -> None:
         out = torch.empty(16, cfg.hidden)
         assert be.o_ffn(layer, a, h, out=out).data_ptr() == out.data_ptr()
         torch.testing.assert_close(out, reference.o_ffn(layer, a, h), rtol=0, atol=1e-5)
+
+
+def test_graphs_load_on_threads_as_on_one(monkeypatch):
+    """`NpuBackend` builds (cold cache) and loads (warm) a model's layers on a few threads (issue 28): the same
+    prefill, bit for bit, as one thread building them, and its report in layer order."""
+    from hetero.npu import graph_backend
+    from tests.conftest import make_tiny_model
+
+    m = make_tiny_model(n_layers=5)
+    plan = tiny_plan(m, {(3, "down_in"): (1, 2), (4, "attn_in"): (3,)}, scale=0.03)
+    ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(2))
+    monkeypatch.setattr(graph_backend.os, "cpu_count", lambda: 4)
+    cold, warm = NpuBackend(m, plan, 16), NpuBackend(m, plan, 16)
+    assert not any(r[3] for r in cold.report.rows) and warm.report.all_cached
+    monkeypatch.setattr(graph_backend, "PREPARE_THREADS", 1)
+    one = NpuBackend(m, plan, 16)
+    for be in (cold, warm):
+        assert [r[:3] for r in be.report.rows] == [r[:3] for r in one.report.rows]
+        assert [r[0] for r in be.report.rows] == sorted(r[0] for r in be.report.rows)
+    got = [Runtime(m, chunk=16, backend=be).prefill(ids) for be in (cold, warm, one)]
+    for r in got[:2]:
+        assert torch.equal(r.logits, got[2].logits) and torch.equal(r.cache.k[:, :, :40], got[2].cache.k[:, :, :40])

@@ -21,11 +21,14 @@ import logging
 import os
 import weakref
 from ctypes import CFUNCTYPE, POINTER, byref, c_char_p, c_int, c_int64, c_size_t, c_uint32, c_void_p
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
 
 from hetero.errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    import onnx
 
 log = logging.getLogger(__name__)
 

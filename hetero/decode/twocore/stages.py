@@ -4,12 +4,16 @@ the helper thread and the main thread each run one column half of every stage (`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import onnx
 import torch
 
-from hetero.decode.twocore import halves, ortc
+from hetero.decode.twocore import ortc
 from hetero.decode.twocore.attnpool import StageTable
+
+if TYPE_CHECKING:
+    import onnx
 
 
 class Stages:
@@ -24,10 +28,12 @@ class Stages:
         self.hb: list[int] = []
         self._keep: list[object] = []  # sessions, bindings and intermediate buffers
 
-    def add(self, model: onnx.ModelProto, ins: dict[str, torch.Tensor], outs: dict[str, torch.Tensor]
+    def add(self, model: "onnx.ModelProto", ins: dict[str, torch.Tensor], outs: dict[str, torch.Tensor]
             ) -> tuple[int, int] | None:
         """The stages of one graph reading `ins` and writing `outs` ([1, width] buffers); None if it has no
         splittable matmul."""
+        from hetero.decode.twocore import halves  # onnx: only when a step splits (`BoundStep.split`)
+
         split = halves.split_graph(model)
         if split is None:
             return None
@@ -56,6 +62,8 @@ class Stages:
         """(address, shape) of what a half writes of buffer t: its columns of a split matmul's output, else all."""
         if name not in split:
             return t.data_ptr(), tuple(t.shape)
+        from hetero.decode.twocore import halves
+
         lo, hi = halves.columns(split[name], half)
         return t.data_ptr() + 4 * lo, (1, hi - lo)
 
