@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 from typing import TYPE_CHECKING
 
-import numba
 import numpy as np
 import torch
 
+from hetero import jitcache
 from hetero import model as ref
 from hetero.config import ModelConfig
 from hetero.decode.twocore import ortc
@@ -149,7 +149,7 @@ class Int8Head:
         return torch.from_numpy(out).reshape(*h.shape[:-1], -1)
 
 
-@numba.njit(cache=True, nogil=True)
+@jitcache.njit(nogil=True)
 def _quantize_rows(x: np.ndarray, xq: np.ndarray, s: np.ndarray) -> None:  # pragma: no cover - compiled
     """Per-row symmetric INT8 with zero point 128: s[r] = max(amax|x_r|, 1e-12) / 127, xq = clip(rint(x/s), ±127)
     + 128 (float32 throughout, each value rounded as torch's elementwise ops would)."""
@@ -163,7 +163,7 @@ def _quantize_rows(x: np.ndarray, xq: np.ndarray, s: np.ndarray) -> None:  # pra
             xq[r, i] = np.uint8(min(max(np.rint(x[r, i] / sr), np.float32(-127.0)), np.float32(127.0)) + np.float32(128.0))
 
 
-@numba.njit(cache=True, nogil=True)
+@jitcache.njit(nogil=True)
 def _scale_logits(acc0: np.ndarray, acc1: np.ndarray, s: np.ndarray, w_scale: np.ndarray,
                   out: np.ndarray) -> None:  # pragma: no cover - compiled
     """out[r, n] = float(acc[r, n])·s[r]·w_scale[n], acc the two vocabulary halves side by side."""

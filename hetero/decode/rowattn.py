@@ -19,15 +19,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 import torch
 
+from hetero import jitcache
 from hetero.config import ModelConfig
 from hetero.model import RopeTable
 
 
-@numba.njit(cache=True, fastmath=True, nogil=True)
+@jitcache.njit(fastmath=True, nogil=True)
 def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra: np.ndarray, n_extra: np.ndarray,
                  scale: float, out: np.ndarray, h0: int, h1: int, window: int,
                  off: int) -> None:  # pragma: no cover - compiled
@@ -133,7 +133,7 @@ def row_attention(cfg: ModelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_ca
     return out.view(cfg.n_heads, 1, cfg.head_dim)
 
 
-@numba.njit(cache=True, nogil=True)
+@jitcache.njit(nogil=True)
 def _rope_rows(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int, n_kv: int, d: int,
                k: np.ndarray, v: np.ndarray, slot: int, q: np.ndarray) -> None:  # pragma: no cover - compiled
     """RoPE of each row's q and k heads (qkv [R, q_dim + 2·kv_dim]) at its position (cos/sin [R, R_dim/2]) into
@@ -183,7 +183,7 @@ class RowLayout:
         return (self.local_cos, self.local_sin) if cfg.local_rope(layer) else (self.cos, self.sin)
 
 
-@numba.njit(cache=True, nogil=True)
+@jitcache.njit(nogil=True)
 def _paths(parents: np.ndarray, slot: int, width: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
     """Each node's path (root .. itself) as cache rows slot + index, and its length."""
     n = parents.shape[0]

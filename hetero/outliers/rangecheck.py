@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import functools
 
-import numba
 import numpy as np
 import torch
 
+from hetero import jitcache
 from hetero.outliers.rotate import hadamard
 
 # reassociation and FMA contraction only: a NaN must stay a NaN (it compares as "not inside")
 _FAST = {"reassoc", "contract", "nsz", "arcp"}
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FAST)
+@jitcache.njit(nogil=True, fastmath=_FAST)
 def _rows_inside(x: np.ndarray, h: np.ndarray, lo: float, hi: float, rel: float,
                  out: np.ndarray) -> None:  # pragma: no cover - compiled
     """out[r] = every value of row r of x·T lies in [lo + m, hi - m], m = rel·‖x_r‖₁ (T = diag(H, …, H) with
@@ -84,7 +84,7 @@ def rows_inside(x: torch.Tensor, lo: float, hi: float, block: int | None) -> np.
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@jitcache.njit(nogil=True)
 def _split(x: np.ndarray, lo: np.float32, hi: np.float32) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
     """(channels, r): the columns of x [T, n] with some value beyond [lo, hi], and r = x − clip(x, lo, hi) on them."""
     rows, n = x.shape

@@ -26,10 +26,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 import torch
 
+from hetero import jitcache
 from hetero.config import ModelConfig
 from hetero.decode.twocore import atomics, native, ortc
 from hetero.decode.rowattn import RowLayout, _attend_rows, _rope_rows
@@ -67,7 +67,7 @@ class StageTable:
 
 
 
-@numba.njit(cache=True, nogil=True)
+@jitcache.njit(nogil=True)
 def _claim_heads(ctrl: np.ndarray, limit: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int,
                  extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray,
                  helper: bool, window: int, off: int) -> None:  # pragma: no cover - compiled
@@ -85,7 +85,7 @@ def _claim_heads(ctrl: np.ndarray, limit: int, q: np.ndarray, k: np.ndarray, v: 
             atomics.add(ctrl, _DONE, 1)
 
 
-@numba.njit(cache=True, nogil=True)
+@jitcache.njit(nogil=True)
 def _attend_shared(ctrl: np.ndarray, layer: int, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int,
                    k_all: np.ndarray, v_all: np.ndarray, q: np.ndarray, prefix: int, extra: np.ndarray,
                    n_extra: np.ndarray, scale: float, out: np.ndarray, window: int,
@@ -113,7 +113,7 @@ def _attend_shared(ctrl: np.ndarray, layer: int, qkv: np.ndarray, cos: np.ndarra
     return spins
 
 
-@numba.njit(cache=True, nogil=True)
+@jitcache.njit(nogil=True)
 def _helper_loop(ctrl: np.ndarray, seen: int, k_all: np.ndarray, v_all: np.ndarray, q: np.ndarray,
                  extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray,
                  run_fn: int) -> None:  # pragma: no cover
@@ -141,7 +141,7 @@ def _helper_loop(ctrl: np.ndarray, seen: int, k_all: np.ndarray, v_all: np.ndarr
         _claim_heads(ctrl, limit, q, k_all[layer], v_all[layer], prefix, extra, n_extra, scale, out, True, window, off)
 
 
-@numba.njit(cache=True, nogil=True)
+@jitcache.njit(nogil=True)
 def _run_stages(ctrl: np.ndarray, run_fn: int, ms: np.ndarray, mb: np.ndarray, hs: np.ndarray, hb: np.ndarray,
                 first: int, last: int) -> tuple[int, int]:  # pragma: no cover - compiled
     """The main thread's side of stages first..last-1 of split graphs (`halves`): publish the helper's half of a
@@ -172,12 +172,12 @@ def _run_stages(ctrl: np.ndarray, run_fn: int, ms: np.ndarray, mb: np.ndarray, h
     return 0, spins
 
 
-@numba.njit(cache=True, nogil=True)
+@jitcache.njit(nogil=True)
 def _set(ctrl: np.ndarray, field: int, value: int) -> None:  # pragma: no cover - compiled
     atomics.store(ctrl, field, value)
 
 
-@numba.njit(cache=True, nogil=True)
+@jitcache.njit(nogil=True)
 def _spin(n: int) -> None:  # pragma: no cover - compiled
     for _ in range(n):
         atomics.pause()
