@@ -177,11 +177,28 @@ GEMMA3_SWA_PATTERN = 6  # llama.cpp's Gemma 3: every 6th layer global, the other
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
 
 
+def _reader(gguf: Any, p: Path) -> Any:
+    """`gguf.GGUFReader` of `p` over a plain ndarray view of its memory map: the same fields and tensors (no copy),
+    but its ~500,000 slices of the tokenizer's metadata skip np.memmap's Python `__getitem__`/`__array_finalize__`:
+    0.8 s instead of 2.2 s for SmolLM2-135M (issue 28, a cold start)."""
+
+    class PlainReader(gguf.GGUFReader):
+        @property
+        def data(self) -> np.ndarray:
+            return self._plain
+
+        @data.setter
+        def data(self, mapped: np.ndarray) -> None:
+            self._plain = np.asarray(mapped)  # a view; it keeps the memmap (its .base) alive
+
+    return PlainReader(str(p))
+
+
 def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
     import gguf
 
     try:
-        reader = gguf.GGUFReader(str(p))
+        reader = _reader(gguf, p)
     except Exception as e:  # the gguf package raises ValueError/IndexError/struct errors on damage
         raise ModelFormatError(f"{p} is a truncated or corrupt GGUF file: {type(e).__name__}: {e}") from e
     meta = {k: f for k, f in reader.fields.items()}
