@@ -358,13 +358,13 @@ def _auto_picks_backend(p: Path, arch: str, name: str) -> bool:
     no tokenizer_config.json beside the file names one. AutoTokenizer finds that type by parsing the whole GGUF
     again with transformers' legacy reader (`load_gguf_checkpoint`, ~2.5 s of a cold start for SmolLM2-135M,
     issue 28); the tokenizer saved is the same byte for byte. Any other case (Mistral, which transformers
-    names from `general.name`; a class registered for Llama) goes through AutoTokenizer."""
-    from transformers import LlamaConfig, TokenizersBackend
-    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
+    names from `general.name`; a tokenizer class named for Llama) goes through AutoTokenizer. The model type is
+    looked up by name: importing `LlamaConfig` to look it up by class costs 2.4 s of imports."""
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
 
     return (arch == "llama" and "mistral" not in str(name).lower()
             and not (p.parent / "tokenizer_config.json").exists()
-            and TOKENIZER_MAPPING.get(LlamaConfig, TokenizersBackend) is TokenizersBackend)
+            and TOKENIZER_MAPPING_NAMES.get("llama") is None)
 
 
 # ------------------------------------------------------------------------------------- HF directory
