@@ -72,3 +72,23 @@ def test_default_model_loads_fast_from_cache(default_model) -> None:
     elapsed = time.perf_counter() - t0
     assert m.fingerprint == default_model.fingerprint and m.tokenizer is not None
     print(f"cached load: {elapsed:.2f} s")  # goal < 5 s; timed in bench, not asserted here
+
+
+def test_default_gguf_tokenizer_is_autotokenizers(default_model, tmp_path) -> None:
+    """The loader builds the default model's tokenizer without AutoTokenizer's second parse of the GGUF
+    (`_auto_picks_backend`), and saves the very files AutoTokenizer's tokenizer saves."""
+    from transformers import AutoTokenizer
+
+    from hetero.loader import _auto_picks_backend, _gguf_tokenizer
+
+    p = default_model.path
+    assert _auto_picks_backend(p, "llama", "SmolLM2 135M Instruct")
+    ours, theirs = _gguf_tokenizer(p, "llama", "SmolLM2 135M Instruct"), AutoTokenizer.from_pretrained(
+        str(p.parent), gguf_file=p.name)
+    assert type(ours) is type(theirs)
+    ours.save_pretrained(tmp_path / "ours")
+    theirs.save_pretrained(tmp_path / "theirs")
+    names = sorted(q.name for q in (tmp_path / "theirs").iterdir())
+    assert names == sorted(q.name for q in (tmp_path / "ours").iterdir()) and "tokenizer.json" in names
+    for n in names:
+        assert (tmp_path / "ours" / n).read_bytes() == (tmp_path / "theirs" / n).read_bytes(), n
