@@ -65,13 +65,17 @@ def test_errors_greedy_inputs_timing_and_table():
     assert not torch.allclose(four, logits, atol=1e-4) and len(greedy(cfg, w, [1, 2, 3], 3, GraphLayers(cfg, quants))) == 3
     assert agreement([1, 2, 3, 4], [1, 2, 5, 4]) == {"prefix": 2, "equal": 3, "of": 4}
     made = [bound_runs(g, 1) for g in quants[0]]
+    _, run3, bufs = bound_runs(quants[0][0], 1, rows=3)
+    run3()
+    assert bufs["qkv"].shape == (3, cfg.q_dim + 2 * cfg.kv_dim)
+    np.testing.assert_allclose(bufs["qkv"], _run(quants[0][0], {"h": bufs["h"]}), rtol=1e-5, atol=1e-6)  # bound in place
     timed = time_variants({"int4": [[x[1] for x in made]]}, repeats=2)
     assert timed["int4"]["layer0_ms"] > 0 and timed["int4"]["all_layers_ms"] > 0
     row = {"layer0_ms": 1.0, "all_layers_ms": 2.0}
     table = markdown({"model": "tiny", "command": "c", "cpu": {}, "note": "", "layers": 2, "repeats": 2, "threads": [1],
                       "weight_mb": {"int8": 1.0, "int4 b32": 0.6}, "timing": {"1": {"int8": row, "int4 b32 a4": row}},
-                      "errors": {"int4 b32 a0": errors}, "accuracy_tokens": 10, "greedy": {}, "greedy_tokens": 0})
-    assert "| int4 b32 a4 | 1 | 0.6 | 1.0 | 2.0 | 1.00× |" in table
+                      "errors": {"int4 b32 a0": errors}, "rows": {"2": {"int8": 1.5, "int4 b32 a4": 1.25}}, "accuracy_tokens": 10, "greedy": {}, "greedy_tokens": 0})
+    assert "| int4 b32 a4 | 1 | 0.6 | 1.0 | 2.0 | 1.00× |" in table and "| 2 | 1.5 | 1.25 |" in table
 
 
 def test_weights_on_a_q4_1_grid_run_exactly():

@@ -38,6 +38,7 @@ HELP = ("a design probe: a one-row decode step's layer graphs with ONNX Runtime'
 BLOCKS = (32, 128)
 LEVELS = (0, 4)  # MatMulNBits accuracy_level: 0 = float activations, 4 = int8 activations (CPU)
 THREADS = (1, 2)
+TREE_ROWS = (2, 4, 8)
 GRID = "q4_1 grid b32"  # the weights' own GGUF Q4_1 blocks in MatMulNBits (`on_grid`)
 # the MatMul inputs of a layer's graphs -> the site they read (`model.SITE_LINEARS`)
 SITES = {"x": "attn_in", "a": "o_in", "x2": "ffn_in", "m": "down_in"}
@@ -167,8 +168,9 @@ def weight_bytes(graph: ModelProto) -> int:
     return sum(numpy_helper.to_array(i).nbytes for i in graph.graph.initializer)
 
 
-def bound_runs(graph: ModelProto, threads: int) -> tuple[Any, Callable[[], None], dict[str, np.ndarray]]:
-    """A one-row session of `graph` bound once to fixed buffers (as `BoundStep` binds hetero's graphs) and its run."""
+def bound_runs(graph: ModelProto, threads: int, rows: int = 1) -> tuple[Any, Callable[[], None], dict[str, np.ndarray]]:
+    """A session of `graph` bound once to fixed buffers of `rows` rows (as `BoundStep` binds hetero's graphs) and its
+    run."""
     from hetero.sessions import cpu_session
 
     s = cpu_session(graph.SerializeToString(), threads)
@@ -176,7 +178,7 @@ def bound_runs(graph: ModelProto, threads: int) -> tuple[Any, Callable[[], None]
     bufs = {}
     for v in list(graph.graph.input) + list(graph.graph.output):
         width = v.type.tensor_type.shape.dim[1].dim_value
-        bufs[v.name] = np.random.default_rng(len(bufs)).standard_normal((1, width), dtype=np.float32)
+        bufs[v.name] = np.random.default_rng(len(bufs)).standard_normal((rows, width), dtype=np.float32)
     for v in graph.graph.input:
         b.bind_input(v.name, "cpu", 0, np.float32, bufs[v.name].shape, bufs[v.name].ctypes.data)
     for v in graph.graph.output:
@@ -184,14 +186,14 @@ def bound_runs(graph: ModelProto, threads: int) -> tuple[Any, Callable[[], None]
     return s, (lambda: s.run_with_iobinding(b)), bufs
 
 
-def int8_runs(model, threads: int) -> tuple[list[list[Callable[[], None]]], list[int]]:
+def int8_runs(model, threads: int, rows: int = 1) -> tuple[list[list[Callable[[], None]]], list[int]]:
     """hetero's INT8 graphs of a one-row decode step, per layer, as its `BoundStep` runs them (default method), and
     the sizes of each layer's graphs' external data files (their INT8 weights, scales and shadow cuts' rows)."""
     from hetero.decode.step import DecodeStep
     from hetero.methods import make_runtime
 
     rt = make_runtime(model, threads=2)
-    bound = DecodeStep(rt, threads=threads, attention_threads=1, split_after=None).prepare(1)
+    bound = DecodeStep(rt, threads=threads, attention_threads=1, split_after=None).prepare(rows)
     sizes = [sum(f.stat().st_size for r in layer if r.graph.source is not None for f in r.graph.source.parent.glob("*.data"))
              for layer in bound.runs]
     return [[(lambda r=r: r.graph.run_bound(r.binding)) for r in layer] for layer in bound.runs], sizes
@@ -342,6 +344,12 @@ def markdown(r: dict[str, Any]) -> str:
         cell = {g: (max(x[g]["max"] for x in rows), statistics.median(x[g]["mean"] for x in rows)) for g in ("qkv", "o_ffn")}
         lines.append(f"| {name} | {cell['qkv'][0]:.4f} | {cell['qkv'][1]:.4f} | {cell['o_ffn'][0]:.4f} | "
                      f"{cell['o_ffn'][1]:.4f} |")
+    if r.get("rows"):
+        names = list(next(iter(r["rows"].values())))
+        lines += ["", "## All layers' graphs at C rows (a tree step's sizes), 1 thread, ms (C = 1: the table above)", "",
+                  "| C | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
+        for c, row in r["rows"].items():
+            lines.append(f"| {c} | " + " | ".join(str(row[k]) for k in names) + " |")
     if r.get("greedy"):
         lines += ["", f"## Greedy tokens: the reference forward with each variant's layer graphs vs float "
                   f"({r['greedy_tokens']} tokens, chat prompts; float: {r['greedy_float_check']})", "",
@@ -399,6 +407,18 @@ def run(args: argparse.Namespace) -> int:
                 variants[f"{form} a{lv}"] = layers
         timing[str(th)] = time_variants(variants, args.repeats)
         keep.clear()
+    # a tree step's rows (C = 2, 4, 8: `decode.step.TREE_SIZES`), one thread, the level-4 forms
+    by_rows: dict[str, Any] = {}
+    for c in TREE_ROWS:
+        variants = {}
+        if not args.no_int8:
+            variants["int8"] = int8_runs(model, 1, c)[0][:n]
+        for form, qs in quants.items():
+            made = [[bound_runs(with_level(g, 4), 1, c) for g in pair] for pair in qs]
+            keep.append(made)
+            variants[f"{form} a4"] = [[m[1] for m in pair] for pair in made]
+        by_rows[str(c)] = {k: v["all_layers_ms"] for k, v in time_variants(variants, max(5, args.repeats // 4)).items()}
+        keep.clear()
     # accuracy
     cap = _Capture(cfg, w)
     ref.run_layers(cfg, w, prompt_ids(args.model, args.accuracy_tokens), cap)
@@ -422,7 +442,7 @@ def run(args: argparse.Namespace) -> int:
     cpu = isa.machine()
     result = {"model": model.name, "layers": n, "threads": list(THREADS), "repeats": args.repeats,
               "cpu": cpu, "load": round(os.getloadavg()[0], 2), "weight_mb": weight_mb, "timing": timing,
-              "errors": errors, "grid_error": grid_error, "accuracy_tokens": args.accuracy_tokens, "greedy": greedy_rows,
+              "errors": errors, "rows": by_rows, "grid_error": grid_error, "accuracy_tokens": args.accuracy_tokens, "greedy": greedy_rows,
               "greedy_tokens": args.greedy_tokens,
               "greedy_float_check": ("its graphs in ONNX Runtime equal the torch reference on "
                                      f"{sum(a['equal'] for a in float_check)} of {sum(a['of'] for a in float_check)} tokens"),
