@@ -72,7 +72,8 @@ def test_errors_greedy_inputs_timing_and_table():
     assert bufs["qkv"].shape == (3, cfg.q_dim + 2 * cfg.kv_dim)
     np.testing.assert_allclose(bufs["qkv"], _run(quants[0][0], {"h": bufs["h"]}), rtol=1e-5, atol=1e-6)  # bound in place
     timed = time_variants({"int4": [[x[1] for x in made]]}, repeats=2)
-    assert timed["int4"]["layer0_ms"] > 0 and timed["int4"]["all_layers_ms"] > 0
+    assert {k: type(v) for k, v in timed["int4"].items() if k.endswith("_ms")} == {  # measured values; sizes: bench/
+        "layer0_ms": float, "all_layers_ms": float}
     row = {"layer0_ms": 1.0, "all_layers_ms": 2.0}
     table = markdown({"model": "tiny", "command": "c", "cpu": {}, "note": "", "layers": 2, "repeats": 2, "threads": [1],
                       "weight_mb": {"int8": 1.0, "int4 b32": 0.6}, "timing": {"1": {"int8": row, "int4 b32 a4": row}},
