@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PROMPT ?= What is the capital of France? Answer in one sentence.
 
-.PHONY: setup run test test-fast bench clean
+.PHONY: setup run test test-fast bench ship clean
 
 $(BIN)/hetero: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -55,6 +55,11 @@ bench: setup $(OV_EXPORT)/bin/optimum-cli $(ORT_BUILDER)/bin/python
 	$(BIN)/python bench/decode.py
 	$(BIN)/python bench/decode_step.py --out bench/results
 	$(BIN)/python bench/fused_step.py --out bench/results
+
+# The default model's quantization plans as package data (hetero/data/plans/), after an edit to the code a plan is
+# derived with: tests/outliers/test_plancache.py says when.
+ship: setup
+	$(BIN)/python -c "from hetero.methods import ship_default_plans; print(*ship_default_plans(), sep='\n')"
 
 clean:
 	rm -rf $(VENV) build *.egg-info

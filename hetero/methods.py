@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from hetero.config import ModelConfig
     from hetero.npu.placement import PrefillLayout
     from hetero.outliers.plan import QuantPlan
+    from hetero.outliers.pruning import PlanOptions
     from hetero.outliers.search import SiteCosts
     from hetero.serve.service import Service
     from hetero.serve.store import StoreConfig
@@ -110,7 +111,6 @@ def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float | None
     """
     from hetero.npu.isa import resolve_weight_form
     from hetero.outliers.plancache import cached_plan
-    from hetero.outliers.pruning import PlanOptions
     from hetero.outliers.rotate import online_sites
 
     model.config.check_quantizable("quantization")
@@ -128,10 +128,44 @@ def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float | None
         precision = ensure_precision(model, calib, lambda: site_costs(model), form, online, budget,
                                      progress=True)
         return plan_of(model, calib, precision, form, online)
+    # derived once per calibration and options, then read (`outliers.plancache`: ~0.1 s of a warm start, issue 28)
+    return cached_plan(model, plan_options(model, recipe, form, prune_fraction), progress=True)
+
+
+def plan_options(model: Model, recipe: Recipe, weight_form: str, prune_fraction: float | None = None) -> "PlanOptions":
+    """The `PlanOptions` of a (not searched) recipe's plan of `model` in `weight_form`."""
+    from hetero.outliers.pruning import PlanOptions
+    from hetero.outliers.rotate import online_sites
+
+    recipe = recipe.for_config(model.config)
     a16 = [(layer, site) for layer in range(model.config.n_layers) for site in recipe.a16]
     pf = recipe.prune_fraction if prune_fraction is None else prune_fraction
-    # derived once per calibration and options, then read (`outliers.plancache`: ~0.1 s of a warm start, issue 28)
-    return cached_plan(model, PlanOptions(prune_fraction=pf, weight_form=form, a16=a16, online=online), progress=True)
+    online = online_sites(model.config) if recipe.rotate else {}
+    return PlanOptions(prune_fraction=pf, weight_form=weight_form, a16=a16, online=online)
+
+
+def ship_default_plans() -> list[str]:
+    """Write the default method's plans of the default model into the package (`hetero/data/plans/`, replacing
+    the shipped ones), one per weight form the default runs (`SHIPPED_FORMS`), so that a first run reads its
+    plan instead of deriving it (issue 28). `make ship` runs it after an edit to the code a plan is derived
+    with: the plans' names digest that code (`outliers.plancache`), so a stale shipped plan is never read, and
+    `tests/outliers/test_plancache.py` fails until the plans are shipped again."""
+    from hetero import shipped
+    from hetero.loader import load_model
+    from hetero.outliers.plancache import plan_file
+
+    model = quant_model(load_model(), DEFAULT_RECIPE)
+    names: list[str] = []
+    for form in SHIPPED_FORMS:
+        options = plan_options(model, DEFAULT_RECIPE, form)
+        quant_plan(model, weight_form=form)  # cached under `plan_file`'s name
+        path = plan_file(model, options)
+        shipped.ship("plans", path.name, path, keep=set(names), model=model.name, weight_form=form)
+        names.append(path.name)
+    return names
+
+
+SHIPPED_FORMS = ("w8-u8s8", "w8-u8u8")  # the default's weight forms: VNNI CPUs; AVX2 CPUs and NPUs (`npu.isa`)
 
 
 def quant_setup(model: Model, provider: str = "cpu", weight_form: str | None = None,

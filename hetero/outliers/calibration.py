@@ -24,7 +24,8 @@ from hetero.model import SITES, FloatLinear, Observer, observed
 from hetero.errors import ConfigError, ModelFormatError
 from hetero.outliers.corpus import DEFAULT_CALIBRATION, corpus_id, load_corpus
 from hetero.outliers.rotate import block_hadamard
-from hetero.paths import atomic_path, cache_dir, cached, content_hash
+from hetero import shipped
+from hetero.paths import atomic_path, cache_dir, cached
 
 log = logging.getLogger(__name__)
 
@@ -349,27 +350,19 @@ def ensure_calibration(model, path: str | Path | None = None, corpus: str = DEFA
                   lambda stats, tmp: tmp.write_bytes(stats.to_bytes()), "calibration")
 
 
-SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "calibration"
-
-
 def shipped_calibration(model, corpus: str = DEFAULT_CALIBRATION, n_tokens: int = DEFAULT_TOKENS,
                         window: int = DEFAULT_WINDOW) -> CalibrationStats | None:
     """The calibration shipped with the package for this model and these settings, or None.
 
     The default model's calibration (of its rotated copy, what the default method quantizes) is the same on every
-    machine, so it ships as package data (`hetero/data/calibration/`, each file with its content hash in `manifest.json`)
-    and a first run does not spend ~30-40 s computing it (issue 28). A file that fails its hash is not used."""
-    manifest = SHIPPED_DIR / "manifest.json"
-    try:
-        entry = json.loads(manifest.read_text()).get(model.fingerprint)
-    except (OSError, ValueError) as e:
-        log.warning("ignoring the shipped calibrations (%s: %s)", manifest, e)
-        return None
+    machine, so it ships as package data (`hetero/data/calibration/`, keyed by model fingerprint in its manifest,
+    `hetero.shipped`) and a first run does not spend ~30-40 s computing it (issue 28). A file that fails its
+    content hash is not used."""
+    entry = shipped.manifest("calibration").get(model.fingerprint)
     if entry is None or (entry["corpus"], entry["n_tokens"], entry["window"]) != (corpus, n_tokens, window):
         return None
-    path = SHIPPED_DIR / entry["file"]
-    if not path.is_file() or content_hash(path) != entry["xxh3"]:
-        log.warning("the shipped calibration %s fails its content hash: calibrating instead", path)
+    path = shipped.verified("calibration", entry)
+    if path is None:
         return None
     log.info("calibration of %s from the package (%s)", model.name, path.name)
     return CalibrationStats.load(path, model)

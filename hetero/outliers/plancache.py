@@ -17,6 +17,7 @@ import json
 import logging
 from pathlib import Path
 
+from hetero import shipped
 from hetero.errors import ConfigError
 from hetero.model import SITES
 from hetero.outliers import a16, calibration, plan, pruning, quantize
@@ -60,9 +61,18 @@ def _in_site_order(p: QuantPlan) -> QuantPlan:
     return dataclasses.replace(p, sites={k: p.sites[k] for k in order})
 
 
+def _read_plan(path: Path, model) -> QuantPlan:
+    return _in_site_order(QuantPlan.from_dict(json.loads(path.read_text()), model))
+
+
+def _save(d: dict, tmp: Path) -> None:
+    tmp.write_text(json.dumps(d, sort_keys=True))
+
+
 def cached_plan(model, options: PlanOptions, progress: bool = False) -> QuantPlan:
     """`plan_from_calibration(model, ensure_calibration(model), options)`, read from its file beside the model's
-    calibration when one is recorded for that calibration's content, else derived and kept there."""
+    calibration when one is recorded for that calibration's content, else from the package when it ships that
+    file (`hetero.shipped`: the default model's, checked by content hash), else derived; kept there either way."""
     path = calibration_path(model)
     entry = path.parent
     calib_hash = _recorded_hash(path)
@@ -72,16 +82,30 @@ def cached_plan(model, options: PlanOptions, progress: bool = False) -> QuantPla
             bad = verify(entry, [name])
             if not bad:
                 try:
-                    return _in_site_order(QuantPlan.from_dict(json.loads((entry / name).read_text()), model))
+                    return _read_plan(entry / name, model)
                 except (OSError, ValueError, KeyError, TypeError, ConfigError) as e:
                     log.warning("quantization plan %s cannot be read (%s: %s); deriving it again", entry / name,
                                 type(e).__name__, e)
             else:
                 log.warning("quantization plan %s %s; deriving it again", entry / name, "; ".join(d.why for d in bad))
     calib = ensure_calibration(model, progress=progress, online=dict(options.online or {}))
-    derived = plan_from_calibration(model, calib, options)
     calib_hash = _recorded_hash(path)  # what ensure_calibration checked (or wrote) the file against
-    if calib_hash is not None:  # else an unwritable cache: derived again next time
-        keep(entry, _plan_name(model, options, calib_hash), derived.to_dict(),
-             lambda d, tmp: tmp.write_text(json.dumps(d, sort_keys=True)))
+    if calib_hash is None:  # an unwritable cache: derived again next time
+        return plan_from_calibration(model, calib, options)
+    name = _plan_name(model, options, calib_hash)
+    shipped_entry = shipped.manifest("plans").get(name)
+    where = shipped.verified("plans", shipped_entry) if shipped_entry is not None else None
+    if where is not None:
+        log.info("quantization plan of %s from the package (%s)", model.name, name)
+        derived = _read_plan(where, model)
+    else:
+        derived = plan_from_calibration(model, calib, options)
+    keep(entry, name, derived.to_dict(), _save)
     return derived
+
+
+def plan_file(model, options: PlanOptions) -> Path | None:
+    """The cache file that holds `options`' plan of `model` for its current calibration (None before the
+    calibration is cached); what `hetero.methods.ship_default_plans` copies into the package."""
+    calib_hash = _recorded_hash(calibration_path(model))
+    return None if calib_hash is None else calibration_path(model).parent / _plan_name(model, options, calib_hash)

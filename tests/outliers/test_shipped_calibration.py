@@ -11,8 +11,10 @@ import shutil
 import numpy as np
 import pytest
 
+from hetero import shipped as package_data
 from hetero.outliers import calibration as cal
 from hetero.outliers.calibration import ensure_calibration
+from hetero.paths import content_hash
 from tests.outliers.test_calibrate import TEXT, ByteTokenizer
 
 
@@ -23,13 +25,13 @@ def shipped(tiny, tmp_path, monkeypatch):
     corpus = tmp_path / "fox.txt"
     corpus.write_text(TEXT)
     made = ensure_calibration(model, tmp_path / "made.npz", corpus=str(corpus), n_tokens=256, window=64)
-    ship = tmp_path / "ship"
-    ship.mkdir()
+    ship = tmp_path / "data" / "calibration"
+    ship.mkdir(parents=True)
     shutil.copyfile(tmp_path / "made.npz", ship / "tiny.npz")
-    manifest = {model.fingerprint: {"file": "tiny.npz", "xxh3": cal.content_hash(ship / "tiny.npz"),
+    manifest = {model.fingerprint: {"file": "tiny.npz", "xxh3": content_hash(ship / "tiny.npz"),
                                     "corpus": str(corpus), "n_tokens": 256, "window": 64}}
     (ship / "manifest.json").write_text(json.dumps(manifest))
-    monkeypatch.setattr(cal, "SHIPPED_DIR", ship)
+    monkeypatch.setattr(package_data, "DATA", tmp_path / "data")
     return model, str(corpus), made, ship
 
 
