@@ -10,11 +10,12 @@ import gc
 import importlib
 import logging
 import sys
+from typing import Any
 
 from hetero.errors import HeteroError
 from hetero.threads import passive_openmp
 
-__all__ = ["build_parser", "main", "start_up_done"]
+__all__ = ["add_command", "build_parser", "main", "start_up_done"]
 
 
 def _version() -> str:
@@ -38,21 +39,39 @@ class _Version(argparse.Action):
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    """The parser of `argv`'s command (default sys.argv), or of every command when none is given."""
+    """The parser of `argv`'s command (default sys.argv): only that command's module is imported (`hetero run`
+    imports no benchmark); with no known command (`--help`, `--version`) every command is listed by its help
+    line alone, so that these answer without importing torch, numba or ONNX Runtime (issue 28)."""
     parser = argparse.ArgumentParser(prog="hetero", description="Fast LLM prefill on NPU + CPU/GPU (mllm-NPU).")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what hetero decides (and, for run, where the time went)")
     parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
-    groups = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
-    for group in groups:  # only the given command's module: `hetero run` imports no benchmark (issue 28)
-        importlib.import_module(f"hetero.cli.{group}").register(sub)
+    if command in COMMANDS:
+        importlib.import_module(f"hetero.cli.{COMMANDS[command][0]}").register(sub)
+    else:
+        for name, (_, line) in COMMANDS.items():
+            sub.add_parser(name, help=line)
     return parser
 
 
-# command -> the module of `hetero.cli` that registers it
-COMMANDS = {"run": "run", "info": "run", "calibrate": "calibrate", "npu": "npu", "profile": "profile",
-            "timeline": "profile", "bench": "bench", "serve": "serve", "cache": "cache"}
+def add_command(sub: Any, name: str) -> argparse.ArgumentParser:
+    """The subparser of command `name`, with its help line from `COMMANDS` (a command module's `register`)."""
+    return sub.add_parser(name, help=COMMANDS[name][1])
+
+
+# command -> (the module of `hetero.cli` that registers it, its help line)
+COMMANDS = {
+    "run": ("run", "prefill a chat prompt with hetero, then decode the answer"),
+    "info": ("run", "show the model, its config and what this machine can run"),
+    "calibrate": ("calibrate", "record activation statistics (scales, outliers, importance)"),
+    "npu": ("npu", "prepare the NPU graphs (export, compile, cache)"),
+    "profile": ("profile", "measure every subgraph kind on the lanes present; write <cache>/profiles/<host>.json"),
+    "timeline": ("profile", "render a Gantt chart of a schedule (simulated, or a real run with --real)"),
+    "bench": ("bench", "benchmarks (the same runs as bench/*.py)"),
+    "serve": ("serve", "serve the model over an OpenAI-compatible HTTP API on 127.0.0.1"),
+    "cache": ("cache", "check the user cache ($HETERO_CACHE): verify re-hashes every entry"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:

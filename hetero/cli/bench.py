@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from hetero.cli import add_command
 from hetero.bench.entry import BENCHMARKS, benchmark
 
 
 def register(sub: Any) -> None:
-    bench = sub.add_parser("bench", help="benchmarks (the same runs as bench/*.py)")
+    bench = add_command(sub, "bench")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     for name in BENCHMARKS:
         module = benchmark(name)

@@ -20,6 +20,8 @@ from typing import Any
 
 from filelock import Timeout
 
+from hetero.cli import add_command
+
 
 @dataclass(frozen=True, slots=True)
 class Finding:
@@ -177,7 +179,7 @@ def _graphs() -> tuple[int, list[Finding]]:
 
 
 def register(sub: Any) -> None:
-    cache = sub.add_parser("cache", help="check the user cache ($HETERO_CACHE): verify re-hashes every entry")
+    cache = add_command(sub, "cache")
     cs = cache.add_subparsers(dest="cache_command", required=True)
     v = cs.add_parser("verify", help="re-hash every cache entry, remove damaged ones (rebuilt at next use), list them")
     v.add_argument("--json", action="store_true")

@@ -6,13 +6,14 @@ import argparse
 import json
 import time
 
+from hetero.cli import add_command
 from hetero.arguments import add_model_arg, positive_float, positive_int
 from hetero.outliers.calibration import DEFAULT_TOKENS, DEFAULT_WINDOW
 from hetero.outliers.corpus import CORPORA, DEFAULT_CALIBRATION
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("calibrate", help="record activation statistics (scales, outliers, importance)")
+    p = add_command(subparsers, "calibrate")
     add_model_arg(p)
     p.add_argument("--corpus", default=DEFAULT_CALIBRATION,
                    help=f"shipped corpus ({', '.join(sorted(CORPORA))}) or a UTF-8 text file (default {DEFAULT_CALIBRATION})")

@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+from hetero.cli import add_command
 from hetero.arguments import add_model_arg, positive_int
 from hetero.errors import ConfigError
 
@@ -107,7 +108,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
-    npu = subparsers.add_parser("npu", help="prepare the NPU graphs (export, compile, cache)")
+    npu = add_command(subparsers, "npu")
     sub = npu.add_subparsers(dest="npu_command", required=True)
     c = sub.add_parser("compile", help="export + compile every static graph into the graph cache")
     add_model_arg(c)

@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from hetero.cli import add_command
 from hetero.arguments import add_method_arg, add_model_arg, int_list, positive_int
 from hetero.cli.npu import add_hub_profile_args, run_hub_profile
 from hetero.dag import SUBGRAPH_KINDS
@@ -17,7 +18,7 @@ CLI_POLICIES = sorted(p for p in POLICIES if p != "random")  # random exists for
 
 
 def register(sub: Any) -> None:
-    prof = sub.add_parser("profile", help="measure every subgraph kind on the lanes present; write <cache>/profiles/<host>.json")
+    prof = add_command(sub, "profile")
     add_model_arg(prof)
     add_method_arg(prof)
     prof.add_argument("--out", help="output path (default: $HETERO_CACHE or ~/.cache/hetero, profiles/<host>.json)")
@@ -29,7 +30,7 @@ def register(sub: Any) -> None:
     add_hub_profile_args(prof)  # --hub, --device, --hub-chunks, --hub-out
     prof.set_defaults(func=cmd_profile)
 
-    tl = sub.add_parser("timeline", help="render a Gantt chart of a schedule (simulated, or a real run with --real)")
+    tl = add_command(sub, "timeline")
     tl.add_argument("--profile", help="profile JSON for a simulated schedule (default: the derived 8 Gen 3 profile)")
     tl.add_argument("--prompt-len", type=positive_int, default=1024)
     tl.add_argument("--chunk", type=positive_int, default=256)

@@ -12,12 +12,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from hetero.cli import add_command
 from hetero.arguments import add_method_arg, add_model_arg, positive_int
 from hetero.errors import ConfigError
 
 
 def register(sub: Any) -> None:
-    run = sub.add_parser("run", help="prefill a chat prompt with hetero, then decode the answer")
+    run = add_command(sub, "run")
     run.add_argument("prompt", nargs="?", help="the prompt; `-` reads it from standard input")
     run.add_argument("-f", "--file", help="read the prompt from this UTF-8 text file")
     run.add_argument("--system", help="system message (through the model's chat template)")
@@ -36,7 +37,7 @@ def register(sub: Any) -> None:
     add_decode_args(run)
     run.set_defaults(func=cmd_run)
 
-    info = sub.add_parser("info", help="show the model, its config and what this machine can run")
+    info = add_command(sub, "info")
     add_model_arg(info)
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=cmd_info)

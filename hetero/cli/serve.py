@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hetero.cli import add_command
 from hetero.arguments import add_method_arg, add_model_arg, positive_int
 from hetero.errors import ConfigError
 
@@ -26,7 +27,7 @@ def parse_bytes(text: str, name: str = "--kv-budget") -> int | None:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API on 127.0.0.1")
+    p = add_command(sub, "serve")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = any free port)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; another one prints a warning)")
