@@ -9,7 +9,7 @@ from hetero.cli import COMMANDS, build_parser
 
 
 def test_every_command_is_mapped_to_the_module_that_registers_it():
-    full = build_parser([])  # no command given: every group registers
+    full = build_parser([])  # no command given: every command is listed by its help line
     sub = next(a for a in full._actions if a.dest == "command")
     assert set(sub.choices) == set(COMMANDS)
     for command, group in COMMANDS.items():

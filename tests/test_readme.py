@@ -25,7 +25,7 @@ def readme_commands() -> list[str]:
 def test_readme_command_parses(command: str) -> None:
     argv = shlex.split(command)[1:]
     try:
-        build_parser().parse_args(argv)
+        build_parser(argv).parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on an unknown command or option
         pytest.fail(f"README command does not parse: {command!r} (exit {e.code})")
 
