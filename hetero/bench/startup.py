@@ -5,9 +5,10 @@ same chat question from the same GGUF on the same threads; a round's order alter
 phases (`hetero -v run --json`: imports, load, calibrate, build, prefill (the process's first: `hetero run` does no
 warm-up prefill), decode set-up, decode); what the wall time has beyond them is the interpreter's start before its
 clock starts, and the exit. Medians of the rounds, after one warm-up run
-of each engine (the warm cache). Each round also times a process that only imports what hetero's default path
-cannot do without today (`FLOOR`: torch, numba, ONNX Runtime; started and ended as `hetero` is): a floor under
-hetero's wall time on this machine.
+of each engine (the warm cache). Each round also times two processes that only import (started and ended as `hetero`
+is): what hetero's default path cannot do without today (`FLOORS["floor"]`: torch, numba, ONNX Runtime), a floor
+under hetero's wall time on this machine; and what a default path without torch would import (`FLOORS["floor
+without torch"]`), the floor of that design (docs/design.md, "Start-up").
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ from hetero.errors import ConfigError
 HELP = "a warm `hetero run` end to end, beside llama.cpp (issue 28)"
 PROMPT = "What is the capital of France? Answer in one sentence."
 NEW_TOKENS = 8
-FLOOR = ("torch", "numba", "onnxruntime")  # the default path's heavy imports (issue 28): a process importing only them
+# processes that only import: the default path's heavy imports today (issue 28), and what it would import without torch
+# (its kernels: numba, ONNX Runtime; its tokenizer and chat template: tokenizers, jinja2; its cache checks)
+FLOORS = {"floor": ("torch", "numba", "onnxruntime"),
+          "floor without torch": ("numpy", "numba", "onnxruntime", "tokenizers", "jinja2", "safetensors", "xxhash",
+                                  "filelock")}
 
 _LLAMA = """
 import sys, time
@@ -73,10 +78,10 @@ def llama_run(gguf: str, threads: int) -> dict[str, Any]:
     return {"wall_s": wall, "text": out.strip()}
 
 
-def floor_run() -> dict[str, Any]:
+def floor_run(imports: tuple[str, ...]) -> dict[str, Any]:
     # as the `hetero` command starts and ends: the cyclic GC off (`cli.start_up_done`; on, it doubles torch's import),
     # and no teardown of torch's and numba's state at exit (`cli._end_process`: ~0.35 s)
-    wall, _ = _timed([sys.executable, "-c", f"import gc, os; gc.disable(); import {', '.join(FLOOR)}; os._exit(0)"])
+    wall, _ = _timed([sys.executable, "-c", f"import gc, os; gc.disable(); import {', '.join(imports)}; os._exit(0)"])
     return {"wall_s": wall, "text": ""}
 
 
@@ -96,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     engines = {"hetero": lambda: hetero_run(args.threads)}
     if not args.no_llama:
         engines["llama.cpp"] = lambda: llama_run(gguf, args.threads)
-    engines["floor"] = floor_run
+    for name, imports in FLOORS.items():
+        engines[name] = lambda imports=imports: floor_run(imports)
     for fn in engines.values():  # warm-up: the caches of both are warm from here on
         fn()
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
@@ -116,9 +122,12 @@ def run(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {"prompt": PROMPT, "new_tokens": NEW_TOKENS, "threads": args.threads,
                               "rounds": args.rounds, "host": host_metadata(), "cpu_flags": _isa_flags(),
                               "load_avg": [round(load0, 2), round(load_avg(), 2)], "rows": rows}
-    floor = next(row for row in rows if row["engine"] == "floor")
-    rows.remove(floor)
-    result["floor"] = {"imports": list(FLOOR), "wall_s": floor["wall_s"], "runs_s": floor["runs_s"]}
+    result["floors"] = []
+    for name, imports in FLOORS.items():
+        floor = next(row for row in rows if row["engine"] == name)
+        rows.remove(floor)
+        result["floors"].append({"name": name, "imports": list(imports), "wall_s": floor["wall_s"],
+                                 "runs_s": floor["runs_s"]})
     if len(rows) == 2:
         result["hetero_over_llama_cpp"] = round(rows[0]["wall_s"] / rows[1]["wall_s"], 2)
     md = render_md(result)
@@ -149,9 +158,11 @@ def render_md(r: dict[str, Any]) -> str:
                      f"{row['text']} |")
     if "hetero_over_llama_cpp" in r:
         lines += ["", f"hetero / llama.cpp: **{r['hetero_over_llama_cpp']:.2f}×** the wall time."]
-    if "floor" in r:
-        lines += ["", f"A process that only imports {', '.join(r['floor']['imports'])} (what hetero's default path loads "
-                  f"today): {r['floor']['wall_s']:.2f} s (median; runs {', '.join(f'{x:.2f}' for x in r['floor']['runs_s'])})."]
+    what = {"floor": "what hetero's default path loads today", "floor without torch": "what a default path without "
+            "torch would load"}
+    for floor in r.get("floors", []):
+        lines += ["", f"A process that only imports {', '.join(floor['imports'])} ({what[floor['name']]}): "
+                  f"{floor['wall_s']:.2f} s (median; runs {', '.join(f'{x:.2f}' for x in floor['runs_s'])})."]
     het = next(row for row in r["rows"] if row["engine"] == "hetero")
     lines += ["", "hetero's phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in het["phases_s"].items()), ""]
     return "\n".join(lines)
