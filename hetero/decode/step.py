@@ -81,8 +81,11 @@ class DecodeStep:
     `FloatLayers`) and its head (`head.FloatHead` or `head.Int8Head`): hidden states, then logits."""
 
     def __init__(self, runtime: Runtime, head: str = "auto", threads: int = DECODE_THREADS,
-                 attention_threads: int | None = None, split_after: int | None = SPLIT_AFTER_STEPS):
-        """split_after: one-row steps before the graphs split over both cores (0: at the first, None: never)."""
+                 attention_threads: int | None = None, split_after: int | None = SPLIT_AFTER_STEPS,
+                 small_rows: int | None = None):
+        """split_after: one-row steps before the graphs split over both cores (0: at the first, None: never).
+        small_rows: steps of up to this many rows run MatMulNBits graphs (`npu.nbits`) instead of the INT8 graphs
+        (0: none; None: as the runtime's decode placement says, `DecodePlacement.small_rows`)."""
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
         if attention_threads is None:  # the runtime's plan: a helper thread where the process may use two cores and
@@ -99,6 +102,10 @@ class DecodeStep:
         placed = runtime.decode if self.static else None
         own = placed is None or placed.engine == runtime.backend.provider.name
         self._engine: str | None = None if own else placed.engine
+        if small_rows is None:
+            small_rows = placed.small_rows if placed is not None else 0
+        self.small_rows = small_rows if self.static else 0
+        self._small: LayerBackend | None = None  # the MatMulNBits graphs (rows symbolic: one set for every small size)
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
         self._bound: dict[int, BoundStep] = {}  # static lanes: chunk size → its bound graphs
         # One step at a time: its buffers, bindings and helper serve one forward pass. `Runtime.prefill` has its own
@@ -143,9 +150,21 @@ class DecodeStep:
         c = self.padded_size(n)
         b = self._backends.get(c)
         if b is None:
-            b = self.runtime.backend.at_chunk(c, self.threads, self._engine)
+            b = self._small_backend() if c <= self.small_rows else self.runtime.backend.at_chunk(c, self.threads,
+                                                                                              self._engine)
             self._backends[c] = b
         return b
+
+    def _small_backend(self) -> LayerBackend:
+        """The MatMulNBits graphs of the runtime's model (`npu.nbits`), its plan's online transforms, made once."""
+        if self._small is None:
+            from hetero.npu.nbits import NbitsBackend
+            from hetero.npu.providers import OrtCpuProvider
+
+            be = self.runtime.backend
+            self._small = NbitsBackend(self.model, be.plan.online, OrtCpuProvider(self.threads, pool=be.options.ort_pool),
+                                       layers=be.layers)
+        return self._small
 
     @property
     def costs_key(self) -> str:
@@ -154,7 +173,8 @@ class DecodeStep:
         plan = getattr(self.runtime.backend, "plan", None)
         digest = "" if plan is None else hashlib.sha256(json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()
         return (f"{self.model.name}-{self.model.fingerprint[:12]}-{self.runtime.backend.name}-{digest[:12]}-"
-                f"t{self.threads}-a{1 if self.pool is None else 2}-{self.head.__class__.__name__}")
+                f"t{self.threads}-a{1 if self.pool is None else 2}-{self.head.__class__.__name__}"
+                + (f"-nbits{self.small_rows}" if self.small_rows else ""))
 
     def prepare(self, n: int) -> BoundStep | None:
         """The bound graphs of a chunk of n rows on a static lane, bound at first use (None on a float lane)."""

@@ -106,13 +106,18 @@ def decode_placement(backend: LayerBackend) -> DecodePlacement:
     if provider is None or plan is None:
         name = getattr(backend, "name", "torch")
         return DecodePlacement("cpu", "torch", f"the prefill's {name} layers in torch, on the CPU already")
+    from hetero.npu.nbits import DEFAULT_FORM, NBITS_ROWS
+
+    # a step of one or two rows: MatMulNBits graphs (`npu.nbits`: ~0.65x the INT8 graphs' time at one row, no
+    # shadow corrections); larger token trees keep the INT8 graphs, whose GEMM grows more slowly with the rows
+    small = {"small_rows": NBITS_ROWS, "small_form": DEFAULT_FORM.describe()}
     if provider.device == "cpu":
         return DecodePlacement("cpu", provider.name, f"the NPU lane is this CPU EP, so its own INT8 graphs at "
-                                                     f"decode sizes (weight form {plan.weight_form})")
+                                                     f"decode sizes (weight form {plan.weight_form})", **small)
     where = " (the HTP simulator)" if provider.name.startswith("qnn") and platform.machine() == "x86_64" else ""
     return DecodePlacement("cpu", "ort-cpu", f"the prefill's NPU lane is {provider.name}{where} and a decode step is "
                            f"memory-bound, so the same plan's INT8 graphs on the CPU EP, its {plan.weight_form} "
-                           f"weights in this CPU's exact form {cpu_form_for(plan.weight_form)}")
+                           f"weights in this CPU's exact form {cpu_form_for(plan.weight_form)}", **small)
 
 
 LAYOUTS = ("layers", "lanes")
