@@ -20,7 +20,9 @@ verified like the segments (`providers.compiled_entry`).
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -30,6 +32,7 @@ import torch
 from hetero.errors import ConfigError
 from hetero.npu import segments
 from hetero.npu.cache import entry_key, library_versions
+from hetero.npu.graph_backend import PREPARE_THREADS
 from hetero.npu.program import GraphRun, LayerProgram
 from hetero.npu.providers import Graph, OrtCpuProvider, PrepareInfo, compiled_entry
 from hetero.npu.segments import Buffer
@@ -157,14 +160,19 @@ class NbitsBackend:
                  form: NbitsForm = DEFAULT_FORM, *, layers=None, use_cache: bool = True, graphs_root=None):
         model.config.check_quantizable("MatMulNBits decode graphs")
         self.model, self.cfg, self.online, self.provider, self.form = model, model.config, dict(online), provider, form
-        self.report: list[PrepareInfo] = []
         t0 = time.perf_counter()
-        self._programs = {layer: self._prepare(layer, use_cache, graphs_root)
-                          for layer in (range(self.cfg.n_layers) if layers is None else layers)}
+        todo = list(range(self.cfg.n_layers) if layers is None else layers)
+        # as `NpuBackend._prepare_layers`: the first layer alone, the rest on a few threads (a session's creation
+        # runs mostly without the GIL)
+        made = [self._prepare(layer, use_cache, graphs_root) for layer in todo[:1]]
+        with ThreadPoolExecutor(min(PREPARE_THREADS, os.cpu_count() or 1), thread_name_prefix="hetero-nbits") as pool:
+            made += pool.map(lambda layer: self._prepare(layer, use_cache, graphs_root), todo[1:])
+        self._programs = {program.layer: program for program, _ in made}
+        self.report = [info for _, infos in made for info in infos]  # by layer, qkv then o_ffn
         self.prepare_s = time.perf_counter() - t0
 
-    def _prepare(self, layer: int, use_cache: bool, graphs_root) -> LayerProgram:
-        runs = []
+    def _prepare(self, layer: int, use_cache: bool, graphs_root) -> tuple[LayerProgram, list[PrepareInfo]]:
+        runs, infos = [], []
         lw = self.model.weights.layers[layer]
         for kind, pieces in _KINDS:
             spec = segments.SegmentSpec(layer, kind, pieces, segments.DYNAMIC_ROWS, "cpu")
@@ -176,8 +184,8 @@ class NbitsBackend:
                 f"layer {layer} {kind} (MatMulNBits {self.form.bits}-bit)", use_cache, graphs_root)
             ins, outs = self._io(kind)
             runs.append(GraphRun(Graph(sess, spec, ins, outs, self.provider.device, path), None))
-            self.report.append(PrepareInfo(key, cached, time.perf_counter() - t0, size))
-        return LayerProgram(layer, tuple(runs))
+            infos.append(PrepareInfo(key, cached, time.perf_counter() - t0, size))
+        return LayerProgram(layer, tuple(runs)), infos
 
     def _io(self, kind: str) -> tuple[dict[str, int], dict[str, int]]:
         c = self.cfg
