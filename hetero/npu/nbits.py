@@ -8,7 +8,8 @@ activations to int8 per block of K at run time (one scale per block, MLAS's int8
 coarsens its own block and no shadow is needed; its weights are quantized per block too. On the default model
 (AMD EPYC Zen 4, 1 thread) 8-bit weights in blocks of 128 run a one-row step's 30 layers' graphs in ~0.65×
 the INT8 graphs' time (docs/journal.md, issue 24 item 3). The kernel's cost grows with the rows faster than
-the INT8 GEMM's, so only steps of up to `NBITS_ROWS` rows use it (`npu.placement.decode_placement`).
+the INT8 GEMM's, but a whole step, with the INT8 graphs' shadow corrections per row, stays cheaper up to the
+largest token tree (8 rows): decode steps of up to `NBITS_ROWS` rows run it (`npu.placement.decode_placement`).
 
 A layer is two graphs with the segments' buffers (`segments.Buffer`): `qkv` (RMSNorm, q|k|v) and `o_ffn` (o, the
 residual, RMSNorm, gate|up, the activation, down, the residual), the plan's online Hadamards (`plan.online`) in
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from hetero.model import LayerWeights
 
 NBITS_VERSION = 1  # what `layer_graph` builds; in every key: bump when the graphs' math or I/O change
-NBITS_ROWS = 2  # decode chunk sizes up to this run MatMulNBits graphs (C = 4: 0.8×, C = 8: 1.15× the INT8 graphs)
+NBITS_ROWS = 8  # decode chunk sizes up to this run MatMulNBits graphs: every tree size (`decode.step.TREE_SIZES`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,8 +108,9 @@ def decode_placement(backend: LayerBackend) -> DecodePlacement:
         return DecodePlacement("cpu", "torch", f"the prefill's {name} layers in torch, on the CPU already")
     from hetero.npu.nbits import DEFAULT_FORM, NBITS_ROWS
 
-    # a step of one or two rows: MatMulNBits graphs (`npu.nbits`: ~0.65x the INT8 graphs' time at one row, no
-    # shadow corrections); larger token trees keep the INT8 graphs, whose GEMM grows more slowly with the rows
+    # decode steps of up to NBITS_ROWS rows (every token-tree size): MatMulNBits graphs (`npu.nbits`: no shadow
+    # corrections; a whole step 0.77x the INT8 step at one row, 0.92-0.95x at eight, docs/journal.md); larger chunks
+    # keep the INT8 graphs, whose GEMM grows more slowly with the rows
     small = {"small_rows": NBITS_ROWS, "small_form": DEFAULT_FORM.describe()}
     if provider.device == "cpu":
         return DecodePlacement("cpu", provider.name, f"the NPU lane is this CPU EP, so its own INT8 graphs at "

@@ -36,8 +36,9 @@ def test_float_and_cpu_ep_runtimes_decode_on_their_own_engines(tiny):
     placed = decode_placement(be)
     assert (placed.device, placed.engine) == ("cpu", "ort-cpu") and placed.reason
     step = DecodeStep(Runtime(tiny, chunk=16, backend=be, decode=placed))
-    assert step.backend(4).plan.weight_form == isa.FORM_AVX2  # its own INT8 graphs: the form is the plan's
-    assert placed.small_rows == 2 and step.backend(1).name == "nbits"  # 1-2 rows: MatMulNBits (`npu.nbits`)
+    assert placed.small_rows == 8 and step.backend(1).name == "nbits"  # decode sizes: MatMulNBits (`npu.nbits`)
+    int8 = DecodeStep(Runtime(tiny, chunk=16, backend=be, decode=placed), small_rows=0)
+    assert int8.backend(1).plan.weight_form == isa.FORM_AVX2  # its own INT8 graphs: the form is the plan's
     with pytest.raises(ConfigError, match="provider must be"):
         be.at_chunk(1, provider="qnn-htp")
 

@@ -111,9 +111,9 @@ def test_bound_step_on_nbits_graphs_equals_the_unbound_graphs(kind, attention_th
     plan = {"w8a8-shadows": tiny_plan(m, SHADOWS), "rot-a16-shadows": rotated_a16_plan(m, FORMS[0], ("down_in",), SHADOWS)}[kind]
     rt = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16, provider="cpu"))
     step = DecodeStep(rt, attention_threads=attention_threads, split_after=0, small_rows=NBITS_ROWS)
-    assert isinstance(step.backend(1), NbitsBackend) and isinstance(step.backend(2), NbitsBackend)
-    assert step.backend(1) is step.backend(2) and step.backend(1).online == plan.online
-    assert isinstance(step.backend(4), NpuBackend)  # a larger tree: the INT8 graphs
+    assert all(isinstance(step.backend(c), NbitsBackend) for c in (1, 2, 8))
+    assert step.backend(1) is step.backend(8) and step.backend(1).online == plan.online  # rows symbolic: one set
+    assert isinstance(DecodeStep(rt, small_rows=2).backend(4), NpuBackend)  # past small_rows: the INT8 graphs
     whole = NbitsBackend(m, plan.online, OrtCpuProvider(1))
     prompt = torch.arange(3, 40) * 5 % 256
     r1, r2 = rt.prefill(prompt), rt.prefill(prompt)
@@ -137,15 +137,16 @@ def test_decode_placement_runs_nbits_for_small_steps_and_says_so():
     rt = Runtime(m, chunk=16, backend=be, decode=placed)
     step = DecodeStep(rt)
     assert step.small_rows == NBITS_ROWS and isinstance(step.backend(1), NbitsBackend)
-    assert "nbits2" in step.costs_key  # measured step costs of this form are its own (`stepcosts`)
+    assert f"nbits{NBITS_ROWS}" in step.costs_key  # measured step costs of this form are its own (`stepcosts`)
     assert DecodeStep(rt, small_rows=0).small_rows == 0 and "nbits" not in DecodeStep(rt, small_rows=0).costs_key
 
 
 
-def test_a_two_row_tree_row_is_its_plain_step_within_rounding():
-    """Each row's activations are quantized alone, but ONNX Runtime's kernel for two rows sums in another order than
-    its one-row kernel: a row verified beside a drafted token differs from its plain step in the last bits only
-    (so greedy speculation emits plain greedy's tokens but at numeric ties, as across the forms)."""
+@pytest.mark.parametrize("tree", [TokenTree([7, 9], [-1, 0]), TokenTree([7, 9, 11, 4, 2], [-1, 0, 0, 1, 3])])
+def test_a_tree_row_is_its_plain_step_within_rounding(tree):
+    """Each row's activations are quantized alone, but ONNX Runtime's kernel for several rows sums in another order
+    than its one-row kernel: a row verified in a token tree differs from its plain step in the last bits only (so
+    greedy speculation emits plain greedy's tokens but at numeric ties)."""
     m = make_tiny_model()
     rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m, SHADOWS), 16, provider="cpu"))
     step = DecodeStep(rt, small_rows=NBITS_ROWS, split_after=None)
@@ -153,8 +154,8 @@ def test_a_two_row_tree_row_is_its_plain_step_within_rounding():
     r1, r2 = rt.prefill(prompt), rt.prefill(prompt)
     for token in (7, 200):
         plain = step.forward(r1.cache, TokenTree([token], [-1]))
-        tree = step.forward(r2.cache, TokenTree([token, 9], [-1, 0]))
-        torch.testing.assert_close(tree[0], plain[0], rtol=0, atol=1e-4 * float(plain.abs().max()))
+        rows = step.forward(r2.cache, TokenTree([token] + tree.tokens[1:], tree.parents))
+        torch.testing.assert_close(rows[0], plain[0], rtol=0, atol=1e-4 * float(plain.abs().max()))
         for r in (r1, r2):
             r.cache.advance(1)
 
