@@ -23,7 +23,7 @@ from hetero import model as ref
 from hetero.torch_backends import LayerBackend
 from hetero.decode.twocore.attnpool import AttentionPool
 from hetero.decode.bound_step import BoundStep
-from hetero.decode.head import FloatHead, Int8Head
+from hetero.decode.head import FloatHead, Int8Head, NbitsHead
 from hetero.decode.rowattn import row_attention
 from hetero.decode.stepcosts import load_costs, save_costs
 from hetero.decode.tree import TokenTree
@@ -116,11 +116,14 @@ class DecodeStep:
         self.pool = AttentionPool() if self.static and attention_threads == 2 else None
         if self.pool is not None:  # the helper thread ends with this step object
             weakref.finalize(self, self.pool.close)
-        if head == "auto":
-            head = "int8" if self.static else "float"
-        self.head = (Int8Head(self.cfg, self.model.weights, threads, self.pool, self.model, runtime.execution.ort_pool)
-                     if head == "int8"
-                     else FloatHead(self.cfg, self.model.weights))
+        if head == "auto":  # the INT8 lane's: MatMulNBits with its MatMulNBits layers (`npu.nbits`), else INT8
+            head = ("nbits" if self.small_rows else "int8") if self.static else "float"
+        if head == "nbits":
+            self.head = NbitsHead(self.cfg, self.model, threads, self.pool, runtime.execution.ort_pool)
+        elif head == "int8":
+            self.head = Int8Head(self.cfg, self.model.weights, threads, self.pool, self.model, runtime.execution.ort_pool)
+        else:
+            self.head = FloatHead(self.cfg, self.model.weights)
 
     @classmethod
     def of(cls, runtime: Runtime) -> "DecodeStep":
@@ -189,7 +192,8 @@ class DecodeStep:
         if bound is None:
             bound = self._bound[c] = BoundStep(self.backend(c), self.runtime.rope, c, self.pool)
         if c == 1 and self.split_after is not None and self.one_row_steps >= self.split_after:
-            bound.split()
+            if bound.split() and isinstance(self.head, NbitsHead):
+                self.head.split()
         return bound
 
     def measure(self, cache: KVCache, sizes: Sequence[int] = TREE_SIZES) -> dict[int, float]:

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     import onnx
 
     from hetero.loader import Model
-    from hetero.model import LayerWeights
+    from hetero.model import LayerWeights, Weights
 
 NBITS_VERSION = 1  # what `layer_graph` builds; in every key: bump when the graphs' math or I/O change
 NBITS_ROWS = 8  # decode chunk sizes up to this run MatMulNBits graphs: every tree size (`decode.step.TREE_SIZES`)
@@ -105,16 +105,7 @@ def layer_graph(kind: str, cfg, lw: "LayerWeights", online: dict[str, int], form
         if site in online:  # x·T in front, W·T behind: (x·T)(W·T)ᵀ = x·Wᵀ (`rotate.block_hadamard`)
             x = online_hadamard(g, x, [0], ws[0].shape[1], online[site])
             ws = [block_hadamard(w, online[site]) for w in ws]
-        w_kn = np.ascontiguousarray(torch.cat(ws).T.float().numpy())
-        k, n = w_kn.shape
-        packed, scales, zp = quantize_weight(w_kn, form)
-        ins = [x, g.const(packed, "w_nbits"), g.const(scales.reshape(-1), "w_scales")]
-        if zp is not None:
-            ins.append(g.const(zp.reshape(-1), "w_zp"))
-        attrs = {"K": k, "N": n, "bits": form.bits, "block_size": form.block}
-        if form.accuracy_level:
-            attrs["accuracy_level"] = form.accuracy_level
-        y = g.op("MatMulNBits", ins, "y", domain="com.microsoft", **attrs)
+        y = _matmul(g, x, np.ascontiguousarray(torch.cat(ws).T.float().numpy()), form)
         bs = [getattr(lw, b) for b in biases]
         if any(b is not None for b in bs):
             vec = np.concatenate([f32(b) if b is not None else np.zeros(getattr(lw, nm).shape[0], np.float32)
@@ -140,6 +131,46 @@ def layer_graph(kind: str, cfg, lw: "LayerWeights", online: dict[str, int], form
     d = norm(linear(m, "down_in", ("w_down",), ("b_down",)), lw.post_ffn_norm if post else None)
     g.output(g.op("Add", [h1, d], "h_out"), Buffer.H_OUT, ["T", cfg.hidden])
     return g.model()
+
+
+def head_graph(cfg, w: "Weights", form: NbitsForm) -> "onnx.ModelProto":
+    """The LM head as one graph: the final RMSNorm, then the MatMulNBits of lm_head ([T, hidden] → logits [T, vocab])."""
+    from hetero.npu import export
+
+    g = export.GraphBuilder(f"lm_head_nbits{form.bits}b{form.block}")
+    h = g.input(Buffer.H, ["T", cfg.hidden])
+    x = export.rms_norm(g, h, w.norm.detach().float().cpu().numpy(), cfg.rms_eps, "cpu")
+    g.output(_matmul(g, x, np.ascontiguousarray(w.lm_head.detach().float().cpu().numpy().T), form), "logits",
+             ["T", cfg.vocab])
+    return g.model()
+
+
+def _matmul(g, x: str, w_kn: np.ndarray, form: NbitsForm) -> str:
+    """x·W as one MatMulNBits node over W [K, N] quantized by ONNX Runtime (`quantize_weight`)."""
+    k, n = w_kn.shape
+    packed, scales, zp = quantize_weight(w_kn, form)
+    ins = [x, g.const(packed, "w_nbits"), g.const(scales.reshape(-1), "w_scales")]
+    if zp is not None:
+        ins.append(g.const(zp.reshape(-1), "w_zp"))
+    attrs = {"K": k, "N": n, "bits": form.bits, "block_size": form.block}
+    if form.accuracy_level:
+        attrs["accuracy_level"] = form.accuracy_level
+    return g.op("MatMulNBits", ins, "y", domain="com.microsoft", **attrs)
+
+
+def head_key(model: "Model", form: NbitsForm, provider: OrtCpuProvider) -> str:
+    """The cache key of the LM head's graph (`head_graph`)."""
+    return entry_key("hetero-nbits-head", NBITS_VERSION, model.fingerprint, asdict(form), provider.options_key(),
+                     library_versions())
+
+
+def head_session(model: "Model", provider: OrtCpuProvider, form: NbitsForm = DEFAULT_FORM, use_cache: bool = True,
+                 graphs_root=None):
+    """(session, compiled path or None) of the model's LM head graph (`head_graph`), cached and verified."""
+    sess, _, _, path = compiled_entry(head_key(model, form, provider), {"kind": "lm_head", "form": asdict(form)},
+                                      provider, lambda: head_graph(model.config, model.weights, form),
+                                      f"the LM head (MatMulNBits {form.bits}-bit)", use_cache, graphs_root)
+    return sess, path
 
 
 def graph_key(kind: str, layer: int, model: "Model", online: dict[str, int], form: NbitsForm,

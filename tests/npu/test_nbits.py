@@ -186,3 +186,26 @@ def test_split_nbits_graphs_compute_the_whole_graphs_outputs_bit_for_bit(form):
                             g.session.run(None, {k: v.numpy() for k, v in ins.items()})))
             for name, t in outs.items():
                 assert np.array_equal(t.numpy(), want[name]), f"layer {layer} {g.spec.kind}: {name}"
+
+
+def test_nbits_head_computes_the_float_logits_and_its_split_halves_the_whole_graphs():
+    """The MatMulNBits LM head (`decode.head.NbitsHead`) against the float head, and its vocabulary halves beside the
+    helper thread (`split`) against the whole graph, bit for bit."""
+    from hetero.decode.head import FloatHead, NbitsHead
+    from hetero.decode.twocore.attnpool import AttentionPool
+
+    m = make_tiny_model()
+    h = torch.randn(3, 64, generator=torch.Generator().manual_seed(4)) * 2
+    want = FloatHead(m.config, m.weights)(h)
+    whole = NbitsHead(m.config, m)
+    got = whole(h)
+    assert got.shape == want.shape and _rel(got, want) < 0.03
+    pool = AttentionPool()
+    try:
+        split = NbitsHead(m.config, m, pool=pool)
+        assert split.split() and split.split()  # (once made, kept)
+        for row in h:
+            assert torch.equal(split(row[None]), whole(row[None]))
+        assert torch.equal(split(h), got)  # more rows: the whole graph
+    finally:
+        pool.close()
