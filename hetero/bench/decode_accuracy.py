@@ -7,13 +7,14 @@ first `--prefix` tokens, every later token is fed to a one-row step whose logits
 text: the perplexity of the tokens the steps predicted, its change vs the float model's decode, and the share
 of positions whose argmax equals float's. Then greedy agreement on chat prompts (tokens before the first
 difference from float's greedy decode). Forms: `float` (the float method's step), `int8` (the default method's
-step with its INT8 graphs at every size) and `nbits` (the same runtime's step as its decode placement runs it:
-MatMulNBits graphs for 1-2 rows).
+decode with its INT8 graphs and INT8 head, the form before `npu.nbits`) and `nbits` (the default method's decode
+as its placement runs it: MatMulNBits graphs and head).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -129,11 +130,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--prefix must lie in 2..{args.length - 2} (--length {args.length})")
     model = load_model(args.model)
     tok = model.tokenizer
-    runtimes = {"float": make_runtime(model, "float"), "int8": make_runtime(model)}
-    runtimes["nbits"] = runtimes["int8"]
-    steps = {"float": DecodeStep(runtimes["float"]),
-             "int8": DecodeStep(runtimes["int8"], small_rows=0, split_after=None),
-             "nbits": DecodeStep(runtimes["int8"], split_after=None)}
+    runtimes = {"float": make_runtime(model, "float"), "int8": make_runtime(model), "nbits": make_runtime(model)}
+    # today's INT8 decode before the MatMulNBits form: its steps and its prefill's last logits (the runtime's own
+    # step's head) on the INT8 graphs and head
+    runtimes["int8"].decode = dataclasses.replace(runtimes["int8"].decode, small_rows=0, small_form="")
+    steps = {f: DecodeStep.of(rt) for f, rt in runtimes.items()}
     if steps["nbits"].small_rows == 0:
         raise ConfigError("this runtime's decode placement runs no MatMulNBits graphs: nothing to compare")
     forms = list(steps)
@@ -168,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     result = {"model": model.name, "forms": forms, "texts": texts, "all": _row(total, agree_all),
               "windows": args.windows, "length": args.length, "prefix": args.prefix, "scored_per_text": scored,
               "greedy": greedy_rows, "greedy_tokens": args.greedy_tokens, "cpu": isa.machine(),
-              "nbits_form": steps["nbits"].backend(1).form.describe(),
+              "nbits_form": steps["nbits"].backend(1).form.describe(), "heads": {f: s.head.name for f, s in steps.items()},
               "note": (f"nbits: {steps['nbits'].backend(1).form.describe()}; {time.perf_counter() - t0:.0f} s, "
                        f"load average at the end {os.getloadavg()[0]:.2f}."),
               "command": "python bench/decode_accuracy.py " + " ".join(sys.argv[1:])}
