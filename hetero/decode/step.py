@@ -78,7 +78,8 @@ class DecodeStep:
     """Forward passes of decode-sized chunks for one runtime (`DecodeStep.of(runtime)`: the runtime's own).
 
     A step is its layers (`Layers`: the INT8 graphs bound once, `bound_step.BoundStep`, or the float layer,
-    `FloatLayers`) and its head (`head.FloatHead` or `head.Int8Head`): hidden states, then logits."""
+    `FloatLayers`) and its head (`head.FloatHead`, `head.Int8Head`, or `head.NbitsHead` beside MatMulNBits layers,
+    `npu.nbits`): hidden states, then logits."""
 
     def __init__(self, runtime: Runtime, head: str = "auto", threads: int = DECODE_THREADS,
                  attention_threads: int | None = None, split_after: int | None = SPLIT_AFTER_STEPS,
