@@ -179,9 +179,12 @@ class DecodePlacement:
     device: Literal["cpu", "npu"]  # the hardware that runs the decode steps' layers
     engine: str  # what runs them: a provider ("ort-cpu": INT8 graphs of the prefill's plan), or "torch" (float)
     reason: str
+    small_rows: int = 0  # steps of up to this many rows run the `small_form` graphs instead (0: none)
+    small_form: str = ""  # what those graphs are, in words (`npu.nbits`)
 
     def describe(self) -> str:
-        return f"decode on the {self.device}, {self.engine}: {self.reason}"
+        small = f"; steps of 1-{self.small_rows} rows: {self.small_form}" if self.small_rows else ""
+        return f"decode on the {self.device}, {self.engine}: {self.reason}{small}"
 
 
 class ChunkBuffers:

@@ -4,8 +4,9 @@
     python bench/decode.py --plain-only --contexts 1024     # table 1 only, at 1024: decode_plain.{json,md,png}
 
 hetero's engines in this process, each peer in a process of its own, on the same GGUF and the same context ids:
-1. plain greedy decode tokens/s at context 256 / 1024 / 2048: hetero INT8 (`hetero` method: INT8 graphs
-   at C = 1 on the ONNX Runtime lane, attention on the CPU lane, INT8 head), hetero float, HF generate
+1. plain greedy decode tokens/s at context 256 / 1024 / 2048: hetero INT8 (`hetero` method: its decode
+   placement's graphs at C = 1 on ONNX Runtime, MatMulNBits layers and head (`npu.nbits`), attention on the CPU
+   lane), hetero float, HF generate
    (hetero's cache handed to transformers), and the peers (`hetero.bench.peer_engines`: OpenVINO GenAI,
    ONNX Runtime GenAI, llama.cpp as shipped and at Q4_0 / Q8_0 with and without flash attention);
 2. speculative speedup and acceptance by drafter (lookup, self, draft) on copy-heavy tasks (edit a

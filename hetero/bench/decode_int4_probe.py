@@ -193,7 +193,7 @@ def int8_runs(model, threads: int, rows: int = 1) -> tuple[list[list[Callable[[]
     from hetero.methods import make_runtime
 
     rt = make_runtime(model, threads=2)
-    bound = DecodeStep(rt, threads=threads, attention_threads=1, split_after=None).prepare(rows)
+    bound = DecodeStep(rt, threads=threads, attention_threads=1, split_after=None, small_rows=0).prepare(rows)
     sizes = [sum(f.stat().st_size for r in layer if r.graph.source is not None for f in r.graph.source.parent.glob("*.data"))
              for layer in bound.runs]
     return [[(lambda r=r: r.graph.run_bound(r.binding)) for r in layer] for layer in bound.runs], sizes

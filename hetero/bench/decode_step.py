@@ -31,29 +31,53 @@ _PARTS = {"graphs": {("bound_step.py", "_run")},
           "shadow": {("shadow.py", "shadow_delta_rows")}}
 
 
+def _timed(step, cache, tree, steps: int) -> tuple[list[float], list[float]]:
+    """Wall ms and the calling thread's CPU ms of `steps` one-token steps (CPU time is the step's own work: a
+    slower step at equal CPU time was descheduled, a slower one at more CPU time ran slower, e.g. beside another
+    process on the other core sharing the caches and the memory bus)."""
+    wall, cpu = [], []
+    for _ in range(steps):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        step.forward(cache, tree)
+        wall.append((time.perf_counter() - t0) * 1e3)
+        cpu.append((time.thread_time() - c0) * 1e3)
+    return wall, cpu
+
+
 def step_parts(runtime, ids: list[int], steps: int, threads: int) -> dict[str, Any]:
-    """Median ms of a one-token step after a prefill of `ids` on `runtime`, and its parts (ms)."""
+    """Median ms of a one-token step after a prefill of `ids` on `runtime`, and its parts (ms).
+
+    The step timed is the one a decode runs: the runtime's own (`DecodeStep.of`, which an INT8 runtime has made
+    at its first prefill for the prefill's last logits), unless `threads` differs from its `DECODE_THREADS`.
+    Its graphs run whole first (a decode's first `SPLIT_AFTER_STEPS` tokens), then split over both cores where
+    the step has the helper (`split_ms`: a long decode's)."""
     import torch
 
-    from hetero.decode.step import DecodeStep
+    from hetero.decode.step import DECODE_THREADS, DecodeStep
     from hetero.decode.tree import TokenTree
 
     cache = runtime.new_cache(len(ids) + 8)
     runtime.prefill(torch.tensor(ids), cache)
-    step = DecodeStep(runtime, threads=threads, split_after=0)
-    tree = TokenTree.chain([ids[-1]])
-    for _ in range(5):  # graph sessions, compiled kernels, first-run allocations
-        step.forward(cache, tree)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step.forward(cache, tree)
-        times.append((time.perf_counter() - t0) * 1e3)
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(min(steps, 20)):
-        step.forward(cache, tree)
-    prof.disable()
+    step = DecodeStep.of(runtime) if threads == DECODE_THREADS else DecodeStep(runtime, threads=threads,
+                                                                                split_after=None)
+    split_after, step.split_after = step.split_after, None  # whole graphs until the split below
+    try:
+        tree = TokenTree.chain([ids[-1]])
+        for _ in range(5):  # graph sessions, compiled kernels, first-run allocations
+            step.forward(cache, tree)
+        times, cpu = _timed(step, cache, tree, steps)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(min(steps, 20)):
+            step.forward(cache, tree)
+        prof.disable()
+        bound = step.prepare(1)
+        split_ms = None
+        if bound is not None and bound.split():
+            step.forward(cache, tree)
+            split_ms = round(statistics.median(_timed(step, cache, tree, steps)[0]), 2)
+    finally:
+        step.split_after = split_after
     stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, ncalls, own, cumulative, callers)
     total = sum(s[2] for s in stats.values())
     shares = {part: sum(s[3] for (file, _, name), s in stats.items() if (Path(file).name, name) in key) / total
@@ -63,6 +87,7 @@ def step_parts(runtime, ids: list[int], steps: int, threads: int) -> dict[str, A
                   if any((Path(file).name, name) in key and s[1] > 0 for (file, _, name), s in stats.items()))
     ms = statistics.median(times)
     return {"context": len(ids), "step_ms": round(ms, 2), "p10_ms": round(sorted(times)[len(times) // 10], 2),
+            "cpu_ms": round(statistics.median(cpu), 2), "split_ms": split_ms,
             "parts_ms": {k: round(v * ms, 2) for k, v in shares.items()}, "profiled": seen,
             "load": round(os.getloadavg()[0], 2)}
 
@@ -127,11 +152,14 @@ def markdown(r: dict[str, Any]) -> str:
     parts = list(r["rows"][0]["parts_ms"]) if r["rows"] else []
     lines = [f"# One plain decode step ({r['model']}, method {r['method']}, {r['threads']} decode thread(s))", "",
              f"Reproduce: `{r['command']}`. ISA: {r['isa']}. Parts: shares of a profiled pass applied to the median.",
-             "", "| context | step ms (median) | p10 | " + " | ".join(parts) + " | load |",
-             "|---:|---:|---:|" + "---:|" * len(parts) + "---|"]
+             "The step is the runtime's own (`DecodeStep.of`); `CPU ms`: its thread's CPU time (median); `split ms`: "
+             "the same step once its graphs are split over both cores (a decode past `SPLIT_AFTER_STEPS` tokens).",
+             "", "| context | step ms (median) | p10 | CPU ms | " + " | ".join(parts) + " | split ms | load |",
+             "|---:|---:|---:|---:|" + "---:|" * len(parts) + "---:|---|"]
     for row in r["rows"]:
-        lines.append(f"| {row['context']} | {row['step_ms']} | {row['p10_ms']} | "
-                     + " | ".join(str(row["parts_ms"][p]) for p in parts) + f" | {row['load']} |")
+        lines.append(f"| {row['context']} | {row['step_ms']} | {row['p10_ms']} | {row.get('cpu_ms', '')} | "
+                     + " | ".join(str(row["parts_ms"][p]) for p in parts)
+                     + f" | {row.get('split_ms') or '–'} | {row['load']} |")
     if r.get("chunks"):
         sizes = list(r["chunks"][0]["ms"])
         lines += ["", "## A step verifying a chain of C rows (ms, and its ratio to C = 1)", "",

@@ -1,4 +1,5 @@
-"""The LM head of a decode step: float (exact, for the float reference) or INT8 on the INT8 lane.
+"""The LM head of a decode step: float (exact, for the float reference), INT8, or MatMulNBits (`NbitsHead`) on the
+INT8 lane.
 
 A decode step reads every weight once per token, so the head's 49k×576 float matrix alone would cost
 as much memory traffic as a third of the layers; on an INT8 runtime it runs as one ONNX Runtime
@@ -147,6 +148,68 @@ class Int8Head:
         out = np.empty((x.shape[0], self.cfg.vocab), np.float32)
         _scale_logits(accs[0], accs[1], s, self.w_scale, out)
         return torch.from_numpy(out).reshape(*h.shape[:-1], -1)
+
+
+class NbitsHead:
+    """final RMSNorm + the LM head as one MatMulNBits graph (`npu.nbits.head_graph`: 8-bit weights in blocks of 128,
+    int8 activations per block at run time), cached and verified like the layers' graphs; on the default model
+    ~0.6× the INT8 head's time on one thread and a third of its largest error vs float (docs/journal.md, issue 24).
+    Once its step splits (`split`, with the layers' graphs: `DecodeStep`), a one-row head beside the helper thread
+    runs as two vocabulary halves on two cores (`twocore.halves`: bit for bit the whole graph)."""
+
+    name = "nbits"
+
+    def __init__(self, cfg: ModelConfig, model: Model, threads: int = 1, pool: AttentionPool | None = None,
+                 ort_pool: str | None = None):
+        from hetero.npu.nbits import head_session
+        from hetero.npu.providers import OrtCpuProvider
+
+        self.cfg, self.pool = cfg, pool
+        self.session, self.path = head_session(model, OrtCpuProvider(threads, pool=ort_pool))
+        self._bound: dict[int, tuple[torch.Tensor, torch.Tensor, Callable[[], None]]] = {}
+        self._keep: list[object] = []
+
+    def split(self) -> bool:
+        """Run a one-row head as two vocabulary halves beside the helper from now on; whether it does."""
+        from hetero.decode.twocore.stages import Stages
+
+        if self.pool is None or self.path is None or not ortc.run_fn():
+            return False
+        bound = self._bound.get(1)
+        if bound is not None and bound[3]:
+            return True
+        import onnx  # only when a long decode splits (`hetero run` imports no onnx, issue 28)
+
+        h, out, whole, _ = self._bind(1)
+        stages = Stages()
+        span = stages.add(onnx.load(str(self.path)), {"h": torch.from_numpy(h)}, {"logits": torch.from_numpy(out)})
+        if span is None:
+            return False
+        table = stages.table()
+        self._keep.append(stages)
+        self._bound[1] = (h, out, lambda: self.pool.run_stages(table, *span), True)
+        return True
+
+    def _bind(self, rows: int) -> tuple[np.ndarray, np.ndarray, Callable[[], None], bool]:
+        """The input and output buffers of `rows` rows and a run bound to them (made once per row count), and
+        whether it runs split. (numpy buffers: written in and out of torch's inference mode alike.)"""
+        b = self._bound.get(rows)
+        if b is None:
+            h, out = np.zeros((rows, self.cfg.hidden), np.float32), np.zeros((rows, self.cfg.vocab), np.float32)
+            binding = self.session.io_binding()
+            binding.bind_input("h", "cpu", 0, np.float32, h.shape, h.ctypes.data)
+            binding.bind_output("logits", "cpu", 0, np.float32, out.shape, out.ctypes.data)
+            b = self._bound[rows] = (h, out, lambda: self.session.run_with_iobinding(binding), False)
+        return b
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        if h.numel() == 0:  # a step that only writes K/V (a drafter catching up) asks for no logits
+            return h.new_empty(*h.shape[:-1], self.cfg.vocab)
+        x = h.reshape(-1, self.cfg.hidden)
+        buf, out, run, _ = self._bind(x.shape[0])
+        buf[...] = x.detach().numpy()
+        run()
+        return torch.from_numpy(out.copy()).reshape(*h.shape[:-1], -1)
 
 
 @jitcache.njit(nogil=True)

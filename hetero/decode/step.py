@@ -23,7 +23,7 @@ from hetero import model as ref
 from hetero.torch_backends import LayerBackend
 from hetero.decode.twocore.attnpool import AttentionPool
 from hetero.decode.bound_step import BoundStep
-from hetero.decode.head import FloatHead, Int8Head
+from hetero.decode.head import FloatHead, Int8Head, NbitsHead
 from hetero.decode.rowattn import row_attention
 from hetero.decode.stepcosts import load_costs, save_costs
 from hetero.decode.tree import TokenTree
@@ -78,11 +78,15 @@ class DecodeStep:
     """Forward passes of decode-sized chunks for one runtime (`DecodeStep.of(runtime)`: the runtime's own).
 
     A step is its layers (`Layers`: the INT8 graphs bound once, `bound_step.BoundStep`, or the float layer,
-    `FloatLayers`) and its head (`head.FloatHead` or `head.Int8Head`): hidden states, then logits."""
+    `FloatLayers`) and its head (`head.FloatHead`, `head.Int8Head`, or `head.NbitsHead` beside MatMulNBits layers,
+    `npu.nbits`): hidden states, then logits."""
 
     def __init__(self, runtime: Runtime, head: str = "auto", threads: int = DECODE_THREADS,
-                 attention_threads: int | None = None, split_after: int | None = SPLIT_AFTER_STEPS):
-        """split_after: one-row steps before the graphs split over both cores (0: at the first, None: never)."""
+                 attention_threads: int | None = None, split_after: int | None = SPLIT_AFTER_STEPS,
+                 small_rows: int | None = None):
+        """split_after: one-row steps before the graphs split over both cores (0: at the first, None: never).
+        small_rows: steps of up to this many rows run MatMulNBits graphs (`npu.nbits`) instead of the INT8 graphs
+        (0: none; None: as the runtime's decode placement says, `DecodePlacement.small_rows`)."""
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
         if attention_threads is None:  # the runtime's plan: a helper thread where the process may use two cores and
@@ -99,6 +103,10 @@ class DecodeStep:
         placed = runtime.decode if self.static else None
         own = placed is None or placed.engine == runtime.backend.provider.name
         self._engine: str | None = None if own else placed.engine
+        if small_rows is None:
+            small_rows = placed.small_rows if placed is not None else 0
+        self.small_rows = small_rows if self.static else 0
+        self._small: LayerBackend | None = None  # the MatMulNBits graphs (rows symbolic: one set for every small size)
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
         self._bound: dict[int, BoundStep] = {}  # static lanes: chunk size → its bound graphs
         # One step at a time: its buffers, bindings and helper serve one forward pass. `Runtime.prefill` has its own
@@ -109,11 +117,14 @@ class DecodeStep:
         self.pool = AttentionPool() if self.static and attention_threads == 2 else None
         if self.pool is not None:  # the helper thread ends with this step object
             weakref.finalize(self, self.pool.close)
-        if head == "auto":
-            head = "int8" if self.static else "float"
-        self.head = (Int8Head(self.cfg, self.model.weights, threads, self.pool, self.model, runtime.execution.ort_pool)
-                     if head == "int8"
-                     else FloatHead(self.cfg, self.model.weights))
+        if head == "auto":  # the INT8 lane's: MatMulNBits with its MatMulNBits layers (`npu.nbits`), else INT8
+            head = ("nbits" if self.small_rows else "int8") if self.static else "float"
+        if head == "nbits":
+            self.head = NbitsHead(self.cfg, self.model, threads, self.pool, runtime.execution.ort_pool)
+        elif head == "int8":
+            self.head = Int8Head(self.cfg, self.model.weights, threads, self.pool, self.model, runtime.execution.ort_pool)
+        else:
+            self.head = FloatHead(self.cfg, self.model.weights)
 
     @classmethod
     def of(cls, runtime: Runtime) -> "DecodeStep":
@@ -143,9 +154,21 @@ class DecodeStep:
         c = self.padded_size(n)
         b = self._backends.get(c)
         if b is None:
-            b = self.runtime.backend.at_chunk(c, self.threads, self._engine)
+            b = self._small_backend() if c <= self.small_rows else self.runtime.backend.at_chunk(c, self.threads,
+                                                                                              self._engine)
             self._backends[c] = b
         return b
+
+    def _small_backend(self) -> LayerBackend:
+        """The MatMulNBits graphs of the runtime's model (`npu.nbits`), its plan's online transforms, made once."""
+        if self._small is None:
+            from hetero.npu.nbits import NbitsBackend
+            from hetero.npu.providers import OrtCpuProvider
+
+            be = self.runtime.backend
+            self._small = NbitsBackend(self.model, be.plan.online, OrtCpuProvider(self.threads, pool=be.options.ort_pool),
+                                       layers=be.layers)
+        return self._small
 
     @property
     def costs_key(self) -> str:
@@ -154,7 +177,8 @@ class DecodeStep:
         plan = getattr(self.runtime.backend, "plan", None)
         digest = "" if plan is None else hashlib.sha256(json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()
         return (f"{self.model.name}-{self.model.fingerprint[:12]}-{self.runtime.backend.name}-{digest[:12]}-"
-                f"t{self.threads}-a{1 if self.pool is None else 2}-{self.head.__class__.__name__}")
+                f"t{self.threads}-a{1 if self.pool is None else 2}-{self.head.__class__.__name__}"
+                + (f"-nbits{self.small_rows}" if self.small_rows else ""))
 
     def prepare(self, n: int) -> BoundStep | None:
         """The bound graphs of a chunk of n rows on a static lane, bound at first use (None on a float lane)."""
@@ -169,7 +193,8 @@ class DecodeStep:
         if bound is None:
             bound = self._bound[c] = BoundStep(self.backend(c), self.runtime.rope, c, self.pool)
         if c == 1 and self.split_after is not None and self.one_row_steps >= self.split_after:
-            bound.split()
+            if bound.split() and isinstance(self.head, NbitsHead):
+                self.head.split()
         return bound
 
     def measure(self, cache: KVCache, sizes: Sequence[int] = TREE_SIZES) -> dict[int, float]:

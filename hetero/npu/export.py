@@ -374,3 +374,6 @@ def save_onnx(m: onnx.ModelProto, path: Path, external_min_bytes: int = 1 << 16)
         onnx.save_model(m, str(path))
 
 
+
+# The builder and float ops that other graph builders share (`npu.nbits`'s MatMulNBits decode graphs).
+GraphBuilder, rms_norm, activation, slice_last = _Graph, _rms_norm, _activation, _slice_last

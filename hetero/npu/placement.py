@@ -106,13 +106,19 @@ def decode_placement(backend: LayerBackend) -> DecodePlacement:
     if provider is None or plan is None:
         name = getattr(backend, "name", "torch")
         return DecodePlacement("cpu", "torch", f"the prefill's {name} layers in torch, on the CPU already")
+    from hetero.npu.nbits import DEFAULT_FORM, NBITS_ROWS
+
+    # decode steps of up to NBITS_ROWS rows (every token-tree size): MatMulNBits graphs (`npu.nbits`: no shadow
+    # corrections; a whole step 0.77x the INT8 step at one row, 0.92-0.95x at eight, docs/journal.md); larger chunks
+    # keep the INT8 graphs, whose GEMM grows more slowly with the rows
+    small = {"small_rows": NBITS_ROWS, "small_form": DEFAULT_FORM.describe()}
     if provider.device == "cpu":
         return DecodePlacement("cpu", provider.name, f"the NPU lane is this CPU EP, so its own INT8 graphs at "
-                                                     f"decode sizes (weight form {plan.weight_form})")
+                                                     f"decode sizes (weight form {plan.weight_form})", **small)
     where = " (the HTP simulator)" if provider.name.startswith("qnn") and platform.machine() == "x86_64" else ""
     return DecodePlacement("cpu", "ort-cpu", f"the prefill's NPU lane is {provider.name}{where} and a decode step is "
                            f"memory-bound, so the same plan's INT8 graphs on the CPU EP, its {plan.weight_form} "
-                           f"weights in this CPU's exact form {cpu_form_for(plan.weight_form)}")
+                           f"weights in this CPU's exact form {cpu_form_for(plan.weight_form)}", **small)
 
 
 LAYOUTS = ("layers", "lanes")

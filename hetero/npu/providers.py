@@ -13,8 +13,10 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -26,6 +28,9 @@ from hetero.npu.cache import FORMAT, CacheEntry, entry_key, library_versions
 from hetero.npu.stdio import stdout_to_stderr
 from hetero.paths import atomic_path, cache_unwritable, warn_once
 from hetero.sessions import cpu_session, ep_session, session_options
+
+if TYPE_CHECKING:
+    import onnx
 
 log = logging.getLogger(__name__)
 
@@ -262,53 +267,68 @@ def graph_key(spec: segments.SegmentSpec, layer_digest: str, model_fp: str, prov
 def prepare_graph(spec: segments.SegmentSpec, lq: segments.LayerQ, model_fp: str, provider: Provider,
                   use_cache: bool = True, layer_digest: str | None = None,
                   graphs_root: Path | None = None) -> tuple[Graph, PrepareInfo]:
-    """Load one segment's compiled graph from the cache, or export, compile and cache it.
+    """Load one segment's compiled graph from the cache, or export, compile and cache it (`compiled_entry`).
 
-    Processes sharing the cache build an entry once: under the entry's lock, in a private folder renamed
-    into place (`cache.CacheEntry.staging`); one that waited reuses the entry the other built. A cache
-    that cannot be written gives a warning and an uncached build.
     layer_digest: `segments.layer_digest(lq)` when the caller already has it (one per layer, not per graph).
     graphs_root: the graph cache folder (default `cache.graphs_root()`).
     """
     t0 = time.perf_counter()
     ins, outs = segments.segment_io(spec, lq)
     key = graph_key(spec, layer_digest or segments.layer_digest(lq), model_fp, provider)
+    what = f"layer {spec.layer} {spec.kind} (C={spec.chunk}, shape {spec.shape})"
+
+    def build() -> "onnx.ModelProto":
+        from hetero.npu import export  # onnx: only when a graph is built (a warm start loads them all)
+
+        return export.build_segment(spec, lq)
+
+    sess, cached, size, path = compiled_entry(key, spec, provider, build, what, use_cache, graphs_root)
+    return (Graph(sess, spec, ins, outs, provider.device, path),
+            PrepareInfo(key, cached, time.perf_counter() - t0, size))
+
+
+def compiled_entry(key: str, spec: object, provider: Provider, build: "Callable[[], onnx.ModelProto]", what: str,
+                   use_cache: bool = True, graphs_root: Path | None = None
+                   ) -> tuple[ort.InferenceSession, bool, int, Path | None]:
+    """(session, loaded from the cache, entry bytes, compiled path or None) of the graph `build()` exports under
+    `key`: loaded from the cache, or built, compiled and cached. `spec` is recorded in the entry's meta.json;
+    `what` names the graph in errors.
+
+    Processes sharing the cache build an entry once: under the entry's lock, in a private folder renamed
+    into place (`cache.CacheEntry.staging`); one that waited reuses the entry the other built. A cache
+    that cannot be written gives a warning and an uncached build.
+    """
     entry = CacheEntry.of(provider.name, key, graphs_root)
-
-    def done(sess: ort.InferenceSession, cached: bool, size: int, path: Path | None = None) -> tuple[Graph, PrepareInfo]:
-        return (Graph(sess, spec, ins, outs, provider.device, path),
-                PrepareInfo(key, cached, time.perf_counter() - t0, size))
-
     if use_cache:
         found = _load_entry(entry, provider, repair=False)  # the common case: no lock taken
         if found is not None:
-            return done(*found, entry.compiled_path)
+            return (*found, entry.compiled_path)
         try:
             with entry.lock():
                 found = _load_entry(entry, provider, repair=True)  # another process may have built it meanwhile
                 if found is not None:
-                    return done(*found, entry.compiled_path)
+                    return (*found, entry.compiled_path)
                 with entry.staging() as stage:
-                    sess = _compile(spec, lq, provider, stage)
+                    sess = _compile(build, what, provider, stage)
                     stage.commit(spec, {"lane": provider.options_key()})
                     size = stage.size_bytes()
-            return done(sess, False, size, entry.compiled_path)
+            return sess, False, size, entry.compiled_path
         except OSError as e:  # read-only, full or foreign cache: build without it
             cache_unwritable(entry.root.parent, e)
         except GraphCacheError as e:  # a compiler that hit a full disk says so in its own words: try
-            sess, size = _compile_uncached(spec, lq, provider, key)  # outside the cache; raises if not that
+            sess, size = _compile_uncached(build, what, provider, key)  # outside the cache; raises if not that
             cache_unwritable(entry.root.parent, e)
-            return done(sess, False, size)
-    sess, size = _compile_uncached(spec, lq, provider, key)
-    return done(sess, False, size)
+            return sess, False, size, None
+    sess, size = _compile_uncached(build, what, provider, key)
+    return sess, False, size, None
 
 
-def _compile_uncached(spec: segments.SegmentSpec, lq: segments.LayerQ, provider: Provider,
+def _compile_uncached(build: "Callable[[], onnx.ModelProto]", what: str, provider: Provider,
                       key: str) -> tuple[ort.InferenceSession, int]:
     """(session, bytes) of a graph built in a temporary folder, outside the cache."""
     with tempfile.TemporaryDirectory(prefix="hetero-graph-") as d:
         stage = CacheEntry(Path(d), key)
-        sess = _compile(spec, lq, provider, stage)
+        sess = _compile(build, what, provider, stage)
         return sess, stage.size_bytes()
 
 
@@ -334,20 +354,19 @@ def _load_entry(entry: CacheEntry, provider: Provider, repair: bool) -> tuple[or
         return None
 
 
-def _compile(spec: segments.SegmentSpec, lq: segments.LayerQ, provider: Provider,
+def _compile(build: "Callable[[], onnx.ModelProto]", what: str, provider: Provider,
              stage: CacheEntry) -> ort.InferenceSession:
-    """Export the segment into `stage` and compile it there; GraphCacheError names what failed."""
+    """Export the graph `build()` makes into `stage` and compile it there; GraphCacheError names what failed."""
     from hetero.npu import export  # onnx: only when a graph is built (a warm start loads them all)
 
-    export.save_onnx(export.build_segment(spec, lq), stage.model_path)
+    export.save_onnx(build(), stage.model_path)
     try:
         with atomic_path(stage.compiled_path) as tmp:
             sess = provider.compile(stage.model_path, tmp)
             if not tmp.exists() or tmp.stat().st_size == 0:
-                raise GraphCacheError(f"{provider.name} wrote no compiled graph for layer {spec.layer} {spec.kind}")
+                raise GraphCacheError(f"{provider.name} wrote no compiled graph for {what}")
     except GraphCacheError:
         raise
     except Exception as e:
-        raise GraphCacheError(f"{provider.name} failed to compile layer {spec.layer} {spec.kind} "
-                              f"(C={spec.chunk}, shape {spec.shape}): {e}") from e
+        raise GraphCacheError(f"{provider.name} failed to compile {what}: {e}") from e
     return sess

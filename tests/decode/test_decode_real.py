@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hetero.decode import SamplingParams, generate, stream
+from hetero.decode.step import DecodeStep
 from hetero.errors import ConfigError
 from hetero.runtime import Runtime
 
@@ -56,9 +57,19 @@ def test_greedy_equals_hf_generate(default_model, rt) -> None:
     assert len(g.tokens) >= 8 and "Paris" in g.text
 
 
+@pytest.fixture(scope="module")
+def nbits_rt(default_model, int8_rt):
+    """The same INT8 prefill with the decode placement of `make_runtime`: its steps on MatMulNBits graphs (`npu.nbits`)."""
+    from hetero.npu.placement import decode_placement
+
+    return Runtime(default_model, chunk=64, backend=int8_rt.backend, decode=decode_placement(int8_rt.backend))
+
+
 @pytest.mark.parametrize("speculate", ["lookup", "self", "draft"])
-def test_speculation_is_token_for_token_plain_greedy(default_model, int8_rt, speculate) -> None:
-    rt = int8_rt
+@pytest.mark.parametrize("form", ["int8", "nbits"])
+def test_speculation_is_token_for_token_plain_greedy(default_model, int8_rt, nbits_rt, speculate, form) -> None:
+    rt = int8_rt if form == "int8" else nbits_rt
+    assert (DecodeStep.of(rt).small_rows > 0) == (form == "nbits")
     ids = chat_ids(default_model, COPY_PROMPT)
     params = SamplingParams(max_new_tokens=40 if speculate == "lookup" else 20)
     plain = generate(rt, rt.prefill(ids), params)

@@ -36,7 +36,9 @@ def test_float_and_cpu_ep_runtimes_decode_on_their_own_engines(tiny):
     placed = decode_placement(be)
     assert (placed.device, placed.engine) == ("cpu", "ort-cpu") and placed.reason
     step = DecodeStep(Runtime(tiny, chunk=16, backend=be, decode=placed))
-    assert step.backend(1).plan.weight_form == isa.FORM_AVX2  # its own graphs: the form is the plan's
+    assert placed.small_rows == 8 and step.backend(1).name == "nbits"  # decode sizes: MatMulNBits (`npu.nbits`)
+    int8 = DecodeStep(Runtime(tiny, chunk=16, backend=be, decode=placed), small_rows=0)
+    assert int8.backend(1).plan.weight_form == isa.FORM_AVX2  # its own INT8 graphs: the form is the plan's
     with pytest.raises(ConfigError, match="provider must be"):
         be.at_chunk(1, provider="qnn-htp")
 
@@ -66,7 +68,7 @@ def test_a_prefill_on_qnn_htp_decodes_on_the_cpu_ep_with_the_same_plan(tiny):
     placed = decode_placement(qnn)
     assert (placed.device, placed.engine) == ("cpu", "ort-cpu") and "qnn-htp" in placed.reason
     rt = Runtime(tiny, chunk=16, backend=qnn, decode=placed)
-    step = DecodeStep(rt, attention_threads=1)
+    step = DecodeStep(rt, attention_threads=1, small_rows=0)  # the INT8 graphs at every size
     one = step.backend(1)
     assert isinstance(one.provider, OrtCpuProvider) and one.plan.weight_form == isa.cpu_form_for(isa.FORM_NPU)
     # what a runtime prefilling on the CPU EP with this plan decodes, bit for bit, from the same cache

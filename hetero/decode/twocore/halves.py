@@ -11,7 +11,9 @@ thread runs. A column of `MatMulIntegerToFloat` is the same integer sum and the 
 columns come with it, so a split graph computes its outputs bit for bit as the whole graph (tested).
 
 Only row counts of one are split (the halves of a [C, N] output are not contiguous for C > 1), and only
-`MatMulIntegerToFloat` with constant weights (the CPU EP's INT8 matmul); a graph without one stays whole.
+`MatMulIntegerToFloat` (the CPU EP's INT8 matmul) and `MatMulNBits` (`npu.nbits`: each column is its own blocks
+of weights against the row's per-block int8 activations, whichever columns come with it) with constant weights;
+a graph without one stays whole.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from onnx import helper, numpy_helper
 from hetero.sessions import cpu_session
 
 SPLIT_OP = "MatMulIntegerToFloat"  # inputs: A, B, a_scale, b_scale[, a_zero_point, b_zero_point, bias]
+NBITS_OP = "MatMulNBits"  # inputs: A, B [N, blocks, blob], scales [N·blocks], zero_points[, g_idx, bias]; attribute N
 
 
 @dataclass
@@ -50,7 +53,14 @@ def columns(width: int, half: int) -> tuple[int, int]:
 
 
 def _splittable(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
-    return node.op_type == SPLIT_OP and node.domain == "com.microsoft" and node.input[1] in inits
+    return node.op_type in (SPLIT_OP, NBITS_OP) and node.domain == "com.microsoft" and node.input[1] in inits
+
+
+def _width(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> int:
+    """N of a splittable matmul: its B's columns ([K, N]), or MatMulNBits' attribute."""
+    if node.op_type == NBITS_OP:
+        return next(int(a.i) for a in node.attribute if a.name == "N")
+    return int(inits[node.input[1]].dims[1])
 
 
 def _needed(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
@@ -93,7 +103,7 @@ def split_graph(model: onnx.ModelProto) -> Halves | None:
         if not matmuls:
             stages.append(Stage([_subgraph(model, nodes, inputs, outputs, {}, 0)], inputs, sorted(outputs)))
             continue
-        split = {n.output[0]: int(inits[n.input[1]].dims[1]) for n in matmuls}
+        split = {n.output[0]: _width(n, inits) for n in matmuls}
         halves = []
         for h in (0, 1):
             outs = outputs if h == 0 else [o for o in outputs if o in split]
@@ -117,7 +127,9 @@ def _subgraph(model: onnx.ModelProto, nodes: list[onnx.NodeProto], inputs: list[
     for n in nodes:
         n2 = onnx.NodeProto()
         n2.CopyFrom(n)
-        if n.output and n.output[0] in split:
+        if n.output and n.output[0] in split and n.op_type == NBITS_OP:
+            new_inits += _nbits_half(n2, by_name, split[n.output[0]], half)
+        elif n.output and n.output[0] in split:
             lo, hi = columns(split[n.output[0]], half)
             # B [K, N], b_scale and b_zero_point [N] or [1], bias [N]: each sliced to the half's columns under a new name
             for slot in (1, 3, 5, 6):
@@ -136,6 +148,27 @@ def _subgraph(model: onnx.ModelProto, nodes: list[onnx.NodeProto], inputs: list[
                               [helper.make_tensor_value_info(o, elem, None) for o in outputs],
                               inits + new_inits)
     return helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+
+
+def _nbits_half(node: onnx.NodeProto, by_name: dict[str, onnx.TensorProto], n: int, half: int) -> list[onnx.TensorProto]:
+    """Cut a MatMulNBits node (a copy, changed in place) to column half `half` of its n outputs: B's, the scales' and
+    the zero points' rows of those columns (each laid out column by column), the bias's entries, attribute N;
+    returns the new initializers."""
+    lo, hi = columns(n, half)
+    out = []
+    for slot in (1, 2, 3, 5):  # B, scales, zero_points, bias (4: g_idx, per K: whole)
+        if slot >= len(node.input) or not node.input[slot]:
+            continue
+        t = by_name[node.input[slot]]
+        a = numpy_helper.to_array(t)
+        cut = a.reshape(n, -1)[lo:hi].reshape((hi - lo, *a.shape[1:]) if a.ndim > 1 else -1)
+        name = f"{t.name}__cols{half}"
+        out.append(numpy_helper.from_array(np.ascontiguousarray(cut), name))
+        node.input[slot] = name
+    for a in node.attribute:
+        if a.name == "N":
+            a.i = hi - lo
+    return out
 
 
 def _widths(model: onnx.ModelProto, graph_inputs: list[str], names: set[str]) -> dict[str, int]:
