@@ -60,7 +60,8 @@ class AttnSpec:
 #  their parameters are in `layer_digest`, so the version stays.)
 EXPORT_VERSION = 8
 # Whole-layer graphs (kind "layer", in their keys only: the segments' keys stay as they are). 2: gate, up apart.
-LAYER_VERSION = 2
+# 5: the in-graph shadows take their channels by Compress (3 and 4 named unkept experiments' graphs: never reuse them).
+LAYER_VERSION = 5
 DYNAMIC_ROWS = 0  # SegmentSpec.chunk of a graph whose row count is symbolic (one session for every chunk length)
 FLAVORS = ("cpu", "qnn", "qnn-fp16")  # "qnn-fp16": HTP running float ops in fp16 (SoC lanes, AI Hub)
 PIECES = ("o", "gu", "act", "down")
