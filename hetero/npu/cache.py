@@ -2,7 +2,7 @@
 
 `cache_dir()/graphs/<provider>/<key>/`: the exported model, the compiled one (ORT-optimized model or QNN
 context model + binary) and meta.json, written last. The key hashes the layer's parameters, the model
-fingerprint, the segment spec, provider options and library versions. Every file has a content record
+fingerprint, the segment spec, provider options, library versions and the graph builders' source. Every file has a content record
 (`paths.verify_files`: size + xxh3, checked in full at first use in a process, never trusting stat stamps);
 a stale or corrupt entry is rebuilt with a warning. Layout: docs/design.md.
 Processes sharing the cache build an entry once, under its lock (`graphs/.locks/`), in a private staging
@@ -55,9 +55,28 @@ def library_versions() -> dict[str, str]:
     return v
 
 
+# The modules whose source decides what a cached graph holds: its export, compilation and session options. Their
+# source is in every key (`builders_digest`), as numba's kernels (`hetero.jitcache`) and the plans
+# (`outliers.plancache`) are keyed: an edit to one of them (an experiment, an upgrade that forgot a version bump)
+# gets new keys, never another build's graph under the old one.
+GRAPH_BUILDERS = ("npu/export.py", "npu/segments.py", "npu/site_ops.py", "npu/nbits.py", "npu/providers.py",
+                  "attention.py", "outliers/quantize.py")
+
+
+@functools.cache
+def builders_digest() -> str:
+    """sha256 of the source of `GRAPH_BUILDERS` (16 hex digits), read once per process."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for rel in GRAPH_BUILDERS:
+        h.update(rel.encode() + b"\0" + (root / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def entry_key(*parts: object) -> str:
-    """sha256 over the JSON of `parts` (sorted keys), 32 hex digits."""
-    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    """sha256 over the JSON of `parts` (sorted keys) and the graph builders' source (`builders_digest`), 32 hex
+    digits."""
+    blob = json.dumps([builders_digest(), *parts], sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:32]
 
 

@@ -50,7 +50,8 @@ class AttnSpec:
 
 
 # Versions of what `export` builds of a segment, part of every graph's cache key (here, not in `export`: a warm start
-# keys its graphs without importing onnx). Bump EXPORT_VERSION when the graphs' math or I/O change.
+# keys its graphs without importing onnx). Bump EXPORT_VERSION when the graphs' math or I/O change (every key also
+# holds the graph builders' source, `cache.builders_digest`: an edit that forgets the bump still gets new keys).
 # 4: per-output-channel weight scales. 5: 7-bit weights by default, u8·s8 MatMulInteger on the CPU EP.
 # 6: qnn flavour: u8→u16 Convert in front of the MatMul, so HTP really rounds the activation.
 # 7: qnn weights dequantized at their largest channel scale; the qnn-fp16 flavour (RMSNorm on x / max|x|).

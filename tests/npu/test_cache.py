@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,3 +128,15 @@ def test_failed_compile_leaves_nothing_on_disk(tiny):
     with pytest.raises(GraphCacheError, match="failed to compile layer 0 qkv"):
         prepare_graph(spec, lq, tiny.fingerprint, Failing())
     assert not (graphs_root() / "ort-cpu").exists() or not any((graphs_root() / "ort-cpu").iterdir())
+
+
+def test_every_key_holds_the_graph_builders_source(monkeypatch):
+    """An edit to a module that builds or compiles graphs (an experiment, an upgrade that forgot its version bump)
+    gives every graph another key: another build's graph is never loaded under the old one."""
+    from hetero.npu import cache
+
+    root = Path(cache.__file__).resolve().parents[1]
+    assert all((root / rel).is_file() for rel in cache.GRAPH_BUILDERS)
+    before = cache.entry_key("hetero-graph", 1, "layer")
+    monkeypatch.setattr(cache, "builders_digest", lambda: "an edited export.py")
+    assert cache.entry_key("hetero-graph", 1, "layer") != before
