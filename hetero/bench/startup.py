@@ -8,7 +8,7 @@ clock starts, and the exit. Medians of the rounds, after one warm-up run
 of each engine (the warm cache). Each round also times two processes that only import (started and ended as `hetero`
 is): what hetero's default path cannot do without today (`FLOORS["floor"]`: torch, numba, ONNX Runtime), a floor
 under hetero's wall time on this machine; and what a default path without torch would import (`FLOORS["floor
-without torch"]`), the floor of that design (docs/design.md, "Start-up").
+without torch"]`), the floor of that design (docs/design.md, "Threads and process state", its start-up item).
 """
 
 from __future__ import annotations
