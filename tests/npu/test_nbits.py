@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from hetero import model as ref
-from hetero.decode.rowattn import row_attention
 from hetero.decode.step import DecodeStep
 from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
@@ -19,6 +18,7 @@ from hetero.npu.providers import OrtCpuProvider
 from hetero.outliers.rotate import block_hadamard
 from hetero.runtime import Runtime
 from tests.conftest import make_tiny_model
+from tests.decode.test_bound import unbound_step
 from tests.npu.conftest import SHADOWS, tiny_plan
 from tests.npu.test_site_ops import FORMS, ONLINE, rotated_a16_plan
 
@@ -93,17 +93,6 @@ def test_form_is_checked():
         NbitsBackend(make_tiny_model(), {}, OrtCpuProvider(1), layers=[0]).program(5)
 
 
-@torch.inference_mode()
-def _unbound(rt: Runtime, be: NbitsBackend, cache, token: int, slot: int) -> torch.Tensor:
-    h = ref.embed(rt.model.weights, torch.tensor([token]))
-    for layer in range(rt.cfg.n_layers):
-        q, k, v = be.qkv(layer, h)
-        kc, vc = cache.layer(layer)
-        a = ref.attention(rt.cfg, q, k, v, rt.rope, kc, vc, slot, 1, torch.tensor([slot]), None, row_attention)
-        h = be.o_ffn(layer, a, h)
-    return h
-
-
 @pytest.mark.parametrize("attention_threads", [1, 2])
 @pytest.mark.parametrize("kind", ["w8a8-shadows", "rot-a16-shadows"])
 def test_bound_step_on_nbits_graphs_equals_the_unbound_graphs(kind, attention_threads):
@@ -120,7 +109,7 @@ def test_bound_step_on_nbits_graphs_equals_the_unbound_graphs(kind, attention_th
     slot = r1.cache.length
     for token in (7, 200):  # two steps: the second reads the first's K/V
         got = step.forward(r1.cache, TokenTree([token], [-1]))
-        h = _unbound(rt, whole, r2.cache, token, r2.cache.length)
+        h = unbound_step(rt, whole, r2.cache, token, r2.cache.length)
         assert torch.equal(got, step.head(h))
         assert torch.equal(r1.cache.k[:, :, slot], r2.cache.k[:, :, slot])
         for r in (r1, r2):
