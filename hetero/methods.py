@@ -152,13 +152,13 @@ def ship_default_plans() -> list[str]:
     `tests/outliers/test_plancache.py` fails until the plans are shipped again."""
     from hetero import shipped
     from hetero.loader import load_model
-    from hetero.outliers.plancache import plan_file
+    from hetero.outliers.plancache import cached_plan, plan_file
 
     model = quant_model(load_model(), DEFAULT_RECIPE)
     names: list[str] = []
     for form in SHIPPED_FORMS:
         options = plan_options(model, DEFAULT_RECIPE, form)
-        quant_plan(model, weight_form=form)  # cached under `plan_file`'s name
+        cached_plan(model, options)  # kept in the cache under `plan_file`'s name
         path = plan_file(model, options)
         shipped.ship("plans", path.name, path, keep=set(names), model=model.name, weight_form=form)
         names.append(path.name)

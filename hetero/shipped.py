@@ -35,8 +35,9 @@ def manifest(kind: str) -> dict[str, dict]:
 
 def verified(kind: str, entry: dict) -> Path | None:
     """The file a manifest entry of `kind` names, when its content hash is the recorded one; else None (warned)."""
-    path = DATA / kind / entry["file"]
-    if not path.is_file() or content_hash(path) != entry.get("xxh3"):
+    name = entry.get("file") if isinstance(entry, dict) else None
+    path = DATA / kind / str(name)
+    if not isinstance(name, str) or not path.is_file() or content_hash(path) != entry.get("xxh3"):
         log.warning("the shipped %s file %s fails its content hash: computing it instead", kind, path)
         return None
     return path
@@ -44,8 +45,8 @@ def verified(kind: str, entry: dict) -> Path | None:
 
 def ship(kind: str, key: str, source: Path, keep: set[str] | None = None, **fields: object) -> None:
     """Copy `source` into `hetero/data/<kind>/` under its own name and record it in the manifest under `key`
-    (with `fields`). keep: when given, the keys whose entries stay; every other entry and its file is removed
-    (a regenerated folder holds only what the current code reads)."""
+    (with `fields`). keep: when given, the keys whose entries stay; every other entry, and every file no entry
+    names, is removed (a regenerated folder holds only what the current code reads)."""
     folder = DATA / kind
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_path(folder / source.name) as tmp:
@@ -53,9 +54,11 @@ def ship(kind: str, key: str, source: Path, keep: set[str] | None = None, **fiel
     entries = manifest(kind)
     entries[key] = {**fields, "file": source.name, "xxh3": content_hash(folder / source.name)}
     if keep is not None:
-        for stale in set(entries) - keep - {key}:
-            if entries[stale]["file"] not in {e["file"] for k, e in entries.items() if k != stale}:
-                (folder / entries[stale]["file"]).unlink(missing_ok=True)
-            del entries[stale]
+        entries = {k: e for k, e in entries.items() if k in keep or k == key}
     with atomic_path(folder / "manifest.json") as tmp:
         tmp.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
+    if keep is not None:  # after the manifest: it never names a removed file
+        named = {e["file"] for e in entries.values()} | {"manifest.json"}
+        for f in folder.iterdir():
+            if f.is_file() and f.name not in named:
+                f.unlink()

@@ -73,34 +73,29 @@ def cached_plan(model, options: PlanOptions, progress: bool = False) -> QuantPla
     """`plan_from_calibration(model, ensure_calibration(model), options)`, read from its file beside the model's
     calibration when one is recorded for that calibration's content, else from the package when it ships that
     file (`hetero.shipped`: the default model's, checked by content hash), else derived; kept there either way."""
-    path = calibration_path(model)
-    entry = path.parent
-    calib_hash = _recorded_hash(path)
-    if calib_hash is not None:
-        name = _plan_name(model, options, calib_hash)
-        if (entry / name).is_file():
-            bad = verify(entry, [name])
-            if not bad:
-                try:
-                    return _read_plan(entry / name, model)
-                except (OSError, ValueError, KeyError, TypeError, ConfigError) as e:
-                    log.warning("quantization plan %s cannot be read (%s: %s); deriving it again", entry / name,
-                                type(e).__name__, e)
-            else:
-                log.warning("quantization plan %s %s; deriving it again", entry / name, "; ".join(d.why for d in bad))
+    path = plan_file(model, options)
+    if path is not None and path.is_file():
+        bad = verify(path.parent, [path.name])
+        if not bad:
+            try:
+                return _read_plan(path, model)
+            except (OSError, ValueError, KeyError, TypeError, ConfigError) as e:
+                log.warning("quantization plan %s cannot be read (%s: %s); deriving it again", path,
+                            type(e).__name__, e)
+        else:
+            log.warning("quantization plan %s %s; deriving it again", path, "; ".join(d.why for d in bad))
     calib = ensure_calibration(model, progress=progress, online=dict(options.online or {}))
-    calib_hash = _recorded_hash(path)  # what ensure_calibration checked (or wrote) the file against
-    if calib_hash is None:  # an unwritable cache: derived again next time
+    path = plan_file(model, options)  # named by what ensure_calibration checked (or wrote) the file against
+    if path is None:  # an unwritable cache: derived again next time
         return plan_from_calibration(model, calib, options)
-    name = _plan_name(model, options, calib_hash)
-    shipped_entry = shipped.manifest("plans").get(name)
+    shipped_entry = shipped.manifest("plans").get(path.name)
     where = shipped.verified("plans", shipped_entry) if shipped_entry is not None else None
     if where is not None:
-        log.info("quantization plan of %s from the package (%s)", model.name, name)
+        log.info("quantization plan of %s from the package (%s)", model.name, path.name)
         derived = _read_plan(where, model)
     else:
         derived = plan_from_calibration(model, calib, options)
-    keep(entry, name, derived.to_dict(), _save)
+    keep(path.parent, path.name, derived.to_dict(), _save)
     return derived
 
 
