@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 
 INT8_OPS = {"MatMulIntegerToFloat", "MatMulInteger", "ConvInteger", "QLinearMatMul"}  # the static graphs' kernels
-# What a node of hetero's graphs does, from the stem `npu.export` names it by (`_Graph.op`: "<stem>_<n>_<Op>"; ONNX
+# What a node of hetero's graphs does, from the stem `npu.export` names it by (`GraphBuilder.op`: "<stem>_<n>_<Op>"; ONNX
 # Runtime keeps it, with a fusion's suffix, in a fused node's name): an op type alone mixes them (a MatMul is a
 # shadow's product or an online Hadamard, a Mul a norm, the SiLU·up product or a dequantization).
 PART_OF_STEM = {
@@ -38,7 +38,7 @@ def layer_part(op: str, node: str) -> str:
     graph (the attention kernel's own session, the LM head) by its op type."""
     if op == "GroupQueryAttention":
         return "attention"
-    if op in ("SimplifiedLayerNormalization", "LayerNormalization"):  # ONNX Runtime's fusion of `export._rms_norm`
+    if op in ("SimplifiedLayerNormalization", "LayerNormalization"):  # ONNX Runtime's fusion of `export.rms_norm`
         return "RMSNorm"
     if op in ("QuantizeLinear", "DynamicQuantizeLinear"):
         return "quantize"

@@ -49,7 +49,7 @@ QNN_CONSTRAINTS: dict[str, str] = {
     "soc_model_fp16": "with soc_model set (60 = 8 Gen 3) the simulator runs float ops in fp16, as a device does. "
                       "SmolLM2's residual stream reaches |h| = 274 after layer 1 and 24,886 after layer 11: the "
                       "textbook RMSNorm's x² overflows fp16 (max 65,504) and a 30-layer prefill decoded garbage. "
-                      "The qnn-fp16 graphs normalise x / max|x| first (`export._rms_norm`); the 30-layer prefill "
+                      "The qnn-fp16 graphs normalise x / max|x| first (`export.rms_norm`); the 30-layer prefill "
                       "then answers 'The capital of France is indeed called Paris' (C=256), but layer 1's qkv "
                       "is thousands of steps off at C=64: on one row (max|h| 34.7) HTP's RMSNorm returns 19,952 "
                       "instead of 4.17, as if mean((x/m)²) = 0.0053 came out ~0; not yet understood "

@@ -28,7 +28,7 @@ OPSET = 21
 # ---------------------------------------------------------------------------------------- builder
 
 
-class _Graph:
+class GraphBuilder:
     """A tiny ONNX graph builder with deterministic names (ORT quantization tool style)."""
 
     def __init__(self, name: str):
@@ -78,7 +78,7 @@ class _Graph:
         return m
 
 
-def _rms_norm(g: _Graph, x: str, w: np.ndarray, eps: float, flavor: str) -> str:
+def rms_norm(g: GraphBuilder, x: str, w: np.ndarray, eps: float, flavor: str) -> str:
     """x / sqrt(mean(x²) + eps) * w.
 
     cpu: the Pow→ReduceMean→Add→Sqrt→Div→Mul pattern ORT fuses into SimplifiedLayerNormalization.
@@ -125,22 +125,22 @@ def cpu_kernel(weight_form: str) -> str:
     return WEIGHT_FORMS[check_weight_form(weight_form)].kernel
 
 
-def _conv_in(g: _Graph, x: str) -> str:
+def _conv_in(g: GraphBuilder, x: str) -> str:
     """[a, b, K] → [1, K, a, b] (NCHW) for a 1×1 Conv (on the CPU EP the moved tensor is the u8 activation)."""
     return g.op("Unsqueeze", [g.op("Transpose", [x], "nchw", perm=[2, 0, 1]), g.const(np.array([0], np.int64))])
 
 
-def _conv_out(g: _Graph, y: str) -> str:
+def _conv_out(g: GraphBuilder, y: str) -> str:
     """[1, N, a, b] → [a, b, N]."""
     return g.op("Transpose", [g.op("Squeeze", [y, g.const(np.array([0], np.int64))])], "rows", perm=[1, 2, 0])
 
 
-def _weight(g: _Graph, w_kn: np.ndarray, conv: bool, stem: str = "w_q") -> str:
+def _weight(g: GraphBuilder, w_kn: np.ndarray, conv: bool, stem: str = "w_q") -> str:
     """A weight given as [K, N], stored for MatMul ([K, N]) or for a 1×1 Conv ([N, K, 1, 1])."""
     return g.const(np.ascontiguousarray(w_kn.T)[:, :, None, None] if conv else np.ascontiguousarray(w_kn), stem)
 
 
-def _product(g: _Graph, op: str, x: str, w: str, extra: list[str], conv: bool) -> str:
+def _product(g: GraphBuilder, op: str, x: str, w: str, extra: list[str], conv: bool) -> str:
     """x @ W: `op` (MatMul / MatMulInteger) over rows, or its 1×1 Conv (Conv / ConvInteger) over x laid
     out NCHW (§4 equivalent shape "conv:a"); `w` stored by `_weight`."""
     if not conv:
@@ -149,7 +149,7 @@ def _product(g: _Graph, op: str, x: str, w: str, extra: list[str], conv: bool) -
     return _conv_out(g, g.op(conv_op, [_conv_in(g, x), w, *extra], "acc"))
 
 
-def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: bool | None = None,
+def _linears(g: GraphBuilder, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: bool | None = None,
              conv: bool = False, kernel: str = "u8s8", shadow: bool = False) -> str:
     """y = concat_j(int8_linear(x, s_x, W_j) + b_j) along the last axis; all lins share x and s_x.
 
@@ -230,7 +230,7 @@ def _linears(g: _Graph, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: 
     return y
 
 
-def _shadow(g: _Graph, x: str, lins: list[LinearQ], w: str, kernel: str) -> str:
+def _shadow(g: GraphBuilder, x: str, lins: list[LinearQ], w: str, kernel: str) -> str:
     """The CPU side of Eq. 1 in the graph, as `outliers.shadow.shadow_part` computes it: r = x − clip(x, lo, hi)
     (lo, hi: the INT8 range, compared in float32 as `rangecheck.split_beyond`), the channels c where some row
     has r ≠ 0 (found at run time), and r[:, c] @ W_deq[:, c]ᵀ with the dequantized rows taken from the linear's
@@ -260,12 +260,12 @@ def _out_scale(s_x: np.float32, lq: LinearQ) -> np.ndarray:
     return (np.float32(s_x) * np.asarray(lq.w_scale, np.float32).reshape(n)).astype(np.float32)
 
 
-def _slice_last(g: _Graph, x: str, start: int, end: int) -> str:
+def slice_last(g: GraphBuilder, x: str, start: int, end: int) -> str:
     return g.op("Slice", [x, g.const(np.array([start], np.int64)), g.const(np.array([end], np.int64)),
                           g.const(np.array([-1], np.int64))])
 
 
-def _activation(g: _Graph, x: str, act: str) -> str:
+def activation(g: GraphBuilder, x: str, act: str) -> str:
     """The gate's activation as `model.activation` computes it (silu: x·sigmoid(x); gelu: erf form; gelu_tanh:
     0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))); relu)."""
     if act == "silu":
@@ -284,7 +284,7 @@ def _activation(g: _Graph, x: str, act: str) -> str:
     return g.op("Mul", [half, g.op("Add", [inner, g.const(np.array(1.0, np.float32), "one")])], act)
 
 
-def _attention(g: _Graph, qkv: str, attn: AttnSpec, lq: LayerQ) -> str:
+def _attention(g: GraphBuilder, qkv: str, attn: AttnSpec, lq: LayerQ) -> str:
     """The chunk's attention over the KV cache (`attention.gqa_node`, as `attention.ChunkAttention` runs it):
     packed q|k|v [T, ·] → [T, q_dim], this chunk's K/V written into the cache inputs in place."""
     d, f, i32 = lq.q_dim // attn.n_heads, TensorProto.FLOAT, TensorProto.INT32
@@ -303,7 +303,7 @@ def _attention(g: _Graph, qkv: str, attn: AttnSpec, lq: LayerQ) -> str:
 
 def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
     """The ONNX graph of one segment (pure function of its spec and parameters)."""
-    g = _Graph(f"L{spec.layer}_{spec.kind}_C{spec.chunk}_{spec.flavor}")
+    g = GraphBuilder(f"L{spec.layer}_{spec.kind}_C{spec.chunk}_{spec.flavor}")
     ins, outs = segment_io(spec, lq)
     ab = shape_rows(spec.shape, spec.chunk)
     rows: int | str = spec.chunk or "T"  # DYNAMIC_ROWS: a symbolic row count
@@ -322,7 +322,7 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
     B = Buffer
     for piece in spec.pieces:
         if piece == "qkv":
-            env[B.X] = _rms_norm(g, env[B.H], lq.attn_norm, lq.eps, f)
+            env[B.X] = rms_norm(g, env[B.H], lq.attn_norm, lq.eps, f)
             env[B.QKV] = _linears(g, online("attn_in", env[B.X], lq.hidden), list(lq.qkv), f, conv=conv, kernel=k,
                                   shadow="attn_in" in sh)
         elif piece == "attn":
@@ -332,9 +332,9 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
             env[B.O] = _linears(g, online("o_in", env[B.A], lq.q_dim), [lq.o], f, conv=conv, kernel=k,
                                 shadow="o_in" in sh)
         elif piece == "gu":
-            o = env[B.O] if lq.post_attn_norm is None else _rms_norm(g, env[B.O], lq.post_attn_norm, lq.eps, f)
+            o = env[B.O] if lq.post_attn_norm is None else rms_norm(g, env[B.O], lq.post_attn_norm, lq.eps, f)
             env[B.H1] = g.op("Add", [env[B.H], o], B.H1)
-            env[B.X] = _rms_norm(g, env[B.H1], lq.ffn_norm, lq.eps, f)
+            env[B.X] = rms_norm(g, env[B.H1], lq.ffn_norm, lq.eps, f)
             x = online("ffn_in", env[B.X], lq.hidden)
             if spec.kind == "layer":  # gate and up apart: no Split of a [T, 2·ffn] product (8% of a layer's kernels)
                 env["gate"], env["up"] = (_linears(g, x, [lin], f, kernel=k, shadow="ffn_in" in sh)
@@ -345,14 +345,14 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
             if "gate" in env:
                 gate, up = env["gate"], env["up"]
             else:
-                gate = _slice_last(g, env[B.GU], 0, lq.ffn)
-                up = _slice_last(g, env[B.GU], lq.ffn, 2 * lq.ffn)
-            env[B.M] = g.op("Mul", [_activation(g, gate, lq.act), up], B.M)
+                gate = slice_last(g, env[B.GU], 0, lq.ffn)
+                up = slice_last(g, env[B.GU], lq.ffn, 2 * lq.ffn)
+            env[B.M] = g.op("Mul", [activation(g, gate, lq.act), up], B.M)
         elif piece == "down":
             env[B.D] = _linears(g, online("down_in", env[B.M], lq.ffn), [lq.down], f, conv=conv, kernel=k,
                                 shadow="down_in" in sh)
             if B.H1 in env:  # (a separate down graph's caller adds h1 + post-norm(d + shadow): `LayerProgram.finish`)
-                d = env[B.D] if lq.post_ffn_norm is None else _rms_norm(g, env[B.D], lq.post_ffn_norm, lq.eps, f)
+                d = env[B.D] if lq.post_ffn_norm is None else rms_norm(g, env[B.D], lq.post_ffn_norm, lq.eps, f)
                 env[B.H_OUT] = g.op("Add", [env[B.H1], d], B.H_OUT)
     if spec.attn is not None:  # the KV cache rows the attention node writes in place
         for name in GQA_OUTPUTS:
@@ -374,8 +374,3 @@ def save_onnx(m: onnx.ModelProto, path: Path, external_min_bytes: int = 1 << 16)
                         location=path.stem + ".data", size_threshold=1024)
     else:
         onnx.save_model(m, str(path))
-
-
-
-# The builder and float ops that other graph builders share (`npu.nbits`'s MatMulNBits decode graphs).
-GraphBuilder, rms_norm, activation, slice_last = _Graph, _rms_norm, _activation, _slice_last

@@ -198,7 +198,7 @@ class QnnHtpProvider(Provider):
         self.provider_options = {**QNN_DEFAULT_OPTIONS, **env_qnn_options(), **(provider_options or {})}
         soc = self.provider_options.get("soc_model")
         # a SoC model is another HTP (its graph cache, its recorded equivalent shapes) whose float ops run in
-        # fp16, as on the device: graphs of the fp16-safe flavour (`export._rms_norm`)
+        # fp16, as on the device: graphs of the fp16-safe flavour (`export.rms_norm`)
         self.name = f"qnn-htp-soc{soc}" if soc else "qnn-htp"
         self.flavor = "qnn-fp16" if soc else "qnn"
 
