@@ -29,13 +29,13 @@ import dataclasses
 
 import numpy as np
 import onnxruntime as ort
-import torch
 
+from hetero.buffers import f32_address
 from hetero.config import ModelConfig
 from hetero.errors import ConfigError
-from hetero.model import RopeTable, rms_norm
-from hetero.model import attention as model_attention
+from hetero.rope import RopeTable
 from hetero.sessions import cpu_session
+from hetero.threads import lane_threads
 
 
 GQA_INPUTS = ("past_key", "past_value", "seqlens_k", "total_len", "cos", "sin")  # beside the packed qkv rows
@@ -99,9 +99,9 @@ class ChunkAttention:
     threads: the most ONNX Runtime intra-op threads a call uses (a call uses torch's current thread count, at most this).
     """
 
-    def __init__(self, cfg: ModelConfig, cos: torch.Tensor, sin: torch.Tensor, threads: int,
-                 local: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 qk_norms: list[tuple[torch.Tensor, torch.Tensor]] | None = None, pool: str | None = None):
+    def __init__(self, cfg: ModelConfig, cos: np.ndarray, sin: np.ndarray, threads: int,
+                 local: tuple[np.ndarray, np.ndarray] | None = None,
+                 qk_norms: list[tuple[np.ndarray, np.ndarray]] | None = None, pool: str | None = None):
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
         if cfg.local_rope_theta and local is None:
@@ -109,8 +109,8 @@ class ChunkAttention:
         if cfg.qk_norm and (qk_norms is None or len(qk_norms) != cfg.n_layers):
             raise ConfigError("a QK-norm model's attention needs every layer's (q_norm, k_norm) weights")
         self.cfg, self.threads, self.pool = cfg, threads, pool  # pool: the runtime's ORT pool mode (`ExecutionPlan`)
-        self.cos, self.sin = cos.contiguous(), sin.contiguous()
-        self.local = None if local is None else (local[0].contiguous(), local[1].contiguous())
+        self.cos, self.sin = np.ascontiguousarray(cos), np.ascontiguousarray(sin)
+        self.local = None if local is None else (np.ascontiguousarray(local[0]), np.ascontiguousarray(local[1]))
         self.qk_norms = qk_norms
         # every layer alike: one graph (built at a session's first use: a runtime whose layers are whole-layer graphs
         # never runs this one, and a warm start imports no onnx, issue 28)
@@ -129,8 +129,8 @@ class ChunkAttention:
             s = self._sessions[threads, window] = cpu_session(_graph(self.cfg, window), threads, self.pool)
         return s
 
-    def __call__(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
-                 out: torch.Tensor, layer: int | None = None, base: int = 0) -> torch.Tensor:
+    def __call__(self, qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
+                 out: np.ndarray, layer: int | None = None, base: int = 0) -> np.ndarray:
         """qkv [n, q_dim + 2·kv_dim] (the chunk's real rows, un-roped, contiguous) at positions start..start+n-1;
         k_cache/v_cache [n_kv, capacity, D] (one layer, contiguous) whose row 0 holds position `base` (a windowed
         layer keeping its window, `KVCache.place`); out [n, q_dim]; layer: which layer (needed when layers differ).
@@ -147,10 +147,7 @@ class ChunkAttention:
         if self.qk_norms is not None:
             qk_norm_(cfg, qkv, *self.qk_norms[layer])
         if self._torch is not None:
-            plain, rope = self._torch
-            qd, kd = cfg.q_dim, cfg.kv_dim
-            out.copy_(model_attention(plain, qkv[:, :qd], qkv[:, qd : qd + kd], qkv[:, qd + kd :], rope, k_cache,
-                                      v_cache, start, n, layer=layer, base=base))
+            self._torch_rows(qkv, k_cache, v_cache, start, out, layer, base)
             return out
         cos, sin = self.local if cfg.local_rope(layer) else (self.cos, self.sin)
         # GroupQueryAttention ropes the new rows at positions past + i (past: the rows before them): from `base`
@@ -159,31 +156,48 @@ class ChunkAttention:
         f32 = np.float32
         # as many threads as the lane's torch share (`sched.executor.LaneWorkers`: one while another lane runs,
         # all while it runs alone): two lanes' pools on the same cores would wait on each other's threads
-        session = self.session(max(1, min(torch.get_num_threads(), self.threads)), cfg.window(layer))
+        session = self.session(max(1, min(lane_threads(), self.threads)), cfg.window(layer))
         b = session.io_binding()
-        b.bind_input("qkv", "cpu", 0, f32, (1, n, qkv.shape[1]), f32_ptr(qkv))
+        b.bind_input("qkv", "cpu", 0, f32, (1, n, qkv.shape[1]), f32_address(qkv, "attention: qkv"))
         for name, t in (("past_key", k_cache), ("past_value", v_cache)):
-            b.bind_input(name, "cpu", 0, f32, (1, *t.shape), f32_ptr(t))
-            b.bind_output(name.replace("past", "present"), "cpu", 0, f32, (1, *t.shape), t.data_ptr())
+            b.bind_input(name, "cpu", 0, f32, (1, *t.shape), f32_address(t, f"attention: {name}"))
+            b.bind_output(name.replace("past", "present"), "cpu", 0, f32, (1, *t.shape), t.ctypes.data)
         b.bind_cpu_input("seqlens_k", np.array([start + n - 1], dtype=np.int32))
         b.bind_cpu_input("total_len", np.array(start + n, dtype=np.int32))
-        b.bind_input("cos", "cpu", 0, f32, tuple(cos.shape), cos.data_ptr())
-        b.bind_input("sin", "cpu", 0, f32, tuple(sin.shape), sin.data_ptr())
-        b.bind_output("out", "cpu", 0, f32, (1, n, cfg.q_dim), f32_ptr(out))
+        b.bind_input("cos", "cpu", 0, f32, tuple(cos.shape), cos.ctypes.data)
+        b.bind_input("sin", "cpu", 0, f32, tuple(sin.shape), sin.ctypes.data)
+        b.bind_output("out", "cpu", 0, f32, (1, n, cfg.q_dim), f32_address(out, "attention: out"))
         session.run_with_iobinding(b)
         return out
 
 
-def qk_norm_(cfg: ModelConfig, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor) -> None:
-    """RMSNorm of each q and k head of the packed rows, in place (`model.attention`'s QK-norm, same ops)."""
+    def _torch_rows(self, qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int, out: np.ndarray,
+                    layer: int, base: int) -> None:
+        """`model.attention` on the rows (heads GroupQueryAttention cannot rotate), through torch views."""
+        import torch
+
+        from hetero.model import attention as model_attention
+
+        plain, rope = self._torch
+        cfg, n = self.cfg, qkv.shape[0]
+        qd, kd = cfg.q_dim, cfg.kv_dim
+        t = torch.from_numpy(qkv)
+        with torch.inference_mode():
+            torch.from_numpy(out).copy_(model_attention(
+                plain, t[:, :qd], t[:, qd : qd + kd], t[:, qd + kd :], rope, torch.from_numpy(k_cache),
+                torch.from_numpy(v_cache), start, n, layer=layer, base=base))
+
+
+def qk_norm_(cfg: ModelConfig, qkv: np.ndarray, q_norm: np.ndarray, k_norm: np.ndarray) -> None:
+    """RMSNorm of each q and k head of the packed rows, in place (`model.attention`'s QK-norm, same ops, through
+    torch views)."""
+    import torch
+
+    from hetero.model import rms_norm
+
     n, qd, kd, d = qkv.shape[0], cfg.q_dim, cfg.kv_dim, cfg.head_dim
-    q, k = qkv[:, :qd].view(n, cfg.n_heads, d), qkv[:, qd : qd + kd].view(n, cfg.n_kv_heads, d)
-    q.copy_(rms_norm(q, q_norm, cfg.rms_eps))
-    k.copy_(rms_norm(k, k_norm, cfg.rms_eps))
-
-
-def f32_ptr(t: torch.Tensor) -> int:
-    """The address of a contiguous float32 tensor that an ONNX Runtime binding reads or writes in place."""
-    if not t.is_contiguous() or t.dtype != torch.float32:
-        raise ConfigError(f"attention buffers must be contiguous float32, got {t.dtype} with strides {t.stride()}")
-    return t.data_ptr()
+    t = torch.from_numpy(qkv)
+    q, k = t[:, :qd].view(n, cfg.n_heads, d), t[:, qd : qd + kd].view(n, cfg.n_kv_heads, d)
+    with torch.inference_mode():
+        q.copy_(rms_norm(q, torch.from_numpy(q_norm), cfg.rms_eps))
+        k.copy_(rms_norm(k, torch.from_numpy(k_norm), cfg.rms_eps))

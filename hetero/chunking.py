@@ -8,8 +8,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import sys
+
 import numpy as np
-import torch
 
 from hetero.errors import ConfigError
 
@@ -26,13 +27,14 @@ class Chunk:
     rows: int  # rows the subgraphs run on: C for fixed-shape graphs
 
 
-def token_ids(ids: object, vocab: int) -> torch.Tensor:
-    """Token ids at the API edge as a 1-D int64 tensor: a list/tuple/range of ints, or a numpy or torch
+def token_ids(ids: object, vocab: int) -> np.ndarray:
+    """Token ids at the API edge as a 1-D int64 numpy array: a list/tuple/range of ints, or a numpy or torch
     integer array of any width (uint16 included), 1-D or [1, n]; each in [0, vocab). Anything else (None,
     text, floats, bools, generators, ids past the vocabulary) is a ConfigError saying what was expected."""
     what = "ids must be token ids (a list of ints, or a 1-D numpy/torch integer array)"
     if isinstance(ids, (str, bytes)):
         raise ConfigError(f"{what}, got {type(ids).__name__}: tokenize the text first, e.g. model.tokenizer(text)['input_ids']")
+    torch = sys.modules.get("torch")  # a torch tensor can only come from a process that imported torch
     if isinstance(ids, (list, tuple, range)):
         flat = ids[0] if len(ids) == 1 and isinstance(ids[0], (list, tuple)) else ids
         for j, v in enumerate(flat):
@@ -40,35 +42,26 @@ def token_ids(ids: object, vocab: int) -> torch.Tensor:
                 raise ConfigError(f"{what}; element {j} is {type(v).__name__} {v!r}")
             if not 0 <= v < vocab:
                 raise ConfigError(f"token id {v} at index {j} is out of range [0, {vocab})")
-        t = torch.tensor([int(v) for v in flat], dtype=torch.int64)
-    elif isinstance(ids, (np.ndarray, torch.Tensor)):
-        kind = ids.dtype.kind if isinstance(ids, np.ndarray) else \
-            ("b" if ids.dtype == torch.bool else "f" if ids.dtype.is_floating_point or ids.dtype.is_complex else "i")
-        if kind not in "iu":
+        a = np.array([int(v) for v in flat], dtype=np.int64)
+    elif isinstance(ids, np.ndarray) or (torch is not None and isinstance(ids, torch.Tensor)):
+        a = ids.numpy(force=True) if not isinstance(ids, np.ndarray) else ids
+        if a.dtype.kind not in "iu":
             raise ConfigError(f"{what}, got an array of dtype {ids.dtype}: token ids are integers")
-        a = ids.numpy(force=True) if isinstance(ids, torch.Tensor) and ids.dtype != torch.int64 else ids
-        if isinstance(a, np.ndarray):
-            a = np.asarray(a)
-            if a.size and (a.min() < 0 or a.max() >= vocab):
-                j = int(np.flatnonzero((a.reshape(-1) < 0) | (a.reshape(-1) >= vocab))[0])
-                raise ConfigError(f"token id {a.reshape(-1)[j]} at index {j} is out of range [0, {vocab})")
-            t = torch.from_numpy(a.astype(np.int64, copy=False))
-        else:
-            t = a
+        a = a.astype(np.int64, copy=False)
     else:
         raise ConfigError(f"{what}, got {type(ids).__name__}" + (" (materialize it: list(ids))"
                                                                  if hasattr(ids, "__next__") else ""))
-    if t.dim() == 2 and t.shape[0] == 1:
-        t = t[0]
-    if t.dim() != 1:
-        raise ConfigError(f"ids must be a 1-D sequence of token ids, got shape {tuple(t.shape)}")
-    if t.numel() == 0:
+    if a.ndim == 2 and a.shape[0] == 1:
+        a = a[0]
+    if a.ndim != 1:
+        raise ConfigError(f"ids must be a 1-D sequence of token ids, got shape {tuple(a.shape)}")
+    if a.size == 0:
         raise ConfigError("ids is empty: the prompt must contain at least one token")
-    bad = ((t < 0) | (t >= vocab)).nonzero()
-    if bad.numel():
-        j = int(bad[0, 0])
-        raise ConfigError(f"token id {int(t[j])} at index {j} is out of range [0, {vocab})")
-    return t
+    bad = np.flatnonzero((a < 0) | (a >= vocab))
+    if bad.size:
+        j = int(bad[0])
+        raise ConfigError(f"token id {int(a[j])} at index {j} is out of range [0, {vocab})")
+    return a
 
 
 def check_chunk(chunk_len: object, context_length: int) -> int:
@@ -105,9 +98,9 @@ def plan_chunks(n_tokens: int, chunk_len: int, start: int = 0, any_rows: bool = 
     return chunks
 
 
-def padded_ids(ids: torch.Tensor, chunk: Chunk, first: int, pad_id: int = 0) -> torch.Tensor:
+def padded_ids(ids: np.ndarray, chunk: Chunk, first: int, pad_id: int = 0) -> np.ndarray:
     """The `chunk.rows` token ids of `chunk` (ids are the new tokens; `first` is the absolute position of ids[0])."""
     lo = chunk.start - first
-    out = torch.full((chunk.rows,), pad_id, dtype=ids.dtype)
+    out = np.full((chunk.rows,), pad_id, dtype=ids.dtype)
     out[: chunk.n_valid] = ids[lo : lo + chunk.n_valid]
     return out

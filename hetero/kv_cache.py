@@ -10,7 +10,7 @@ tree), `write_span` (a restore copied K/V in), `truncate` (roll back). `read_spa
 A sliding-window layer (window W) keeps only its window: its rows hold positions base..base+rows-1, base moved
 forward by `place` before a write (the last W - 1 positions before the write moved back to row 0 once the rows in
 use would pass W - 1 + max(rows written, ROOM)). So it holds at most W - 1 + max(C, ROOM) positions (pages past
-them are never written: `torch.empty` commits none), and a chunk's attention reads W - 1 + C keys instead of every
+them are never written: `np.empty` commits none), and a chunk's attention reads W - 1 + C keys instead of every
 earlier one (ONNX Runtime's GroupQueryAttention computes every score up to the chunk and masks the window after:
 bench/results/window_layout.md). Its positions before base are gone: a roll-back or read that needs them is
 refused (ConfigError). `full_history=True` keeps every position of every layer (serve's prefix store can branch
@@ -19,8 +19,9 @@ at any position, so it keeps them all).
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
+from hetero import buffers
 from hetero.config import ModelConfig
 from hetero.errors import ConfigError
 
@@ -32,7 +33,7 @@ ROOM = 256
 class KVCache:
     """K/V of every layer for one conversation; `length` real positions, room for `capacity`."""
 
-    def __init__(self, cfg: ModelConfig, capacity: int, dtype: torch.dtype = torch.float32,
+    def __init__(self, cfg: ModelConfig, capacity: int, dtype: np.dtype | type = np.float32,
                  full_history: bool = False):
         if capacity <= 0:
             raise ConfigError(f"KV cache capacity must be > 0, got {capacity}")
@@ -43,10 +44,10 @@ class KVCache:
         self.windows = (0,) * cfg.n_layers if full_history else tuple(cfg.windows)
         self._base = [0] * cfg.n_layers
         self._high = [0] * cfg.n_layers
-        # torch.empty: pages are only committed when a chunk writes them, so a cache sized for the
-        # whole context costs memory in proportion to what is used.
-        self.k = torch.empty(cfg.n_layers, cfg.n_kv_heads, capacity, cfg.head_dim, dtype=dtype)
-        self.v = torch.empty_like(self.k)
+        # `buffers.empty` (np.empty, aligned for the graphs' kernels): pages are only committed when a chunk writes
+        # them, so a cache sized for the whole context costs memory in proportion to what is used.
+        self.k = buffers.empty((cfg.n_layers, cfg.n_kv_heads, capacity, cfg.head_dim), dtype)
+        self.v = buffers.empty(self.k.shape, dtype)
         self._length = 0
 
     @property
@@ -60,7 +61,6 @@ class KVCache:
         twin.copy_of(self)
         return twin
 
-    @torch.inference_mode()
     def copy_of(self, src: "KVCache") -> None:
         """Hold what `src` (same layout) holds: its committed positions of every layer, its windowed layers' bases."""
         if src.k.shape[:2] != self.k.shape[:2] or src.k.shape[3] != self.k.shape[3] or src.windows != self.windows:
@@ -95,7 +95,7 @@ class KVCache:
             keep = start - lo
             if keep:  # the last positions before `start` that its queries read, back to row 0
                 for t in (self.k, self.v):
-                    t[layer, :, :keep] = t[layer, :, lo - b : start - b].clone()
+                    t[layer, :, :keep] = t[layer, :, lo - b : start - b].copy()
             self._base[layer] = b = lo
         if start + n - b > self.capacity:
             raise ConfigError(f"positions up to {start + n} exceed the cache capacity {self.capacity}")
@@ -110,17 +110,17 @@ class KVCache:
 
     def held_bytes(self) -> int:
         """Bytes of K/V rows the cache has written (the memory it holds): every layer's most rows in use."""
-        return 2 * sum(self._high) * self.config.n_kv_heads * self.config.head_dim * self.k.element_size()
+        return 2 * sum(self._high) * self.config.n_kv_heads * self.config.head_dim * self.k.itemsize
 
     @property
     def capacity(self) -> int:
         return self.k.shape[2]
 
-    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """Whole-capacity views [n_kv, capacity, D] of one layer: attention writes and reads through these."""
         return self.k[layer], self.v[layer]
 
-    def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def keys_values(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """The valid part [n_kv, length, D] of one layer (views, no copy); refused for a windowed layer that no
         longer holds position 0 (`full_history` keeps it)."""
         if self._base[layer]:
@@ -139,8 +139,8 @@ class KVCache:
                 f"{self.config.context_length}"
             )
         grown = min(self.config.context_length, max(need, 2 * self.capacity))
-        k = torch.empty(*self.k.shape[:2], grown, self.k.shape[3], dtype=self.k.dtype)
-        v = torch.empty_like(k)
+        k = buffers.empty((*self.k.shape[:2], grown, self.k.shape[3]), self.k.dtype)
+        v = buffers.empty(k.shape, k.dtype)
         for layer, b in enumerate(self._base):  # the rows in use of each layer (a windowed one's: its window)
             rows = max(0, self.length - b)
             k[layer, :, :rows] = self.k[layer, :, :rows]
@@ -163,14 +163,13 @@ class KVCache:
                               f"{self.capacity}")
         self._length += n
 
-    @torch.inference_mode()
     def keep_rows(self, start: int, rows: list[int]) -> None:
         """Move rows start+rows[i] to start+i in every layer (the accepted path of a verified token tree)."""
         if rows != list(range(len(rows))):
             for b in set(self._base):  # layers with one base at a time (usually: the global, the windowed ones)
                 layers = [i for i, x in enumerate(self._base) if x == b]
                 every = len(layers) == len(self._base)
-                idx = torch.tensor(rows, dtype=torch.long) + start - b
+                idx = np.asarray(rows, dtype=np.int64) + start - b
                 for t in (self.k, self.v):
                     if every:
                         t[:, :, start - b : start - b + len(rows)] = t[:, :, idx]
@@ -185,7 +184,7 @@ class KVCache:
         self.keep_rows(start, rows)
         self.advance(len(rows))
 
-    def read_span(self, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def read_span(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of positions [a, b) of every layer, [L, n_kv, b-a, D] each; only committed positions."""
         if not 0 <= a <= b <= self._length:
             raise ConfigError(f"read_span [{a}, {b}) must lie within the {self._length} committed positions")
@@ -193,13 +192,12 @@ class KVCache:
             raise ConfigError(f"read_span from {a}: the windowed layers keep positions from {max(self._base)} on "
                               f"(a cache with full_history keeps them all)")
         if not any(self._base):
-            return self.k[:, :, a:b].clone(), self.v[:, :, a:b].clone()
-        k = torch.stack([self.k[i, :, a - x : b - x] for i, x in enumerate(self._base)])
-        v = torch.stack([self.v[i, :, a - x : b - x] for i, x in enumerate(self._base)])
+            return self.k[:, :, a:b].copy(), self.v[:, :, a:b].copy()
+        k = np.stack([self.k[i, :, a - x : b - x] for i, x in enumerate(self._base)])
+        v = np.stack([self.v[i, :, a - x : b - x] for i, x in enumerate(self._base)])
         return k, v
 
-    @torch.inference_mode()
-    def write_span(self, a: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write_span(self, a: int, k: np.ndarray, v: np.ndarray) -> None:
         """Copy K/V [L, n_kv, n, D] into positions [a, a+n) and commit up to there; `a` must not leave a gap
         (a <= length), and positions past a+n are forgotten (the cache holds a prefix)."""
         n = k.shape[2]
@@ -220,16 +218,16 @@ class KVCache:
     def nbytes(self, tokens: int | None = None) -> int:
         """Bytes of K/V for `tokens` positions (default: the committed ones)."""
         n = self._length if tokens is None else tokens
-        return 2 * self.config.n_layers * self.config.n_kv_heads * n * self.config.head_dim * self.k.element_size()
+        return 2 * self.config.n_layers * self.config.n_kv_heads * n * self.config.head_dim * self.k.itemsize
 
 
-def check_cache(cache: object, cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> KVCache:
+def check_cache(cache: object, cfg: ModelConfig, dtype: np.dtype | type = np.float32) -> KVCache:
     """`cache` if it is a KVCache that fits a runtime of `cfg` (layout and dtype, not only the type);
     else a ConfigError saying what came and what was needed."""
     if not isinstance(cache, KVCache):
         raise ConfigError(f"cache must be a hetero.KVCache (Runtime.new_cache() or a PrefillResult.cache), "
                           f"got {type(cache).__name__}")
-    want = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, dtype)
+    want = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, np.dtype(dtype))
     got = (cache.k.shape[0], cache.k.shape[1], cache.k.shape[3], cache.k.dtype)
     if got != want:
         raise ConfigError(f"cache is from another model or runtime: {got[0]} layers x {got[1]} KV heads x "

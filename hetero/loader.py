@@ -24,16 +24,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 from filelock import Timeout
-from safetensors.torch import load_file, save_file
 
 from hetero.config import ModelConfig, f32, longrope
 from hetero.errors import ModelFormatError
-from hetero.model import LayerWeights, Weights
+from hetero.tensorfile import map_tensors
+from hetero.weights import LayerWeights, Weights, weight_arrays
 from hetero.paths import (atomic_path, cache_dir, cache_unwritable, entry_lock, file_fingerprint, file_record,
                           remove_stale_temps, verify_files, write_error)
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -89,20 +93,49 @@ class Model:
     fingerprint: str  # content hash of the source file(s): keys calibration and graph caches
     name: str
     rotated: bool = False  # residual stream rotated offline (`outliers.rotate.rotate_model`)
+    # a cached model's weights at rest: its file mapped as numpy arrays (or what maps and verifies it at first use);
+    # None: the weights are in memory (`arrays` views them)
+    _arrays: dict[str, np.ndarray] | Callable[[], dict[str, np.ndarray]] | None = None
 
     @property
     def weights(self) -> Weights:
-        """The float weights. A cached model's are mapped and checked against their content record at their first
-        use: the default method runs the rotated copy and never reads these (~0.1 s of a warm start, issue 28)."""
+        """The float weights (torch tensors, for the float math). A cached model's are views of its mapped file
+        (`arrays`), checked against their content record at their first use."""
         if not isinstance(self._weights, Weights):
             with _FIRST_USE:  # threads sharing the model read them once
                 if not isinstance(self._weights, Weights):
                     self._weights = self._weights()
         return self._weights
 
-    def with_weights(self, weights: Weights | Callable[[], Weights], **changes: Any) -> "Model":
-        """A copy of this model with other float weights (and other `changes` of its fields)."""
-        return dataclasses.replace(self, _weights=weights, **changes)
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The float weights as numpy arrays by their cache names ("tok_emb", "norm", "lm_head",
+        "layers.{i}.{field}"), without torch: a cached model's map its file (checked at first use), so an INT8
+        runtime reads its embedding rows and norms from them and a warm start never imports torch (issue 28)."""
+        if self._arrays is None or isinstance(self._weights, Weights):
+            return weight_arrays(self.weights)
+        if not isinstance(self._arrays, dict):
+            with _FIRST_USE:
+                if not isinstance(self._arrays, dict):
+                    self._arrays = self._arrays()
+        return self._arrays  # type: ignore[return-value]
+
+    def with_weights(self, weights: Weights | Callable[[], Weights], arrays: Callable[[], dict[str, np.ndarray]] | None
+                     = None, **changes: Any) -> "Model":
+        """A copy of this model with other float weights (and, when they map a file, its `arrays`) and other
+        `changes` of its fields."""
+        return dataclasses.replace(self, _weights=weights, _arrays=arrays, **changes)
+
+
+def weights_of(cfg: ModelConfig, arrays: dict[str, np.ndarray]) -> Weights:
+    """The float weights (torch views, no copy) of named arrays (`Model.arrays`'s names); a tied head is the
+    embedding's tensor."""
+    import torch
+
+    t = {k: torch.from_numpy(v) for k, v in arrays.items() if k != "lm_head"}
+    lm_head = t["tok_emb"] if arrays.get("lm_head", arrays["tok_emb"]) is arrays["tok_emb"] else \
+        torch.from_numpy(arrays["lm_head"])
+    layers = [LayerWeights(**{f: t.get(f"layers.{i}.{f}") for f in _LAYER_FIELDS}) for i in range(cfg.n_layers)]
+    return Weights(t["tok_emb"], layers, t["norm"], lm_head, cfg.embed_scale)
 
 
 def load_model(path: str | os.PathLike | None = None) -> Model:
@@ -292,6 +325,8 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
     used_names = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
                   "rope_factors_short.weight", "rope_factors_long.weight"}  # long: past the context kept
 
+    import torch
+
     def tensor(name: str) -> torch.Tensor:
         t = tensors.get(name)
         if t is None:
@@ -379,6 +414,8 @@ def _load_hf_dir(p: Path) -> Model:
         hf = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as e:
         raise ModelFormatError(f"{cfg_file} is not valid JSON: {e}") from e
+    from safetensors.torch import load_file
+
     cfg = ModelConfig.from_hf(hf)
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
@@ -474,6 +511,8 @@ def check_finite(w: Weights, source: object) -> None:
     garbage (or divide by zero deep in attention) instead of failing here."""
     named = [("token embedding", w.tok_emb), ("output norm", w.norm), ("lm_head", w.lm_head)]
     named += [(f"layer {i} {f}", getattr(lw, f)) for i, lw in enumerate(w.layers) for f in _LAYER_FIELDS]
+    import torch
+
     for name, t in named:
         if t is not None and not bool(torch.isfinite(t).all()):
             raise ModelFormatError(f"{source}: {name} holds NaN or infinite values (a corrupt model file)")
@@ -489,6 +528,8 @@ def _config_sha(config: dict) -> str:
 def _save_cache(entry: Path, cfg: ModelConfig, w: Weights, tokenizer: Any) -> None:
     """Write the entry (hold its lock): meta.json goes first away and comes back last, with a record of
     every file, so a reader sees a complete entry or none. `tokenizer`: transformers' (None: the model has none)."""
+    from safetensors.torch import save_file
+
     state = {"tok_emb": w.tok_emb, "norm": w.norm}
     if not cfg.tie_embeddings:
         state["lm_head"] = w.lm_head
@@ -580,41 +621,40 @@ def _load_cached(entry: Path, p: Path, fp: str, repair: bool) -> Model | None:
             from hetero.tokenizer import Tokenizer
 
             tokenizer = Tokenizer.from_dir(entry / "tokenizer")
-        # the float weights are checked at their first use (`Model.weights`); a repair (under the lock) checks
-        # them now
-        weights = _cached_weights(entry, cfg, record) if repair else lambda: _first_use(entry, cfg, record, p)
+        # the float weights are mapped and checked at their first use (`Model.arrays`); a repair (under the lock)
+        # checks them now
+        arrays = _cached_arrays(entry, record) if repair else lambda: _first_use(entry, record, p)
     except Exception as e:  # a damaged cache entry is rebuilt, never trusted
         if repair:
             log.warning("model cache entry %s is damaged (%s); rebuilding it from %s", entry, e, p.name)
             discard_entry(entry)
         return None
-    return Model(cfg, weights, tokenizer, p, fp, p.stem)
+    model = Model(cfg, lambda: weights_of(cfg, model.arrays()), tokenizer, p, fp, p.stem, _arrays=arrays)
+    return model
 
 
 WEIGHTS = "weights.safetensors"
 
 
-def _cached_weights(entry: Path, cfg: ModelConfig, record: dict) -> Weights:
+def _cached_arrays(entry: Path, record: dict) -> dict[str, np.ndarray]:
     """The entry's float weights (mapped), after their content check; ModelFormatError naming the damage."""
     bad = verify_files(entry, {WEIGHTS: record})
     if bad:
         raise ModelFormatError("; ".join(map(str, bad)))
-    try:
-        state = load_file(str(entry / WEIGHTS))
-        layers = [LayerWeights(**{f: state.get(f"layers.{i}.{f}") for f in _LAYER_FIELDS}) for i in range(cfg.n_layers)]
-        tok_emb = state["tok_emb"]
-        return Weights(tok_emb, layers, state["norm"], state.get("lm_head", tok_emb), cfg.embed_scale)
-    except Exception as e:  # bytes that verify but do not load (an older writer): damage all the same
-        raise ModelFormatError(f"{WEIGHTS} cannot be read ({type(e).__name__}: {e})") from e
+    arrays, _ = map_tensors(entry / WEIGHTS)
+    if "tok_emb" not in arrays or "norm" not in arrays:  # bytes that verify but are not an entry's (an older writer)
+        raise ModelFormatError(f"{WEIGHTS} lacks tok_emb or norm")
+    arrays.setdefault("lm_head", arrays["tok_emb"])  # tied
+    return arrays
 
 
-def _first_use(entry: Path, cfg: ModelConfig, record: dict, p: Path) -> Weights:
+def _first_use(entry: Path, record: dict, p: Path) -> dict[str, np.ndarray]:
     """A cached model's float weights at their first use; damaged ones are rebuilt from the GGUF `p` with a
     warning (as `_load_gguf` rebuilds a damaged entry)."""
     try:
-        return _cached_weights(entry, cfg, record)
+        return _cached_arrays(entry, record)
     except ModelFormatError:  # checked again under the entry's lock, then rebuilt with a warning
-        return _load_gguf(p, damaged=True).weights
+        return _load_gguf(p, damaged=True).arrays()
 
 
 _MADV_DONTNEED = 4

@@ -15,16 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hetero.torch_backends import FloatBackend, LayerBackend
 from hetero.errors import ConfigError
 from hetero.loader import Model
 from hetero.runtime import Runtime
 from hetero.threads import ExecutionPlan, set_torch_threads
 
 if TYPE_CHECKING:
-    import torch
+    import numpy as np
 
     from hetero.config import ModelConfig
+    from hetero.model import LayerBackend
     from hetero.npu.placement import PrefillLayout
     from hetero.outliers.plan import QuantPlan
     from hetero.outliers.pruning import PlanOptions
@@ -38,8 +38,12 @@ SITES_ALL = ("attn_in", "o_in", "ffn_in", "down_in")
 
 
 def use_threads(threads: int | None) -> int:
-    """Set torch's intra-op thread count (None: all cores); returns the count set."""
+    """At a process's edge: the calling thread's share of the cores and torch's intra-op thread count (None: all
+    cores); returns the count. A process that has not imported torch gets it in OMP_NUM_THREADS, which torch
+    reads if a float path imports it later."""
     n = threads or os.cpu_count() or 1
+    if "torch" not in sys.modules:
+        os.environ["OMP_NUM_THREADS"] = str(n)
     set_torch_threads(n)
     return n
 
@@ -175,15 +179,17 @@ def quant_setup(model: Model, provider: str = "cpu", weight_form: str | None = N
     return qm, quant_plan(qm, provider, weight_form=weight_form, recipe=recipe)
 
 
-MakeBackend = Callable[[Model, int, ExecutionPlan, "str | None", bool], LayerBackend]
+MakeBackend = Callable[[Model, int, ExecutionPlan, "str | None", bool], "LayerBackend"]
 
 
-def _float(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str | None, fused: bool) -> LayerBackend:
+def _float(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str | None, fused: bool) -> "LayerBackend":
+    from hetero.torch_backends import FloatBackend
+
     return FloatBackend(model.config, model.weights)
 
 
 def _npu(provider: str, recipe: Recipe = DEFAULT_RECIPE) -> MakeBackend:
-    def make(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str | None, fused: bool) -> LayerBackend:
+    def make(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str | None, fused: bool) -> "LayerBackend":
         from hetero.npu.graph_backend import GraphOptions, NpuBackend
 
         plan = quant_plan(model, provider, weight_form=weight_form, recipe=recipe)
@@ -311,7 +317,7 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
         # head of the runtime (its quantized graphs loaded and its sessions made once: ~0.1 s of a start, issue 28)
         from hetero.decode.step import DecodeStep
 
-        def head(h: "torch.Tensor") -> "torch.Tensor":
+        def head(h: "np.ndarray") -> "np.ndarray":
             return DecodeStep.of(runtime).logits(h)
 
     runtime = Runtime(model, chunk=chunk, backend=backend, executor=executor, execution=plan, decode=decode,

@@ -8,34 +8,16 @@ so this file is the only place the layer's math is written. Shapes: batch 1; `h`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from hetero.config import ModelConfig
-
-# Activation sites of a layer: the input shared by one group of linears (it is quantized once).
-#   h ─► RMSNorm ─► [attn_in] ─► wq, wk, wv                                    (qkv)
-#   a ─► [o_in] ─► wo (─► RMSNorm) ─► +h ─► RMSNorm ─► [ffn_in] ─► w_gate, w_up
-#        act(gate)·up ─► [down_in] ─► w_down (─► RMSNorm) ─► +h                (o_ffn)
-# (the norms in brackets: Gemma 3's post-norms; QK-norm sits in `attention`, before RoPE)
-SITES = ("attn_in", "o_in", "ffn_in", "down_in")
-SITE_LINEARS: dict[str, tuple[str, ...]] = {  # LayerWeights fields of the linears reading each site
-    "attn_in": ("wq", "wk", "wv"),
-    "o_in": ("wo",),
-    "ffn_in": ("w_gate", "w_up"),
-    "down_in": ("w_down",),
-}
-SITE_BIASES: dict[str, tuple[str, ...]] = {  # LayerWeights field of each linear's bias (None when it has none)
-    "attn_in": ("bq", "bk", "bv"),
-    "o_in": ("bo",),
-    "ffn_in": ("b_gate", "b_up"),
-    "down_in": ("b_down",),
-}
+from hetero.rope import RopeTable
+from hetero.weights import SITE_BIASES, SITE_LINEARS, LayerWeights, Weights
 
 # linear(layer, site, x): x [T, in] at `site` of `layer` -> one [T, out] per name in SITE_LINEARS[site]
 SiteLinear = Callable[[int, str, torch.Tensor], Sequence[torch.Tensor]]
@@ -44,41 +26,6 @@ Observer = Callable[[int, str, torch.Tensor], None]  # observe(layer, site, x), 
 # decode row over cache rows [0, length), the last W of them when W > 0 (default: `one_row_attention` on the views;
 # decode steps pass `decode.rowattn`'s kernel)
 RowAttention = Callable[["ModelConfig", torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
-
-
-@dataclass(slots=True)
-class LayerWeights:
-    """One decoder layer; linear weights are [out, in] like `nn.Linear`."""
-
-    attn_norm: torch.Tensor  # [hidden]
-    wq: torch.Tensor  # [n_heads*D, hidden]
-    wk: torch.Tensor  # [n_kv*D, hidden]
-    wv: torch.Tensor  # [n_kv*D, hidden]
-    wo: torch.Tensor  # [hidden, n_heads*D]
-    ffn_norm: torch.Tensor  # [hidden]
-    w_gate: torch.Tensor  # [ffn, hidden]
-    w_up: torch.Tensor  # [ffn, hidden]
-    w_down: torch.Tensor  # [hidden, ffn]
-    bq: torch.Tensor | None = None  # [n_heads*D] (cfg.qkv_bias)
-    bk: torch.Tensor | None = None
-    bv: torch.Tensor | None = None
-    bo: torch.Tensor | None = None  # [hidden] (cfg.o_bias)
-    b_gate: torch.Tensor | None = None  # [ffn] (cfg.mlp_bias)
-    b_up: torch.Tensor | None = None
-    b_down: torch.Tensor | None = None  # [hidden]
-    q_norm: torch.Tensor | None = None  # [D] (cfg.qk_norm)
-    k_norm: torch.Tensor | None = None
-    post_attn_norm: torch.Tensor | None = None  # [hidden] (cfg.post_norms)
-    post_ffn_norm: torch.Tensor | None = None
-
-
-@dataclass(slots=True)
-class Weights:
-    tok_emb: torch.Tensor  # [vocab, hidden]
-    layers: list[LayerWeights]
-    norm: torch.Tensor  # [hidden]
-    lm_head: torch.Tensor  # [vocab, hidden]; the same tensor as tok_emb when tied
-    embed_scale: float = 1.0  # cfg.embed_scale: the embedding rows are multiplied by it (Gemma 3)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -97,73 +44,6 @@ def activation(cfg: ModelConfig, x: torch.Tensor) -> torch.Tensor:
     if cfg.act == "relu":
         return F.relu(x)
     raise ValueError(f"activation {cfg.act!r} is not implemented")
-
-
-def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
-    """RoPE frequencies of the rotated dims (cfg.rotary_dim) with the model's theta and scaling ("linear",
-    Llama 3.1's "llama3", Phi-3's "longrope", GGUF's per-frequency divisors "freqs"); local: those of the
-    windowed layers with their own base (Gemma 3), unscaled."""
-    d = cfg.rotary_dim
-    theta = cfg.local_rope_theta if local else cfg.rope_theta
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    sc = {} if local else cfg.rope_scaling
-    kind = sc.get("rope_type", "default")
-    if kind == "linear":
-        inv = inv / float(sc["factor"])
-    elif kind == "llama3":
-        factor, lo, hi = float(sc["factor"]), float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
-        old_ctx = float(sc["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv
-        smooth = (old_ctx / wavelen - lo) / (hi - lo)
-        scaled = torch.where(wavelen > old_ctx / lo, inv / factor, inv)
-        mid = (wavelen <= old_ctx / lo) & (wavelen >= old_ctx / hi)
-        inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
-    elif kind == "longrope":  # Phi-3's, in its short regime (`config.longrope`)
-        inv = inv / torch.tensor(sc["short_factor"], dtype=torch.float64)
-    elif kind == "freqs":  # llama.cpp's rope_freqs (Llama 3.x GGUF): one divisor per frequency
-        factors = torch.tensor(sc["factors"], dtype=torch.float64)
-        if factors.numel() != inv.numel():
-            raise ValueError(f"rope_freqs has {factors.numel()} factors for {inv.numel()} frequencies")
-        inv = inv / factors
-    return inv.float()
-
-
-class RopeTable:
-    """cos/sin for every position up to `max_len`, computed once (rotate-half layout, as HF Llama); a model
-    whose windowed layers have their own base (Gemma 3) has a second table for them (`local_cos/sin`)."""
-
-    def __init__(self, cfg: ModelConfig, max_len: int):
-        pos = torch.arange(max_len, dtype=torch.float32)
-        freqs = torch.outer(pos, rope_inv_freq(cfg))  # [max_len, R/2]: both halves share these angles
-        self.cos, self.sin = freqs.cos(), freqs.sin()
-        attention = cfg.rope_scaling.get("attention_factor", 1.0)  # longrope scales cos/sin (as transformers)
-        if attention != 1.0:
-            self.cos, self.sin = self.cos * attention, self.sin * attention
-        self.local_cos = self.local_sin = None
-        if cfg.local_rope_theta:
-            local = torch.outer(pos, rope_inv_freq(cfg, local=True))
-            self.local_cos, self.local_sin = local.cos(), local.sin()
-        self.cfg = cfg
-
-    def tables(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) [max_len, R/2] of layer `layer`."""
-        if self.cfg.local_rope(layer):
-            return self.local_cos, self.local_sin
-        return self.cos, self.sin
-
-    def apply(self, x: torch.Tensor, start: int, positions: torch.Tensor | None = None, layer: int = 0) -> torch.Tensor:
-        """x: [H, T, D] at positions start..start+T-1 (or at `positions` [T]) → x·cos + rotate_half(x)·sin on
-        the first cfg.rotary_dim dims (the rest pass, Phi's partial rotary), term for term as HF."""
-        cos, sin = self.tables(layer)
-        t = x.shape[1]
-        if positions is None:
-            cos, sin = cos[start : start + t], sin[start : start + t]
-        else:
-            cos, sin = cos[positions], sin[positions]
-        half = cos.shape[-1]
-        x1, x2 = x[..., :half], x[..., half : 2 * half]
-        rot = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
-        return torch.cat(rot if 2 * half == x.shape[-1] else rot + [x[..., 2 * half :]], dim=-1)
 
 
 def embed(w: Weights, ids: torch.Tensor) -> torch.Tensor:
@@ -328,20 +208,39 @@ def logits(cfg: ModelConfig, w: Weights, h: torch.Tensor) -> torch.Tensor:
 class LayerBackend(Protocol):
     """What runs the static subgraphs of a layer (float, INT8 reference, NPU graphs); attention stays
     float on the CPU/GPU. `out`, when given, is a buffer of the result's shape: `qkv` writes its result
-    there packed (q|k|v per row, the returned tensors are views of it: the CPU lane's attention reads the
-    packed rows); `o_ffn` may write there; the returned tensors are the result either way."""
+    there packed (q|k|v per row, the returned arrays are views of it: the CPU lane's attention reads the
+    packed rows); `o_ffn` may write there; the returned arrays are the result either way.
+
+    `tensors` says what it computes on: "numpy" (the NPU lane's graphs: numpy arrays in and out, the runtime's
+    buffers) or "torch" (`torch_backends`: torch tensors, and the runtime's numpy buffers through views)."""
 
     name: str
+    tensors: str  # "numpy" or "torch"
     any_rows: bool  # takes chunks of any row count ≤ C (else exactly C rows: fixed-shape graphs)
 
-    def qkv(self, layer: int, h: torch.Tensor, out: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, layer: int, h: np.ndarray, out: np.ndarray | None = None
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """h: [C, hidden] → q [C, n_heads*D], k, v [C, n_kv*D] (out: [C, q_dim + 2·kv_dim])."""
         ...
 
-    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def o_ffn(self, layer: int, a: np.ndarray, h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """a: attention output [C, n_heads*D], h: residual [C, hidden] → next h [C, hidden] (out: same)."""
         ...
+
+
+class _OnTensors:
+    """A numpy backend (the NPU lane's graphs) called with the reference's torch tensors: numpy views in,
+    torch views of its results out (no copies but for non-contiguous inputs)."""
+
+    def __init__(self, backend: LayerBackend):
+        self.backend = backend
+
+    def qkv(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = self.backend.qkv(layer, np.ascontiguousarray(h.numpy()))
+        return torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v)
+
+    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.backend.o_ffn(layer, np.ascontiguousarray(a.numpy()), np.ascontiguousarray(h.numpy())))
 
 
 @torch.inference_mode()
@@ -360,6 +259,8 @@ def layer_stack(cfg: ModelConfig, w: Weights, h: torch.Tensor, backend: LayerBac
     through it (`outliers.search` takes the loss gradient at every site)."""
     t = h.shape[0]
     rope = RopeTable(cfg, t)
+    if backend is not None and getattr(backend, "tensors", "numpy") == "numpy":
+        backend = _OnTensors(backend)
     # one K/V buffer per layer (not views of one tensor: autograd must not see later layers write into it)
     k_all = [torch.empty(cfg.n_kv_heads, t, cfg.head_dim) for _ in w.layers]
     v_all = [torch.empty(cfg.n_kv_heads, t, cfg.head_dim) for _ in w.layers]

@@ -16,22 +16,25 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
-import torch
+import numpy as np
 
-from hetero import model as ref
+from hetero import buffers
 from hetero.attention import ChunkAttention
-from hetero.torch_backends import FloatBackend, LayerBackend
 from hetero.chunking import Chunk, check_chunk, padded_ids, plan_chunks, token_ids
 from hetero.dag import DEFAULT_PLACEMENT, CompiledDag, prefill_dag
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache, check_cache
 from hetero.loader import Model
+from hetero.rope import RopeTable
 from hetero.schedule import Schedule
 from hetero.threads import ExecutionPlan, torch_threads
+
+if TYPE_CHECKING:
+    from hetero.model import LayerBackend
 
 class Closeable(Protocol):
     def close(self) -> None: ...
@@ -144,7 +147,7 @@ class SerialExecutor:
 class PrefillPlan:
     """What one prefill runs, fixed before the first subgraph does."""
 
-    ids: torch.Tensor  # [n] new token ids, validated
+    ids: np.ndarray  # [n] new token ids (int64), validated
     start: int  # P: positions already cached; chunk 0 starts there
     chunks: tuple[Chunk, ...]
     dag: CompiledDag  # node v runs dag.node_info(v) = (chunk i, layer, kind)
@@ -155,7 +158,7 @@ class PrefillResult:
     """What a prefill hands to a decoding engine."""
 
     cache: KVCache  # length = start + n_tokens
-    logits: torch.Tensor  # [vocab], of the last real token
+    logits: np.ndarray  # [vocab] float32, of the last real token
     n_tokens: int  # new tokens prefilled
     start: int  # P: cached positions before this prefill
     chunk_ms: tuple[float, ...]  # from the prefill's start until each chunk's last subgraph ended
@@ -192,21 +195,23 @@ class ChunkBuffers:
 
     Chunk i owns h[i] = (a, b) [C, hidden], the residual stream ping-ponging between a and b (a backend
     reads one and writes the other), qkv[i] [C, q_dim + 2·kv_dim], of which q/k/v are views, and
-    attn[i] [C, q_dim], the attention output (zeros at first: padded rows are never written).
+    attn[i] [C, q_dim], the attention output (zeros at first: padded rows are never written). float32 numpy
+    arrays, 64-byte aligned (`hetero.buffers`): the graphs bind them in place, and a torch backend sees them through
+    `torch.from_numpy` views.
     """
 
     def __init__(self, model: Model, chunk: int):
-        self.cfg, self.chunk, self.dtype = model.config, chunk, model.weights.tok_emb.dtype
-        self.h: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.qkv: list[torch.Tensor] = []
-        self.attn: list[torch.Tensor] = []
+        self.cfg, self.chunk = model.config, chunk
+        self.h: list[tuple[np.ndarray, np.ndarray]] = []
+        self.qkv: list[np.ndarray] = []
+        self.attn: list[np.ndarray] = []
 
     def ensure(self, n_chunks: int) -> None:
         cfg, c = self.cfg, self.chunk
         while len(self.h) < n_chunks:
-            self.h.append((torch.empty(c, cfg.hidden, dtype=self.dtype), torch.empty(c, cfg.hidden, dtype=self.dtype)))
-            self.qkv.append(torch.empty(c, cfg.q_dim + 2 * cfg.kv_dim, dtype=self.dtype))
-            self.attn.append(torch.zeros(c, cfg.q_dim, dtype=self.dtype))
+            self.h.append((buffers.empty((c, cfg.hidden)), buffers.empty((c, cfg.hidden))))
+            self.qkv.append(buffers.empty((c, cfg.q_dim + 2 * cfg.kv_dim)))
+            self.attn.append(buffers.zeros((c, cfg.q_dim)))
 
 
 class PrefillJob:
@@ -216,21 +221,21 @@ class PrefillJob:
         rt = self.runtime = runtime
         self.plan, self.cache, self.bufs = plan, cache, buffers or rt.buffers
         self.bufs.ensure(len(plan.chunks))
-        self.h: list[torch.Tensor] = []  # per chunk: the current residual stream [C, hidden]
+        self.h: list[np.ndarray] = []  # per chunk: the current residual stream [C, hidden]
+        emb, scale = rt.embedding, rt.cfg.embed_scale
         for c in plan.chunks:
             h = self.bufs.h[c.index][0][: c.rows]
-            torch.index_select(rt.model.weights.tok_emb, 0, padded_ids(plan.ids, c, plan.start), out=h)
-            if rt.model.weights.embed_scale != 1.0:  # as `model.embed`
-                h.mul_(rt.model.weights.embed_scale)
+            np.take(emb, padded_ids(plan.ids, c, plan.start), axis=0, out=h)
+            if scale != 1.0:  # as `model.embed`
+                h *= np.float32(scale)
             self.h.append(h)
-        self.attn: list[torch.Tensor | None] = [None] * len(plan.chunks)
+        self.attn: list[np.ndarray | None] = [None] * len(plan.chunks)
 
-    def _spare_h(self, i: int, c: Chunk) -> torch.Tensor:
+    def _spare_h(self, i: int, c: Chunk) -> np.ndarray:
         """Chunk i's residual buffer that does not hold its current stream (the two alternate layer by layer)."""
         a, b = (t[: c.rows] for t in self.bufs.h[i])
-        return b if self.h[i].data_ptr() == a.data_ptr() else a
+        return b if self.h[i].ctypes.data == a.ctypes.data else a
 
-    @torch.inference_mode()  # thread-local: lane worker threads need it too
     def run(self, i: int, layer: int, kind: str) -> None:
         rt, c = self.runtime, self.plan.chunks[i]
         if kind == "qkv":
@@ -264,34 +269,50 @@ class Runtime:
                  max_context: int | None = None, executor: PrefillExecutor | None = None,
                  attention_threads: int | None = None, decode: DecodePlacement | None = None,
                  execution: ExecutionPlan | None = None, layout: object = None,
-                 head: Callable[[torch.Tensor], torch.Tensor] | None = None):
+                 head: Callable[[np.ndarray], np.ndarray] | None = None):
         self.model, self.cfg, self.chunk = model, model.config, check_chunk(chunk, model.config.context_length)
         ctx = self.cfg.context_length
         if max_context is not None and not 0 < max_context <= ctx:
             raise ConfigError(f"max_context must be in [1, {ctx}], got {max_context}")
         self.max_context = max_context or ctx
-        self.backend = backend or FloatBackend(self.cfg, model.weights)
+        if backend is None:
+            from hetero.torch_backends import FloatBackend
+
+            backend = FloatBackend(self.cfg, model.weights)
+        self.backend = backend  # takes the numpy buffers (a torch backend through views: `torch_backends`)
         self.executor = executor or SerialExecutor(self.cfg.n_layers)
         self.placement = self.executor.placement
         self.decode = decode  # None: decode steps run on the backend's own engines (`decode.step.DecodeStep`)
         self.layout = layout  # how the placement laid the prefill out (`npu.placement.PrefillLayout`); None: not asked
         # the last token's logits from its final hidden rows [n, hidden] → [n, vocab]: the float head by default; an
         # INT8 runtime's is the INT8 head its decode steps use (`decode.head.Int8Head`: 28 instead of 113 MB to read)
-        self.head = head or (lambda h: ref.logits(self.cfg, self.model.weights, h))
-        self.rope = ref.RopeTable(self.cfg, ctx + chunk)  # + chunk: padded rows of the last chunk
+        self.head = head or self._float_head
+        # the embedding rows chunks start from (numpy: a cached model's mapped file, `Model.arrays`)
+        self.embedding = model.arrays()["tok_emb"]  # (a mapped file is checked at its first use: here)
+        self.rope = RopeTable(self.cfg, ctx + chunk)  # + chunk: padded rows of the last chunk
         # the `attn` subgraph of every chunk (the CPU lane): ORT's GroupQueryAttention over the cache
         # how it uses the host (`threads.ExecutionPlan`, chosen at the edge); by default every core, in program order
         self.execution = execution or ExecutionPlan.for_host(attention_threads, overlapped=False)
-        rope, layers = self.rope, model.weights.layers
+        rope, arrays = self.rope, model.arrays()
         self.attention = ChunkAttention(
             self.cfg, rope.cos, rope.sin, self.execution.threads,
             local=(rope.local_cos, rope.local_sin) if rope.local_cos is not None else None,
-            qk_norms=[(lw.q_norm, lw.k_norm) for lw in layers] if self.cfg.qk_norm else None,
+            qk_norms=[(arrays[f"layers.{i}.q_norm"], arrays[f"layers.{i}.k_norm"]) for i in range(self.cfg.n_layers)]
+            if self.cfg.qk_norm else None,
             pool=self.execution.ort_pool)
         self.buffers = ChunkBuffers(model, chunk)  # what a lone prefill uses (first in the pool)
         self._spare = [self.buffers]  # free buffer sets: a plan in flight holds one until it ends
         self._busy = threading.Lock()  # one slice of one prefill at a time (callers may be threads)
         self._owned: dict[str, Closeable] = {}
+
+    def _float_head(self, h: np.ndarray) -> np.ndarray:
+        """The float LM head (`model.logits`) of hidden rows [n, hidden]."""
+        import torch
+
+        from hetero import model as ref
+
+        with torch.inference_mode():
+            return ref.logits(self.cfg, self.model.weights, torch.from_numpy(h)).numpy()
 
     def owned(self, name: str, make: Callable[[], C]) -> C:
         """The runtime's one `name` (its decode step), made by `make()` on first use and closed with the runtime:
@@ -314,23 +335,23 @@ class Runtime:
         full_history (`KVCache`)."""
         return KVCache(self.cfg, capacity or self.max_context, full_history=full_history)
 
-    def check_ids(self, ids: Sequence[int] | torch.Tensor, start: int = 0) -> torch.Tensor:
-        """Validate token ids at the edge: 1-D, non-empty, in the vocabulary, within the context."""
+    def check_ids(self, ids: object, start: int = 0) -> np.ndarray:
+        """Validate token ids at the edge (a list, numpy or torch integers): 1-D, non-empty, in the vocabulary,
+        within the context; as an int64 numpy array."""
         t = token_ids(ids, self.cfg.vocab)
-        if start + t.numel() > self.max_context:
+        if start + t.size > self.max_context:
             raise ConfigError(
-                f"prompt of {t.numel()} tokens (+{start} cached) exceeds the context length {self.max_context}"
+                f"prompt of {t.size} tokens (+{start} cached) exceeds the context length {self.max_context}"
             )
         return t
 
     # ------------------------------------------------------------------ the three steps of a prefill
-    def plan(self, ids: Sequence[int] | torch.Tensor, start: int = 0) -> PrefillPlan:
+    def plan(self, ids: object, start: int = 0) -> PrefillPlan:
         """Validate `ids` (new tokens from position `start`) and fix the chunks and the DAG."""
         ids = self.check_ids(ids, start)
-        chunks = tuple(plan_chunks(ids.numel(), self.chunk, start, getattr(self.backend, "any_rows", False)))
+        chunks = tuple(plan_chunks(ids.size, self.chunk, start, getattr(self.backend, "any_rows", False)))
         return PrefillPlan(ids, start, chunks, self.executor.compile(len(chunks)))
 
-    @torch.inference_mode()
     def start(self, plan: PrefillPlan, cache: KVCache, buffers: ChunkBuffers | None = None
               ) -> tuple[PrefillJob, PlanRun]:
         """The job of `plan` (its embeddings looked up) and its executor run, not yet stepped."""
@@ -342,8 +363,7 @@ class Runtime:
     def execute(self, plan: PrefillPlan, cache: KVCache) -> tuple[PrefillJob, Schedule]:
         """Run every subgraph of `plan`, writing K/V into `cache` (whose length is not yet advanced)."""
         job, run = self.start(plan, cache)
-        with torch.inference_mode():
-            run.step(None)
+        run.step(None)
         return job, run.schedule()
 
     def commit(self, job: PrefillJob, schedule: Schedule, t0: float) -> PrefillResult:
@@ -351,7 +371,7 @@ class Runtime:
         plan, cache = job.plan, job.cache
         last = plan.chunks[-1]
         logits = self.head(job.h[-1][last.n_valid - 1 : last.n_valid])[0]
-        n = plan.ids.numel()
+        n = plan.ids.size
         if cache.length != plan.start:
             raise ConfigError(f"the cache moved during the prefill: {cache.length} positions, the plan started at "
                               f"{plan.start}")
@@ -361,7 +381,7 @@ class Runtime:
                          for i in range(len(plan.chunks)))
         return PrefillResult(cache, logits, n, plan.start, chunk_ms, (time.perf_counter() - t0) * 1e3, schedule)
 
-    def prefill(self, ids: Sequence[int] | torch.Tensor, cache: KVCache | None = None) -> PrefillResult:
+    def prefill(self, ids: object, cache: KVCache | None = None) -> PrefillResult:
         """Prefill `ids`, continuing `cache` at position P = cache.length if given (the next turn).
 
         The cache is extended in place (the returned result holds that same cache): to keep the earlier
@@ -374,7 +394,7 @@ class Runtime:
             except StopIteration as done:
                 return done.value
 
-    def prefill_steps(self, ids: Sequence[int] | torch.Tensor, cache: KVCache | None = None,
+    def prefill_steps(self, ids: object, cache: KVCache | None = None,
                       slice_s: float | None = 0.1, contended: Callable[[], bool] | None = None
                       ) -> Generator[int, None, PrefillResult]:
         """`prefill` as one plan run in slices of about `slice_s` seconds: yields between slices (nothing of
@@ -389,21 +409,20 @@ class Runtime:
         plan = self.plan(ids, start)
         if cache is None:
             cache = self.new_cache()
-        cache.reserve(plan.ids.numel())
+        cache.reserve(plan.ids.size)
         with self._busy:
             bufs = self._spare.pop() if self._spare else ChunkBuffers(self.model, self.chunk)
         try:
             t0 = time.perf_counter()
-            with self._busy, torch.inference_mode(), torch_threads(self.execution.lane_threads):
+            with self._busy, torch_threads(self.execution.lane_threads):
                 job, run = self.start(plan, cache, bufs)
                 done = run.step(slice_s, contended)
-            n, total = plan.ids.numel(), plan.dag.n_nodes
+            n, total = plan.ids.size, plan.dag.n_nodes
             while not done:
                 yield max(1, round(n * (total - run.n_done) / total))
-                with self._busy, torch.inference_mode(), torch_threads(self.execution.lane_threads):
+                with self._busy, torch_threads(self.execution.lane_threads):
                     done = run.step(slice_s, contended)
-            with torch.inference_mode():
-                return self.commit(job, run.schedule(), t0)
+            return self.commit(job, run.schedule(), t0)
         finally:
             with self._busy:
                 self._spare.append(bufs)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -87,20 +88,33 @@ def shared_ort_pool() -> bool:
     return mode == "shared"
 
 
-def set_torch_threads(n: int) -> None:
-    """torch's intra-op thread count for the calling thread's OpenMP team (the one place hetero sets it)."""
-    import torch
+_LANE = threading.local()  # the calling thread's share of the cores (`set_torch_threads`)
 
-    if torch.get_num_threads() != n:
+
+def set_torch_threads(n: int) -> None:
+    """The calling thread's share of the cores (the one place hetero sets it): what its ONNX Runtime calls use
+    (`lane_threads`) and, once torch is loaded, torch's intra-op thread count for its OpenMP team (a process
+    whose INT8 path never imports torch sets only the first: issue 28)."""
+    _LANE.n = n
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != n:
         torch.set_num_threads(n)
+
+
+def lane_threads() -> int:
+    """The calling thread's share of the cores (`set_torch_threads`; by default torch's thread count once it is
+    loaded, else every usable core)."""
+    n = getattr(_LANE, "n", None)
+    if n is not None:
+        return n
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else usable_cores()
 
 
 @contextmanager
 def torch_threads(n: int) -> Iterator[None]:
-    """torch's intra-op thread count set to n for the block, then restored (`set_torch_threads`)."""
-    import torch
-
-    before = torch.get_num_threads()
+    """The calling thread's share of the cores set to n for the block, then restored (`set_torch_threads`)."""
+    before = lane_threads()
     set_torch_threads(n)
     try:
         yield

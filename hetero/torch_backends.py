@@ -2,16 +2,20 @@
 
 A backend runs the static subgraphs (`qkv`, `o_ffn`) of a layer (`model.LayerBackend`); attention is
 dynamic and always runs in float on the CPU/GPU (mllm-NPU §3.2). `FloatBackend` is the reference every
-other backend is checked against.
+other backend is checked against. A torch backend takes torch tensors (`model.layer_stack`, autograd
+included) or the runtime's numpy buffers, which it sees through `torch.from_numpy` views (no copy) and
+answers in numpy.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hetero import model as ref
 from hetero.config import ModelConfig
-from hetero.model import FloatLinear, LayerBackend, SiteLinear, Weights
+from hetero.model import FloatLinear, LayerBackend, SiteLinear
+from hetero.weights import Weights
 
 __all__ = ["FloatBackend", "LayerBackend", "TorchBackend"]
 
@@ -20,13 +24,18 @@ class TorchBackend:
     """`hetero.model`'s layer in torch, every linear through `linear(layer, site, x)`."""
 
     name = "torch"
+    tensors = "torch"  # torch tensors in and out; numpy buffers (the runtime's) through views
     any_rows = True  # torch runs chunks of any row count: no padding to C
 
     def __init__(self, cfg: ModelConfig, weights: Weights, linear: SiteLinear):
         self.cfg, self.weights, self.linear = cfg, weights, linear
 
-    def qkv(self, layer: int, h: torch.Tensor, out: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, layer: int, h: torch.Tensor | np.ndarray, out: torch.Tensor | np.ndarray | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if isinstance(h, np.ndarray):  # the runtime's buffers
+            with torch.inference_mode():
+                got = self.qkv(layer, torch.from_numpy(h), None if out is None else torch.from_numpy(out))
+            return tuple(t.numpy() for t in got)  # type: ignore[return-value]
         q, k, v = ref.qkv(self.cfg, self.weights.layers[layer], h, self.linear, layer)
         if out is None:
             return q, k, v
@@ -34,7 +43,11 @@ class TorchBackend:
         qd, kd = self.cfg.q_dim, self.cfg.kv_dim
         return out[:, :qd], out[:, qd : qd + kd], out[:, qd + kd :]
 
-    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def o_ffn(self, layer: int, a: torch.Tensor | np.ndarray, h: torch.Tensor | np.ndarray,
+              out: torch.Tensor | np.ndarray | None = None) -> torch.Tensor | np.ndarray:
+        if isinstance(h, np.ndarray):  # the runtime's buffers
+            with torch.inference_mode():
+                return self.o_ffn(layer, torch.from_numpy(a), torch.from_numpy(h)).numpy()
         return ref.o_ffn(self.cfg, self.weights.layers[layer], a, h, self.linear, layer)
 
 

@@ -13,7 +13,7 @@ import torch  # noqa: E402
 
 from hetero.config import ModelConfig
 from hetero.loader import Model, load_model
-from hetero.model import LayerWeights, Weights
+from hetero.weights import LayerWeights, Weights
 
 
 def make_tiny_model(arch: str = "llama", seed: int = 0, n_layers: int = 2, qkv_bias: bool | None = None) -> Model:

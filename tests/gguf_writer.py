@@ -44,7 +44,7 @@ def write_gguf(model: Model, path: Path, qtypes: dict[str, str] | None = None, a
     writer.add_vocab_size(cfg.vocab)
 
     def add(name: str, t: torch.Tensor, field: str = "") -> None:
-        arr = t.numpy().astype(np.float32)
+        arr = np.asarray(t, dtype=np.float32)
         qt = gguf.GGMLQuantizationType[qtypes.get(field, "F32")]
         if qt == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(name, arr)

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -87,7 +88,7 @@ def test_float_logits_match_transformers(pair, t) -> None:
     assert (ours - theirs).abs().max().item() < 1e-4
     for c in (64, 256):  # the chunked prefill (ONNX Runtime's attention kernel on the CPU lane)
         res = Runtime(model, chunk=c).prefill(ids)
-        assert (res.logits - theirs[-1]).abs().max().item() < 1e-4, c
+        assert np.abs(res.logits - theirs[-1].numpy()).max() < 1e-4, c
 
 
 def test_greedy_tokens_match_transformers(pair) -> None:
@@ -207,7 +208,7 @@ def test_partial_rotary_on_the_int8_path(tmp_path, monkeypatch, hidden) -> None:
     plan = tiny_plan(m, SHADOWS)
     rt = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16, provider="cpu"))
     torch_int8 = Runtime(m, chunk=16, backend=QuantizedBackend(cfg, m.weights, plan))
-    assert (rt.prefill(prompt).logits - torch_int8.prefill(prompt).logits).abs().max() < 1e-3
+    assert np.abs(rt.prefill(prompt).logits - torch_int8.prefill(prompt).logits).max() < 1e-3
     _decode_step_equals_unbound_graphs(rt, m, prompt, TokenTree([7], [-1]))
     _decode_step_equals_unbound_graphs(rt, m, prompt, TokenTree([7, 9, 4, 2], [-1, 0, 0, 1]))
     params = SamplingParams(max_new_tokens=8, stop_token_ids=())
@@ -269,7 +270,7 @@ def test_gguf_phi3_longrope(tmp_path, monkeypatch) -> None:
 
 def test_gguf_rope_freqs_are_llama3_scaling(tmp_path, monkeypatch) -> None:
     """Llama 3.x GGUF files carry the llama3 RoPE scaling as per-frequency divisors (`rope_freqs.weight`)."""
-    from hetero.model import rope_inv_freq
+    from hetero.rope import rope_inv_freq
     from tests.gguf_writer import write_gguf
 
     monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
@@ -351,22 +352,22 @@ def test_int8_path_computes_the_variant(tmp_path, monkeypatch, variant) -> None:
     rt = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16, provider="cpu"))
     torch_int8 = Runtime(m, chunk=16, backend=QuantizedBackend(cfg, m.weights, plan))  # model.py's layer
     got, want = rt.prefill(prompt), torch_int8.prefill(prompt)
-    assert (got.logits - want.logits).abs().max() < 1e-3
-    assert (Runtime(plain, chunk=16).prefill(prompt).logits - got.logits).abs().max() > 0.1
+    assert np.abs(got.logits - want.logits).max() < 1e-3
+    assert np.abs(Runtime(plain, chunk=16).prefill(prompt).logits - got.logits).max() > 0.1
     step = DecodeStep(rt, attention_threads=1)
     whole = rt.backend.at_chunk(1, DECODE_THREADS)
     r1, r2 = rt.prefill(prompt), rt.prefill(prompt)
     slot = r1.cache.length
     logits = step.forward(r1.cache, TokenTree([7], [-1]))
-    with torch.inference_mode():
+    with torch.inference_mode():  # the graphs on numpy views of the reference's torch rows
         h = ref.embed(m.weights, torch.tensor([7]))
         for layer, lw in enumerate(m.weights.layers):
-            q, k, v = whole.qkv(layer, h)
-            kc, vc = r2.cache.layer(layer)
+            q, k, v = (torch.from_numpy(x) for x in whole.qkv(layer, h.numpy()))
+            kc, vc = (torch.from_numpy(x) for x in r2.cache.layer(layer))
             a = ref.attention(cfg, q, k, v, rt.rope, kc, vc, slot, 1, torch.tensor([slot]), None, row_attention,
                               layer=layer, lw=lw)
-            h = whole.o_ffn(layer, a, h)
-    assert torch.equal(logits, step.head(h))
+            h = torch.from_numpy(whole.o_ffn(layer, a.numpy(), h.numpy()))
+    assert np.array_equal(logits, step.head(h.numpy()))
 
 
 def _decode_step_equals_unbound_graphs(rt, m, prompt, tree) -> None:
@@ -384,20 +385,21 @@ def _decode_step_equals_unbound_graphs(rt, m, prompt, tree) -> None:
     logits = step.forward(r1.cache, tree)
     positions = tree.positions(slot)
     mask = None if tree.is_chain() else tree.mask()
-    with torch.inference_mode():
+    with torch.inference_mode():  # the graphs on numpy views of the reference's torch rows
         h = ref.embed(m.weights, torch.tensor(tree.tokens))
         for layer, lw in enumerate(m.weights.layers):
-            q, k, v = whole.qkv(layer, h)
+            q, k, v = (torch.from_numpy(x) for x in whole.qkv(layer, h.numpy()))
             base = r2.cache.place(layer, slot, len(tree))  # a windowed layer's rows hold its window (`KVCache`)
-            kc, vc = r2.cache.layer(layer)
-            a = ref.attention(cfg, q, k, v, rt.rope, kc, vc, slot, len(tree), positions, mask, row_attention,
-                              layer=layer, lw=lw, base=base)
-            h = whole.o_ffn(layer, a, h)
-    assert torch.equal(logits, step.head(h))
+            kc, vc = (torch.from_numpy(x) for x in r2.cache.layer(layer))
+            a = ref.attention(cfg, q, k, v, rt.rope, kc, vc, slot, len(tree), torch.as_tensor(positions),
+                              None if mask is None else torch.as_tensor(mask), row_attention, layer=layer, lw=lw,
+                              base=base)
+            h = torch.from_numpy(whole.o_ffn(layer, a.numpy(), h.numpy()))
+    assert np.array_equal(logits, step.head(h.numpy()))
     if len(tree) == 1:  # the two-core step (the helper's heads, the split graphs' halves) is the one-thread step's
         shared = DecodeStep(rt, attention_threads=2, split_after=0)
         for _ in range(2):
-            assert torch.equal(shared.forward(rt.prefill(prompt).cache, tree), logits)
+            assert np.array_equal(shared.forward(rt.prefill(prompt).cache, tree), logits)
 
 
 def test_sliding_windows_on_the_int8_path(tmp_path, monkeypatch) -> None:
@@ -419,8 +421,8 @@ def test_sliding_windows_on_the_int8_path(tmp_path, monkeypatch) -> None:
     plan = tiny_plan(m, SHADOWS)
     rt = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16, provider="cpu"))
     got = rt.prefill(prompt)
-    assert (got.logits - Runtime(m, chunk=16, backend=QuantizedBackend(m.config, m.weights, plan)).prefill(prompt).logits
-            ).abs().max() < 1e-3
+    assert np.abs(got.logits - Runtime(m, chunk=16, backend=QuantizedBackend(m.config, m.weights, plan)).prefill(prompt)
+                  .logits).max() < 1e-3
     _decode_step_equals_unbound_graphs(rt, m, prompt, TokenTree([7], [-1]))
     _decode_step_equals_unbound_graphs(rt, m, prompt, TokenTree([7, 9, 4, 2, 5], [-1, 0, 0, 1, 3]))
     params = SamplingParams(max_new_tokens=16, stop_token_ids=())
@@ -458,11 +460,11 @@ def test_gemma3_on_the_int8_path(tmp_path, monkeypatch) -> None:
     rt = Runtime(rm, chunk=16, backend=NpuBackend(rm, plan, 16, provider="cpu"))
     torch_int8 = Runtime(rm, chunk=16, backend=QuantizedBackend(cfg, rm.weights, plan))
     got, want = rt.prefill(prompt), torch_int8.prefill(prompt)
-    assert (got.logits - want.logits).abs().max() < 1e-3
-    assert (got.logits - Runtime(m, chunk=16).prefill(prompt).logits).abs().max() < 0.5 * got.logits.std()
+    assert np.abs(got.logits - want.logits).max() < 1e-3
+    assert np.abs(got.logits - Runtime(m, chunk=16).prefill(prompt).logits).max() < 0.5 * got.logits.std()
     no_post = dataclasses.replace(rm, config=dataclasses.replace(cfg, post_norms=False))
-    assert (Runtime(no_post, chunk=16, backend=QuantizedBackend(no_post.config, rm.weights, plan)).prefill(prompt).logits
-            - got.logits).abs().max() > 0.1
+    assert np.abs(Runtime(no_post, chunk=16, backend=QuantizedBackend(no_post.config, rm.weights, plan)).prefill(prompt)
+                  .logits - got.logits).max() > 0.1
     _decode_step_equals_unbound_graphs(rt, rm, prompt, TokenTree([7], [-1]))
     _decode_step_equals_unbound_graphs(rt, rm, prompt, TokenTree([7, 9, 4, 2], [-1, 0, 0, 1]))
 

@@ -1,5 +1,6 @@
 """The CPU lane's prefill attention (ORT GroupQueryAttention) against the float reference `model.attention`."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,12 +25,13 @@ def test_chunks_equal_reference_attention_and_write_only_real_rows(arch: str, th
         qkv = torch.randn(16, qd + 2 * kd, generator=gen)
         with torch.inference_mode():
             want = ref.attention(cfg, qkv[:, :qd], qkv[:, qd:qd + kd], qkv[:, qd + kd:], rope, kc, vc, start, n)
-        out = torch.zeros(n, qd)
-        assert attend(qkv[:n].contiguous(), kc2, vc2, start, out) is out
+        out = torch.zeros(n, qd)  # numpy views of these torch buffers: the attention writes through them
+        got = attend(qkv[:n].contiguous().numpy(), kc2.numpy(), vc2.numpy(), start, out.numpy())
+        assert got.ctypes.data == out.data_ptr()  # the result is the `out` buffer
         torch.testing.assert_close(out, want[:n], atol=2e-6, rtol=1e-5)
         end = start + n
         torch.testing.assert_close(kc2[:, :end], kc[:, :end], atol=2e-6, rtol=1e-5)
-        assert torch.equal(vc2[:, :end], vc[:, :end])  # V is copied, not computed
+        assert np.array_equal(vc2[:, :end], vc[:, :end])  # V is copied, not computed
         assert (kc2[:, end:] == 7).all() and (vc2[:, end:] == 7).all()  # nothing past the real rows
 
 
@@ -40,26 +42,27 @@ def test_bad_buffers_and_positions_raise_config_errors() -> None:
     kc = torch.zeros(cfg.n_kv_heads, 24, cfg.head_dim)
     qkv = torch.zeros(8, cfg.q_dim + 2 * cfg.kv_dim)
     with pytest.raises(ConfigError, match="exceed the cache"):
-        attend(qkv, kc, kc.clone(), 20, torch.zeros(8, cfg.q_dim))
+        attend(qkv.numpy(), kc.numpy(), kc.clone().numpy(), 20, np.zeros((8, cfg.q_dim), np.float32))
     with pytest.raises(ConfigError, match="contiguous float32"):
-        attend(torch.zeros(cfg.q_dim + 2 * cfg.kv_dim, 8).t(), kc, kc.clone(), 0, torch.zeros(8, cfg.q_dim))
+        attend(np.zeros((cfg.q_dim + 2 * cfg.kv_dim, 8), np.float32).T, kc.numpy(), kc.clone().numpy(), 0,
+               np.zeros((8, cfg.q_dim), np.float32))
+    with pytest.raises(ConfigError, match="contiguous float32"):
+        attend(qkv.numpy().astype(np.float64), kc.numpy(), kc.clone().numpy(), 0, np.zeros((8, cfg.q_dim), np.float32))
     with pytest.raises(ConfigError, match="threads"):
         ChunkAttention(cfg, rope.cos, rope.sin, 0)
 
 
-def test_a_call_uses_the_lanes_torch_thread_count() -> None:
+def test_a_call_uses_the_lanes_thread_share() -> None:
+    from hetero.threads import torch_threads
+
     cfg = make_tiny_model().config
     rope = ref.RopeTable(cfg, 32)
     attend = ChunkAttention(cfg, rope.cos, rope.sin, 2)
-    kc = torch.zeros(cfg.n_kv_heads, 24, cfg.head_dim)
-    qkv = torch.randn(8, cfg.q_dim + 2 * cfg.kv_dim, generator=torch.Generator().manual_seed(1))
-    before = torch.get_num_threads()
+    kc = np.zeros((cfg.n_kv_heads, 24, cfg.head_dim), np.float32)
+    qkv = np.random.default_rng(1).standard_normal((8, cfg.q_dim + 2 * cfg.kv_dim), dtype=np.float32)
     outs = []
-    try:
-        for n in (1, 2, 4):  # a lane sharing the cores, one alone, and more than the attention may take
-            torch.set_num_threads(n)
-            outs.append(attend(qkv, kc.clone(), kc.clone(), 0, torch.zeros(8, cfg.q_dim)))
-    finally:
-        torch.set_num_threads(before)
+    for n in (1, 2, 4):  # a lane sharing the cores, one alone, and more than the attention may take
+        with torch_threads(n):
+            outs.append(attend(qkv, kc.copy(), kc.copy(), 0, np.zeros((8, cfg.q_dim), np.float32)))
     assert sorted(attend._sessions) == [(1, 0), (2, 0)]  # capped at its `threads` (keyed by threads, window)
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])  # heads split across threads, same math
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[1], outs[2])  # heads split across threads, same math

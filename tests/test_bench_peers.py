@@ -9,6 +9,7 @@ import json
 import os
 from dataclasses import asdict
 
+import numpy as np
 import pytest
 
 from hetero.bench import peers
@@ -191,7 +192,7 @@ def test_harness_interleaves_rounds_over_windows(default_model) -> None:
     from hetero.bench.harness import prompt_ids, run_engines
 
     a, b = prompt_ids(None, 16, 1), prompt_ids(None, 16, 2)
-    assert a.numel() == b.numel() == 16 and not (a == b).all()
+    assert a.dtype == b.dtype == np.int64 and a.shape == b.shape == (16,) and not (a == b).all()
     rows, skipped = run_engines(["hetero_float"], [16, 32], 2, 1)
     assert not skipped
     assert [(r.engine, r.prompt_len, len(r.runs_ms)) for r in rows] == [("hetero_float", 16, 2), ("hetero_float", 32, 2)]

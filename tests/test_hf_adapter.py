@@ -27,4 +27,4 @@ def test_dynamic_cache_holds_exactly_the_valid_positions(tiny_model) -> None:
     dc = to_dynamic_cache(r.cache)
     assert dc.get_seq_length() == 21
     k0, _ = r.cache.keys_values(0)
-    torch.testing.assert_close(dc.layers[0].keys[0], k0)
+    torch.testing.assert_close(dc.layers[0].keys[0], torch.from_numpy(k0))

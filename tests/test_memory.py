@@ -7,7 +7,7 @@ import torch
 
 from hetero.bench.machine_bound import attention_flops, linear_ops_per_token, machine_bound
 from hetero.loader import load_model, release_pages
-from hetero.model import SITE_LINEARS
+from hetero.weights import SITE_LINEARS
 from tests.conftest import make_tiny_model
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -37,13 +38,13 @@ def test_serial_executor_runs_program_order(tiny_model) -> None:
 def test_chunk_buffers_are_allocated_once_per_runtime(tiny_model) -> None:
     rt = Runtime(tiny_model, chunk=16)
     rt.prefill(torch.arange(40) % 256)
-    ptrs = [b.data_ptr() for pair in rt.buffers.h for b in pair] + [q.data_ptr() for q in rt.buffers.qkv]
+    ptrs = [b.ctypes.data for pair in rt.buffers.h for b in pair] + [q.ctypes.data for q in rt.buffers.qkv]
     assert len(rt.buffers.h) == 3
     first = rt.prefill(torch.arange(20) % 256)  # fewer chunks: the same buffers, none added
-    again = [b.data_ptr() for pair in rt.buffers.h for b in pair] + [q.data_ptr() for q in rt.buffers.qkv]
+    again = [b.ctypes.data for pair in rt.buffers.h for b in pair] + [q.ctypes.data for q in rt.buffers.qkv]
     assert again == ptrs
     second = rt.prefill(torch.arange(20) % 256)
-    assert torch.equal(first.logits, second.logits)  # buffers reused, results unchanged
+    assert np.array_equal(first.logits, second.logits)  # buffers reused, results unchanged
 
 
 def test_concurrent_prefills_share_buffers_safely(tiny_model) -> None:
@@ -63,7 +64,7 @@ def test_concurrent_prefills_share_buffers_safely(tiny_model) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
 
 
 def _drive(steps) -> object:
@@ -88,8 +89,8 @@ def test_a_plan_stepped_in_slices_equals_one_run(tiny_model, ooo: bool) -> None:
     want_a, want_b = rt.prefill(a), rt.prefill(b)
     got, slices = _drive(rt.prefill_steps(a, slice_s=0.0))
     assert slices >= 2  # resumed between waves, not run in one go
-    assert torch.equal(got.logits, want_a.logits) and got.cache.length == 70
-    assert torch.equal(got.cache.k[:, :, :70], want_a.cache.k[:, :, :70])
+    assert np.array_equal(got.logits, want_a.logits) and got.cache.length == 70
+    assert np.array_equal(got.cache.k[:, :, :70], want_a.cache.k[:, :, :70])
     check_schedule(got.schedule)
     ga, gb = rt.prefill_steps(a, slice_s=0.0), rt.prefill_steps(b, slice_s=0.0)
     out: dict = {}
@@ -101,7 +102,7 @@ def test_a_plan_stepped_in_slices_equals_one_run(tiny_model, ooo: bool) -> None:
                 next(g)
             except StopIteration as done:
                 out[name] = done.value
-    assert torch.equal(out["a"].logits, want_a.logits) and torch.equal(out["b"].logits, want_b.logits)
+    assert np.array_equal(out["a"].logits, want_a.logits) and np.array_equal(out["b"].logits, want_b.logits)
     rt.close()
 
 
@@ -125,4 +126,4 @@ def test_an_uncontended_plan_runs_without_pausing(tiny_model) -> None:
         return False
 
     got, slices = _drive(rt.prefill_steps(torch.arange(70) % 256, slice_s=0.0, contended=contended))
-    assert slices == 0 and asked and torch.equal(got.logits, rt.prefill(torch.arange(70) % 256).logits)
+    assert slices == 0 and asked and np.array_equal(got.logits, rt.prefill(torch.arange(70) % 256).logits)

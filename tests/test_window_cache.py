@@ -9,6 +9,7 @@ refuses it (ConfigError) instead of answering wrongly.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -55,9 +56,9 @@ def test_prefill_past_the_window_keeps_only_it(pair, room) -> None:
     for c in (64, 256):
         rt = Runtime(model, chunk=c)
         res = rt.prefill(ids)
-        assert (res.logits - theirs).abs().max().item() < 1e-4, c
+        assert np.abs(res.logits - theirs.numpy()).max() < 1e-4, c
         full = rt.prefill(ids, rt.new_cache(full_history=True))
-        assert (full.logits - theirs).abs().max().item() < 1e-4, c
+        assert np.abs(full.logits - theirs.numpy()).max() < 1e-4, c
         for layer in _windowed(cfg):  # moved: positions before its window are gone
             assert res.cache.base(layer) > 0 and res.cache.base(layer) <= 300 - cfg.window(layer) + 1
             assert full.cache.base(layer) == 0
@@ -105,15 +106,15 @@ def test_a_cache_refuses_what_its_window_dropped(tmp_path, monkeypatch) -> None:
     with pytest.raises(ConfigError, match="full_history"):
         cache.keys_values(0)
     twin = cache.fork()
-    assert torch.equal(rt.prefill(ids[60:], twin).logits, rt.prefill(ids[60:], cache).logits)
+    assert np.array_equal(rt.prefill(ids[60:], twin).logits, rt.prefill(ids[60:], cache).logits)
     assert twin.length == cache.length == 100
-    assert (rt.prefill(ids[60:], rt.prefill(ids[:60]).cache).logits - want).abs().max() < 1e-5
+    assert np.abs(rt.prefill(ids[60:], rt.prefill(ids[:60]).cache).logits - want).max() < 1e-5
     # a restore of positions [0, 60) from a full-history cache: the windowed layers keep its last W - 1
     full = rt.prefill(ids[:60], rt.new_cache(full_history=True)).cache
     k, v = full.read_span(0, 60)
     restored = rt.new_cache()
     restored.write_span(0, k, v)
-    assert restored.base(0) > 0 and (rt.prefill(ids[60:], restored).logits - want).abs().max() < 1e-5
+    assert restored.base(0) > 0 and np.abs(rt.prefill(ids[60:], restored).logits - want).max() < 1e-5
     # an abandoned prefill (closed after a few slices) moved the windows past what continuing needs: refused
     cache = rt.prefill(ids[:20]).cache
     steps = rt.prefill_steps(ids[20:], cache, slice_s=0.0, contended=lambda: True)
@@ -144,11 +145,11 @@ def test_int8_graphs_and_bound_step_keep_only_the_window(tmp_path, monkeypatch) 
     prompt = torch.arange(3, 66) * 5 % m.config.vocab
     got, full = rt.prefill(prompt), rt.prefill(prompt, rt.new_cache(full_history=True))
     assert got.cache.base(0) > 0 and full.cache.base(0) == 0
-    assert (got.logits - full.logits).abs().max() < 1e-4
+    assert np.abs(got.logits - full.logits).max() < 1e-4
     one, two = DecodeStep(rt, attention_threads=1), DecodeStep(rt, attention_threads=2, split_after=0)
     for tree in (TokenTree([7], [-1]), TokenTree([7, 9, 4, 2], [-1, 0, 0, 1])):  # the helper's heads: the same bits
         a, b = rt.prefill(prompt).cache, rt.prefill(prompt).cache
-        assert a.base(0) > 0 and torch.equal(one.forward(a, tree), two.forward(b, tree))
+        assert a.base(0) > 0 and np.array_equal(one.forward(a, tree), two.forward(b, tree))
     two.close()
     params = SamplingParams(max_new_tokens=16, stop_token_ids=())
     for speculate in ("off", "lookup"):
@@ -178,5 +179,5 @@ def test_whole_layer_graphs_keep_only_the_window(tmp_path, monkeypatch) -> None:
     prompt = torch.arange(3, 70) * 7 % m.config.vocab
     got = fused.prefill(prompt)
     assert got.cache.base(0) > 0
-    assert (got.logits - segments.prefill(prompt).logits).abs().max() < 1e-4
-    assert (got.logits - fused.prefill(prompt, fused.new_cache(full_history=True)).logits).abs().max() < 1e-4
+    assert np.abs(got.logits - segments.prefill(prompt).logits).max() < 1e-4
+    assert np.abs(got.logits - fused.prefill(prompt, fused.new_cache(full_history=True)).logits).max() < 1e-4

@@ -6,6 +6,7 @@ them; `generate()` then continues with that token appended and only runs decode 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hetero.kv_cache import KVCache
@@ -51,20 +52,22 @@ def to_dynamic_cache(cache: KVCache, hf_config: object | None = None) -> "object
 
     dc = DynamicCache(config=hf_config) if hf_config is not None else DynamicCache()
     for layer in range(cache.config.n_layers):
-        k, v = cache.keys_values(layer)
-        dc.update(k.unsqueeze(0).clone(), v.unsqueeze(0).clone(), layer)
+        k, v = cache.keys_values(layer)  # numpy views: copied into the DynamicCache's tensors
+        dc.update(torch.from_numpy(k.copy()).unsqueeze(0), torch.from_numpy(v.copy()).unsqueeze(0), layer)
     return dc
 
 
 @torch.inference_mode()
-def generate(hf_model: "torch.nn.Module", prompt_ids: torch.Tensor, result: PrefillResult, max_new_tokens: int) -> list[int]:
+def generate(hf_model: "torch.nn.Module", prompt_ids: np.ndarray | torch.Tensor, result: PrefillResult,
+             max_new_tokens: int) -> list[int]:
     """Greedy continuation of a prefill with `hf_model.generate`; returns the new token ids."""
     if max_new_tokens <= 0:
         return []
-    first = int(result.logits.argmax())
+    first = int(np.argmax(result.logits))
     eos = hf_model.config.eos_token_id
     if max_new_tokens == 1 or first == eos:
         return [first]
+    prompt_ids = torch.as_tensor(np.asarray(prompt_ids), dtype=torch.long)
     ids = torch.cat([prompt_ids.view(1, -1), torch.tensor([[first]])], dim=1)
     out = hf_model.generate(
         input_ids=ids,

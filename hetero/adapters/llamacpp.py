@@ -20,7 +20,6 @@ import struct
 from typing import Any
 
 import numpy as np
-import torch
 
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
@@ -28,10 +27,10 @@ from hetero.kv_cache import KVCache
 GGML_TYPE_F16 = 1
 
 
-def _llama_head_order(k: torch.Tensor) -> torch.Tensor:
+def _llama_head_order(k: np.ndarray) -> np.ndarray:
     """[n_kv, T, D] in HF rotate-half order → llama.cpp's interleaved order: out[2i+s] = in[s·D/2 + i]."""
     n_kv, t, d = k.shape
-    return k.view(n_kv, t, 2, d // 2).transpose(-1, -2).reshape(n_kv, t, d)
+    return k.reshape(n_kv, t, 2, d // 2).swapaxes(-1, -2).reshape(n_kv, t, d)
 
 
 def state_bytes(cache: KVCache, header: bytes, v_trans: bool, seq_id: int = 0) -> bytes:
@@ -43,18 +42,18 @@ def state_bytes(cache: KVCache, header: bytes, v_trans: bool, seq_id: int = 0) -
     width = cfg.n_kv_heads * cfg.head_dim
     for layer in range(cfg.n_layers):
         k, _ = cache.keys_values(layer)
-        rows = _llama_head_order(k).transpose(0, 1).reshape(n, width)  # [T, n_kv·D]
+        rows = _llama_head_order(k).swapaxes(0, 1).reshape(n, width)  # [T, n_kv·D]
         parts.append(struct.pack("<iQ", GGML_TYPE_F16, width * 2))
-        parts.append(rows.to(torch.float16).contiguous().numpy().tobytes())
+        parts.append(rows.astype(np.float16).tobytes())
     for layer in range(cfg.n_layers):
         _, v = cache.keys_values(layer)
-        rows = v.transpose(0, 1).reshape(n, width).to(torch.float16)
+        rows = v.swapaxes(0, 1).reshape(n, width).astype(np.float16)
         if v_trans:
             parts.append(struct.pack("<iII", GGML_TYPE_F16, 2, width))
-            parts.append(rows.t().contiguous().numpy().tobytes())
+            parts.append(rows.T.tobytes())
         else:
             parts.append(struct.pack("<iQ", GGML_TYPE_F16, width * 2))
-            parts.append(rows.contiguous().numpy().tobytes())
+            parts.append(rows.tobytes())
     return b"".join(parts)
 
 

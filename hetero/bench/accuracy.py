@@ -30,7 +30,7 @@ from hetero.outliers.baselines import LLMInt8Backend, PerGroupBackend, SmoothQua
 from hetero.outliers.calibration import ensure_calibration, token_windows
 from hetero.outliers.corpus import DEFAULT_EVALUATION, corpus_id, load_corpus
 from hetero.outliers.hotstore import HotChannelStore
-from hetero.model import SITES
+from hetero.weights import SITES
 from hetero.outliers.quantize import ACT_QMAX
 from hetero.outliers.search import DEFAULT_BUDGET_PCT, perplexity as search_perplexity
 from hetero.outliers.pruning import DEFAULT_PERCENTILE, PlanOptions, plan_from_calibration, rank_sites

@@ -55,7 +55,7 @@ def teacher_forced(runtime, step, window: list[int], prefix: int) -> tuple[list[
     cache = runtime.prefill(window[:prefix]).cache
     nll, top = [], []
     for i in range(prefix, len(window) - 1):
-        logits = step.forward(cache, TokenTree.chain([window[i]]))[0].float()
+        logits = torch.from_numpy(step.forward(cache, TokenTree.chain([window[i]]))[0])  # numpy float32 [vocab]
         cache.accept_path([0])
         nll.append(float(-torch.log_softmax(logits, -1)[window[i + 1]]))
         top.append(int(logits.argmax()))

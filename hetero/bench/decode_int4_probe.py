@@ -228,7 +228,7 @@ def time_variants(variants: dict[str, list[list[Callable[[], None]]]], repeats: 
 class _Capture:
     """A float `LayerBackend` that keeps each layer's graph inputs (h before qkv; a and h before o_ffn)."""
 
-    name, any_rows = "capture", True
+    name, tensors, any_rows = "capture", "torch", True
 
     def __init__(self, cfg: ModelConfig, w: ref.Weights):
         self.cfg, self.w, self.inputs = cfg, w, {}
@@ -268,9 +268,10 @@ def graph_errors(floats: list[tuple[ModelProto, ModelProto]], quants: list[tuple
 
 class GraphLayers:
     """A `LayerBackend` running each layer's `qkv` and `o_ffn` graphs (any row count) in ONNX Runtime: the float
-    reference's layers with these graphs' weights and kernels (their activation rounding included)."""
+    reference's layers with these graphs' weights and kernels (their activation rounding included). Numpy in and
+    out, as the NPU lane's backends (`model.layer_stack` adapts it to the reference's tensors)."""
 
-    name, any_rows = "graphs", True
+    name, tensors, any_rows = "graphs", "numpy", True
 
     def __init__(self, cfg: ModelConfig, graphs: list[tuple[ModelProto, ModelProto]]):
         from hetero.sessions import cpu_session
@@ -278,12 +279,14 @@ class GraphLayers:
         self.cfg = cfg
         self.sessions = [tuple(cpu_session(g.SerializeToString(), 1) for g in pair) for pair in graphs]
 
-    def qkv(self, layer: int, h: torch.Tensor, out: torch.Tensor | None = None):
-        y = torch.from_numpy(self.sessions[layer][0].run(None, {"h": h.numpy()})[0])
-        return tuple(y.split([self.cfg.q_dim, self.cfg.kv_dim, self.cfg.kv_dim], dim=1))
+    def qkv(self, layer: int, h: np.ndarray, out: np.ndarray | None = None
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        y = self.sessions[layer][0].run(None, {"h": np.ascontiguousarray(h)})[0]
+        q, k, v = np.split(y, [self.cfg.q_dim, self.cfg.q_dim + self.cfg.kv_dim], axis=1)
+        return q, k, v
 
-    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.from_numpy(self.sessions[layer][1].run(None, {"a": a.contiguous().numpy(), "h": h.numpy()})[0])
+    def o_ffn(self, layer: int, a: np.ndarray, h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        return self.sessions[layer][1].run(None, {"a": np.ascontiguousarray(a), "h": np.ascontiguousarray(h)})[0]
 
 
 def greedy(cfg: ModelConfig, w: ref.Weights, ids: list[int], n: int, backend: ref.LayerBackend | None = None

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hetero.bench.entry import write_json_md
 from hetero.arguments import add_method_arg, add_model_arg, int_list, positive_int
 
@@ -51,13 +53,11 @@ def step_parts(runtime, ids: list[int], steps: int, threads: int) -> dict[str, A
     at its first prefill for the prefill's last logits), unless `threads` differs from its `DECODE_THREADS`.
     Its graphs run whole first (a decode's first `SPLIT_AFTER_STEPS` tokens), then split over both cores where
     the step has the helper (`split_ms`: a long decode's)."""
-    import torch
-
     from hetero.decode.step import DECODE_THREADS, DecodeStep
     from hetero.decode.tree import TokenTree
 
     cache = runtime.new_cache(len(ids) + 8)
-    runtime.prefill(torch.tensor(ids), cache)
+    runtime.prefill(ids, cache)
     step = DecodeStep.of(runtime) if threads == DECODE_THREADS else DecodeStep(runtime, threads=threads,
                                                                                 split_after=None)
     split_after, step.split_after = step.split_after, None  # whole graphs until the split below
@@ -96,13 +96,11 @@ def chunk_costs(runtime, ids: list[int], steps: int, threads: int) -> dict[str, 
     """Median ms of a step verifying a chain of c rows (a token tree as one chunk, LLMCad §3.2) after a
     prefill of `ids`, for every static chunk size, and its ratio to a one-row step: what the tree controller
     weighs against the acceptance rate."""
-    import torch
-
     from hetero.decode.step import TREE_SIZES, DecodeStep
     from hetero.decode.tree import TokenTree
 
     cache = runtime.new_cache(len(ids) + TREE_SIZES[-1])
-    runtime.prefill(torch.tensor(ids), cache)
+    runtime.prefill(ids, cache)
     step = DecodeStep(runtime, threads=threads, split_after=0)
     trees = {c: TokenTree.chain(ids[-c:]) for c in TREE_SIZES}
     for tree in trees.values():
@@ -123,13 +121,11 @@ def attention_threads(runtime, ids: list[int], steps: int, threads: int) -> dict
     """Median ms of a one-token step on one thread and on two (`decode.twocore.attnpool`: the KV heads, the graphs' column
     halves (`decode.twocore.halves`) and the INT8 head's halves shared with a helper), interleaved, and whether their
     logits are equal."""
-    import torch
-
     from hetero.decode.step import DecodeStep
     from hetero.decode.tree import TokenTree
 
     cache = runtime.new_cache(len(ids) + 8)
-    runtime.prefill(torch.tensor(ids), cache)
+    runtime.prefill(ids, cache)
     tree = TokenTree.chain([ids[-1]])
     steps_by = {n: DecodeStep(runtime, threads=threads, attention_threads=n, split_after=0) for n in (1, 2)}
     logits = {n: [step.forward(cache, tree) for _ in range(3)][-1] for n, step in steps_by.items()}
@@ -142,7 +138,7 @@ def attention_threads(runtime, ids: list[int], steps: int, threads: int) -> dict
     ms = {n: statistics.median(t) for n, t in times.items()}
     pool = steps_by[2].pool
     return {"context": len(ids), "one_ms": round(ms[1], 2), "two_ms": round(ms[2], 2),
-            "ratio": round(ms[2] / ms[1], 2), "same_logits": bool(torch.equal(logits[1], logits[2])),
+            "ratio": round(ms[2] / ms[1], 2), "same_logits": bool(np.array_equal(logits[1], logits[2])),
             "helper_heads": pool.helped if pool else 0, "helper_graph_halves": pool.graph_halves if pool else 0,
             "guard_skipped": pool.skipped if pool else 0,
             "steps": steps + 3, "load": round(os.getloadavg()[0], 2)}

@@ -5,8 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
-
 from hetero.bench.workers import EngineUnavailable
 from hetero.methods import use_threads
 
@@ -47,6 +45,8 @@ def long_context_prompt(model_path: str | None, n_tokens: int = 1500) -> str:
 
 def run_e2e(model_path: str | None, threads: int, max_new_tokens: int = 32, engines: tuple[str, ...] = ("hetero", "torch_float", "llama_cpp")) -> list[dict[str, Any]]:
     """Table 4's end-to-end shape: prefill + `max_new_tokens` greedy tokens, per workload and engine."""
+    import torch
+
     from hetero.adapters.hf import to_hf_model
     from hetero.methods import make_runtime
     from hetero.loader import load_model
@@ -90,6 +90,8 @@ def _e2e_one(engine, model, hf, ids, threads, n_new, make_runtime) -> tuple[floa
         rt.close()
         return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3, out
     if engine == "torch_float":
+        import torch
+
         with torch.inference_mode():
             hf(ids[None], logits_to_keep=1)  # warm-up
             t0 = time.perf_counter()

@@ -2,7 +2,8 @@
 peers a user would pick instead (OpenVINO GenAI, ONNX Runtime GenAI, llama.cpp: `bench.peer_engines`).
 
 An engine is a factory `(model_path, threads, max_len) -> prefill(ids)`; hetero's own rows are methods
-(`hetero.methods`). `ABLATION` lists mllm-NPU Fig. 17's steps as engines.
+(`hetero.methods`). `ABLATION` lists mllm-NPU Fig. 17's steps as engines. Token ids come as a 1-D int64 numpy
+array (`harness.prompt_ids`); only the transformers engine imports torch (a hetero worker never does).
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
+import numpy as np
 
 from hetero.bench.peer_engines import PEERS, open_session
 from hetero.bench.peer_engines import prepare as prepare_peer
 from hetero.methods import make_runtime, use_threads
 
-PrefillFn = Callable[[torch.Tensor], None]
+PrefillFn = Callable[[np.ndarray], None]
 EngineFactory = Callable[[str | None, int, int], PrefillFn]
 
 
@@ -26,7 +27,7 @@ def _method(method: str, **kw: Any) -> EngineFactory:
 
         runtime = make_runtime(load_model(model_path), method, threads=threads, **kw)
 
-        def prefill(ids: torch.Tensor) -> None:
+        def prefill(ids: np.ndarray) -> None:
             int(runtime.prefill(ids).logits.argmax())
 
         return prefill
@@ -36,6 +37,8 @@ def _method(method: str, **kw: Any) -> EngineFactory:
 
 def _torch_float(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
     """transformers' own Llama (sdpa attention), whole prompt in one forward, logits of the last token."""
+    import torch
+
     from hetero.adapters.hf import to_hf_model
     from hetero.loader import load_model
 
@@ -43,8 +46,8 @@ def _torch_float(model_path: str | None, threads: int, max_len: int) -> PrefillF
     hf = to_hf_model(load_model(model_path))
 
     @torch.inference_mode()
-    def prefill(ids: torch.Tensor) -> None:
-        int(hf(ids[None], logits_to_keep=1, use_cache=True).logits[0, -1].argmax())
+    def prefill(ids: np.ndarray) -> None:
+        int(hf(torch.from_numpy(ids)[None], logits_to_keep=1, use_cache=True).logits[0, -1].argmax())
 
     return prefill
 
@@ -54,7 +57,7 @@ def _peer(engine: str) -> EngineFactory:
     def make(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
         session = open_session(engine, model_path, threads, max_len)
 
-        def prefill(ids: torch.Tensor) -> None:
+        def prefill(ids: np.ndarray) -> None:
             session.prefill(ids.tolist())
 
         return prefill
@@ -77,7 +80,7 @@ def _naive_npu(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
 
     model, plan = quant_setup(load_model(model_path), "cpu")  # the same model and plan as hetero's CPU-EP lane
 
-    def prefill(ids: torch.Tensor) -> None:
+    def prefill(ids: np.ndarray) -> None:
         int(naive_prefill(model, plan, ids, provider="cpu", intra_op_threads=threads).logits.argmax())
 
     return prefill

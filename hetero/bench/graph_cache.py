@@ -80,11 +80,12 @@ def layer_latency(model, plan, chunk: int, threads: int, repeats: int) -> dict:
     use_threads(threads)
     h = torch.randn(chunk, cfg.hidden)
     a = torch.randn(chunk, cfg.q_dim) * 0.3
+    hn, an = h.numpy(), a.numpy()  # the NPU lane's backend takes numpy (the same memory)
     res = {"qkv": {"npu_cpu_ms": [], "torch_ms": []}, "o_ffn": {"npu_cpu_ms": [], "torch_ms": []}}
     for _ in range(repeats):  # interleaved, so that load from other processes hits both alike
-        res["qkv"]["npu_cpu_ms"].append(_median_ms(lambda: be.qkv(0, h), 3))
+        res["qkv"]["npu_cpu_ms"].append(_median_ms(lambda: be.qkv(0, hn), 3))
         res["qkv"]["torch_ms"].append(_median_ms(lambda: ref.qkv(cfg, lw, h), 3))
-        res["o_ffn"]["npu_cpu_ms"].append(_median_ms(lambda: be.o_ffn(0, a, h), 3))
+        res["o_ffn"]["npu_cpu_ms"].append(_median_ms(lambda: be.o_ffn(0, an, hn), 3))
         res["o_ffn"]["torch_ms"].append(_median_ms(lambda: ref.o_ffn(cfg, lw, a, h), 3))
     out = {}
     for kind, d in res.items():

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from hetero.bench.engines import ENGINES, PEERS, prepare
 from hetero.bench.workers import EngineUnavailable, WorkerProcess, answer_pipe, worker_env
@@ -53,13 +53,13 @@ def _corpus_ids(model_path: str | None) -> tuple[int, ...]:
     return tuple(load_model(model_path).tokenizer(load_corpus(DEFAULT_EVALUATION))["input_ids"])
 
 
-def prompt_ids(model_path: str | None, n: int, window: int = 0) -> torch.Tensor:
-    """Tokens [window·n, (window+1)·n) of held-out real text (the evaluation corpus): the same for every engine,
-    a different prompt for each window."""
+def prompt_ids(model_path: str | None, n: int, window: int = 0) -> np.ndarray:
+    """Tokens [window·n, (window+1)·n) of held-out real text (the evaluation corpus), 1-D int64: the same for
+    every engine, a different prompt for each window."""
     ids = _corpus_ids(model_path)
     if len(ids) < (window + 1) * n:
         raise ValueError(f"evaluation corpus too short for window {window} of {n} tokens")
-    return torch.tensor(ids[window * n : (window + 1) * n])
+    return np.array(ids[window * n : (window + 1) * n], dtype=np.int64)
 
 
 def run_worker(engine: str, model_path: str | None, lens: list[int], threads: int,

@@ -30,6 +30,7 @@ PROMPT = "What is the capital of France?"
 
 def layer_steps() -> dict:
     """In this process (provider options from $HETERO_QNN_OPTIONS): steps per output of layers 0-1 at C=64."""
+    import numpy as np
     import torch
 
     from hetero import model as ref
@@ -48,13 +49,18 @@ def layer_steps() -> dict:
     h = ref.embed(model.weights, ids[:64])
     a = torch.randn(64, model.config.q_dim, generator=torch.Generator().manual_seed(0)) * 0.2
 
-    def steps(got, want) -> float:
+    def steps(got, want) -> float:  # got: the NPU lane's numpy result, want: the torch reference's
+        got = torch.from_numpy(got)
         return round(float((got - want).abs().max()) / (float(want.abs().max()) / 127), 2)
+
+    def np_(t: torch.Tensor):
+        return np.ascontiguousarray(t.numpy())
 
     out = {"provider": provider.name, "flavor": provider.flavor, "layers": {}}
     for layer in (0, 1):
-        q, k, v = (steps(g, w) for g, w in zip(be.qkv(layer, h), rb.qkv(layer, h)))
-        out["layers"][str(layer)] = {"q": q, "k": k, "v": v, "o_ffn": steps(be.o_ffn(layer, a, h), rb.o_ffn(layer, a, h))}
+        q, k, v = (steps(g, w) for g, w in zip(be.qkv(layer, np_(h)), rb.qkv(layer, h)))
+        out["layers"][str(layer)] = {"q": q, "k": k, "v": v,
+                                     "o_ffn": steps(be.o_ffn(layer, np_(a), np_(h)), rb.o_ffn(layer, a, h))}
         h = rb.o_ffn(layer, a, h)
     return out
 

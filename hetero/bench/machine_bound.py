@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from hetero.config import ModelConfig
 from hetero.sessions import cpu_session
@@ -40,8 +39,12 @@ def int8_gemm_rate(m: int, k: int, n: int, threads: int, repeats: int = 5) -> fl
     return 2 * m * k * n / best_seconds(lambda: sess.run(None, {"x": x}), repeats)
 
 
-def torch_gemm_rate(m: int, k: int, n: int, dtype: torch.dtype, threads: int, repeats: int = 5) -> float:
-    """torch.matmul FLOP/s in `dtype` (float32 or bfloat16: oneDNN's AVX-512 BF16 / AMX paths where the CPU has them)."""
+def torch_gemm_rate(m: int, k: int, n: int, dtype: str, threads: int, repeats: int = 5) -> float:
+    """torch.matmul FLOP/s in `dtype` ("float32" or "bfloat16": oneDNN's AVX-512 BF16 / AMX paths where the CPU has
+    them)."""
+    import torch
+
+    dtype = getattr(torch, dtype)
     set_torch_threads(threads)
     g = torch.Generator().manual_seed(0)
     a = torch.randn(m, k, generator=g).to(dtype)
@@ -66,8 +69,8 @@ def gemm_rates(shapes: list[tuple[int, int, int]], threads: int) -> dict[str, di
     for m, k, n in shapes:
         key = f"{m}x{k}x{n}"
         out["int8"][key] = int8_gemm_rate(m, k, n, threads)
-        out["float32"][key] = torch_gemm_rate(m, k, n, torch.float32, threads)
-        out["bfloat16"][key] = torch_gemm_rate(m, k, n, torch.bfloat16, threads)
+        out["float32"][key] = torch_gemm_rate(m, k, n, "float32", threads)
+        out["bfloat16"][key] = torch_gemm_rate(m, k, n, "bfloat16", threads)
     return out
 
 

@@ -31,9 +31,14 @@ def _rss() -> dict[str, float]:
 
 
 def run_worker(engine: str, model_path: str | None, lens: list[int], threads: int) -> dict[str, Any]:
-    """Stages of one engine in this process (call in a fresh one)."""
-    import torch  # noqa: F401  (the libraries stage)
+    """Stages of one engine in this process (call in a fresh one). The libraries stage loads what the engine's
+    process loads: torch for transformers' engine only (hetero's default path runs without it, issue 28; a hetero
+    method that needs torch loads it later, inside its own stages)."""
+    import numpy as np
     import onnxruntime  # noqa: F401
+
+    if engine == "torch_float":
+        import torch  # noqa: F401
 
     from hetero.bench.harness import prompt_ids
     from hetero.loader import load_model
@@ -51,9 +56,9 @@ def run_worker(engine: str, model_path: str | None, lens: list[int], threads: in
         hf = to_hf_model(model)
         stages.append(("transformers model (float32)", _rss()))
 
-        def prefill(ids: torch.Tensor) -> None:
+        def prefill(ids: np.ndarray) -> None:
             with torch.inference_mode():
-                hf(ids[None], logits_to_keep=1, use_cache=True)
+                hf(torch.from_numpy(ids)[None], logits_to_keep=1, use_cache=True)
     else:
         from hetero.methods import make_runtime
 
@@ -63,7 +68,7 @@ def run_worker(engine: str, model_path: str | None, lens: list[int], threads: in
         if plan is not None:
             counts["int8_weights_kept_on_cpu_mb"] = round(sum(w.q.nbytes for w in plan.weights.values()) / 2**20, 1)
 
-        def prefill(ids: torch.Tensor) -> None:
+        def prefill(ids: np.ndarray) -> None:
             rt.prefill(ids)
     cfg = model.config
     for n in lens:

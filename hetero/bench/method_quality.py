@@ -12,6 +12,7 @@ import math
 import statistics
 import time
 
+import numpy as np
 import torch
 
 from hetero import model as ref
@@ -26,17 +27,17 @@ def chat_ids(tok, question: str) -> torch.Tensor:
     return torch.tensor(encode_prompt(tok, question))
 
 
-def _speed(prefill, ids: torch.Tensor, repeats: int) -> float:
+def _speed(prefill, ids: np.ndarray, repeats: int) -> float:
     prefill(ids)  # warm-up
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         prefill(ids)
         times.append(time.perf_counter() - t0)
-    return ids.numel() / statistics.median(times)
+    return len(ids) / statistics.median(times)
 
 
-def method_rows(model, methods: list[str], windows: list[torch.Tensor], speed_ids: torch.Tensor | None,
+def method_rows(model, methods: list[str], windows: list[torch.Tensor], speed_ids: np.ndarray | None,
                 threads: int, repeats: int = 3, log=print) -> list[dict]:
     """One row per method: ppl, Δ vs float, top-1 agreement, chat first-token agreement, tokens/s at 1024."""
     tok = model.tokenizer
@@ -74,7 +75,7 @@ def method_rows(model, methods: list[str], windows: list[torch.Tensor], speed_id
     if speed_ids is not None:
         from hetero.bench.engines import ENGINES
 
-        hf = ENGINES["torch_float"](None, threads, speed_ids.numel())
+        hf = ENGINES["torch_float"](None, threads, len(speed_ids))
         rows.append({"method": "torch_float", "prefill_tok_s_1024": _speed(hf, speed_ids, repeats),
                      "note": "transformers' Llama, float32, same run (speed reference)"})
     f = next(r["ppl"] for r in rows if r["method"] == "float")

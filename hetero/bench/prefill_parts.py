@@ -44,7 +44,7 @@ def parts(runtime, serial, ids, repeats: int, threads: int) -> dict[str, Any]:
     alone = median_run(serial)
     ooo = median_run(runtime)
     s = ooo.schedule
-    return {"prompt_len": int(ids.numel()), "in_order_ms": round(alone.total_ms, 1), "kinds_ms": kind_ms(alone.schedule),
+    return {"prompt_len": len(ids), "in_order_ms": round(alone.total_ms, 1), "kinds_ms": kind_ms(alone.schedule),
             "out_of_order_ms": round(ooo.total_ms, 1), "lanes_busy_ms": {k: round(v / 1e3, 1) for k, v in s.busy_us.items()},
             "critical_lane": s.critical_lane, "load": round(os.getloadavg()[0], 2)}
 

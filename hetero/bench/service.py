@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -38,7 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
+import numpy as np
 
 import hetero
 from hetero.paths import atomic_path
@@ -286,6 +287,19 @@ def restore_paths(model: hetero.Model, text_ids: list[int], args: argparse.Names
     return out
 
 
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log p of each token, from float32 logits [vocab] (in float64: a measurement)."""
+    x = logits.astype(np.float64)
+    x = x - x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+def _torch_threads() -> int | None:
+    """torch's thread count in this process, or None when nothing here has loaded torch (the default method)."""
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch.get_num_threads()
+
+
 def compression_accuracy(model: hetero.Model, text_ids: list[int], args: argparse.Namespace) -> dict:
     """Teacher-forced next tokens after a prefix whose K/V blocks are stored at each level."""
     from hetero.serve.quant import compress, dequantize
@@ -309,15 +323,14 @@ def compression_accuracy(model: hetero.Model, text_ids: list[int], args: argpars
                 levels.append(qk.level)
             cache.write_span(a, kb, vb)
         nll, top = 0.0, []
-        with torch.inference_mode():
-            cache.truncate(len(prefix) - 1)  # re-run the last prefix token to get its logits over this cache
-            logits = step.prefill(prefix[-1:], cache=cache).logits
-            for tok in cont:
-                nll -= float(torch.log_softmax(logits, -1)[tok])
-                top.append(int(logits.argmax()))
-                logits = step.prefill([tok], cache=cache).logits
+        cache.truncate(len(prefix) - 1)  # re-run the last prefix token to get its logits over this cache
+        logits = step.prefill(prefix[-1:], cache=cache).logits
+        for tok in cont:
+            nll -= _log_softmax(logits)[tok]
+            top.append(int(logits.argmax()))
+            logits = step.prefill([tok], cache=cache).logits
         ref_top = ref_top or top
-        results[level] = {"ppl": round(float(torch.exp(torch.tensor(nll / len(cont)))), 3),
+        results[level] = {"ppl": round(math.exp(nll / len(cont)), 3),
                           "top1_agreement_vs_float": round(sum(a == b for a, b in zip(top, ref_top)) / len(top), 4),
                           "int4_blocks": levels.count("int4"), "int8_blocks": levels.count("int8"),
                           "mean_attention_error": round(statistics.fmean(errors), 5) if errors else 0.0}
@@ -342,9 +355,9 @@ def exactness(model: hetero.Model, text_ids: list[int], args: argparse.Namespace
             rt.prefill(ids[:cut], cache=cache)
             reuse = rt.prefill(ids[cut:], cache=cache).logits
             out[f"{backend}_{name}"] = {
-                "reused_tokens": cut, "bitwise_equal": bool(torch.equal(reuse, scratch)),
-                "max_abs_diff": float((reuse - scratch).abs().max()),
-                "rel_l2": float((reuse - scratch).norm() / scratch.norm()),
+                "reused_tokens": cut, "bitwise_equal": bool(np.array_equal(reuse, scratch)),
+                "max_abs_diff": float(np.abs(reuse - scratch).max()),
+                "rel_l2": float(np.linalg.norm(reuse - scratch) / np.linalg.norm(scratch)),
                 "same_top1": int(reuse.argmax()) == int(scratch.argmax())}
         rt.close()
     return out
@@ -501,8 +514,11 @@ def write_md(r: dict, path: Path) -> None:
              f"{' (the exact reference)' if a.get('method', 'float') == 'float' else ''}, C={a.get('chunk')}, "
              f"{a.get('turns')} turns "
              f"per conversation, each a passage of ~{a.get('turn_chars')} characters and a question; "
-             f"{a.get('max_tokens')} tokens a reply, through the `openai` client (streaming). torch threads "
-             f"{r.get('torch_threads')} on {r.get('cpus')} CPUs. Load average (1/5/15 min) before/after: "
+             f"{a.get('max_tokens')} tokens a reply, through the `openai` client (streaming). "
+             + (f"torch threads {r['torch_threads']}" if r.get("torch_threads") is not None else
+                f"threads {a.get('threads') if a.get('threads') not in (None, 'None') else 'default'} "
+                "(torch not loaded)")
+             + f" on {r.get('cpus')} CPUs. Load average (1/5/15 min) before/after: "
              f"{_load(r.get('load_before'))} / {_load(r.get('load_after'))}. Client TTFT: request sent to first "
              "streamed token; server TTFT: admission by the engine to first token (the reply's usage).", "",
              f"Command: `{r.get('command', 'python bench/service.py')}`", ""]
@@ -645,7 +661,7 @@ def run(args: argparse.Namespace) -> int:
     text_ids = model.tokenizer((DATA / "austen_emma.txt").read_text()[20000:40000])["input_ids"]
     result: dict = {"load_before": os.getloadavg(), "args": {k: str(v) for k, v in vars(args).items()},
                     "command": " ".join(["python bench/service.py"] + sys.argv[1:]),
-                    "model": model.name, "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count()}
+                    "model": model.name, "torch_threads": _torch_threads(), "cpus": os.cpu_count()}
     if "sequential" in phases:
         result["sequential"] = sequential(model, conversations(args.ratio_conversations, args.turns, args.turn_chars),
                                           args)

@@ -6,9 +6,11 @@ phases (`hetero -v run --json`: imports, load, calibrate, build, prefill (the pr
 warm-up prefill), decode set-up, decode); what the wall time has beyond them is the interpreter's start before its
 clock starts, and the exit. Medians of the rounds, after one warm-up run
 of each engine (the warm cache). Each round also times two processes that only import (started and ended as `hetero`
-is): what hetero's default path cannot do without today (`FLOORS["floor"]`: torch, numba, ONNX Runtime), a floor
-under hetero's wall time on this machine; and what a default path without torch would import (`FLOORS["floor
-without torch"]`), the floor of that design (docs/design.md, "Threads and process state", its start-up item).
+is): what hetero's default path imports now that its containers are numpy (`FLOORS["floor"]`: numpy, numba, ONNX
+Runtime, its tokenizer, chat template and cache checks; no torch), a floor under hetero's wall time on this machine;
+and what it imported before (`FLOORS["floor with torch"]`: torch, numba, ONNX Runtime; docs/design.md,
+"Threads and process state", its start-up items). One more, untimed, run under `python -X importtime` checks that
+the warm run indeed imports no torch (`imports_torch` in the result).
 """
 
 from __future__ import annotations
@@ -31,11 +33,10 @@ from hetero.errors import ConfigError
 HELP = "a warm `hetero run` end to end, beside llama.cpp (issue 28)"
 PROMPT = "What is the capital of France? Answer in one sentence."
 NEW_TOKENS = 8
-# processes that only import: the default path's heavy imports today (issue 28), and what it would import without torch
-# (its kernels: numba, ONNX Runtime; its tokenizer and chat template: tokenizers, jinja2; its cache checks)
-FLOORS = {"floor": ("torch", "numba", "onnxruntime"),
-          "floor without torch": ("numpy", "numba", "onnxruntime", "tokenizers", "jinja2", "safetensors", "xxhash",
-                                  "filelock")}
+# processes that only import: what the default path imports (its kernels: numba, ONNX Runtime; its tokenizer and chat
+# template: tokenizers, jinja2; its cache checks), and its heavy imports before its containers were numpy (issue 28)
+FLOORS = {"floor": ("numpy", "numba", "onnxruntime", "tokenizers", "jinja2", "safetensors", "xxhash", "filelock"),
+          "floor with torch": ("torch", "numba", "onnxruntime")}
 
 _LLAMA = """
 import sys, time
@@ -71,6 +72,16 @@ def hetero_run(threads: int) -> dict[str, Any]:
     phases = res.get("seconds", {})
     return {"wall_s": wall, "text": res["text"], "phases_s": phases,
             "start_imports_exit_s": max(0.0, wall - sum(phases.values()))}
+
+
+def imports_torch(threads: int) -> bool:
+    """Whether a warm `hetero run` imports torch (`python -X importtime` lists every module a process imports)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "hetero", "run", PROMPT, "-n", str(NEW_TOKENS),
+                           "--threads", str(threads)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ConfigError(f"hetero run failed (exit {done.returncode}): {done.stderr.strip()[-400:]}")
+    return any(ln.startswith("import time:") and ln.rsplit("|", 1)[-1].strip() == "torch"
+               for ln in done.stderr.splitlines())
 
 
 def llama_run(gguf: str, threads: int) -> dict[str, Any]:
@@ -121,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
         rows.append(row)
     result: dict[str, Any] = {"prompt": PROMPT, "new_tokens": NEW_TOKENS, "threads": args.threads,
                               "rounds": args.rounds, "host": host_metadata(), "cpu_flags": _isa_flags(),
-                              "load_avg": [round(load0, 2), round(load_avg(), 2)], "rows": rows}
+                              "load_avg": [round(load0, 2), round(load_avg(), 2)], "rows": rows,
+                              "imports_torch": imports_torch(args.threads)}
     result["floors"] = []
     for name, imports in FLOORS.items():
         floor = next(row for row in rows if row["engine"] == name)
@@ -147,6 +159,11 @@ def _isa_flags() -> list[str]:
     return [f for f in want if f in flags]
 
 
+def _floor_what(imports: list[str]) -> str:
+    return ("what hetero's default path imported before its containers were numpy" if "torch" in imports
+            else "what hetero's default path imports, without torch")
+
+
 def render_md(r: dict[str, Any]) -> str:
     lines = ["# A warm `hetero run` beside llama.cpp (issue 28)", "",
              f"`{r['prompt']}`, {r['new_tokens']} new tokens, {r['threads']} threads, median of {r['rounds']} rounds "
@@ -158,10 +175,11 @@ def render_md(r: dict[str, Any]) -> str:
                      f"{row['text']} |")
     if "hetero_over_llama_cpp" in r:
         lines += ["", f"hetero / llama.cpp: **{r['hetero_over_llama_cpp']:.2f}×** the wall time."]
-    what = {"floor": "what hetero's default path loads today", "floor without torch": "what a default path without "
-            "torch would load"}
+    if "imports_torch" in r:
+        lines += ["", f"The warm `hetero run` {'imports' if r['imports_torch'] else 'does not import'} torch "
+                  "(`python -X importtime`, one more run)."]
     for floor in r.get("floors", []):
-        lines += ["", f"A process that only imports {', '.join(floor['imports'])} ({what[floor['name']]}): "
+        lines += ["", f"A process that only imports {', '.join(floor['imports'])} ({_floor_what(floor['imports'])}): "
                   f"{floor['wall_s']:.2f} s (median; runs {', '.join(f'{x:.2f}' for x in floor['runs_s'])})."]
     het = next(row for row in r["rows"] if row["engine"] == "hetero")
     lines += ["", "hetero's phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in het["phases_s"].items()), ""]

@@ -45,15 +45,15 @@ def register(sub: Any) -> None:
 def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, str, int, int], None]:
     """A `run_subgraph(kind, lane, C, kv_len)` timing the real subgraphs of one layer; `runtimes[C]` holds
     the graphs prepared for chunk length C (static subgraphs have fixed shapes, mllm-NPU §3.2)."""
-    import torch
+    import numpy as np
 
     from hetero.sched.measure import NotMeasured
 
     any_rt = next(iter(runtimes.values()))
     cfg = any_rt.cfg
-    k_cache = torch.zeros(cfg.n_kv_heads, cfg.context_length + 512, cfg.head_dim)
-    v_cache = torch.zeros_like(k_cache)
-    inputs: dict[int, tuple[torch.Tensor, ...]] = {}
+    k_cache = np.zeros((cfg.n_kv_heads, cfg.context_length + 512, cfg.head_dim), np.float32)
+    v_cache = np.zeros_like(k_cache)
+    inputs: dict[int, tuple[np.ndarray, ...]] = {}
     lanes = dict(any_rt.placement)
 
     def run(kind: str, lane: str, c: int, kv_len: int) -> None:
@@ -61,20 +61,26 @@ def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, 
             raise NotMeasured  # this runtime places `kind` on another lane, or has no graphs for C
         rt = runtimes[c]
         if c not in inputs:
-            g = torch.Generator().manual_seed(c)
-            inputs[c] = (torch.randn(c, cfg.hidden, generator=g), torch.randn(c, cfg.q_dim, generator=g),
-                         torch.randn(c, cfg.q_dim + 2 * cfg.kv_dim, generator=g), torch.empty(c, cfg.q_dim))
+            g = np.random.default_rng(c)
+            inputs[c] = tuple(g.standard_normal((c, n), dtype=np.float32)
+                              for n in (cfg.hidden, cfg.q_dim, cfg.q_dim + 2 * cfg.kv_dim)) + (
+                np.empty((c, cfg.q_dim), np.float32),)
         h, a, qkv, out = inputs[c]
-        with torch.inference_mode():
-            if kind == "qkv":
-                rt.backend.qkv(layer, h)
-            elif kind == "o_ffn":
-                rt.backend.o_ffn(layer, a, h)
-            elif kind == "attn":  # the runtime's own kernel (`hetero.attention`), as a prefill runs it
-                start = max(0, min(kv_len, cfg.context_length) - c)
-                rt.attention(qkv, k_cache, v_cache, start, out, layer)
-            else:
-                raise NotMeasured
+        if kind in ("qkv", "o_ffn") and getattr(rt.backend, "tensors", "numpy") == "torch":
+            import torch  # a torch backend (float methods): torch views of the same inputs
+
+            with torch.inference_mode():
+                h, a = torch.from_numpy(h), torch.from_numpy(a)
+                rt.backend.qkv(layer, h) if kind == "qkv" else rt.backend.o_ffn(layer, a, h)
+        elif kind == "qkv":
+            rt.backend.qkv(layer, h)
+        elif kind == "o_ffn":
+            rt.backend.o_ffn(layer, a, h)
+        elif kind == "attn":  # the runtime's own kernel (`hetero.attention`), as a prefill runs it
+            start = max(0, min(kv_len, cfg.context_length) - c)
+            rt.attention(qkv, k_cache, v_cache, start, out, layer)
+        else:
+            raise NotMeasured
 
     return run
 

@@ -141,7 +141,6 @@ def _make_decode_step(runtime: Any) -> float:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from hetero.adapters.hf import generate, to_hf_model
     from hetero.loader import load_model
     from hetero.methods import METHODS, make_runtime, use_threads
 
@@ -169,7 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         step_s = _make_decode_step(runtime) if args.decoder == "hetero" else 0.0
     timing.split("calibrate + build", "calibrate", "build", getattr(runtime.backend, "prepare_s", 0.0) + step_s)
     prompt = runtime.check_ids(ids)
-    budget = new_token_budget(prompt.numel(), args.max_new_tokens, runtime.max_context)  # before the prefill
+    budget = new_token_budget(prompt.size, args.max_new_tokens, runtime.max_context)  # before the prefill
     # no warm-up prefill: the answer's wall time is what a user waits for, and a warm-up is a second prefill
     # (the graphs are [C, ·]: even one token costs a whole chunk). So this prefill is the process's first and
     # pays the one-time costs (numba's kernels loaded, first-run allocations); `hetero bench prefill` and
@@ -192,6 +191,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.max_new_tokens = budget
         out.update(_decode_hetero(args, model, runtime, prompt, result, timing))
     else:
+        from hetero.adapters.hf import generate, to_hf_model
         from hetero.cli import start_up_done
 
         start_up_done()

@@ -9,7 +9,7 @@ so a run is one call. The graphs and the shadow corrections are the layer's prog
 which the prefill interprets too; the attention of all the chunk's rows is one compiled pass over the cache
 (`rowattn.decode_rows`), whose rows equal `model.attention` with the row kernel `rowattn.row_attention`: logits
 and K/V equal the unbound path's bit for bit (tested), and a tree row equals the plain step of its token, so
-greedy speculation emits plain greedy's tokens.
+greedy speculation emits plain greedy's tokens. Buffers are numpy (no torch on the default path, issue 28).
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
-import torch
 
-from hetero import model as ref
+from hetero import buffers
+from hetero.attention import qk_norm_
 from hetero.decode.twocore.stages import Stages, split_available
 from hetero.decode.twocore.attnpool import AttentionPool, StageTable
-from hetero.attention import qk_norm_
 from hetero.decode.rowattn import decode_rows, tree_layout
 from hetero.decode.tree import TokenTree
 from hetero.kv_cache import KVCache
 from hetero.npu.program import GraphRun
 from hetero.npu.segments import Buffer
+from hetero.rope import RopeTable
 
 
 @dataclass(slots=True)
@@ -37,20 +37,23 @@ class _Run:
 
     graph: GraphRun
     binding: ort.IOBinding
-    ins: dict[str, torch.Tensor]
-    outs: dict[str, torch.Tensor]
+    ins: dict[str, np.ndarray]
+    outs: dict[str, np.ndarray]
     stages: tuple[int, int] | None = None  # its split form: stages first..last-1 of the step's `_Stages`
 
 
 class BoundStep:
     """`forward(cache, tree, slot)` → the hidden states [C, hidden] of a C-row chunk, no per-run binding."""
 
-    def __init__(self, backend, rope: ref.RopeTable, rows: int, pool: AttentionPool | None = None):
+    def __init__(self, backend, rope: RopeTable, rows: int, pool: AttentionPool | None = None):
         self.backend, self.cfg, self.rope, self.rows, self.pool = backend, backend.cfg, rope, rows, pool
         cfg = self.cfg
-        self.h = (torch.zeros(rows, cfg.hidden), torch.zeros(rows, cfg.hidden))  # layer l reads h[l % 2]
-        self.a = torch.zeros(rows, cfg.q_dim)  # attention output, every layer's o input
-        self.q = np.zeros((rows, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim), np.float32)
+        self.weights = backend.model.arrays()  # the weights at rest: the embedding rows, QK-norm weights
+        self.embed_scale = None if cfg.embed_scale == 1.0 else np.float32(cfg.embed_scale)
+        zeros = lambda width: buffers.zeros((rows, width))  # noqa: E731
+        self.h = (zeros(cfg.hidden), zeros(cfg.hidden))  # layer l reads h[l % 2]
+        self.a = zeros(cfg.q_dim)  # attention output, every layer's o input
+        self.q = buffers.zeros((rows, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim))
         self.runs = [self._bind_layer(layer) for layer in backend.layers]
         self.stages: StageTable | None = None  # the split forms, once `split` has built them
 
@@ -79,7 +82,7 @@ class BoundStep:
         runs = []
         for g in self.backend.program(layer).runs:
             ins = {name: env[name] for name in g.inputs}
-            outs = {name: self.h[(layer + 1) % 2] if name == Buffer.H_OUT else torch.zeros(self.rows, width)
+            outs = {name: self.h[(layer + 1) % 2] if name == Buffer.H_OUT else buffers.zeros((self.rows, width))
                     for name, width in g.outputs.items()}  # fresh buffers: an output never aliases an input
             runs.append(_Run(g, g.bind(ins, outs), ins, outs))
             env.update(outs)
@@ -93,18 +96,20 @@ class BoundStep:
         else:
             run.graph.run_bound(run.binding)
 
-    def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> torch.Tensor:
+    def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> np.ndarray:
         """The hidden states [C, hidden] after `layers` layers (default all) of the tree's rows (padded to C
         with the root) rooted at position `slot`; their K/V go to cache rows slot.. (cache.length unchanged)."""
-        cfg, be, c, n = self.cfg, self.backend, self.rows, len(tree)
+        cfg, c, n = self.cfg, self.rows, len(tree)
         depth = len(self.runs) if layers is None else layers
-        self.h[0].copy_(ref.embed(be.model.weights, torch.tensor(tree.tokens + [tree.tokens[0]] * (c - n))))
+        # the rows' embeddings, times Gemma 3's scale as `model.embed` (float32 products)
+        np.take(self.weights["tok_emb"], tree.tokens + [tree.tokens[0]] * (c - n), axis=0, out=self.h[0])
+        if self.embed_scale is not None:
+            np.multiply(self.h[0], self.embed_scale, out=self.h[0])
         layout = tree_layout(tree.depth, tree.parents, slot, self.rope)
         self.a[n:] = 0  # padding rows: their attention stays zero (their K/V never reach the cache)
         q = self.q[:n]
         shared = self.pool is not None and self.pool.begin(
-            cache.k.numpy(), cache.v.numpy(), q, layout.extra, layout.n_extra, cfg.scale,
-            self.a.numpy()[:n].reshape(q.shape))
+            cache.k, cache.v, q, layout.extra, layout.n_extra, cfg.scale, self.a[:n].reshape(q.shape))
         bases = [cache.place(layer, slot, n) for layer in range(depth)]  # windowed layers: their window (`place`)
         self._layers(cache, layout, depth, shared, bases)  # the caller ends the pool's step (after the LM head)
         return self.h[depth % 2]
@@ -117,13 +122,12 @@ class BoundStep:
             self._correct(layer, qkv_run, qkv_run.outs)  # attn_in's shadow, before attention reads q, k, v
             qkv = qkv_run.outs[Buffer.QKV]
             if cfg.qk_norm:  # between the qkv graph and attention (Qwen3), as `model.attention`
-                lw = self.backend.model.weights.layers[layer]
-                qk_norm_(cfg, qkv, lw.q_norm, lw.k_norm)
+                self._qk_norm(layer, qkv)
             if shared:  # both threads (`attnpool`): the same kernel per KV head, the same result
                 self.pool.attend(cfg, layer, qkv, layout, bases[layer])
             else:
                 decode_rows(cfg, qkv, *cache.layer(layer), layout, self.a, layer, bases[layer])
-            env: dict[str, torch.Tensor] = {Buffer.A: self.a}
+            env: dict[str, np.ndarray] = {Buffer.A: self.a}
             d_extra = None
             for run in rest:
                 self._run(run, shared)
@@ -133,10 +137,17 @@ class BoundStep:
                     d_extra = extra
             last = rest[-1].outs
             if Buffer.D in last:  # a separate down graph: h1 + (d + shadow), as `NpuBackend.o_ffn`
-                d = last[Buffer.D] if d_extra is None else last[Buffer.D].add_(d_extra)
+                d = last[Buffer.D]
+                if d_extra is not None:
+                    d += d_extra
                 self.backend.program(layer).finish(env[Buffer.H1], d, self.h[(layer + 1) % 2])
 
-    def _correct(self, layer: int, run: _Run, env: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    def _qk_norm(self, layer: int, qkv: np.ndarray) -> None:
+        """QK-norm of the rows' q and k heads in place (`attention.qk_norm_`, the reference's ops), its weights read
+        at rest (`Model.arrays`)."""
+        qk_norm_(self.cfg, qkv, self.weights[f"layers.{layer}.q_norm"], self.weights[f"layers.{layer}.k_norm"])
+
+    def _correct(self, layer: int, run: _Run, env: dict[str, np.ndarray]) -> np.ndarray | None:
         """The shadow correction after a run (each row's own, after one compiled range check of all rows)."""
         shadow = run.graph.shadow
         if shadow is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import torch
+import numpy as np
 
 from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
@@ -183,11 +183,9 @@ class ModelDrafter:
             logits = self.step.forward(self.cache, TokenTree([tokens[node]], [-1]), slot=base + i)
             self.cache.advance(1)
             self.cached.append(tokens[node])
-            p = torch.softmax(logits[0].float(), -1)
-            top = torch.topk(p, 2)
-            best = int(top.indices[0])
-            if len(tokens) + 1 < size and float(top.values[1]) > self.branch_p:
-                tokens.append(int(top.indices[1]))  # sibling of the chain's next node (LLMCad branch)
+            best, second, p2 = _top2(logits[0])
+            if len(tokens) + 1 < size and p2 > self.branch_p:
+                tokens.append(second)  # sibling of the chain's next node (LLMCad branch)
                 parents.append(node)
             tokens.append(best)
             parents.append(node)
@@ -197,6 +195,17 @@ class ModelDrafter:
 
     def accepted(self, context: list[int]) -> None:
         pass
+
+
+def _top2(logits: np.ndarray) -> tuple[int, int, float]:
+    """The likeliest token (the first maximal logit, as greedy), the runner-up and its softmax probability."""
+    x = np.asarray(logits, np.float64)
+    best = int(np.argmax(x))
+    e = np.exp(x - x[best])
+    total = e.sum()
+    e[best] = -1.0  # below every probability: the runner-up is the largest of the rest
+    second = int(np.argmax(e))
+    return best, second, float(e[second] / total)
 
 
 def _paths(tokens: list[int], parents: list[int]) -> list[list[int]]:

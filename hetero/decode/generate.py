@@ -13,8 +13,6 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 
-import torch
-
 from hetero.decode.adapt import TreeController
 from hetero.decode.drafters import Drafter, LookupDrafter, ModelDrafter, SelfDrafter
 from hetero.decode.params import Generation, SamplingParams, TokenEvent
@@ -117,13 +115,12 @@ class Decoding:
             if self.params.max_new_tokens == 0:
                 return
             gen = make_generator(self.params)
-            with torch.inference_mode():
-                yield self._emit(choose(self.logits0, self.params, gen))
-                while not self._done:
-                    for tok in self._one_step(gen):
-                        yield self._emit(tok)
-                        if self._done:
-                            break
+            yield self._emit(choose(self.logits0, self.params, gen))
+            while not self._done:
+                for tok in self._one_step(gen):
+                    yield self._emit(tok)
+                    if self._done:
+                        break
         finally:
             if self.drafter is not None and self.fixed_tree is None:  # a fixed tree's first steps build graphs
                 self.step.costs.update(self.control.step_ms)

@@ -5,6 +5,9 @@ A decode step reads every weight once per token, so the head's 49k×576 float ma
 as much memory traffic as a third of the layers; on an INT8 runtime it runs as one ONNX Runtime
 `MatMulInteger` graph: weights symmetric per output channel, activations symmetric per ROW (so a row's
 logits do not depend on the other rows of a token tree: speculation stays exact), rescaled in one compiled pass.
+
+Heads take numpy hidden rows and return numpy logits; the INT8 heads read the weights at rest (`Model.arrays`) and
+import no torch (issue 28), the float reference's (`FloatHead`) runs torch's ops, imported when it runs.
 """
 
 from __future__ import annotations
@@ -14,21 +17,26 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
+from hetero import buffers
 from hetero import jitcache
-from hetero import model as ref
 from hetero.config import ModelConfig
 from hetero.decode.twocore import ortc
 from hetero.decode.twocore.attnpool import AttentionPool, StageTable
 from hetero.loader import Model
-from hetero.model import Weights
+from hetero.weights import Weights
 from hetero.outliers.weightcache import cached_arrays
 from hetero.outliers.quantize import W_QMAX_U8S8
 from hetero.sessions import cpu_session
 
 if TYPE_CHECKING:
     import onnx
+    import torch
+
+
+def _rows(h: np.ndarray, hidden: int) -> np.ndarray:
+    """Hidden rows [..., hidden] as C-contiguous float32 [n, hidden] (a view when they already are)."""
+    return np.ascontiguousarray(np.asarray(h, np.float32).reshape(-1, hidden))
 
 
 class FloatHead:
@@ -39,14 +47,22 @@ class FloatHead:
     def __init__(self, cfg: ModelConfig, weights: Weights):
         self.cfg, self.weights = cfg, weights
 
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        return ref.logits(self.cfg, self.weights, h)
+    def __call__(self, h: np.ndarray) -> np.ndarray:
+        import torch
+
+        from hetero import model as ref
+
+        x = _rows(h, self.cfg.hidden)
+        with torch.inference_mode():
+            out = ref.logits(self.cfg, self.weights, torch.from_numpy(x)).numpy()
+        return out.reshape(*np.shape(h)[:-1], -1)
 
 
-def quantize_head(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+def quantize_head(w: "np.ndarray | torch.Tensor") -> tuple[np.ndarray, np.ndarray]:
     """W^T [hidden, vocab] quantized per output channel to 7 bits (u8·s8 pairs cannot saturate AVX2's 16-bit
-    intermediate, as the layer graphs' plan), and the scales [vocab] float32."""
-    wt = w.detach().float().numpy().T  # [hidden, vocab]
+    intermediate, as the layer graphs' plan), and the scales [vocab] float32. w: [vocab, hidden] (numpy, or a
+    CPU torch tensor)."""
+    wt = np.asarray(w, np.float32).T  # [hidden, vocab]
     scale = np.maximum(np.abs(wt).max(axis=0), 1e-12) / W_QMAX_U8S8
     wq = np.clip(np.round(wt / scale), -W_QMAX_U8S8, W_QMAX_U8S8).astype(np.int8)
     return wq, scale.astype(np.float32)
@@ -65,10 +81,10 @@ def head_graph(wq: np.ndarray) -> "onnx.ModelProto":
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def int8_head_graph(w: torch.Tensor) -> tuple["onnx.ModelProto", torch.Tensor]:
-    """The head graph of `w` (`head_graph`) and its weight scales [vocab]."""
+def int8_head_graph(w: "np.ndarray | torch.Tensor") -> tuple["onnx.ModelProto", np.ndarray]:
+    """The head graph of `w` (`head_graph`) and its weight scales [vocab] float32."""
     wq, scale = quantize_head(w)
-    return head_graph(wq), torch.from_numpy(scale)
+    return head_graph(wq), scale
 
 
 class Int8Head:
@@ -81,18 +97,20 @@ class Int8Head:
 
     name = "int8"
 
-    def __init__(self, cfg: ModelConfig, weights: Weights, threads: int = 2, pool: AttentionPool | None = None,
-                 model: Model | None = None, ort_pool: str | None = None):
-        """model: the model of `weights` when it has a cache entry, which then keeps the quantized head
-        (`outliers.weightcache`: quantizing 49k×576 weights took ~0.3-1 s a start)."""
-        self.cfg, self.weights, self.pool = cfg, weights, pool
+    def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], threads: int = 2,
+                 pool: AttentionPool | None = None, model: Model | None = None, ort_pool: str | None = None):
+        """weights: the model's arrays by cache name (`Model.arrays`: "norm" and "lm_head" are read). model: the model
+        of `weights` when it has a cache entry, which then keeps the quantized head (`outliers.weightcache`:
+        quantizing 49k×576 weights took ~0.3-1 s a start)."""
+        self.cfg, self.pool = cfg, pool
+        self.norm = weights["norm"]
         half = (cfg.vocab // 2 + 63) // 64 * 64
         self.parts = [(0, half), (half, cfg.vocab)]
 
         def quantize() -> dict[str, np.ndarray]:
             """The scales and the two halves' graphs, serialized: what a warm start loads (building the graphs
             from the weights took ~90 ms of every start, issue 28)."""
-            wq, scale = quantize_head(weights.lm_head)
+            wq, scale = quantize_head(weights["lm_head"])
             graphs = [head_graph(np.ascontiguousarray(wq[:, lo:hi])).SerializeToString() for lo, hi in self.parts]
             return {"scale": scale, **{f"graph{i}": np.frombuffer(g, np.uint8) for i, g in enumerate(graphs)}}
 
@@ -137,17 +155,23 @@ class Int8Head:
             b = self._bindings[rows] = (xq, accs, run)
         return b
 
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        if h.numel() == 0:  # a step that only writes K/V (a drafter catching up) asks for no logits
-            return h.new_empty(*h.shape[:-1], self.cfg.vocab)
-        x = ref.rms_norm(h.reshape(-1, self.cfg.hidden), self.weights.norm, self.cfg.rms_eps)
+    def __call__(self, h: np.ndarray) -> np.ndarray:
+        if np.size(h) == 0:  # a step that only writes K/V (a drafter catching up) asks for no logits
+            return buffers.empty((*np.shape(h)[:-1], self.cfg.vocab))
+        x = self._norm(_rows(h, self.cfg.hidden))
         xq, accs, run = self._bound(x.shape[0])
         s = np.empty(x.shape[0], np.float32)
-        _quantize_rows(x.contiguous().numpy(), xq, s)
+        _quantize_rows(x, xq, s)
         run()
-        out = np.empty((x.shape[0], self.cfg.vocab), np.float32)
+        out = buffers.empty((x.shape[0], self.cfg.vocab))
         _scale_logits(accs[0], accs[1], s, self.w_scale, out)
-        return torch.from_numpy(out).reshape(*h.shape[:-1], -1)
+        return out.reshape(*np.shape(h)[:-1], -1)
+
+    def _norm(self, x: np.ndarray) -> np.ndarray:
+        """The final RMSNorm (`model.rms_norm`'s formula in float32: x · rsqrt(mean(x²) + eps) · w; its sums rounded
+        as numpy adds, not as torch)."""
+        ms = np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
+        return x * (np.float32(1.0) / np.sqrt(ms + np.float32(self.cfg.rms_eps))) * self.norm
 
 
 class NbitsHead:
@@ -166,7 +190,7 @@ class NbitsHead:
 
         self.cfg, self.pool = cfg, pool
         self.session, self.path = head_session(model, OrtCpuProvider(threads, pool=ort_pool))
-        self._bound: dict[int, tuple[torch.Tensor, torch.Tensor, Callable[[], None]]] = {}
+        self._bound: dict[int, tuple[np.ndarray, np.ndarray, Callable[[], None], bool]] = {}
         self._keep: list[object] = []
 
     def split(self) -> bool:
@@ -182,7 +206,7 @@ class NbitsHead:
 
         h, out, whole, _ = self._bind(1)
         stages = Stages()
-        span = stages.add(onnx.load(str(self.path)), {"h": torch.from_numpy(h)}, {"logits": torch.from_numpy(out)})
+        span = stages.add(onnx.load(str(self.path)), {"h": h}, {"logits": out})
         if span is None:
             return False
         table = stages.table()
@@ -192,24 +216,24 @@ class NbitsHead:
 
     def _bind(self, rows: int) -> tuple[np.ndarray, np.ndarray, Callable[[], None], bool]:
         """The input and output buffers of `rows` rows and a run bound to them (made once per row count), and
-        whether it runs split. (numpy buffers: written in and out of torch's inference mode alike.)"""
+        whether it runs split."""
         b = self._bound.get(rows)
         if b is None:
-            h, out = np.zeros((rows, self.cfg.hidden), np.float32), np.zeros((rows, self.cfg.vocab), np.float32)
+            h, out = buffers.zeros((rows, self.cfg.hidden)), buffers.zeros((rows, self.cfg.vocab))
             binding = self.session.io_binding()
             binding.bind_input("h", "cpu", 0, np.float32, h.shape, h.ctypes.data)
             binding.bind_output("logits", "cpu", 0, np.float32, out.shape, out.ctypes.data)
             b = self._bound[rows] = (h, out, lambda: self.session.run_with_iobinding(binding), False)
         return b
 
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        if h.numel() == 0:  # a step that only writes K/V (a drafter catching up) asks for no logits
-            return h.new_empty(*h.shape[:-1], self.cfg.vocab)
-        x = h.reshape(-1, self.cfg.hidden)
+    def __call__(self, h: np.ndarray) -> np.ndarray:
+        if np.size(h) == 0:  # a step that only writes K/V (a drafter catching up) asks for no logits
+            return buffers.empty((*np.shape(h)[:-1], self.cfg.vocab))
+        x = np.asarray(h, np.float32).reshape(-1, self.cfg.hidden)
         buf, out, run, _ = self._bind(x.shape[0])
-        buf[...] = x.detach().numpy()
+        buf[...] = x
         run()
-        return torch.from_numpy(out.copy()).reshape(*h.shape[:-1], -1)
+        return out.copy().reshape(*np.shape(h)[:-1], -1)
 
 
 @jitcache.njit(nogil=True)

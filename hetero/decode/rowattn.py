@@ -18,13 +18,16 @@ matmuls' by rounding only. Measured: docs/journal.md, "Decoding".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from hetero import jitcache
 from hetero.config import ModelConfig
-from hetero.model import RopeTable
+from hetero.rope import RopeTable
+
+if TYPE_CHECKING:
+    import torch
 
 
 @jitcache.njit(fastmath=True, nogil=True)
@@ -115,11 +118,14 @@ _NO_EXTRA = np.zeros((1, 0), np.int64)
 _ZERO = np.zeros(1, np.int64)
 
 
-def row_attention(cfg: ModelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int,
-                  out: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
+def row_attention(cfg: ModelConfig, q: "torch.Tensor", k_cache: "torch.Tensor", v_cache: "torch.Tensor", length: int,
+                  out: "torch.Tensor | None" = None, window: int = 0) -> "torch.Tensor":
     """One roped query row q [H, 1, D] (or [H, D]) over cache rows [0, length) of one layer's whole-capacity
-    views k_cache/v_cache [n_kv, capacity, D] (contiguous float32, as `KVCache.layer`), the last `window` of
-    them when window > 0. Returns [H, 1, D], written into `out` (contiguous, H·D float32) when given."""
+    views k_cache/v_cache [n_kv, capacity, D] (contiguous float32, as `KVCache.layer` seen by torch), the last
+    `window` of them when window > 0. Returns [H, 1, D], written into `out` (contiguous, H·D float32) when given.
+    The row kernel of the float reference (`model.attention(row_attention=...)`), so torch tensors in and out."""
+    import torch
+
     if not 0 < length <= k_cache.shape[1]:
         raise ValueError(f"length must be in [1, {k_cache.shape[1]}], got {length}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == torch.float32):
@@ -133,12 +139,16 @@ def row_attention(cfg: ModelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_ca
     return out.view(cfg.n_heads, 1, cfg.head_dim)
 
 
+def _contiguous(*arrays: np.ndarray) -> bool:
+    return all(a.flags.c_contiguous for a in arrays)
+
+
 @jitcache.njit(nogil=True)
 def _rope_rows(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int, n_kv: int, d: int,
                k: np.ndarray, v: np.ndarray, slot: int, q: np.ndarray) -> None:  # pragma: no cover - compiled
     """RoPE of each row's q and k heads (qkv [R, q_dim + 2·kv_dim]) at its position (cos/sin [R, R_dim/2]) into
     q [R, H, D] and k[:, slot + r]; its v into v[:, slot + r]. The first R_dim dims of a head rotate, the rest pass
-    (Phi's partial rotary). No fastmath: each product and sum rounds as `model.RopeTable.apply`'s torch ops."""
+    (Phi's partial rotary). No fastmath: each product and sum rounds as `rope.RopeTable.apply`'s torch ops."""
     half = cos.shape[1]
     vbase = (n_heads + n_kv) * d
     for r in range(qkv.shape[0]):
@@ -179,7 +189,7 @@ class RowLayout:
         return len(self.n_extra)
 
     def rope(self, cfg: ModelConfig, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """(cos, sin) [n, D/2] of `layer` (`model.RopeTable.tables`)."""
+        """(cos, sin) [n, D/2] of `layer` (`rope.RopeTable.tables`)."""
         return (self.local_cos, self.local_sin) if cfg.local_rope(layer) else (self.cos, self.sin)
 
 
@@ -211,14 +221,14 @@ def tree_layout(depth: list[int], parents: list[int], slot: int, rope: RopeTable
     extra, n_extra = _paths(np.asarray(parents, np.int64), slot, deepest + 1)
     tables = [rope.cos, rope.sin] + ([] if rope.local_cos is None else [rope.local_cos, rope.local_sin])
     if list(depth) == list(range(n)):  # a chain: positions slot .. slot + n - 1
-        rows = [t.numpy()[slot : slot + n] for t in tables]
+        rows = [t[slot : slot + n] for t in tables]
     else:
         positions = np.asarray(depth, np.int64) + slot
-        rows = [t.numpy()[positions] for t in tables]
+        rows = [t[positions] for t in tables]
     return RowLayout(slot, extra, n_extra, *rows)
 
 
-def rope_rows(cfg: ModelConfig, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: RowLayout,
+def rope_rows(cfg: ModelConfig, qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layout: RowLayout,
               q: np.ndarray, layer: int = 0, base: int = 0) -> None:
     """RoPE of the rows' q and k (qkv [>= n, q_dim + 2·kv_dim]) at their positions (layer `layer`'s table): q into
     q [n, n_kv, g, D] (C-contiguous float32), k and v into cache rows slot-base..slot-base+n-1 of one layer's views
@@ -226,16 +236,15 @@ def rope_rows(cfg: ModelConfig, qkv: torch.Tensor, k_cache: torch.Tensor, v_cach
     n, slot = len(layout), layout.slot - base
     if slot + n > k_cache.shape[1]:
         raise ValueError(f"rows {slot}..{slot + n - 1} must lie in the cache (capacity {k_cache.shape[1]})")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and qkv.is_contiguous()):
+    if not _contiguous(k_cache, v_cache, qkv):
         raise ValueError("qkv, k_cache and v_cache must be contiguous")
     d = cfg.head_dim
     cos, sin = layout.rope(cfg, layer)
-    _rope_rows(qkv.numpy()[:n], cos, sin, cfg.n_heads, cfg.n_kv_heads, d, k_cache.numpy(),
-               v_cache.numpy(), slot, q.reshape(n, cfg.n_heads, d))
+    _rope_rows(qkv[:n], cos, sin, cfg.n_heads, cfg.n_kv_heads, d, k_cache, v_cache, slot, q.reshape(n, cfg.n_heads, d))
 
 
-def decode_rows(cfg: ModelConfig, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: RowLayout,
-                out: torch.Tensor, layer: int = 0, base: int = 0) -> None:
+def decode_rows(cfg: ModelConfig, qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layout: RowLayout,
+                out: np.ndarray, layer: int = 0, base: int = 0) -> None:
     """A decode step's attention for its n rows (one token, or a token tree as one chunk, LLMCad §3.2) in two
     compiled calls: RoPE of qkv [>= n, q_dim + 2·kv_dim] at the rows' positions, their K/V into cache rows
     slot..slot+n-1 (`rope_rows`), and each row's attention over [0, slot) and its path (`tree_layout`) into
@@ -244,10 +253,10 @@ def decode_rows(cfg: ModelConfig, qkv: torch.Tensor, k_cache: torch.Tensor, v_ca
     greedy's tokens. `attnpool.AttentionPool` runs the same kernel per KV head on two threads. `layer` picks
     the layer's RoPE table and sliding window (`ModelConfig.local_rope`, `window`); `base`: the position the layer's
     row 0 holds (a windowed layer keeping its window, `KVCache.place`)."""
-    if not out.is_contiguous():
+    if not _contiguous(out):
         raise ValueError("out must be contiguous")
     n, g, d = len(layout), cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
     q = np.empty((n, cfg.n_kv_heads, g, d), np.float32)
     rope_rows(cfg, qkv, k_cache, v_cache, layout, q, layer, base)
-    _attend_rows(q, k_cache.numpy(), v_cache.numpy(), layout.slot - base, layout.extra, layout.n_extra, cfg.scale,
-                 out.numpy()[:n].reshape(n, cfg.n_kv_heads, g, d), 0, cfg.n_kv_heads, cfg.window(layer), base)
+    _attend_rows(q, k_cache, v_cache, layout.slot - base, layout.extra, layout.n_extra, cfg.scale,
+                 out[:n].reshape(n, cfg.n_kv_heads, g, d), 0, cfg.n_kv_heads, cfg.window(layer), base)

@@ -4,6 +4,9 @@ Static subgraphs run on the runtime's backend; an INT8 backend built for prefill
 rebuilt at the small decode sizes (C = 1 and the tree sizes) from the same quantization plan and the
 same graph cache. Attention runs on the CPU lane with per-row positions and the tree mask. K/V of the
 rows are written in place at cache rows `length .. length+n-1`; the caller decides what stays.
+
+Hidden rows and logits are numpy. The INT8 lane (`bound_step.BoundStep`, the heads of `head`) imports no torch
+(issue 28); the float lane (`FloatLayers`, `head.FloatHead`) runs torch's float math, imported when it runs.
 """
 
 from __future__ import annotations
@@ -14,13 +17,11 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from contextlib import nullcontext
 
-import torch
+import numpy as np
 
-from hetero import model as ref
-from hetero.torch_backends import LayerBackend
 from hetero.decode.twocore.attnpool import AttentionPool
 from hetero.decode.bound_step import BoundStep
 from hetero.decode.head import FloatHead, Int8Head, NbitsHead
@@ -33,10 +34,13 @@ from hetero.npu.graph_backend import NpuBackend
 from hetero.runtime import Runtime
 from hetero.threads import torch_threads
 
+if TYPE_CHECKING:
+    from hetero.model import LayerBackend
+
 TREE_SIZES = (1, 2, 4, 8)  # static chunk sizes of the INT8 decode graphs (2: a one-token draft, LLMCad §3.3)
-# Threads of an INT8 decode step (its graph sessions and torch while it runs). A step is ~150 small ops
-# (graph runs, per-layer attention, shadow corrections) of a few to ~80 µs each; with two threads each op
-# wakes a sleeping pool thread (neither pool spins: `npu.providers`, `hetero.threads`), which costs more
+# Threads of an INT8 decode step (its graph sessions, and torch's while it runs where torch is loaded). A step is
+# ~150 small ops (graph runs, per-layer attention, shadow corrections) of a few to ~80 µs each; with two threads
+# each op wakes a sleeping pool thread (neither pool spins: `npu.providers`, `hetero.threads`), which costs more
 # than the second core's extra memory bandwidth gains (docs/design.md, "Decode").
 DECODE_THREADS = 1
 # One-row steps a `DecodeStep` runs before it splits its graphs over both cores (`BoundStep.split`): the split costs
@@ -50,28 +54,41 @@ class Layers(Protocol):
     root) after `layers` layers (default all), their K/V written to cache rows slot.. (cache.length unchanged).
     Two implementations: `bound_step.BoundStep` (the INT8 graphs, bound once) and `FloatLayers` (the float layer)."""
 
-    def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> torch.Tensor: ...
+    def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> np.ndarray: ...
 
 
 class FloatLayers:
-    """The float layer (`hetero.model`) over a tree's rows, with the per-row attention of decode (`rowattn`)."""
+    """The float layer (`hetero.model`) over a tree's rows, with the per-row attention of decode (`rowattn`): torch's
+    float math on views of the numpy cache, the hidden rows handed back as numpy."""
 
     def __init__(self, runtime: Runtime, backend: LayerBackend):
         self.runtime, self.backend, self.cfg = runtime, backend, runtime.cfg
 
-    def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> torch.Tensor:
+    def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> np.ndarray:
+        import torch
+
+        from hetero import model as ref
+
         n = len(tree)
-        h = ref.embed(self.runtime.model.weights, torch.tensor(tree.tokens, dtype=torch.long))
-        positions = tree.positions(slot)
-        mask = None if tree.is_chain() else tree.mask()
-        for layer in range(self.cfg.n_layers if layers is None else layers):
-            q, k, v = self.backend.qkv(layer, h)
-            base = cache.place(layer, slot, n)  # a windowed layer keeps its window (`KVCache.place`)
-            kc, vc = cache.layer(layer)
-            a = ref.attention(self.cfg, q, k, v, self.runtime.rope, kc, vc, slot, n, positions, mask, row_attention,
-                              layer=layer, lw=self.runtime.model.weights.layers[layer], base=base)
-            h = self.backend.o_ffn(layer, a, h)
-        return h
+        numpy_backend = getattr(self.backend, "tensors", "torch") == "numpy"  # its qkv / o_ffn take numpy
+        with torch.inference_mode():
+            h = ref.embed(self.runtime.model.weights, torch.tensor(tree.tokens, dtype=torch.long))
+            positions = torch.from_numpy(tree.positions(slot))
+            mask = None if tree.is_chain() else torch.from_numpy(tree.mask())
+            for layer in range(self.cfg.n_layers if layers is None else layers):
+                if numpy_backend:
+                    q, k, v = (torch.from_numpy(x) for x in self.backend.qkv(layer, h.numpy()))
+                else:
+                    q, k, v = self.backend.qkv(layer, h)
+                base = cache.place(layer, slot, n)  # a windowed layer keeps its window (`KVCache.place`)
+                kc, vc = (torch.from_numpy(x) for x in cache.layer(layer))
+                a = ref.attention(self.cfg, q, k, v, self.runtime.rope, kc, vc, slot, n, positions, mask,
+                                  row_attention, layer=layer, lw=self.runtime.model.weights.layers[layer], base=base)
+                if numpy_backend:
+                    h = torch.from_numpy(self.backend.o_ffn(layer, a.contiguous().numpy(), h.contiguous().numpy()))
+                else:
+                    h = self.backend.o_ffn(layer, a, h)
+            return h.contiguous().numpy()
 
 
 class DecodeStep:
@@ -122,7 +139,8 @@ class DecodeStep:
         if head == "nbits":
             self.head = NbitsHead(self.cfg, self.model, threads, self.pool, runtime.execution.ort_pool)
         elif head == "int8":
-            self.head = Int8Head(self.cfg, self.model.weights, threads, self.pool, self.model, runtime.execution.ort_pool)
+            self.head = Int8Head(self.cfg, self.model.arrays(), threads, self.pool, self.model,
+                                 runtime.execution.ort_pool)
         else:
             self.head = FloatHead(self.cfg, self.model.weights)
 
@@ -136,7 +154,7 @@ class DecodeStep:
         if self.pool is not None:
             self.pool.close()
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
+    def logits(self, h: np.ndarray) -> np.ndarray:
         """The head's logits of hidden rows h [n, hidden] outside a step (an INT8 runtime's prefill ends with its last
         token's, `methods.make_runtime`: one head per runtime), in turn with the steps of other threads."""
         with self._lock:
@@ -224,8 +242,8 @@ class DecodeStep:
         save_costs(self.costs_key, self.costs)
 
     def forward(self, cache: KVCache, tree: TokenTree, *, slot: int | None = None, layers: int | None = None,
-                rows: Sequence[int] | None = None) -> torch.Tensor:
-        """Logits [len(rows), vocab] of the tree's rows (default all) after `layers` layers (default all).
+                rows: Sequence[int] | None = None) -> np.ndarray:
+        """Logits [len(rows), vocab] (float32) of the tree's rows (default all) after `layers` layers (default all).
 
         K/V go to cache rows slot..slot+n-1 (default slot = cache.length); the tree's root is at
         position `slot` (its depth 0). `cache.length` is not changed. Threads sharing the step run in turn.
@@ -233,9 +251,8 @@ class DecodeStep:
         with self._lock, torch_threads(self.threads) if self.static else nullcontext():
             return self._forward(cache, tree, slot, layers, rows)
 
-    @torch.inference_mode()
     def _forward(self, cache: KVCache, tree: TokenTree, slot: int | None, layers: int | None,
-                 rows: Sequence[int] | None) -> torch.Tensor:
+                 rows: Sequence[int] | None) -> np.ndarray:
         """The step's two parts: the layers (`Layers.forward` → hidden states) and the head (→ logits)."""
         n = len(tree)
         slot = cache.length if slot is None else slot
@@ -248,8 +265,8 @@ class DecodeStep:
             if self.pool is not None:
                 self.pool.end()
 
-    def _logits(self, h: torch.Tensor, n: int, rows: Sequence[int] | None) -> torch.Tensor:
+    def _logits(self, h: np.ndarray, n: int, rows: Sequence[int] | None) -> np.ndarray:
         sel = h[:n] if rows is None else h[list(rows)]
         if sel.shape[0] == 0:  # K/V only (a draft model catching up)
-            return torch.empty(0, self.cfg.vocab)
+            return np.empty((0, self.cfg.vocab), np.float32)
         return self.head(sel)

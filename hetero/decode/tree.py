@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 
 @dataclass(slots=True)
@@ -36,13 +36,14 @@ class TokenTree:
     def children(self, i: int) -> list[int]:
         return [j for j in range(i + 1, len(self.parents)) if self.parents[j] == i]
 
-    def positions(self, start: int) -> torch.Tensor:
-        return torch.tensor(self.depth, dtype=torch.long) + start
+    def positions(self, start: int) -> np.ndarray:
+        """[n] int64: each row's position (siblings share one)."""
+        return np.asarray(self.depth, np.int64) + start
 
-    def mask(self) -> torch.Tensor:
+    def mask(self) -> np.ndarray:
         """[n, n] bool: row i sees itself and its ancestors."""
         n = len(self.tokens)
-        m = torch.zeros(n, n, dtype=torch.bool)
+        m = np.zeros((n, n), np.bool_)
         for i, p in enumerate(self.parents):
             if p >= 0:
                 m[i] = m[p]

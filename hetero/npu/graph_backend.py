@@ -4,6 +4,10 @@ Each layer's segments (`segments.layer_segments`) are fixed-shape graphs of chun
 loaded from the graph cache and shared by every chunk; where the plan keeps a shadow (Eq. 1) the graph is
 cut after that linear and `QuantizedBackend.shadow_delta` is added in place on the CPU. Which device runs
 which graph comes from a `Placement` (NPU memory budget, §4); by default the given provider runs all.
+
+Its buffers are float32 numpy arrays (`tensors = "numpy"`): a warm start reads the model's norms and biases from
+`Model.arrays()` and never imports torch (issue 28); the shadow corrections' float math is torch's, imported when a
+segmented backend first computes one.
 """
 
 from __future__ import annotations
@@ -11,20 +15,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
-from hetero.attention import f32_ptr
+from hetero import buffers
 from hetero.chunking import check_chunk
 from hetero.errors import ConfigError
 from hetero.loader import Model
-from hetero.model import SITES
+from hetero.weights import SITES
 from hetero.npu import segments
 from hetero.npu.program import GraphRun, LayerProgram, layer_program
+from hetero.buffers import f32_address
 from hetero.npu.providers import OrtCpuProvider, Provider, make_provider, prepare_graph
 from hetero.npu.segments import Buffer
 
@@ -52,7 +57,7 @@ class PrepareReport:
 
 def _shadow_only(plan):
     """`plan` with the INT8 weights of shadowed sites only (what the CPU dequantizes for outliers)."""
-    from hetero.model import SITE_LINEARS
+    from hetero.weights import SITE_LINEARS
 
     keep = {(layer, n) for (layer, site), sq in plan.sites.items() if sq.shadow for n in SITE_LINEARS[site]}
     return dataclasses.replace(plan, weights={k: w for k, w in plan.weights.items() if k in keep})
@@ -112,11 +117,10 @@ class NpuBackend:
     """
 
     name = "npu"
+    tensors = "numpy"  # qkv / o_ffn / layer take and return float32 numpy arrays
 
     def __init__(self, model: Model, plan, chunk: int, provider: "str | Provider" = "cpu", *, layers=None, rows=None,
                  options: GraphOptions = GraphOptions()):
-        from hetero.outliers.shadow import QuantizedBackend
-
         model.config.check_quantizable("the NPU backend")
         check_chunk(chunk, model.config.context_length)
         check_graph_memory(model.config, chunk, model.config.n_layers if layers is None else len(layers))
@@ -124,7 +128,8 @@ class NpuBackend:
         o = options
         self.provider = make_provider(provider, o.intra_op_threads, o.ort_pool) if isinstance(provider, str) else provider
         self.name = f"npu[{self.provider.name}]"
-        self._reference = QuantizedBackend(self.cfg, model.weights, plan, rows)  # its shadow_delta(_rows)
+        # the shadows' float reference (`QuantizedBackend`: its shadow_delta(_rows), torch): `_shadow_reference`
+        self._reference, self._rows, self._reference_lock = None, rows, threading.Lock()
         self.placement, self.shape = o.placement, o.shape
         self._cpu_provider = self.provider if isinstance(self.provider, OrtCpuProvider) else None
         # On the CPU EP a recorded 3-D winner is a few percent; padding a short prompt to C costs up to C/rows.
@@ -149,8 +154,9 @@ class NpuBackend:
         self._share_buffers()
         self._weights_dropped = layers is None and rows is None
         if self._weights_dropped:  # the graphs hold the INT8 weights now: keep only the shadows' (§3.3)
-            self.plan = _shadow_only(plan)
-            self._reference = QuantizedBackend(self.cfg, model.weights, self.plan)
+            self.plan, self._rows = _shadow_only(plan), None
+        if any(p.shadowed for p in self._programs.values()):  # the CPU corrects these graphs' outputs: the
+            self._shadow_reference()  # reference (and torch) now, not inside the first prefill's time
         self.prepare_s = time.perf_counter() - t0
 
     def at_chunk(self, chunk: int, intra_op_threads: int | None = None, provider: str | None = None) -> "NpuBackend":
@@ -196,7 +202,7 @@ class NpuBackend:
         """The graphs at one position of every layer (qkv, then the o_ffn segments) share the buffers of the
         outputs a caller does not supply: a lane runs one subgraph at a time and every kind runs on one lane,
         so one layer's set serves them all (5.8 instead of 47 MB at C=256), and a layer's segments never alias."""
-        shared: dict[int, dict[str, torch.Tensor]] = {}
+        shared: dict[int, dict[str, np.ndarray]] = {}
         for program in self._programs.values():
             for position, run in enumerate(program.runs):
                 run.graph.buffers = shared.setdefault(position, {})
@@ -219,11 +225,29 @@ class NpuBackend:
             raise ConfigError(f"layer {layer} was not prepared (prepared: {sorted(self._programs)})")
         return program
 
-    def shadow_delta(self, layer: int, site: str, x: torch.Tensor, per_row: bool = False) -> torch.Tensor | None:
+    def shadow_delta(self, layer: int, site: str, x: np.ndarray, per_row: bool = False) -> np.ndarray | None:
         """The CPU side of Eq. 1 for a site's float input x [C, in] (None when no value lies beyond its scale).
-        per_row: each row's alone (the rows of a decode token tree, `QuantizedBackend.shadow_delta_rows`)."""
-        delta = self._reference.shadow_delta_rows if per_row else self._reference.shadow_delta
-        return delta(layer, site, x)
+        per_row: each row's alone (the rows of a decode token tree, `QuantizedBackend.shadow_delta_rows`).
+        The float math is the reference's, in torch (imported here, at a shadowed site's first correction)."""
+        import torch
+
+        ref = self._shadow_reference()
+        with torch.inference_mode():
+            delta = (ref.shadow_delta_rows if per_row else ref.shadow_delta)(layer, site, torch.from_numpy(x))
+        return None if delta is None else delta.numpy()
+
+    def _shadow_reference(self):
+        """The `QuantizedBackend` whose float math (torch, on `Model.weights`) computes the shadow corrections, made
+        once: at set-up by a backend whose graphs leave corrections to the CPU (segments with shadow sites), never by
+        one whose graphs hold them (whole-layer graphs, their decode graphs apart), so a warm default start imports
+        no torch (issue 28)."""
+        if self._reference is None:
+            from hetero.outliers.shadow import QuantizedBackend
+
+            with self._reference_lock:  # lane threads may ask at once: one reference
+                if self._reference is None:
+                    self._reference = QuantizedBackend(self.cfg, self.model.weights, self.plan, self._rows)
+        return self._reference
 
     def _provider_for(self, layer: int, kind: str) -> Provider:
         if self.placement is None or self.placement.device_of(layer, kind) == "npu":
@@ -247,20 +271,21 @@ class NpuBackend:
         at start-up the other cores are idle (30 layer graphs: 0.2 s on one core, issue 28). The first layer alone,
         so that what the process makes once (the shared ONNX Runtime pool, cached keys) is made before."""
         workers = min(PREPARE_THREADS, os.cpu_count() or 1) if isinstance(self.provider, OrtCpuProvider) else 1
+        arrays = self.model.arrays()  # the float norms and biases at rest (numpy: no torch on a warm start)
         if layers:
-            self._programs[layers[0]] = self._prepare_layer(layers[0], use_cache)
+            self._programs[layers[0]] = self._prepare_layer(layers[0], use_cache, arrays)
         rest = layers[1:]
         if workers > 1 and len(rest) > 1:
             with ThreadPoolExecutor(workers, thread_name_prefix="hetero-graphs") as pool:
-                programs = list(pool.map(lambda layer: self._prepare_layer(layer, use_cache), rest))
+                programs = list(pool.map(lambda layer: self._prepare_layer(layer, use_cache, arrays), rest))
             self.report.rows.sort(key=lambda row: row[0])  # by layer, each layer's graphs in their order (stable)
         else:
-            programs = [self._prepare_layer(layer, use_cache) for layer in rest]
+            programs = [self._prepare_layer(layer, use_cache, arrays) for layer in rest]
         self._programs.update(zip(rest, programs))
 
-    def _prepare_layer(self, layer: int, use_cache: bool) -> LayerProgram:
+    def _prepare_layer(self, layer: int, use_cache: bool, arrays: dict[str, np.ndarray]) -> LayerProgram:
         shadow = frozenset(s for s in SITES if self.plan.sites[(layer, s)].shadow)
-        lq = segments.layer_q(self.cfg, self.model.weights.layers[layer], self.plan, layer)
+        lq = segments.layer_q(self.cfg, arrays, self.plan, layer)
         digest = segments.layer_digest(lq)
         graphs = []
         if self.fused:
@@ -278,14 +303,15 @@ class NpuBackend:
                                     self.options.graphs_root)
             graphs.append(g)
             self.report.rows.append((layer, spec.kind, provider.name, info.cached, info.seconds, info.size_bytes))
-        lw = self.model.weights.layers[layer]
-        return layer_program(layer, graphs, shadow, lw.post_ffn_norm if self.cfg.post_norms else None, self.cfg.rms_eps)
+        post = np.array(lq.post_ffn_norm) if lq.post_ffn_norm is not None else None  # (a writable copy: torch reads it)
+        return layer_program(layer, graphs, shadow, post, self.cfg.rms_eps)
 
-    def layer(self, layer: int, h: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
-              rope: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    def layer(self, layer: int, h: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
+              rope: tuple[np.ndarray, np.ndarray], out: np.ndarray) -> np.ndarray:
         """A fused backend's whole layer on a chunk's real rows h [n, hidden] at positions start..start+n-1, in one
         graph run: K/V written into k_cache/v_cache [n_kv, capacity, D] (one layer's, contiguous) in place, as
-        `attention.ChunkAttention` writes them; rope: the runtime's (cos, sin) table. Returns out [n, hidden]."""
+        `attention.ChunkAttention` writes them; rope: the runtime's (cos, sin) table. Returns out [n, hidden].
+        Every buffer a C-contiguous float32 numpy array."""
         if not self.fused:
             raise ConfigError("layer() runs whole-layer graphs: this backend runs segments (GraphOptions.fused)")
         graph, n = self.program(layer).runs[0].graph, h.shape[0]
@@ -294,38 +320,39 @@ class NpuBackend:
             raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({cap}) or RoPE table "
                               f"({rope[0].shape[0]}) positions")
         f32, b = np.float32, graph.binding
-        b.bind_input(Buffer.H, "cpu", 0, f32, (n, self.cfg.hidden), f32_ptr(h))
-        b.bind_output(Buffer.H_OUT, "cpu", 0, f32, (n, self.cfg.hidden), f32_ptr(out))
+        b.bind_input(Buffer.H, "cpu", 0, f32, (n, self.cfg.hidden), f32_address(h, "layer(): h"))
+        b.bind_output(Buffer.H_OUT, "cpu", 0, f32, (n, self.cfg.hidden), f32_address(out, "layer(): out"))
         for name, t in (("past_key", k_cache), ("past_value", v_cache)):
-            b.bind_input(name, "cpu", 0, f32, (1, *t.shape), f32_ptr(t))
-            b.bind_output(name.replace("past", "present"), "cpu", 0, f32, (1, *t.shape), t.data_ptr())
+            ptr = f32_address(t, f"layer(): the {name.replace('past_', '')} cache")
+            b.bind_input(name, "cpu", 0, f32, (1, *t.shape), ptr)
+            b.bind_output(name.replace("past", "present"), "cpu", 0, f32, (1, *t.shape), ptr)
         b.bind_cpu_input("seqlens_k", np.array([start + n - 1], dtype=np.int32))
         b.bind_cpu_input("total_len", np.array(start + n, dtype=np.int32))
         for name, t in zip(("cos", "sin"), rope):
-            b.bind_input(name, "cpu", 0, f32, tuple(t.shape), f32_ptr(t))
+            b.bind_input(name, "cpu", 0, f32, tuple(t.shape), f32_address(t, f"layer(): the RoPE {name} table"))
         graph.session.run_with_iobinding(b)
         return out
 
     # --------------------------------------------------------------------------- LayerBackend
-    def qkv(self, layer: int, h: torch.Tensor, out: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, layer: int, h: np.ndarray, out: np.ndarray | None = None
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self.fused:  # the same plan's segments (a layer-by-layer forward: `model.forward`, the accuracy bench)
             return self.at_chunk(self.chunk).qkv(layer, h, out)
         first = self.program(layer).runs[0]
         if out is None:
-            out = torch.empty(h.shape[0], self.cfg.q_dim + 2 * self.cfg.kv_dim)
+            out = buffers.empty((h.shape[0], self.cfg.q_dim + 2 * self.cfg.kv_dim))
         env = first.run({Buffer.H: h}, {Buffer.QKV: out})  # [C, q_dim + 2·kv_dim]; q/k/v are views
         if first.shadow is not None:
             first.shadow.apply(env, self.shadow_delta(layer, first.shadow.site, env[first.shadow.source]))
         qd, kd = self.cfg.q_dim, self.cfg.kv_dim
         return out[:, :qd], out[:, qd : qd + kd], out[:, qd + kd :]
 
-    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def o_ffn(self, layer: int, a: np.ndarray, h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         if self.fused:
             return self.at_chunk(self.chunk).o_ffn(layer, a, h, out)
         if out is None:
-            out = torch.empty(h.shape[0], self.cfg.hidden)
-        env: dict[str, torch.Tensor] = {Buffer.A: a, Buffer.H: h}
+            out = buffers.empty((h.shape[0], self.cfg.hidden))
+        env: dict[str, np.ndarray] = {Buffer.A: a, Buffer.H: h}
         d_extra = None
         for run in self.program(layer).runs[1:]:
             env.update(run.run(env, {Buffer.H_OUT: out}))
@@ -334,7 +361,8 @@ class NpuBackend:
                 if extra is not None:  # down_in's, added to d below
                     d_extra = extra
         if Buffer.D in env:  # a separate down graph: h1 + (d + shadow), the reference's order
-            d = env[Buffer.D] if d_extra is None else env[Buffer.D].add_(d_extra)
+            d = env[Buffer.D]
+            if d_extra is not None:
+                d += d_extra
             return self.program(layer).finish(env[Buffer.H1], d, out)
         return out
-

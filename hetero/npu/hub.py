@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetero.errors import BackendUnavailable
-from hetero.model import SITES
+from hetero.weights import SITES
 from hetero.npu import export, segments
 from hetero.npu.cache import entry_key, graphs_root, library_versions
 from hetero.paths import atomic_path
@@ -86,7 +86,7 @@ def compile_on_hub(model, plan, chunk: int, device: str, layers=None, kinds=("qk
     cfg = model.config
     with tempfile.TemporaryDirectory(prefix="hetero-hub-") as tmp:
         for layer in (range(cfg.n_layers) if layers is None else layers):
-            lq = segments.layer_q(cfg, model.weights.layers[layer], plan, layer)
+            lq = segments.layer_q(cfg, model.arrays(), plan, layer)
             shadow = {s for s in SITES if plan.sites[(layer, s)].shadow}
             for spec in segments.layer_segments(layer, shadow, chunk, "qnn-fp16"):
                 if spec.kind not in kinds and not (spec.kind != "qkv" and "o_ffn" in kinds):

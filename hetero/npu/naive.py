@@ -13,26 +13,30 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+import numpy as np
 
-from hetero import model as ref
+from hetero.chunking import token_ids
 from hetero.loader import Model
 
 
 @dataclass(frozen=True, slots=True)
 class NaiveResult:
-    logits: torch.Tensor  # [vocab] of the last token
+    logits: np.ndarray  # [vocab] float32 of the last token
     prepare_s: float  # export + compile of the T-row graph set (paid for every new T)
     run_s: float
     n_graphs: int
     size_bytes: int
 
 
-def naive_prefill(model: Model, plan, ids: torch.Tensor, provider="cpu", intra_op_threads: int = 2) -> NaiveResult:
-    """Prefill `ids` through a graph set built for exactly T = len(ids) rows (no cache: a new T is new work)."""
+def naive_prefill(model: Model, plan, ids: object, provider="cpu", intra_op_threads: int = 2) -> NaiveResult:
+    """Prefill `ids` (`chunking.token_ids`) through a graph set built for exactly T = len(ids) rows (no cache: a
+    new T is new work); the forward around the graphs (embedding, attention, head) is the float reference's."""
+    import torch
+
+    from hetero import model as ref
     from hetero.npu.graph_backend import GraphOptions, NpuBackend
 
-    ids = torch.as_tensor(ids).long().flatten()
+    ids = torch.from_numpy(token_ids(ids, model.config.vocab))
     t = int(ids.numel())
     with tempfile.TemporaryDirectory(prefix="hetero-naive-") as tmp:  # built fresh, as without a graph cache
         t0 = time.perf_counter()
@@ -40,9 +44,10 @@ def naive_prefill(model: Model, plan, ids: torch.Tensor, provider="cpu", intra_o
                         options=GraphOptions(intra_op_threads=intra_op_threads, use_cache=False, graphs_root=Path(tmp)))
         prepare_s = time.perf_counter() - t0
         t1 = time.perf_counter()
-        logits, _, _ = ref.forward(model.config, model.weights, ids, backend=be)
+        with torch.inference_mode():
+            logits, _, _ = ref.forward(model.config, model.weights, ids, backend=be)
         run_s = time.perf_counter() - t1
-        return NaiveResult(logits[-1], prepare_s, run_s, len(be.report.rows), be.report.size_bytes)
+        return NaiveResult(logits[-1].numpy(), prepare_s, run_s, len(be.report.rows), be.report.size_bytes)
 
 
 @dataclass(frozen=True, slots=True)

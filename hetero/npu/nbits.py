@@ -16,7 +16,8 @@ residual, RMSNorm, gate|up, the activation, down, the residual), the plan's onli
 front of their sites as in the INT8 graphs, the weights the method's float ones (the rotated copy's for the
 default), W·T on online sites. The weights are quantized by ONNX Runtime's own kernel (`quantize_matmul_8bits`
 / `_4bits`, what its `MatMulNBitsQuantizer` calls), in the layout MatMulNBits reads. Graphs are cached and
-verified like the segments (`providers.compiled_entry`).
+verified like the segments (`providers.compiled_entry`). A graph is built from the float weights in torch (a cold
+build); a warm start only loads the cached graphs and never imports torch (issue 28). Buffers are float32 numpy.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
+from hetero import buffers
 from hetero.errors import ConfigError
 from hetero.npu import segments
 from hetero.npu.cache import entry_key, library_versions
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     import onnx
 
     from hetero.loader import Model
-    from hetero.model import LayerWeights, Weights
+    from hetero.weights import LayerWeights, Weights
 
 NBITS_VERSION = 1  # what `layer_graph` builds; in every key: bump when the graphs' math or I/O change
 NBITS_ROWS = 8  # decode chunk sizes up to this run MatMulNBits graphs: every tree size (`decode.step.TREE_SIZES`)
@@ -91,6 +92,8 @@ def quantize_weight(w_kn: np.ndarray, form: NbitsForm) -> tuple[np.ndarray, np.n
 
 def layer_graph(kind: str, cfg, lw: "LayerWeights", online: dict[str, int], form: NbitsForm) -> "onnx.ModelProto":
     """One layer's `qkv` or `o_ffn` decode graph (rows symbolic) with MatMulNBits linears (module docstring)."""
+    import torch
+
     from hetero.npu import export
     from hetero.npu.site_ops import online_hadamard
     from hetero.outliers.rotate import block_hadamard
@@ -187,6 +190,7 @@ class NbitsBackend:
 
     name = "nbits"
     any_rows = True
+    tensors = "numpy"  # qkv / o_ffn take and return float32 numpy arrays
 
     def __init__(self, model: "Model", online: dict[str, int], provider: OrtCpuProvider,
                  form: NbitsForm = DEFAULT_FORM, *, layers=None, use_cache: bool = True, graphs_root=None):
@@ -205,14 +209,14 @@ class NbitsBackend:
 
     def _prepare(self, layer: int, use_cache: bool, graphs_root) -> tuple[LayerProgram, list[PrepareInfo]]:
         runs, infos = [], []
-        lw = self.model.weights.layers[layer]
         for kind, pieces in _KINDS:
             spec = segments.SegmentSpec(layer, kind, pieces, segments.DYNAMIC_ROWS, "cpu")
             key = graph_key(kind, layer, self.model, self.online, self.form, self.provider)
             t0 = time.perf_counter()
             meta = {"layer": layer, "kind": kind, "form": asdict(self.form), "online": self.online}
             sess, cached, size, path = compiled_entry(
-                key, meta, self.provider, lambda: layer_graph(kind, self.cfg, lw, self.online, self.form),
+                key, meta, self.provider,  # the float weights (torch) only when a graph is built
+                lambda: layer_graph(kind, self.cfg, self.model.weights.layers[layer], self.online, self.form),
                 f"layer {layer} {kind} (MatMulNBits {self.form.bits}-bit)", use_cache, graphs_root)
             ins, outs = self._io(kind)
             runs.append(GraphRun(Graph(sess, spec, ins, outs, self.provider.device, path), None))
@@ -240,21 +244,21 @@ class NbitsBackend:
             raise ConfigError(f"layer {layer} was not prepared (prepared: {sorted(self._programs)})")
         return program
 
-    def shadow_delta(self, layer: int, site: str, x: torch.Tensor, per_row: bool = False) -> None:
+    def shadow_delta(self, layer: int, site: str, x: np.ndarray, per_row: bool = False) -> None:
         """No shadow corrections: MatMulNBits quantizes the activations per block at run time."""
         return None
 
     # a LayerBackend too (the unbound reference of the bound step's graphs, tests)
-    def qkv(self, layer: int, h: torch.Tensor, out: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, layer: int, h: np.ndarray, out: np.ndarray | None = None
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if out is None:
-            out = torch.empty(h.shape[0], self.cfg.q_dim + 2 * self.cfg.kv_dim)
+            out = buffers.empty((h.shape[0], self.cfg.q_dim + 2 * self.cfg.kv_dim))
         self.program(layer).runs[0].run({Buffer.H: h}, {Buffer.QKV: out})
         qd, kd = self.cfg.q_dim, self.cfg.kv_dim
         return out[:, :qd], out[:, qd : qd + kd], out[:, qd + kd :]
 
-    def o_ffn(self, layer: int, a: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def o_ffn(self, layer: int, a: np.ndarray, h: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         if out is None:
-            out = torch.empty(h.shape[0], self.cfg.hidden)
+            out = buffers.empty((h.shape[0], self.cfg.hidden))
         self.program(layer).runs[1].run({Buffer.A: a, Buffer.H: h}, {Buffer.H_OUT: out})
         return out

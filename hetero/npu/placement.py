@@ -24,12 +24,14 @@ import platform
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from hetero.torch_backends import LayerBackend
 from hetero.errors import ConfigError
 from hetero.paths import atomic_path, user_profiles_dir
 from hetero.runtime import DecodePlacement
+
+if TYPE_CHECKING:
+    from hetero.torch_backends import LayerBackend
 
 log = logging.getLogger(__name__)
 

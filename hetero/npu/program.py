@@ -3,7 +3,8 @@ CPU adds a shadow correction (mllm-NPU §3.2-3.3).
 
 `NpuBackend.program(layer)` builds it once per layer; the prefill (`NpuBackend.qkv` / `o_ffn`) and the decode
 step (`decode.bound_step.BoundStep`) both interpret it, so neither reads the other's fields and a change of the
-graphs' cut (`segments.layer_segments`) reaches both. Buffer names: `segments.Buffer`.
+graphs' cut (`segments.layer_segments`) reaches both. Buffer names: `segments.Buffer`. Buffers are float32 numpy
+arrays (a warm INT8 start never imports torch, issue 28).
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import onnxruntime as ort
-import torch
+from typing import TYPE_CHECKING
 
-from hetero.model import rms_norm
+import numpy as np
+
 from hetero.npu.providers import Graph
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 from hetero.npu.segments import Buffer
 
 # the last piece of a graph → the site whose shadow follows it, the buffer holding that site's float input, and the
@@ -32,7 +36,7 @@ class Shadow:
     source: Buffer  # the site's float input (a graph output, or `A`, which the CPU wrote)
     target: Buffer  # where the correction is added: in place, or for `D` after the down graph, before h1 + d
 
-    def apply(self, env: dict[str, torch.Tensor], delta: torch.Tensor | None) -> torch.Tensor | None:
+    def apply(self, env: dict[str, np.ndarray], delta: np.ndarray | None) -> np.ndarray | None:
         """Add `delta` to its target in `env` now, or return it when it waits for the down graph (`D`)."""
         if delta is None or self.target == Buffer.D:
             return delta
@@ -63,15 +67,15 @@ class GraphRun:
         built without the cache."""
         return self.graph.path
 
-    def run(self, inputs: dict[str, torch.Tensor], out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    def run(self, inputs: dict[str, np.ndarray], out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Run on these buffers (`providers.Graph.run`)."""
         return self.graph.run(inputs, out)
 
-    def bind(self, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> ort.IOBinding:
+    def bind(self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> "ort.IOBinding":
         """A binding of its own to fixed buffers (`providers.Graph.bind`); run it with `run_bound`."""
         return self.graph.bind(inputs, outputs)
 
-    def run_bound(self, binding: ort.IOBinding) -> None:
+    def run_bound(self, binding: "ort.IOBinding") -> None:
         self.graph.session.run_with_iobinding(binding)
 
 
@@ -82,23 +86,28 @@ class LayerProgram:
 
     layer: int
     runs: tuple[GraphRun, ...]
-    post_ffn_norm: torch.Tensor | None = None  # Gemma 3's RMSNorm of d before the residual add (`finish`)
+    post_ffn_norm: np.ndarray | None = None  # Gemma 3's RMSNorm of d before the residual add (`finish`)
     eps: float = 0.0
 
     @property
     def shadowed(self) -> bool:
         return any(r.shadow is not None for r in self.runs)
 
-    def finish(self, h1: torch.Tensor, d: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def finish(self, h1: np.ndarray, d: np.ndarray, out: np.ndarray) -> np.ndarray:
         """A stand-alone down graph's residual: out = h1 + d (d already holds down_in's shadow), with Gemma 3's
-        post-norm of d first: the reference's order (`model.o_ffn`)."""
+        post-norm of d first: the reference's order and float math (`model.o_ffn`, in torch)."""
         if self.post_ffn_norm is not None:
-            d = rms_norm(d, self.post_ffn_norm, self.eps)
-        return torch.add(h1, d, out=out)
+            import torch
+
+            from hetero.model import rms_norm
+
+            with torch.inference_mode():
+                d = rms_norm(torch.from_numpy(d), torch.from_numpy(self.post_ffn_norm), self.eps).numpy()
+        return np.add(h1, d, out=out)
 
 
 def layer_program(layer: int, graphs: list[Graph], shadow_sites: frozenset[str],
-                  post_ffn_norm: torch.Tensor | None = None, eps: float = 0.0) -> LayerProgram:
+                  post_ffn_norm: np.ndarray | None = None, eps: float = 0.0) -> LayerProgram:
     """The program of a layer's prepared graphs (`segments.layer_segments` order) given its shadowed sites (and
     Gemma 3's post-norm of d, which `LayerProgram.finish` applies after a stand-alone down graph)."""
     runs = []

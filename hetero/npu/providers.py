@@ -2,8 +2,8 @@
 
 ExecuTorch's split: *export* (`export.build_segment`, pure), *compile* (a provider turns the ONNX graph
 into a cached artifact: the ORT-optimized model or a QNN context binary), *session* (`Graph`: load once,
-bind buffers, run many); `prepare_graph` ties them together. `Graph.run` binds inputs by pointer and has
-ORT write outputs into preallocated tensors (IOBinding): the caller's buffers, or the graph's own.
+bind buffers, run many); `prepare_graph` ties them together. `Graph.run` binds numpy inputs by address and has
+ORT write outputs into preallocated arrays (IOBinding): the caller's buffers, or the graph's own.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
-import torch
 
+from hetero import buffers
+from hetero.buffers import f32_address
 from hetero.errors import BackendUnavailable, ConfigError, GraphCacheError
 from hetero.npu import isa, segments
 from hetero.npu.cache import FORMAT, CacheEntry, entry_key, library_versions
@@ -48,52 +49,53 @@ class Graph:
     device: str  # "cpu" | "npu": the hardware its provider runs on
     path: Path | None = None  # the compiled model in the graph cache (None: built without the cache)
     binding: ort.IOBinding = field(init=False)
-    buffers: dict[str, torch.Tensor] = field(init=False)  # outputs not given by the caller, made once
+    buffers: dict[str, np.ndarray] = field(init=False)  # outputs not given by the caller, made once
 
     def __post_init__(self) -> None:
         self.binding = self.session.io_binding()
         self.buffers = {}
 
-    def run(self, inputs: dict[str, torch.Tensor], out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """Run on float32 [rows, width] tensors (made contiguous if they are not); returns the outputs.
+    def _what(self, name: str) -> str:
+        return f"graph {self.spec.kind} of layer {self.spec.layer}: buffer {name}"
+
+    def run(self, inputs: dict[str, np.ndarray], out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Run on float32 [rows, width] numpy arrays (an input that is not C-contiguous float32 is copied into one);
+        returns the outputs.
 
         rows = C for a fixed-shape graph, the inputs' row count for one with dynamic rows. ORT writes each
-        output into `out[name]` when given, else into this graph's own buffer (grown to the most rows seen),
-        which the next run of this graph overwrites: callers keep only what they passed in `out`.
+        output into `out[name]` (C-contiguous float32) when given, else into this graph's own buffer (grown to the
+        most rows seen), which the next run of this graph overwrites: callers keep only what they passed in `out`.
         """
         b, c = self.binding, self.spec.chunk
         for name, width in self.inputs.items():
             t = inputs[name]
-            if not t.is_contiguous() or t.dtype != torch.float32:
-                t = inputs[name] = t.contiguous().float()  # keeps it alive until run returns
+            if t.dtype != np.float32 or not t.flags.c_contiguous:
+                t = inputs[name] = np.ascontiguousarray(t, dtype=np.float32)  # keeps it alive until run returns
             if t.shape[0] != (c or t.shape[0]):
                 raise ConfigError(f"graph {self.spec.kind} of layer {self.spec.layer} takes {c} rows, got {t.shape[0]}")
             c = c or t.shape[0]
-            b.bind_input(name, "cpu", 0, np.float32, (c, width), t.data_ptr())
+            b.bind_input(name, "cpu", 0, np.float32, (c, width), t.ctypes.data)
         res = {}
         for name, width in self.outputs.items():
             o = out.get(name) if out else None
             if o is None:
                 o = self.buffers.get(name)
                 if o is None or o.shape[0] < c:
-                    o = self.buffers[name] = torch.empty((c, width), dtype=torch.float32)
+                    o = self.buffers[name] = buffers.empty((c, width))
                 o = o[:c]
-            b.bind_output(name, "cpu", 0, np.float32, (c, width), o.data_ptr())
+            b.bind_output(name, "cpu", 0, np.float32, (c, width), f32_address(o, self._what(name)))
             res[name] = o
         self.session.run_with_iobinding(b)
         return res
 
-    def bind(self, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> ort.IOBinding:
-        """A binding of its own to fixed contiguous float32 [rows, width] buffers, made once: each
+    def bind(self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> ort.IOBinding:
+        """A binding of its own to fixed C-contiguous float32 [rows, width] numpy buffers, made once: each
         `session.run_with_iobinding(binding)` then reads and writes them in place (the decode step's
         graphs, `hetero.decode.bound_step`). The caller keeps the buffers alive while it uses the binding."""
         b = self.session.io_binding()
         for names, bind in ((inputs, b.bind_input), (outputs, b.bind_output)):
             for name, t in names.items():
-                if not t.is_contiguous() or t.dtype != torch.float32:
-                    raise ConfigError(f"graph {self.spec.kind} of layer {self.spec.layer}: buffer {name} must be "
-                                      f"contiguous float32")
-                bind(name, "cpu", 0, np.float32, tuple(t.shape), t.data_ptr())
+                bind(name, "cpu", 0, np.float32, tuple(t.shape), f32_address(t, self._what(name)))
         return b
 
 

@@ -7,22 +7,26 @@ takes as is. Scale of a site = absmax of its activations over `ids` / 127 (`quan
 
 from __future__ import annotations
 
-import torch
-
-from hetero.torch_backends import TorchBackend
-from hetero.model import FloatLinear, observed, run_layers
+from hetero.chunking import token_ids
 from hetero.outliers.plan import QuantPlan, plan_from_scales
 from hetero.outliers.quantize import symmetric_scale
 
 
-@torch.inference_mode()
-def absmax_plan(model, ids: torch.Tensor, shadow: dict | None = None, weight_form: str | None = None) -> QuantPlan:
-    """`QuantPlan` with per-site absmax scales measured on one float forward of `ids` (weights: `weight_form`)."""
+def absmax_plan(model, ids: object, shadow: dict | None = None, weight_form: str | None = None) -> QuantPlan:
+    """`QuantPlan` with per-site absmax scales measured on one float forward (torch) of `ids`
+    (`chunking.token_ids`; weights: `weight_form`)."""
+    import torch
+
+    from hetero.model import FloatLinear, observed, run_layers
+    from hetero.torch_backends import TorchBackend
+
     scales: dict[tuple[int, str], float] = {}
 
     def put(layer: int, site: str, x: torch.Tensor) -> None:
         scales[(layer, site)] = symmetric_scale(float(x.abs().max()), 127)
 
     cfg, w = model.config, model.weights
-    run_layers(cfg, w, torch.as_tensor(ids).long().flatten(), TorchBackend(cfg, w, observed(FloatLinear(w), put)))
+    ids = torch.from_numpy(token_ids(ids, cfg.vocab))
+    with torch.inference_mode():
+        run_layers(cfg, w, ids, TorchBackend(cfg, w, observed(FloatLinear(w), put)))
     return plan_from_scales(model, scales, shadow, method="absmax-standin", weight_form=weight_form)

@@ -16,7 +16,7 @@ from enum import StrEnum
 import numpy as np
 
 from hetero.errors import ConfigError
-from hetero.model import SITES
+from hetero.weights import SITES
 from hetero.outliers.quantize import W_QMAX
 
 class Buffer(StrEnum):
@@ -209,27 +209,27 @@ def segment_io(spec: SegmentSpec, lq: LayerQ) -> tuple[dict[Buffer, int], dict[B
     return ins, outs
 
 
-def layer_q(cfg, lw, plan, layer: int) -> LayerQ:
-    """Collect one layer's parameters from the float weights and a `QuantPlan` (duck-typed)."""
+def layer_q(cfg, arrays: dict[str, np.ndarray], plan, layer: int) -> LayerQ:
+    """Collect one layer's parameters from the model's float weights at rest (`loader.Model.arrays`: numpy, so a
+    warm start reads its norms and biases without torch) and a `QuantPlan` (duck-typed)."""
     s = {site: plan.sites[(layer, site)].scale for site in SITES}
 
-    def lin(name: str, site: str, bias=None) -> LinearQ:
-        w = plan.weights[(layer, name)]
-        b = None if bias is None else bias.detach().cpu().numpy().astype(np.float32)
-        ws = w.scales.astype(np.float32) if hasattr(w, "scales") else float(w.scale)  # per channel / per tensor
-        return LinearQ(w.q, ws, float(s[site]), b, plan.sites[(layer, site)].bits)
+    def f32(name: str) -> np.ndarray | None:
+        a = arrays.get(f"layers.{layer}.{name}")
+        return None if a is None else np.asarray(a, dtype=np.float32)
 
-    def norm(t) -> np.ndarray | None:
-        return None if t is None else t.detach().cpu().numpy().astype(np.float32)
+    def lin(name: str, site: str, bias: str) -> LinearQ:
+        w = plan.weights[(layer, name)]
+        ws = w.scales.astype(np.float32) if hasattr(w, "scales") else float(w.scale)  # per channel / per tensor
+        return LinearQ(w.q, ws, float(s[site]), f32(bias), plan.sites[(layer, site)].bits)
 
     return LayerQ(
-        cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.ffn, float(cfg.rms_eps),
-        lw.attn_norm.detach().cpu().numpy().astype(np.float32), lw.ffn_norm.detach().cpu().numpy().astype(np.float32),
-        (lin("wq", "attn_in", lw.bq), lin("wk", "attn_in", lw.bk), lin("wv", "attn_in", lw.bv)),
-        lin("wo", "o_in", lw.bo), (lin("w_gate", "ffn_in", lw.b_gate), lin("w_up", "ffn_in", lw.b_up)),
-        lin("w_down", "down_in", lw.b_down),
+        cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.ffn, float(cfg.rms_eps), f32("attn_norm"), f32("ffn_norm"),
+        (lin("wq", "attn_in", "bq"), lin("wk", "attn_in", "bk"), lin("wv", "attn_in", "bv")),
+        lin("wo", "o_in", "bo"), (lin("w_gate", "ffn_in", "b_gate"), lin("w_up", "ffn_in", "b_up")),
+        lin("w_down", "down_in", "b_down"),
         int(plan.weight_qmax), plan.weight_form, tuple(sorted(plan.online.items())), cfg.act,
-        norm(lw.post_attn_norm) if cfg.post_norms else None, norm(lw.post_ffn_norm) if cfg.post_norms else None,
+        f32("post_attn_norm") if cfg.post_norms else None, f32("post_ffn_norm") if cfg.post_norms else None,
     )
 
 

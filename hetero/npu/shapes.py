@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from hetero.errors import GraphCacheError
 from hetero.npu import segments
@@ -83,7 +83,8 @@ def profile_shapes(model, plan, chunks, provider, layer: int = 0, repeats: int =
     under "failed" with the reason and never wins.
     """
     cfg = model.config
-    lq = segments.layer_q(cfg, model.weights.layers[layer], plan, layer)
+    lq = segments.layer_q(cfg, model.arrays(), plan, layer)
+    rng = np.random.default_rng(0)
     entries = []
     for c in chunks:
         for spec0 in segments.layer_segments(layer, set(), c, provider.flavor):
@@ -97,7 +98,7 @@ def profile_shapes(model, plan, chunks, provider, layer: int = 0, repeats: int =
                     continue
                 if not info.cached:
                     build_s[shape] = round(info.seconds, 3)
-                ins = {n: torch.randn(c, w) for n, w in g.inputs.items()}
+                ins = {n: rng.standard_normal((c, w), dtype=np.float32) for n, w in g.inputs.items()}
                 runs[shape] = functools.partial(g.run, ins)
             lat = _interleaved_medians_us(runs, repeats) if runs else {}
             entry = {"provider": provider.name, "kind": spec0.kind, "chunk_len": c, "winner": pick_winner(lat, build_s),

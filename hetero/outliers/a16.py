@@ -10,8 +10,12 @@ float32 result is acc_hi·(256·s·s_w) + acc_lo·(s·s_w), written the same way
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 A16_QMAX = 32767
 A16_QMIN = -32768
@@ -24,6 +28,8 @@ def a16_scale(absmax: float) -> float:
 
 def split_bytes(x: torch.Tensor, s: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(hi, lo) as float32 integer values: q = clip(rint(x/s)) = 256·hi + lo, hi in [-128, 127], lo in [0, 255]."""
+    import torch
+
     q = torch.clamp(torch.round(x.float() / np.float32(s)), A16_QMIN, A16_QMAX)  # round half to even
     hi = torch.floor(q / 256)
     return hi, q - 256 * hi
@@ -31,6 +37,8 @@ def split_bytes(x: torch.Tensor, s: float) -> tuple[torch.Tensor, torch.Tensor]:
 
 def a16_out_scales(s_x: float, w_scale) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 (256·s·s_w, s·s_w), [out] or scalar, as the graph's two Mul constants."""
+    import torch
+
     sw = torch.as_tensor(np.asarray(w_scale, np.float32))
     lo = torch.as_tensor(np.float32(s_x)) * sw
     return lo * np.float32(256), lo
@@ -45,6 +53,8 @@ def a16_combine(acc_hi: torch.Tensor, acc_lo: torch.Tensor, s_x: float, w_scale)
 def a16_part(x: torch.Tensor, s: float, weights, biases=()) -> list[torch.Tensor]:
     """W8A16 per-tensor linears sharing x [T, in], one [T, out] per weight (bias added after the combine):
     the exact reference of the two-pass graph (each pass a float64 matmul of integers, exact below 2^53)."""
+    import torch
+
     hi, lo = split_bytes(x, s)
     w_q = torch.from_numpy(np.concatenate([w.q for w in weights], axis=0).astype(np.float64))
     acc_hi, acc_lo = hi.double() @ w_q.T, lo.double() @ w_q.T

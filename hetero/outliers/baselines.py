@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from hetero.torch_backends import TorchBackend
-from hetero.model import SITE_BIASES, SITE_LINEARS
+from hetero.weights import SITE_BIASES, SITE_LINEARS
 from hetero.outliers.quantize import fake_quant as _fq
 
 

@@ -8,6 +8,8 @@ written atomically, validated on load. Nothing calibrates at prefill time. Detai
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import io
 import json
 import logging
@@ -16,16 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from hetero import model as ref
-from hetero.torch_backends import TorchBackend
-from hetero.model import SITES, FloatLinear, Observer, observed
+from hetero.weights import SITES
 from hetero.errors import ConfigError, ModelFormatError
 from hetero.outliers.corpus import DEFAULT_CALIBRATION, corpus_id, load_corpus
 from hetero.outliers.rotate import block_hadamard
 from hetero import shipped
 from hetero.paths import atomic_path, cache_dir, cached
+
+if TYPE_CHECKING:
+    import torch
+
+    from hetero.model import Observer
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +211,8 @@ def token_windows(tokenizer, text: str, n_tokens: int, window: int, offset: int 
     may be shorter). A tokenizer that starts every text with special tokens (Gemma's <bos>) starts every
     window with them too, as the model always sees them (without <bos> Gemma 3 270M's perplexity on the
     evaluation text is 82.6 instead of ~30 and its activations are not the ones a prompt makes)."""
+    import torch
+
     if n_tokens <= 0 or window <= 1 or offset < 0:
         raise ConfigError(f"tokens must be > 0, window > 1 and offset >= 0, got tokens={n_tokens} window={window} "
                           f"offset={offset}")
@@ -233,10 +239,16 @@ def _lead_tokens(tokenizer) -> list[int]:
 
 def run_sites(cfg, w, ids: torch.Tensor, observe: Observer) -> None:
     """The float layers over `ids` (no logits), calling observe(layer, site, x) on every site input."""
+    from hetero import model as ref
+    from hetero.model import FloatLinear, observed
+    from hetero.torch_backends import TorchBackend
+
     ref.run_layers(cfg, w, ids, TorchBackend(cfg, w, observed(FloatLinear(w), observe)))
 
 
 def _hist(v: torch.Tensor) -> torch.Tensor:
+    import torch
+
     v = v[v > 0]
     return torch.histc(torch.log2(v.double()), _NBINS, _LOG2_LO, _LOG2_HI)
 
@@ -256,12 +268,21 @@ def _tail_value(hist: np.ndarray, k: float) -> float:
     return float(2.0 ** (edge_hi - frac / _BINS_PER_OCTAVE))
 
 
-@torch.inference_mode()
 def calibrate(model, text: str, n_tokens: int = DEFAULT_TOKENS, window: int = DEFAULT_WINDOW,
               corpus: str = "text", progress: bool = True, online: dict[str, int] | None = None) -> CalibrationStats:
     """Run the float model over `text` (two passes, see module doc) and return the statistics.
 
     online: site -> Hadamard block of the plan's online transforms: those sites are observed as x·T."""
+    import torch
+
+    with torch.inference_mode():
+        return _calibrate(model, text, n_tokens, window, corpus, progress, online)
+
+
+def _calibrate(model, text: str, n_tokens: int, window: int, corpus: str, progress: bool,
+               online: dict[str, int] | None) -> CalibrationStats:
+    import torch
+
     from tqdm import tqdm
 
     if model.tokenizer is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from hetero.errors import ConfigError
 from hetero.loader import release_pages
-from hetero.model import SITE_LINEARS, SITES
+from hetero.weights import SITE_LINEARS, SITES
 from hetero.outliers.weightcache import cached_weights
 from hetero.outliers.quantize import (
     U8S8_SAFE_WEIGHT_ABSMAX,

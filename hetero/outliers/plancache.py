@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hetero import shipped
 from hetero.errors import ConfigError
-from hetero.model import SITES
+from hetero.weights import SITES
 from hetero.outliers import a16, calibration, plan, pruning, quantize
 from hetero.outliers.calibration import calibration_path, ensure_calibration
 from hetero.outliers.plan import QuantPlan

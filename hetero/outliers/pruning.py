@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetero.errors import ConfigError
-from hetero.model import SITES
+from hetero.weights import SITES
 from hetero.outliers.a16 import a16_scale
 from hetero.outliers.calibration import PERCENTILES, SiteStats, ensure_calibration
 from hetero.outliers.plan import (

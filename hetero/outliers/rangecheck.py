@@ -11,13 +11,17 @@ rounding of any summation order, so a row it passes is one the exact torch path 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import functools
 
 import numpy as np
-import torch
 
 from hetero import jitcache
 from hetero.outliers.rotate import hadamard
+
+if TYPE_CHECKING:
+    import torch
 
 # reassociation and FMA contraction only: a NaN must stay a NaN (it compares as "not inside")
 _FAST = {"reassoc", "contract", "nsz", "arcp"}
@@ -66,6 +70,8 @@ _NO_TRANSFORM = np.zeros((0, 0), np.float32)
 
 @functools.lru_cache(maxsize=None)
 def _hadamard32(block: int) -> np.ndarray:
+    import torch
+
     return np.ascontiguousarray(hadamard(block).to(torch.float32).numpy())
 
 
@@ -107,5 +113,7 @@ def split_beyond(x: torch.Tensor, lo: float, hi: float) -> tuple[torch.Tensor, t
     """(channels int64 [k], r float32 [T, k]): the columns of x [T, n] (float32) where some value lies beyond
     [lo, hi] (compared in float32, as torch compares a float32 tensor with a Python float) and x − clip(x, lo, hi)
     on them, in one compiled pass (torch took ~8 small ops)."""
+    import torch
+
     channels, r = _split(x.detach().contiguous().numpy(), np.float32(lo), np.float32(hi))
     return torch.from_numpy(channels), torch.from_numpy(r)

@@ -23,12 +23,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import load_file, save_file
+import numpy as np
 
 from hetero.errors import ConfigError
 from hetero.paths import cache_dir, cached
+from hetero.tensorfile import map_tensors
+
+if TYPE_CHECKING:
+    import torch
 
 
 ROTATION_VERSION = 1  # part of a rotated model's fingerprint (calibration and graph caches)
@@ -37,6 +41,8 @@ ONLINE_BLOCK = 64  # Hadamard block of the online sites (one head of 64 on o_in)
 
 def hadamard(n: int) -> torch.Tensor:
     """The Sylvester Hadamard matrix of size n (a power of two) scaled to be orthogonal, float64."""
+    import torch
+
     if n < 1 or n & (n - 1):
         raise ConfigError(f"a Hadamard size must be a power of two, got {n}")
     h = torch.ones(1, 1, dtype=torch.float64)
@@ -47,6 +53,8 @@ def hadamard(n: int) -> torch.Tensor:
 
 def random_orthogonal(n: int, gen: torch.Generator) -> torch.Tensor:
     """A Haar-random orthogonal n×n matrix (QR of a Gaussian with the signs of R's diagonal), float64."""
+    import torch
+
     q, r = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))
     return (q * torch.sign(torch.diagonal(r))).contiguous()
 
@@ -54,6 +62,8 @@ def random_orthogonal(n: int, gen: torch.Generator) -> torch.Tensor:
 def residual_rotation(n: int, seed: int = 0) -> torch.Tensor:
     """Orthogonal [n, n] float64: diag(random signs)·(R_a ⊗ H_b), b the largest power of two dividing n, a = n/b,
     R_a Haar-random (every output channel mixes every input channel)."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
     b = n & -n
     q = torch.kron(random_orthogonal(n // b, gen), hadamard(b))
@@ -97,6 +107,8 @@ def _hadamard_as(n: int, dtype: torch.dtype) -> torch.Tensor:
 def rotate_weights(cfg, w, seed: int = 0):
     """Weights of the rotated model (same architecture, RMSNorm scales 1): its float output equals `w`'s.
     A site-rotated model (`site_rotated`) keeps `w`: the online transforms of `online_sites` rotate its sites."""
+    import torch
+
     if site_rotated(cfg):
         return w
     q = residual_rotation(cfg.hidden, seed).float()
@@ -123,47 +135,60 @@ def rotate_weights(cfg, w, seed: int = 0):
 _FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down", "bq", "bk", "bv", "bo", "b_down")
 
 
-def _save(w, path: Path) -> None:
-    state = {"tok_emb": w.tok_emb, "norm": w.norm, "lm_head": w.lm_head}
-    for i, lw in enumerate(w.layers):
-        state.update({f"layers.{i}.{f}": getattr(lw, f).contiguous() for f in _FIELDS if getattr(lw, f) is not None})
-    save_file(state, str(path))
+def _stored(name: str) -> bool:
+    """Whether the rotated weights' file holds array `name` (`Model.arrays`'s names): what rotation changes."""
+    return name in ("tok_emb", "norm", "lm_head") or name.split(".")[-1] in _FIELDS
 
 
-def _load(path: Path, model):
-    """The rotated weights in `path`; the layer fields rotation leaves as they are (QK norms, gate/up biases) come
-    from `model`, whose float weights are read only for them (the default model has none: issue 28)."""
-    from hetero.loader import fields_used
-    from hetero.model import LayerWeights, Weights
+def _save(arrays: dict[str, np.ndarray], path: Path) -> None:
+    from safetensors.numpy import save_file
 
-    state = load_file(str(path))
-    cfg = model.config
-    kept = [f for f in fields_used(cfg) if f not in _FIELDS]
-    base = model.weights.layers if kept else None
-    layers = [LayerWeights(**{f: state.get(f"layers.{i}.{f}") for f in _FIELDS},
-                           **{f: getattr(base[i], f) for f in kept}) for i in range(cfg.n_layers)]
-    return Weights(state["tok_emb"], layers, state["norm"], state["lm_head"], cfg.embed_scale)
+    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path))
+
+
+def _load(path: Path) -> dict[str, np.ndarray]:
+    """The rotated weights in `path`, mapped (no copy, no torch)."""
+    arrays, _ = map_tensors(path)
+    if not {"tok_emb", "norm", "lm_head"} <= set(arrays):
+        raise ValueError("it lacks tok_emb, norm or lm_head")
+    return arrays
 
 
 def rotate_model(model, seed: int = 0, cache: bool = True):
     """The rotated copy of a loaded `Model`, with its own fingerprint (calibrations and graphs are its own);
     its weights are cached beside the model's (`cache_dir()/models/<fingerprint>/weights.safetensors`),
-    with a content record checked at first use (`paths.cached`: damaged → recomputed with a warning)."""
-    from hetero.loader import check_finite
+    mapped and checked against their content record at their first use (`paths.cached`: damaged → recomputed
+    with a warning). The layer fields rotation leaves as they are (QK norms, gate/up biases) are the model's."""
+    from hetero.loader import check_finite, weights_of
+    from hetero.weights import weight_arrays
 
     model.config.check_quantizable("rotation")
     fp = f"{model.fingerprint}-{'site' if site_rotated(model.config) else 'rot'}{ROTATION_VERSION}s{seed}"
+    if site_rotated(model.config):  # its weights are the model's (`rotate_weights`): nothing to cache
+        return dataclasses.replace(model, fingerprint=fp, rotated=True)
 
-    def build():
+    def build() -> dict[str, np.ndarray]:
         w = rotate_weights(model.config, model.weights, seed)
         check_finite(w, f"the rotated copy of {model.name}")
-        return w
+        return {k: v for k, v in weight_arrays(w).items() if _stored(k)}
 
-    if site_rotated(model.config):  # its weights are the model's (`rotate_weights`): nothing to cache
-        weights = model.weights
-    elif cache:
-        weights = cached(cache_dir() / "models" / fp, "weights.safetensors", lambda p: _load(p, model),
-                         build, _save, "rotated weights")
-    else:
-        weights = build()
-    return model.with_weights(weights, fingerprint=fp, rotated=True)
+    if not cache:
+        return model.with_weights(weights_of(model.config, build() | _kept(model)), fingerprint=fp, rotated=True)
+
+    def arrays() -> dict[str, np.ndarray]:
+        own = cached(cache_dir() / "models" / fp, "weights.safetensors", _load, build, _save, "rotated weights")
+        return own | _kept(model)
+
+    rotated = model.with_weights(lambda: weights_of(model.config, rotated.arrays()), arrays=arrays, fingerprint=fp,
+                                 rotated=True)
+    return rotated
+
+
+def _kept(model) -> dict[str, np.ndarray]:
+    """The model's arrays that rotation keeps (its QK norms, gate/up biases); read only if it has any (the default
+    model has none: issue 28)."""
+    from hetero.loader import fields_used
+
+    if all(f in _FIELDS for f in fields_used(model.config)):
+        return {}
+    return {k: v for k, v in model.arrays().items() if k.startswith("layers.") and not _stored(k)}

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from hetero import model as ref
 from hetero.torch_backends import TorchBackend
 from hetero.errors import ConfigError
-from hetero.model import SITE_LINEARS, FloatLinear, observed
+from hetero.model import FloatLinear, observed
+from hetero.weights import SITE_LINEARS
 from hetero.outliers.a16 import A16_QMAX, A16_QMIN
 from hetero.outliers.calibration import CalibrationStats, SiteStats, calibration_path, token_windows
 from hetero.outliers.corpus import DEFAULT_CALIBRATION, corpus_id, load_corpus

@@ -16,7 +16,7 @@ import torch
 
 from hetero.torch_backends import TorchBackend
 from hetero.config import ModelConfig
-from hetero.model import SITE_BIASES, SITE_LINEARS, Weights
+from hetero.weights import SITE_BIASES, SITE_LINEARS, Weights
 from hetero.outliers.a16 import a16_part
 from hetero.outliers.plan import QuantPlan, SiteQuant
 from hetero.outliers.quantize import (

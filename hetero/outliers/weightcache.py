@@ -18,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hetero.model import SITE_LINEARS
+from hetero.weights import SITE_LINEARS
 from hetero.outliers.quantize import QuantWeight, QuantWeightPerChannel
 from hetero.paths import cache_dir, cached
+from hetero.tensorfile import map_tensors
 
 WEIGHTS_VERSION = 1  # bump when quantize_weight(_per_channel) or block_hadamard change what they compute
 Weights = dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]
@@ -28,18 +29,16 @@ Weights = dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]
 
 def _float_guard(model) -> str:
     """A cheap digest of the float weights (head and tail of every linear): a model whose weights were edited in
-    memory under the same fingerprint never gets another model's INT8 weights."""
+    memory under the same fingerprint never gets another model's INT8 weights. Read through `Model.arrays`:
+    a cached model's mapped file, no torch (issue 28)."""
+    arrays = model.arrays()
     h = hashlib.sha256()
-    for t in (model.weights.tok_emb, model.weights.lm_head):
-        flat = t.detach().reshape(-1)
-        h.update(flat[:256].cpu().numpy().tobytes())
-        h.update(flat[-256:].cpu().numpy().tobytes())
-    for lw in model.weights.layers:
-        for names in SITE_LINEARS.values():
-            for name in names:
-                flat = getattr(lw, name).detach().reshape(-1)
-                h.update(flat[:256].cpu().numpy().tobytes())
-                h.update(flat[-256:].cpu().numpy().tobytes())
+    names = ["tok_emb", "lm_head"] + [f"layers.{i}.{name}" for i in range(model.config.n_layers)
+                                      for names in SITE_LINEARS.values() for name in names]
+    for name in names:
+        flat = arrays[name].reshape(-1)
+        h.update(np.ascontiguousarray(flat[:256]).tobytes())
+        h.update(np.ascontiguousarray(flat[-256:]).tobytes())
     return h.hexdigest()[:24]
 
 
@@ -81,13 +80,10 @@ def cached_arrays(model, kind: str, form: dict, compute: Callable[[], dict[str, 
     name = f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.safetensors"
 
     def load(path: Path) -> dict[str, np.ndarray]:
-        from safetensors import safe_open
-
-        # through torch: its tensors map the file (copy on write), numpy's are copies (7 vs 85 ms, issue 28)
-        with safe_open(str(path), "pt") as f:
-            if (f.metadata() or {}).get("form") != text:
-                raise ValueError("it was made for another form")
-            return {k: f.get_tensor(k).numpy() for k in f.keys()}
+        arrays, meta = map_tensors(path)  # mapped: safetensors' numpy API copies (85 vs 7 ms, issue 28)
+        if meta.get("form") != text:
+            raise ValueError("it was made for another form")
+        return arrays
 
     def save(arrays: dict[str, np.ndarray], tmp: Path) -> None:
         from safetensors.numpy import save_file

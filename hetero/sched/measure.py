@@ -69,32 +69,40 @@ def _median_us(fn: RunSubgraph, kind: str, lane: str, c: int, kv: int, repeats: 
     return 1e6 * median_seconds(lambda: fn(kind, lane, c, kv), repeats, warmup)
 
 
-def host_metadata() -> dict[str, Any]:
-    """device and versions of this host, for a measured profile."""
-    import os
-
+def _cpu_name() -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
+    return cpu
+
+
+def host_metadata() -> dict[str, Any]:
+    """device and versions of this host, for a measured profile. Versions come from the installed packages'
+    metadata, not by importing them (importing torch alone costs ~0.9 s, and a warm `hetero run` never does)."""
+    import os
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
+
     versions = {"python": platform.python_version()}
     for mod in ("numpy", "torch", "onnxruntime"):
-        try:
-            versions[mod] = __import__(mod).__version__
-        except ImportError:
+        try:  # a loaded module knows its version (e.g. onnxruntime installed as onnxruntime-openvino)
+            versions[mod] = sys.modules[mod].__version__ if mod in sys.modules else version(mod)
+        except PackageNotFoundError:
             pass
-    return {"device": f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.machine()}",
+    return {"device": f"{_cpu_name()}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.machine()}",
             "host": socket.gethostname(), "versions": versions}
 
 
 def host_slug() -> str:
-    """File stem for this host's profile, e.g. ``vm-amd-epyc-2c`` (profiles/<host>.json)."""
+    """File stem for this host's profile, e.g. ``vm-amd-epyc-2c`` (profiles/<host>.json); cheap (on the decode
+    path: `decode.stepcosts` names its cache file with it)."""
     import os
     import re
 
-    cpu = host_metadata()["device"].split(",")[0]
+    cpu = _cpu_name()
     slug = re.sub(r"[^a-z0-9]+", "-", f"{socket.gethostname()}-{cpu}".lower()).strip("-")
     return f"{slug}-{os.cpu_count()}c"
 

@@ -2,11 +2,14 @@
 
 LLMS §3.4 writes chunks ahead of time (at the end of every call) so that reclaiming memory later only
 drops the RAM copy; a dedicated IO thread writes them and another reads them back during a restore
-(LLMS §3.3, the swapping half of the swapping-recompute pipeline).
+(LLMS §3.3, the swapping half of the swapping-recompute pipeline). A block file is a safetensors file of
+numpy arrays: float `k`/`v`, or a compressed block's codes, minimums and scales with its level and shape in
+the header (the files live in a private folder removed on close: no other process reads them).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -14,10 +17,12 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import torch
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from hetero.paths import atomic_path
-from hetero.serve.quant import QTensor
+from hetero.serve.quant import QTensor, dequantize
 
 
 class DiskTier:
@@ -32,14 +37,15 @@ class DiskTier:
         self.reader = ThreadPoolExecutor(1, thread_name_prefix="kv-read")
 
     def path(self, uid: int) -> Path:
-        return self.dir / f"{uid}.pt"
+        return self.dir / f"{uid}.safetensors"
 
     def write(self, uid: int, payload: dict) -> tuple[Path, int, float]:
         """Write a block's payload (float `k`/`v`, or a compressed one); returns (path, bytes, ms)."""
         t0 = time.perf_counter()
         target = self.path(uid)
+        tensors, meta = _encode(payload)
         with atomic_path(target) as tmp:
-            torch.save(payload, tmp)
+            save_file(tensors, str(tmp), metadata=meta)
         return target, target.stat().st_size, (time.perf_counter() - t0) * 1e3
 
     def submit_write(self, uid: int, payload: dict) -> Future:
@@ -70,26 +76,48 @@ def default_disk_budget(folder: Path | None, share: float = 0.25, cap: int = 16 
     return int(min(cap, share * free_bytes(folder)))
 
 
-def float_payload(k: torch.Tensor, v: torch.Tensor) -> dict:
+def float_payload(k: np.ndarray, v: np.ndarray) -> dict:
     return {"k": k, "v": v}
 
 
 def compressed_payload(qk: QTensor, qv: QTensor) -> dict:
-    return {"q": [(q.level, q.codes, q.lo, q.scale, list(q.shape)) for q in (qk, qv)]}
+    return {"q": [qk, qv]}
+
+
+def _encode(payload: dict) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """A payload as the arrays and the text header of its block file."""
+    if "k" in payload:
+        return ({"k": np.ascontiguousarray(payload["k"]), "v": np.ascontiguousarray(payload["v"])},
+                {"kind": "float"})
+    tensors, meta = {}, {"kind": "compressed"}
+    for name, q in zip("kv", payload["q"]):
+        tensors.update({f"{name}.codes": q.codes, f"{name}.lo": q.lo, f"{name}.scale": q.scale})
+        meta[name] = json.dumps({"level": q.level, "shape": list(q.shape)})
+    return tensors, meta
+
+
+def _decode(tensors: dict[str, np.ndarray], meta: dict[str, str]) -> dict:
+    if meta.get("kind") == "float":
+        return float_payload(tensors["k"], tensors["v"])
+    qs = []
+    for name in "kv":
+        head = json.loads(meta[name])
+        qs.append(QTensor(head["level"], tensors[f"{name}.codes"], tensors[f"{name}.lo"], tensors[f"{name}.scale"],
+                          tuple(head["shape"])))
+    return compressed_payload(*qs)
 
 
 def read_block(path: Path) -> tuple[dict, int, float]:
     """(payload, bytes read, ms)."""
     t0 = time.perf_counter()
-    payload = torch.load(path, weights_only=True)
+    with safe_open(str(path), framework="numpy") as f:
+        payload = _decode({name: f.get_tensor(name) for name in f.keys()}, f.metadata() or {})
     return payload, path.stat().st_size, (time.perf_counter() - t0) * 1e3
 
 
-def payload_kv(payload: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def payload_kv(payload: dict) -> tuple[np.ndarray, np.ndarray]:
     """Float K/V of a payload (dequantised if it was stored compressed)."""
     if "k" in payload:
         return payload["k"], payload["v"]
-    from hetero.serve.quant import dequantize
-
-    qk, qv = (QTensor(level, codes, lo, scale, tuple(shape)) for level, codes, lo, scale, shape in payload["q"])
+    qk, qv = payload["q"]
     return dequantize(qk), dequantize(qv)

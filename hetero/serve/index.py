@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 if TYPE_CHECKING:
     from concurrent.futures import Future
+
+    import numpy as np
 
     from hetero.serve.quant import QTensor
 
@@ -33,8 +33,8 @@ class Node:
     start: int  # absolute position of ids[0]
     parent: "Node | None"
     children: dict[int, list["Node"]] = field(default_factory=dict)  # first token id -> nodes
-    k: torch.Tensor | None = None  # float [L, n_kv, n, D], when held in RAM uncompressed
-    v: torch.Tensor | None = None
+    k: "np.ndarray | None" = None  # float32 [L, n_kv, n, D], when held in RAM uncompressed
+    v: "np.ndarray | None" = None
     qk: "QTensor | None" = None  # compressed in RAM
     qv: "QTensor | None" = None
     disk: Path | None = None  # a complete (clean) copy on disk
@@ -61,7 +61,7 @@ class Node:
 
     def ram_bytes(self) -> int:
         if self.k is not None:
-            return 2 * self.k.numel() * self.k.element_size()
+            return 2 * self.k.nbytes
         if self.qk is not None:
             return self.qk.nbytes + self.qv.nbytes
         return 0

@@ -16,9 +16,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+import numpy as np
 from filelock import FileLock
-from safetensors.torch import load_file, save_file
+from safetensors.numpy import load_file, save_file
 
 from hetero.paths import atomic_path, file_record, verify_files
 
@@ -34,8 +34,8 @@ class SavedContext:
     messages: list[dict]
     ids: list[int]
     created: float
-    k: torch.Tensor | None  # K/V of ids[:n]; None when they failed verification (recomputed later)
-    v: torch.Tensor | None
+    k: np.ndarray | None  # float32 K/V of ids[:n]; None when they failed verification (recomputed later)
+    v: np.ndarray | None
 
 
 def _names(folder: Path, cid: str) -> tuple[Path, Path]:
@@ -54,7 +54,7 @@ def save(folder: Path, key: dict, ctx: SavedContext) -> Path:
         files = {}
         if ctx.k is not None and ctx.k.shape[2]:
             with atomic_path(kv) as tmp:
-                save_file({"k": ctx.k.contiguous(), "v": ctx.v.contiguous()}, str(tmp))
+                save_file({"k": np.ascontiguousarray(ctx.k), "v": np.ascontiguousarray(ctx.v)}, str(tmp))
             files[kv.name] = file_record(kv)
         else:
             kv.unlink(missing_ok=True)

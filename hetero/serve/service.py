@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from hetero.errors import ConfigError, HeteroError
 from hetero.kv_cache import KVCache
@@ -189,7 +189,7 @@ class Service:
             ctx.id, ctx.client, ctx.system, ctx.messages, ctx.ids, ctx.created, k, v))
         return {"id": ctx.id, "saved": True, "tokens": len(ctx.ids), "kv_tokens": 0 if k is None else int(k.shape[2])}
 
-    def _gather(self, path: list) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _gather(self, path: list) -> tuple[np.ndarray | None, np.ndarray | None]:
         """The K/V of a context's blocks, in order, up to the first dropped one (a prefix of its ids)."""
         ks, vs = [], []
         for node in path:
@@ -205,7 +205,7 @@ class Service:
             vs.append(v)
         if not ks:
             return None, None
-        return torch.cat(ks, 2), torch.cat(vs, 2)
+        return np.concatenate(ks, 2), np.concatenate(vs, 2)
 
     def _restore_saved(self) -> None:
         """Contexts saved by an earlier run with this state key: their blocks go into the store, held."""
@@ -344,7 +344,7 @@ class Service:
                         else:
                             self.metrics.itl.observe(now - t_last)
                         t_last = now
-                        tokens.append(ev.token_id)
+                        tokens.append(int(ev.token_id))  # a plain int: ids are JSON in saved contexts
                         pieces.append(ev.text)
                         job.sink("token", ev)
                         yield

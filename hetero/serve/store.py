@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
@@ -103,7 +103,7 @@ class ChunkStore:
             node = child
         return path
 
-    def _set_float(self, node: Node, k: torch.Tensor, v: torch.Tensor) -> None:
+    def _set_float(self, node: Node, k: np.ndarray, v: np.ndarray) -> None:
         self.ram -= node.ram_bytes()
         node.k, node.v, node.qk, node.qv = k, v, None, None
         self.ram += node.ram_bytes()

@@ -9,9 +9,8 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
-from hetero import model as ref
+from hetero.rope import RopeTable
 from hetero.decode.twocore.attnpool import AttentionPool, _claim_heads
 from hetero.decode.rowattn import decode_rows, rope_rows, tree_layout
 from hetero.decode.tree import TokenTree
@@ -19,10 +18,14 @@ from tests.conftest import make_tiny_model
 
 
 
-def random_cache(cfg, layers: int, capacity: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
+def randn(gen: np.random.Generator, *shape: int) -> np.ndarray:
+    return gen.standard_normal(shape, np.float32)
+
+
+def random_cache(cfg, layers: int, capacity: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    gen = np.random.default_rng(seed)
     shape = (layers, cfg.n_kv_heads, capacity, cfg.head_dim)
-    return torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    return randn(gen, *shape), randn(gen, *shape)
 
 
 @pytest.mark.parametrize("slot", [5, 127, 300])
@@ -30,35 +33,34 @@ def test_shared_attention_equals_the_one_thread_kernel(slot):
     layers, capacity = 4, 512
     # layers 1 and 3 slide (a window shorter than a tree path, and one of 200 keys): the job carries it
     cfg = dataclasses.replace(make_tiny_model().config, n_layers=layers, windows=(0, 3, 0, 200))
-    rope = ref.RopeTable(cfg, 512)
+    rope = RopeTable(cfg, 512)
     tree = TokenTree([1, 2, 3, 4, 5], [-1, 0, 1, 0, 3])
     layout = tree_layout(tree.depth, tree.parents, slot, rope)
     n, g = len(tree), cfg.n_heads // cfg.n_kv_heads
-    gen = torch.Generator().manual_seed(slot)
-    qkvs = [torch.randn(n, cfg.q_dim + 2 * cfg.kv_dim, generator=gen) * 3 for _ in range(layers)]
+    gen = np.random.default_rng(slot)
+    qkvs = [randn(gen, n, cfg.q_dim + 2 * cfg.kv_dim) * 3 for _ in range(layers)]
     k1, v1 = random_cache(cfg, layers, capacity, slot)
-    k2, v2 = k1.clone(), v1.clone()
-    want = [torch.zeros(n, cfg.q_dim) for _ in range(layers)]
+    k2, v2 = k1.copy(), v1.copy()
+    want = [np.zeros((n, cfg.q_dim), np.float32) for _ in range(layers)]
     for layer in range(layers):
         decode_rows(cfg, qkvs[layer], k1[layer], v1[layer], layout, want[layer], layer)
     pool = AttentionPool()
     try:
         q = np.zeros((n, cfg.n_kv_heads, g, cfg.head_dim), np.float32)
-        out = torch.zeros(n, cfg.q_dim)
+        out = np.zeros((n, cfg.q_dim), np.float32)
         for rep in range(20):  # heads go to either thread; every run must give the one-thread result
             pool._off = 0  # no contention guard here: a tiny step may leave the helper few heads
-            assert pool.begin(k2.numpy(), v2.numpy(), q, layout.extra, layout.n_extra, cfg.head_dim**-0.5,
-                              out.numpy().reshape(q.shape))
+            assert pool.begin(k2, v2, q, layout.extra, layout.n_extra, cfg.head_dim**-0.5, out.reshape(q.shape))
             if rep % 2:
                 time.sleep(0.005)  # the helper is spinning before the first job (else it may still be waking)
             for layer in range(layers):
                 pool.attend(cfg, layer, qkvs[layer], layout)
-                assert torch.equal(out, want[layer]), f"layer {layer}, run {rep}"
+                assert np.array_equal(out, want[layer]), f"layer {layer}, run {rep}"
             pool.end()
             deadline = time.time() + 5
             while not pool._idle.is_set() and time.time() < deadline:  # the next begin needs the helper asleep
                 time.sleep(0.001)
-        assert torch.equal(k1, k2) and torch.equal(v1, v2)  # the rows' K/V landed where the kernel puts them
+        assert np.array_equal(k1, k2) and np.array_equal(v1, v2)  # the rows' K/V landed where the kernel puts them
     finally:
         pool.close()
     assert not pool._thread.is_alive()
@@ -86,8 +88,8 @@ def test_a_failed_graph_half_raises_onnx_runtimes_message_whoever_ran_it():
     cfg = make_tiny_model().config
     k, v = random_cache(cfg, 1, 8, 0)
     q = np.zeros((1, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim), np.float32)
-    layout = tree_layout([0], [-1], 3, ref.RopeTable(cfg, 16))
-    args = (k.numpy(), v.numpy(), q, layout.extra, layout.n_extra, 0.125, np.zeros_like(q))
+    layout = tree_layout([0], [-1], 3, RopeTable(cfg, 16))
+    args = (k, v, q, layout.extra, layout.n_extra, 0.125, np.zeros_like(q))
     try:
         with pytest.raises(ortc.OrtError, match="x"):
             pool.run_stages(table, 0, 1)  # no step in progress: both halves here
@@ -118,24 +120,23 @@ def test_a_helper_that_cannot_run_is_turned_off_with_a_growing_backoff():
     layers = 3
     cfg = dataclasses.replace(make_tiny_model().config, n_layers=layers, windows=())
     k, v = random_cache(cfg, layers, 64, 1)
-    layout = tree_layout([0], [-1], 20, ref.RopeTable(cfg, 64))
-    qkv = torch.randn(1, cfg.q_dim + 2 * cfg.kv_dim, generator=torch.Generator().manual_seed(1))
+    layout = tree_layout([0], [-1], 20, RopeTable(cfg, 64))
+    qkv = randn(np.random.default_rng(1), 1, cfg.q_dim + 2 * cfg.kv_dim)
     q = np.zeros((1, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim), np.float32)
-    want_last = torch.zeros(1, cfg.q_dim)
-    decode_rows(cfg, qkv, k[layers - 1].clone(), v[layers - 1].clone(), layout, want_last)
+    want_last = np.zeros((1, cfg.q_dim), np.float32)
+    decode_rows(cfg, qkv, k[layers - 1].copy(), v[layers - 1].copy(), layout, want_last)
     pool = AttentionPool()
     pool._thread = Asleep()
     began = []
     for _ in range(8):
-        out = torch.zeros(1, cfg.q_dim)
-        ok = pool.begin(k.numpy(), v.numpy(), q, layout.extra, layout.n_extra, cfg.head_dim**-0.5,
-                        out.numpy().reshape(q.shape))
+        out = np.zeros((1, cfg.q_dim), np.float32)
+        ok = pool.begin(k, v, q, layout.extra, layout.n_extra, cfg.head_dim**-0.5, out.reshape(q.shape))
         began.append(ok)
         if ok:
             pool._idle.set()  # what the helper would do when it left the step
             for layer in range(layers):
                 pool.attend(cfg, layer, qkv, layout)
-            assert torch.equal(out, want_last)  # the main thread attended every head
+            assert np.array_equal(out, want_last)  # the main thread attended every head
         pool.end()
     assert began == [True, False, True, False, False, True, False, False]
     assert pool.skipped == 5 and pool.helped == 0
@@ -147,16 +148,16 @@ def test_the_helpers_claims_compute_the_one_thread_kernels_heads():
     cfg = make_tiny_model().config
     slot = 40
     tree = TokenTree([1, 2, 3], [-1, 0, 0])
-    layout = tree_layout(tree.depth, tree.parents, slot, ref.RopeTable(cfg, 128))
+    layout = tree_layout(tree.depth, tree.parents, slot, RopeTable(cfg, 128))
     n, g = len(tree), cfg.n_heads // cfg.n_kv_heads
-    qkv = torch.randn(n, cfg.q_dim + 2 * cfg.kv_dim, generator=torch.Generator().manual_seed(3)) * 3
+    qkv = randn(np.random.default_rng(3), n, cfg.q_dim + 2 * cfg.kv_dim) * 3
     k, v = random_cache(cfg, 1, 128, 3)
-    want = torch.zeros(n, cfg.q_dim)
-    decode_rows(cfg, qkv, k[0].clone(), v[0].clone(), layout, want)
+    want = np.zeros((n, cfg.q_dim), np.float32)
+    decode_rows(cfg, qkv, k[0].copy(), v[0].copy(), layout, want)
     pool = AttentionPool()
     q = np.zeros((n, cfg.n_kv_heads, g, cfg.head_dim), np.float32)
     rope_rows(cfg, qkv, k[0], v[0], layout, q)
-    out = torch.zeros(n, cfg.q_dim)
-    _claim_heads(pool.ctrl, cfg.n_kv_heads, q, k.numpy()[0], v.numpy()[0], slot, layout.extra, layout.n_extra,
-                 cfg.head_dim**-0.5, out.numpy().reshape(q.shape), True, 0, 0)
-    assert torch.equal(out, want) and pool.helped == cfg.n_kv_heads
+    out = np.zeros((n, cfg.q_dim), np.float32)
+    _claim_heads(pool.ctrl, cfg.n_kv_heads, q, k[0], v[0], slot, layout.extra, layout.n_extra,
+                 cfg.head_dim**-0.5, out.reshape(q.shape), True, 0, 0)
+    assert np.array_equal(out, want) and pool.helped == cfg.n_kv_heads

@@ -4,6 +4,7 @@ each weight form this CPU runs exactly; and a tree row verified in a chunk equal
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,14 +32,15 @@ def plans(m, form: str) -> dict:
 
 
 @torch.inference_mode()
-def unbound_step(rt: Runtime, be: NpuBackend, cache, token: int, slot: int) -> torch.Tensor:
-    """The reference: the C = 1 backend's qkv / o_ffn (bound per run) around `model.attention`."""
-    h = ref.embed(rt.model.weights, torch.tensor([token]))
+def unbound_step(rt: Runtime, be: NpuBackend, cache, token: int, slot: int) -> np.ndarray:
+    """The reference: the C = 1 backend's qkv / o_ffn (numpy, bound per run) around `model.attention` (torch, on
+    views of the numpy cache); the hidden rows [1, hidden] as numpy."""
+    h = ref.embed(rt.model.weights, torch.tensor([token])).numpy()
     for layer in range(rt.cfg.n_layers):
-        q, k, v = be.qkv(layer, h)
-        kc, vc = cache.layer(layer)
+        q, k, v = (torch.from_numpy(x) for x in be.qkv(layer, h))
+        kc, vc = (torch.from_numpy(x) for x in cache.layer(layer))
         a = ref.attention(rt.cfg, q, k, v, rt.rope, kc, vc, slot, 1, torch.tensor([slot]), None, row_attention)
-        h = be.o_ffn(layer, a, h)
+        h = be.o_ffn(layer, a.contiguous().numpy(), h)
     return h
 
 
@@ -51,7 +53,7 @@ def test_bound_step_equals_the_unbound_graphs_and_a_tree_row(form, kind, attenti
     rt = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16, provider="cpu"))
     step = DecodeStep(rt, attention_threads=attention_threads, split_after=0)  # 2: the KV heads shared with a helper (`attnpool`)
     whole = rt.backend.at_chunk(1, DECODE_THREADS)  # the same graphs, whole (with 2 threads the step runs them split)
-    prompt = torch.arange(3, 40) * 5 % 256
+    prompt = np.arange(3, 40) * 5 % 256
     r1, r2, r3 = rt.prefill(prompt), rt.prefill(prompt), rt.prefill(prompt)
     slot = r1.cache.length
     for token in (7, 200):  # two steps: the second reads the first's K/V
@@ -61,11 +63,12 @@ def test_bound_step_equals_the_unbound_graphs_and_a_tree_row(form, kind, attenti
         if attention_threads == 2:  # a one-row step beside the helper runs the graphs split (`halves`)
             assert step._bound[1].stages is not None and any(r.stages for rs in step._bound[1].runs for r in rs)
         h = unbound_step(rt, whole, r2.cache, token, r2.cache.length)
-        assert torch.equal(got, step.head(h))
+        np.testing.assert_array_equal(got, step.head(h))
         tree = step.forward(r3.cache, TokenTree([token, 9, 11], [-1, 0, 0]))  # root + two siblings
-        assert torch.equal(got[0], tree[0])
+        np.testing.assert_array_equal(got[0], tree[0])
         for c in (r2.cache, r3.cache):
-            assert torch.equal(r1.cache.k[:, :, slot], c.k[:, :, slot]) and torch.equal(r1.cache.v[:, :, slot], c.v[:, :, slot])
+            np.testing.assert_array_equal(r1.cache.k[:, :, slot], c.k[:, :, slot])
+            np.testing.assert_array_equal(r1.cache.v[:, :, slot], c.v[:, :, slot])
         for r in (r1, r2, r3):
             r.cache.advance(1)
         slot += 1
@@ -79,7 +82,7 @@ def test_decode_step_threads_reach_its_sessions_and_torch_is_restored():
                                                  options=GraphOptions(intra_op_threads=2)))
     step = DecodeStep(rt, threads=1)
     before = torch.get_num_threads()
-    r = rt.prefill(torch.arange(3, 20))
+    r = rt.prefill(np.arange(3, 20))
     step.forward(r.cache, TokenTree([7], [-1]))
     assert torch.get_num_threads() == before
     be = step.backend(1)

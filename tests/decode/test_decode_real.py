@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -43,8 +44,8 @@ def assert_same_or_numeric_tie(rt, ids, want, got) -> None:
     i = next((j for j, (a, b) in enumerate(zip(want, got)) if a != b), None)
     assert i is not None, f"one output is a prefix of the other: {list(want)} vs {list(got)}"
     logits = rt.prefill(list(ids) + list(want[:i])).logits
-    top = torch.topk(logits, 2).values
-    assert float(top[0] - top[1]) < 1e-3, f"outputs diverge at token {i} where the margin is {float(top[0] - top[1])}"
+    second, first = np.sort(logits)[-2:]
+    assert float(first - second) < 1e-3, f"outputs diverge at token {i} where the margin is {float(first - second)}"
 
 
 def test_greedy_equals_hf_generate(default_model, rt) -> None:
@@ -95,7 +96,7 @@ def test_cache_continues_the_next_turn_without_reprefill(default_model, rt) -> N
     more = [g.tokens[-1]] + default_model.tokenizer(" And another?")["input_ids"]
     cont = rt.prefill(more, cache=r.cache)
     fresh = rt.prefill(ids + list(g.tokens) + more[1:])
-    torch.testing.assert_close(cont.logits, fresh.logits, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(cont.logits, fresh.logits, rtol=1e-3, atol=1e-3)
 
 
 def test_closing_the_stream_early_keeps_the_cache_consistent(default_model, int8_rt) -> None:

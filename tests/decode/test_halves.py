@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-import torch
 from onnx import TensorProto, helper
 
 from hetero.decode.twocore import ortc
@@ -39,8 +38,8 @@ def test_split_graphs_compute_the_whole_graphs_outputs_bit_for_bit(form, kind):
     rng = np.random.default_rng(0)
     split = 0
     for g in _one_row_graphs(form, kind):
-        ins = {name: torch.from_numpy(rng.standard_normal((1, w)).astype(np.float32) * 3) for name, w in g.inputs.items()}
-        outs = {name: torch.full((1, w), np.nan) for name, w in g.outputs.items()}
+        ins = {name: rng.standard_normal((1, w)).astype(np.float32) * 3 for name, w in g.inputs.items()}
+        outs = {name: np.full((1, w), np.nan, np.float32) for name, w in g.outputs.items()}
         stages = Stages()
         span = stages.add(onnx.load(str(g.path)), ins, outs)
         if span is None:  # no MatMulIntegerToFloat (a 16-bit site's matmul): the graph stays whole
@@ -48,9 +47,9 @@ def test_split_graphs_compute_the_whole_graphs_outputs_bit_for_bit(form, kind):
             continue
         split += 1
         stages.table().run_here(*span)
-        want = _whole(g, {k: v.numpy() for k, v in ins.items()})
+        want = _whole(g, ins)
         for name, t in outs.items():
-            assert np.array_equal(t.numpy(), want[name]), f"layer {g.spec.layer} {g.spec.kind}: {name}"
+            assert np.array_equal(t, want[name]), f"layer {g.spec.layer} {g.spec.kind}: {name}"
     assert split > 0
 
 
@@ -59,12 +58,12 @@ def test_shared_stages_equal_whatever_thread_runs_a_half():
     the whole graph's. Without a helper step in progress every half is taken back (deterministic)."""
     g = next(g for g in _one_row_graphs(FORMS[0], "w8a8") if g.spec.kind != "qkv")
     rng = np.random.default_rng(1)
-    ins = {name: torch.from_numpy(rng.standard_normal((1, w)).astype(np.float32)) for name, w in g.inputs.items()}
-    outs = {name: torch.zeros(1, w) for name, w in g.outputs.items()}
+    ins = {name: rng.standard_normal((1, w)).astype(np.float32) for name, w in g.inputs.items()}
+    outs = {name: np.zeros((1, w), np.float32) for name, w in g.outputs.items()}
     stages = Stages()
     span = stages.add(onnx.load(str(g.path)), ins, outs)
     table = stages.table()
-    want = _whole(g, {k: v.numpy() for k, v in ins.items()})
+    want = _whole(g, ins)
     pool = AttentionPool()
     try:
         k = np.zeros((1, 1, 4, 8), np.float32)
@@ -72,14 +71,14 @@ def test_shared_stages_equal_whatever_thread_runs_a_half():
         none = np.zeros((1, 1), np.int64)
         for rep in range(30):
             for t in outs.values():
-                t.zero_()
+                t[...] = 0
             pool._off = 0
             shared = pool.begin(k, k, q, none, np.ones(1, np.int64), 1.0, q.copy())
             pool.run_stages(table, *span)  # both threads, or this one when the helper is still leaving a step
             if shared:
                 pool.end()
             for name, t in outs.items():
-                assert np.array_equal(t.numpy(), want[name]), f"run {rep}: {name}"
+                assert np.array_equal(t, want[name]), f"run {rep}: {name}"
             while not pool._idle.wait(0.01):
                 pass
     finally:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-import torch
 
 from hetero.decode import SamplingParams
-from hetero.decode.sampling import accept_or_resample, probabilities
+from hetero.decode.sampling import accept_or_resample, choose, make_generator, probabilities
 from hetero.errors import ConfigError
 
 
@@ -26,32 +26,43 @@ def test_a_single_stop_string_becomes_a_tuple() -> None:
 
 
 def test_top_k_and_top_p_cut_the_distribution() -> None:
-    logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.1]))
+    logits = np.log(np.array([0.5, 0.25, 0.15, 0.1], np.float32))
     p = probabilities(logits, SamplingParams(temperature=1.0, top_k=2))
-    torch.testing.assert_close(p, torch.tensor([2 / 3, 1 / 3, 0.0, 0.0]))
+    np.testing.assert_allclose(p, [2 / 3, 1 / 3, 0.0, 0.0], rtol=1e-6)
     p = probabilities(logits, SamplingParams(temperature=1.0, top_p=0.7))  # 0.5 + 0.25 reaches 0.7
-    torch.testing.assert_close(p, torch.tensor([2 / 3, 1 / 3, 0.0, 0.0]))
+    np.testing.assert_allclose(p, [2 / 3, 1 / 3, 0.0, 0.0], rtol=1e-6)
     p = probabilities(logits, SamplingParams(temperature=1.0))
-    torch.testing.assert_close(p, torch.tensor([0.5, 0.25, 0.15, 0.1]))
+    np.testing.assert_allclose(p, [0.5, 0.25, 0.15, 0.1], rtol=1e-6)
 
 
 def test_speculative_acceptance_samples_exactly_the_target_distribution() -> None:
     """Whatever tokens are proposed, the emitted token is distributed as p (within Monte-Carlo error)."""
-    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    logits = np.log(np.array([0.4, 0.3, 0.2, 0.1], np.float32))
     params = SamplingParams(temperature=1.0, seed=0)
-    gen = torch.Generator().manual_seed(0)
+    gen = make_generator(params)
     n = 20000
     for candidates in ([3], [1, 3], [0, 1, 2, 3], []):
-        counts = torch.zeros(4)
+        counts = np.zeros(4)
         for _ in range(n):
             tok, idx = accept_or_resample(logits, candidates, params, gen)
             assert idx is None or candidates[idx] == tok
             counts[tok] += 1
         # 4 standard deviations of a binomial proportion at n = 20000 is < 0.015
-        torch.testing.assert_close(counts / n, torch.tensor([0.4, 0.3, 0.2, 0.1]), atol=0.015, rtol=0)
+        np.testing.assert_allclose(counts / n, [0.4, 0.3, 0.2, 0.1], atol=0.015, rtol=0)
 
 
 def test_greedy_acceptance_takes_the_argmax() -> None:
-    logits = torch.tensor([0.0, 3.0, 1.0])
+    logits = np.array([0.0, 3.0, 1.0, 3.0], np.float32)  # a tie: the first maximal logit, as torch.argmax
     assert accept_or_resample(logits, [2, 1], SamplingParams(), None) == (1, 1)
     assert accept_or_resample(logits, [2], SamplingParams(), None) == (1, None)
+    assert choose(logits, SamplingParams(), None) == 1
+
+
+def test_seeded_sampling_repeats_and_draws_only_tokens_with_mass() -> None:
+    """A seed gives the same tokens every time (numpy's PCG64); top-k's cut tokens are never drawn."""
+    logits = np.log(np.array([0.3, 0.05, 0.3, 0.05, 0.3], np.float32))
+    params = SamplingParams(temperature=1.0, top_k=3, seed=7)
+    draws = [[choose(logits, params, gen) for _ in range(200)] for gen in (make_generator(params),
+                                                                          make_generator(params))]
+    assert draws[0] == draws[1] and set(draws[0]) == {0, 2, 4}
+    assert make_generator(SamplingParams()) is None  # greedy needs none

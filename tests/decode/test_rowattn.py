@@ -80,10 +80,11 @@ def test_decode_rows_equal_one_row_steps_over_their_paths(slot, window):
         k[:, : max(0, slot + 1 - window)], v[:, : max(0, slot + 1 - window)] = float("nan"), float("nan")
     qkv = torch.randn(len(parents), cfg.q_dim + 2 * cfg.kv_dim, generator=gen) * 3
     out = torch.zeros(len(parents), cfg.q_dim)
-    decode_rows(cfg, qkv, k, v, tree_layout(tree.depth, tree.parents, slot, rope), out)
+    layout = tree_layout(tree.depth, tree.parents, slot, rope)
+    decode_rows(cfg, qkv.numpy(), k.numpy(), v.numpy(), layout, out.numpy())  # numpy views: the tensors see the writes
     assert torch.isfinite(out).all()
     for i in range(len(parents)):
-        path = tree.mask()[i].nonzero().flatten().tolist()
+        path = tree.mask()[i].nonzero()[0].tolist()
         kc, vc = k.clone(), v.clone()
         kc[:, slot : slot + len(path)], vc[:, slot : slot + len(path)] = k[:, slot + torch.tensor(path)], v[:, slot + torch.tensor(path)]
         q = qkv[i, : cfg.q_dim].view(1, cfg.n_heads, cfg.head_dim).transpose(0, 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hetero.model import SITES
+from hetero.weights import SITES
 from hetero.outliers.plan import plan_from_scales
 from tests.conftest import make_tiny_model
 
@@ -37,7 +37,8 @@ def assert_layers_match(model, plan, atol: float) -> None:
     ref, be = QuantizedBackend(model.config, model.weights, plan), NpuBackend(model, plan, 16, provider="cpu")
     g = torch.Generator().manual_seed(1)
     h, a = torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g) * 0.5
-    for layer in range(2):
-        for got, want in zip(be.qkv(layer, h), ref.qkv(layer, h)):
-            torch.testing.assert_close(got, want, rtol=0, atol=atol)
-        torch.testing.assert_close(be.o_ffn(layer, a, h), ref.o_ffn(layer, a, h), rtol=0, atol=atol)
+    for layer in range(2):  # the backend takes and returns numpy (`tensors = "numpy"`), the reference torch
+        for got, want in zip(be.qkv(layer, h.numpy()), ref.qkv(layer, h)):
+            torch.testing.assert_close(torch.from_numpy(got), want, rtol=0, atol=atol)
+        torch.testing.assert_close(torch.from_numpy(be.o_ffn(layer, a.numpy(), h.numpy())), ref.o_ffn(layer, a, h),
+                                   rtol=0, atol=atol)

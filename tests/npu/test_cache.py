@@ -7,8 +7,8 @@ import logging
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
-import torch
 
 from hetero.errors import GraphCacheError
 from hetero.npu.graph_backend import GraphOptions, NpuBackend
@@ -26,8 +26,8 @@ def test_second_prepare_loads_from_cache(tiny):
     assert not any(r[3] for r in first.report.rows) and len(first.report.rows) == 4
     second = NpuBackend(tiny, plan, 16)
     assert second.report.all_cached
-    h = torch.randn(16, 64)
-    assert torch.equal(first.qkv(0, h)[0], second.qkv(0, h)[0])
+    h = np.random.default_rng(0).standard_normal((16, 64), dtype=np.float32)
+    np.testing.assert_array_equal(first.qkv(0, h)[0], second.qkv(0, h)[0])
 
 
 def test_key_changes_with_chunk_and_plan(tiny):
@@ -123,7 +123,7 @@ def test_failed_compile_leaves_nothing_on_disk(tiny):
         def compile(self, model_path, out_path):
             raise RuntimeError("QNN_COMMON_ERROR_MEM_ALLOC (test)")
 
-    lq = segments.layer_q(tiny.config, tiny.weights.layers[0], tiny_plan(tiny), 0)
+    lq = segments.layer_q(tiny.config, tiny.arrays(), tiny_plan(tiny), 0)
     spec = segments.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu")
     with pytest.raises(GraphCacheError, match="failed to compile layer 0 qkv"):
         prepare_graph(spec, lq, tiny.fingerprint, Failing())

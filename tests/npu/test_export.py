@@ -12,7 +12,7 @@ from hetero.errors import ConfigError
 from hetero.npu import export, segments
 from hetero.npu.graph_backend import GraphOptions, NpuBackend
 from hetero.npu.providers import OrtCpuProvider, prepare_graph
-from hetero.model import SITES
+from hetero.weights import SITES
 from hetero.outliers.plan import plan_from_scales
 from hetero.outliers.quantize import int8_linear
 from hetero.outliers.shadow import QuantizedBackend
@@ -44,14 +44,14 @@ def test_linear_outputs_bit_exact_same_float_input(tiny, wg):
     # The dequantized linear outputs of the graph equal quantize.int8_linear bit for bit when fed the
     # same float input (int32 accumulation, half-to-even rounding, one float32 scale multiply per column).
     plan = tiny_plan(tiny, weight_granularity=wg)
-    lq = segments.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
+    lq = segments.layer_q(tiny.config, tiny.arrays(), plan, 0)
     spec = segments.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu", emit_x=True)
     g, _ = prepare_graph(spec, lq, tiny.fingerprint, OrtCpuProvider())
-    h = torch.randn(16, 64) * 3
+    h = np.random.default_rng(0).standard_normal((16, 64), dtype=np.float32) * 3
     out = g.run({"h": h})
-    x = out["x"].numpy()
+    x = out["x"]
     want = np.concatenate([int8_linear(x, 0.02, plan.weights[(0, n)]) for n in ("wq", "wk", "wv")], axis=1)
-    assert np.array_equal(out["qkv"].numpy(), want)
+    assert np.array_equal(out["qkv"], want)
 
 
 def test_per_channel_weights_fold_into_output_scale(tiny, monkeypatch):
@@ -59,7 +59,7 @@ def test_per_channel_weights_fold_into_output_scale(tiny, monkeypatch):
     # scale (MatMulIntegerToFloat's b_scale) is a per-column float32 vector s_x·s_w[col]; per tensor one scalar.
     by = {}
     for wg in ("channel", "tensor"):
-        lq = segments.layer_q(tiny.config, tiny.weights.layers[0], tiny_plan(tiny, weight_granularity=wg), 0)
+        lq = segments.layer_q(tiny.config, tiny.arrays(), tiny_plan(tiny, weight_granularity=wg), 0)
         m = export.build_segment(segments.SegmentSpec(0, "qkv", ("qkv",), 16, "cpu"), lq)
         inits = {t.name: t for t in m.graph.initializer}
         mm = next(n for n in m.graph.node if n.op_type == "MatMulIntegerToFloat")
@@ -93,12 +93,10 @@ def test_qdq_form_matches_reference(tiny, wg, flavor):
     # the QDQ flavours run on the CPU EP: float MatMul of dequantized values, so equal to the INT8
     # reference up to float32 rounding (per-channel scales folded after the MatMul or per tensor); the
     # fp16-safe RMSNorm of "qnn-fp16" (on x / max|x|) equals the textbook one up to rounding
-    import onnxruntime as ort
-
     from hetero import model as ref
 
     plan = tiny_plan(tiny, weight_granularity=wg)
-    lq = segments.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
+    lq = segments.layer_q(tiny.config, tiny.arrays(), plan, 0)
     m = export.build_segment(segments.SegmentSpec(0, "qkv", ("qkv",), 16, flavor, emit_x=True), lq)
     # no QDQ fusion: the CPU EP would run it as u8·s8 (saturating on AVX2)
     sess = cpu_session(m.SerializeToString(), None, optimize="none")
@@ -126,10 +124,10 @@ def test_layers_match_reference(shadow, arch, wg):
 def test_equivalent_shapes_equal_2d_bit_for_bit(tiny, kind):
     # [C, K] vs [a, b, K] vs a 1x1 ConvInteger over [1, K, a, b]: the same int32 products, the same outputs
     plan = tiny_plan(tiny, SHADOWS)
-    lq = segments.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
+    lq = segments.layer_q(tiny.config, tiny.arrays(), plan, 0)
     provider = OrtCpuProvider()
-    g = torch.Generator().manual_seed(1)
-    ins = {"a": torch.randn(16, 64, generator=g), "h": torch.randn(16, 64, generator=g)}
+    g = np.random.default_rng(1)
+    ins = {"a": g.standard_normal((16, 64), dtype=np.float32), "h": g.standard_normal((16, 64), dtype=np.float32)}
     pieces = ("qkv",) if kind == "qkv" else segments.PIECES
     outs = []
     for shape in ("2d", "3d:4", "conv:1", "conv:4", "conv:16"):
@@ -137,7 +135,7 @@ def test_equivalent_shapes_equal_2d_bit_for_bit(tiny, kind):
         outs.append(prepare_graph(spec, lq, tiny.fingerprint, provider)[0].run(dict(ins)))
     for other in outs[1:]:
         for name, t in outs[0].items():
-            assert torch.equal(t, other[name]), name
+            np.testing.assert_array_equal(t, other[name], err_msg=name)
 
 
 @pytest.mark.parametrize("shape", ["3d", "conv:5", "conv:x", "1d:2"])
@@ -172,7 +170,7 @@ def test_cpu_graph_bit_exact_on_extreme_activations(tiny, form, fill):
     q = w.q.copy()  # rows of all +qmax, all -qmax, alternating, then the real weights
     q[0], q[1], q[2, 0::2], q[2, 1::2] = qmax, -qmax, qmax, -qmax
     plan.weights[(0, "wo")] = QuantWeightPerChannel(q, w.scales)
-    lq = segments.layer_q(tiny.config, tiny.weights.layers[0], plan, 0)
+    lq = segments.layer_q(tiny.config, tiny.arrays(), plan, 0)
     assert lq.weight_qmax == qmax and lq.weight_form == form
     spec = segments.SegmentSpec(0, "o", ("o",), 16, "cpu")
     m = export.build_segment(spec, lq)
@@ -183,11 +181,11 @@ def test_cpu_graph_bit_exact_on_extreme_activations(tiny, form, fill):
     if WEIGHT_FORMS[form].needs_vnni and not has_vnni():
         pytest.skip("8-bit u8·s8 saturates on AVX2 without VNNI (structure checked, numbers not exact here)")
     g, _ = prepare_graph(spec, lq, tiny.fingerprint, OrtCpuProvider())
-    a = torch.full((16, 64), 100.0 if fill == 255 else -100.0)  # |a| / 0.02 ≫ 127: clips to u8 255 / 0
+    a = np.full((16, 64), 100.0 if fill == 255 else -100.0, np.float32)  # |a| / 0.02 ≫ 127: clips to u8 255 / 0
     a[8:, ::3] = 0.0  # plus some mid-range u8 128 rows/columns
-    assert (quantize_act(a[:8].numpy(), 0.02) == fill).all()
-    got = g.run({"a": a})["o"].numpy()
-    assert np.array_equal(got, int8_linear(a.numpy(), 0.02, plan.weights[(0, "wo")]))
+    assert (quantize_act(a[:8], 0.02) == fill).all()
+    got = g.run({"a": a})["o"]
+    assert np.array_equal(got, int8_linear(a, 0.02, plan.weights[(0, "wo")]))
 
 
 def test_plan_rejects_a_7bit_form_with_8bit_weights(tiny):
@@ -203,7 +201,7 @@ def test_plan_rejects_a_7bit_form_with_8bit_weights(tiny):
 def test_layer_digest_depends_on_weight_form(tiny):
     # the graph cache key holds the weight form: the same 8-bit weights as u8·s8 and as u8·u8 are two graphs
     scales = {(l, s): 0.02 for l in range(2) for s in SITES}
-    d = {f: segments.layer_digest(segments.layer_q(tiny.config, tiny.weights.layers[0],
+    d = {f: segments.layer_digest(segments.layer_q(tiny.config, tiny.arrays(),
                                                    plan_from_scales(tiny, scales, weight_form=f), 0))
          for f in ("w7-u8s8", "w8-u8u8", "w8-u8s8")}
     assert len(set(d.values())) == 3
@@ -238,7 +236,8 @@ def test_backend_uses_the_recorded_shape_by_default(tiny, tmp_path, monkeypatch)
     assert got["qkv"] == "conv:4" and all(v == "3d:2" for k, v in got.items() if k != "qkv")
     ref = QuantizedBackend(tiny.config, tiny.weights, plan)
     h, a = torch.randn(16, 64), torch.randn(16, 64) * 0.5
-    torch.testing.assert_close(be.o_ffn(0, a, h), ref.o_ffn(0, a, h), rtol=0, atol=1e-5)
+    got = torch.from_numpy(be.o_ffn(0, a.numpy(), h.numpy()))
+    torch.testing.assert_close(got, ref.o_ffn(0, a, h), rtol=0, atol=1e-5)
 
 
 def test_winner_must_fit_the_build_budget():

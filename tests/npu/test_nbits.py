@@ -4,6 +4,7 @@ placement runs them for 1-2-row steps and the INT8 graphs for larger trees, and 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,8 +24,10 @@ from tests.npu.conftest import SHADOWS, tiny_plan
 from tests.npu.test_site_ops import FORMS, ONLINE, rotated_a16_plan
 
 
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got - want).abs().max() / want.abs().max())
+def _rel(got, want) -> float:
+    """max |got - want| / max |want| of numpy arrays (the backends') or torch tensors (the float reference's)."""
+    got, want = np.asarray(got), np.asarray(want)
+    return float(np.abs(got - want).max() / np.abs(want).max())
 
 
 def test_weights_quantized_by_onnx_runtime_round_trip_within_half_a_step():
@@ -47,14 +50,14 @@ def test_graphs_compute_the_float_layer_within_the_forms_rounding(online):
     be = NbitsBackend(m, sites, OrtCpuProvider(1))
     g = torch.Generator().manual_seed(1)
     h, a = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g) * 0.5
-    for layer in range(2):
+    for layer in range(2):  # the backend on numpy (`tensors = "numpy"`), the float reference on torch
         lw = m.weights.layers[layer]
-        for got, want in zip(be.qkv(layer, h), ref.qkv(m.config, lw, h)):
+        for got, want in zip(be.qkv(layer, h.numpy()), ref.qkv(m.config, lw, h)):
             assert _rel(got, want) < 0.03
-        assert _rel(be.o_ffn(layer, a, h) - h, ref.o_ffn(m.config, lw, a, h) - h) < 0.03
+        assert _rel(be.o_ffn(layer, a.numpy(), h.numpy()) - h.numpy(), ref.o_ffn(m.config, lw, a, h) - h) < 0.03
     assert {r.graph.session.get_inputs()[0].name for p in map(be.program, be.layers) for r in p.runs} == {"h", "a"}
     assert all(r.shadow is None for p in map(be.program, be.layers) for r in p.runs)  # no shadow corrections
-    assert be.shadow_delta(0, "attn_in", h) is None
+    assert be.shadow_delta(0, "attn_in", h.numpy()) is None
 
 
 def test_online_sites_multiply_by_the_transformed_weights():
@@ -65,7 +68,7 @@ def test_online_sites_multiply_by_the_transformed_weights():
     h = torch.zeros(2, 64)
     lw = m.weights.layers[0]
     want = ref.o_ffn(m.config, lw, a, h)
-    assert _rel(be.o_ffn(0, a, h), want) < 0.03
+    assert _rel(be.o_ffn(0, a.numpy(), h.numpy()), want) < 0.03
     if "o_in" in ONLINE:  # with W (not W·T) behind the transform the output would be far off
         assert _rel(block_hadamard(a, ONLINE["o_in"]) @ lw.wo.T, a @ lw.wo.T) > 0.1
 
@@ -82,8 +85,8 @@ def test_graphs_are_cached_and_a_damaged_entry_is_rebuilt(graph_cache):
     path.write_bytes(path.read_bytes()[:-7] + b"damaged")
     rebuilt = NbitsBackend(m, {}, OrtCpuProvider(1), layers=[0])  # (a warning names the damaged entry)
     assert [i.cached for i in rebuilt.report] == [False, True]
-    x = torch.randn(1, 64)
-    assert torch.equal(rebuilt.qkv(0, x)[0], again.qkv(0, x)[0])
+    x = np.random.default_rng(0).standard_normal((1, 64), dtype=np.float32)
+    np.testing.assert_array_equal(rebuilt.qkv(0, x)[0], again.qkv(0, x)[0])
 
 
 def test_form_is_checked():
@@ -104,14 +107,14 @@ def test_bound_step_on_nbits_graphs_equals_the_unbound_graphs(kind, attention_th
     assert step.backend(1) is step.backend(8) and step.backend(1).online == plan.online  # rows symbolic: one set
     assert isinstance(DecodeStep(rt, small_rows=2).backend(4), NpuBackend)  # past small_rows: the INT8 graphs
     whole = NbitsBackend(m, plan.online, OrtCpuProvider(1))
-    prompt = torch.arange(3, 40) * 5 % 256
+    prompt = np.arange(3, 40) * 5 % 256
     r1, r2 = rt.prefill(prompt), rt.prefill(prompt)
     slot = r1.cache.length
     for token in (7, 200):  # two steps: the second reads the first's K/V
         got = step.forward(r1.cache, TokenTree([token], [-1]))
         h = unbound_step(rt, whole, r2.cache, token, r2.cache.length)
-        assert torch.equal(got, step.head(h))
-        assert torch.equal(r1.cache.k[:, :, slot], r2.cache.k[:, :, slot])
+        np.testing.assert_array_equal(got, step.head(h))
+        np.testing.assert_array_equal(r1.cache.k[:, :, slot], r2.cache.k[:, :, slot])
         for r in (r1, r2):
             r.cache.advance(1)
         slot += 1
@@ -139,12 +142,12 @@ def test_a_tree_row_is_its_plain_step_within_rounding(tree):
     m = make_tiny_model()
     rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m, SHADOWS), 16, provider="cpu"))
     step = DecodeStep(rt, small_rows=NBITS_ROWS, split_after=None)
-    prompt = torch.arange(3, 40) * 5 % 256
+    prompt = np.arange(3, 40) * 5 % 256
     r1, r2 = rt.prefill(prompt), rt.prefill(prompt)
     for token in (7, 200):
         plain = step.forward(r1.cache, TokenTree([token], [-1]))
         rows = step.forward(r2.cache, TokenTree([token] + tree.tokens[1:], tree.parents))
-        torch.testing.assert_close(rows[0], plain[0], rtol=0, atol=1e-4 * float(plain.abs().max()))
+        np.testing.assert_allclose(rows[0], plain[0], rtol=0, atol=1e-4 * float(np.abs(plain).max()))
         for r in (r1, r2):
             r.cache.advance(1)
 
@@ -153,7 +156,6 @@ def test_a_tree_row_is_its_plain_step_within_rounding(tree):
 def test_split_nbits_graphs_compute_the_whole_graphs_outputs_bit_for_bit(form):
     """A one-row MatMulNBits graph cut into column halves (`decode.twocore.halves`, the two-core step) computes the
     whole graph's outputs bit for bit: a column's sum reads only its own weights and the row's int8 blocks."""
-    import numpy as np
     import onnx
 
     from hetero.decode.twocore.stages import Stages
@@ -164,17 +166,17 @@ def test_split_nbits_graphs_compute_the_whole_graphs_outputs_bit_for_bit(form):
     for layer in be.layers:
         for run in be.program(layer).runs:
             g = run.graph
-            ins = {n: torch.from_numpy(rng.standard_normal((1, w)).astype(np.float32) * 3) for n, w in g.inputs.items()}
-            outs = {n: torch.full((1, w), float("nan")) for n, w in g.outputs.items()}
+            ins = {n: rng.standard_normal((1, w)).astype(np.float32) * 3 for n, w in g.inputs.items()}
+            outs = {n: np.full((1, w), np.nan, np.float32) for n, w in g.outputs.items()}
             stages = Stages()
             span = stages.add(onnx.load(str(g.path)), ins, outs)
             assert span is not None and sum(h != 0 for h in stages.hs) == sum(
                 n.op_type == "MatMulNBits" for n in onnx.load(str(g.path)).graph.node)  # each one a stage of two halves
             stages.table().run_here(*span)
             want = dict(zip([o.name for o in g.session.get_outputs()],
-                            g.session.run(None, {k: v.numpy() for k, v in ins.items()})))
+                            g.session.run(None, ins)))
             for name, t in outs.items():
-                assert np.array_equal(t.numpy(), want[name]), f"layer {layer} {g.spec.kind}: {name}"
+                assert np.array_equal(t, want[name]), f"layer {layer} {g.spec.kind}: {name}"
 
 
 def test_nbits_head_computes_the_float_logits_and_its_split_halves_the_whole_graphs():
@@ -184,7 +186,7 @@ def test_nbits_head_computes_the_float_logits_and_its_split_halves_the_whole_gra
     from hetero.decode.twocore.attnpool import AttentionPool
 
     m = make_tiny_model()
-    h = torch.randn(3, 64, generator=torch.Generator().manual_seed(4)) * 2
+    h = torch.randn(3, 64, generator=torch.Generator().manual_seed(4)).numpy() * 2  # heads: numpy h → numpy logits
     want = FloatHead(m.config, m.weights)(h)
     whole = NbitsHead(m.config, m)
     got = whole(h)
@@ -194,7 +196,7 @@ def test_nbits_head_computes_the_float_logits_and_its_split_halves_the_whole_gra
         split = NbitsHead(m.config, m, pool=pool)
         assert split.split() and split.split()  # (once made, kept)
         for row in h:
-            assert torch.equal(split(row[None]), whole(row[None]))
-        assert torch.equal(split(h), got)  # more rows: the whole graph
+            np.testing.assert_array_equal(split(row[None]), whole(row[None]))
+        np.testing.assert_array_equal(split(h), got)  # more rows: the whole graph
     finally:
         pool.close()

@@ -9,7 +9,7 @@ import torch
 
 from hetero.config import ModelConfig
 from hetero.loader import Model
-from hetero.model import LayerWeights, Weights
+from hetero.weights import LayerWeights, Weights
 
 
 def outlier_model(seed: int = 0, fingerprint: str = "tiny0000deadbeef") -> Model:

@@ -9,7 +9,7 @@ import pytest
 
 from hetero.errors import ConfigError, ModelFormatError
 from hetero.outliers.calibration import PERCENTILES, CalibrationStats, calibrate, run_sites
-from hetero.model import SITES
+from hetero.weights import SITES
 
 
 class ByteTokenizer:

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from hetero.outliers.hotstore import HotChannelStore
-from hetero.model import SITES
+from hetero.weights import SITES
 from hetero.outliers.plan import plan_from_scales
 from hetero.outliers.shadow import QuantizedBackend, site_rows
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hetero.errors import ConfigError
-from hetero.model import SITES
+from hetero.weights import SITES
 from hetero.outliers.plan import QuantPlan, SiteQuant, plan_from_scales
 
 

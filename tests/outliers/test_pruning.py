@@ -7,7 +7,7 @@ import pytest
 
 from hetero.errors import ConfigError
 from hetero.outliers.calibration import PERCENTILES, CalibrationStats, SiteStats, site_dims
-from hetero.model import SITES
+from hetero.weights import SITES
 from hetero.outliers.pruning import PlanOptions, hot_channels, kept_sites, plan_from_calibration, rank_sites
 
 

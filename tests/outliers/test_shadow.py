@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from hetero.model import forward
-from hetero.model import SITES
+from hetero.weights import SITES
 from hetero.outliers.plan import SiteQuant, plan_from_scales
 from hetero.outliers.quantize import int8_linear, int8_matmul, quantize_act, quantize_weight
 from hetero.outliers.shadow import QuantizedBackend, int8_acc, npu_part, quantize_act_torch, shadow_part, split_outliers

@@ -57,3 +57,27 @@ def test_a_damaged_save_is_recomputed_with_a_warning(default_model: hetero.Model
         again = s.chat([{"role": "user", "content": "Name a fruit."}], PARAMS, context_id=cid)
         assert again.usage.cached_tokens < first.usage.prompt_tokens  # nothing of the damaged K/V was used
         assert again.usage.prompt_tokens > first.usage.prompt_tokens  # the history itself was kept
+
+
+def test_saved_kv_is_format_1_as_the_torch_writer_wrote_it(tmp_path: Path) -> None:
+    """K/V is numpy now; its file is byte for byte what format 1's writer (safetensors' torch API) wrote, so
+    contexts saved before still load (FORMAT stays 1), and a round trip is exact."""
+    import numpy as np
+
+    from hetero.serve import persist
+
+    g = np.random.default_rng(0)
+    k, v = (g.standard_normal((2, 3, 5, 4), dtype=np.float32) for _ in range(2))
+    ctx = persist.SavedContext("ctx-1", "alice", None, [{"role": "user", "content": "hi"}], [1, 2, 3, 4, 5, 6],
+                               1.0, k, v)
+    persist.save(tmp_path, KEY, ctx)
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    save_file({"k": torch.from_numpy(k), "v": torch.from_numpy(v)}, str(tmp_path / "torch.safetensors"))
+    assert (tmp_path / "ctx-1.kv.safetensors").read_bytes() == (tmp_path / "torch.safetensors").read_bytes()
+    (got,) = persist.load_all(tmp_path, KEY)
+    assert (got.ids, got.messages, got.client) == (ctx.ids, ctx.messages, "alice")
+    assert isinstance(got.k, np.ndarray) and got.k.dtype == np.float32
+    np.testing.assert_array_equal(got.k, k)
+    np.testing.assert_array_equal(got.v, v)

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from hetero import jitcache
 from hetero.config import ModelConfig
@@ -263,7 +262,7 @@ class AttentionPool:
         self._go.set()
         return True
 
-    def attend(self, cfg: ModelConfig, layer: int, qkv: torch.Tensor, layout: RowLayout, base: int = 0) -> None:
+    def attend(self, cfg: ModelConfig, layer: int, qkv: np.ndarray, layout: RowLayout, base: int = 0) -> None:
         """`rowattn.decode_rows` of one layer on both threads, in one compiled call: RoPE of the rows' qkv
         [>= n, q_dim + 2·kv_dim] (contiguous; their K/V into the layer's cache rows layout.slot - base..), then their
         attention over cache rows [0, layout.slot - base) and their paths into the step's output; `base`: the
@@ -274,7 +273,7 @@ class AttentionPool:
             raise ValueError(f"rows {layout.slot}..{layout.slot + n - 1} must lie in the cache (capacity {k_all.shape[2]})")
         t0 = time.perf_counter()
         cos, sin = layout.rope(cfg, layer)
-        self._wait_spins += _attend_shared(self.ctrl, layer, qkv.numpy()[:n], cos, sin, cfg.n_heads,
+        self._wait_spins += _attend_shared(self.ctrl, layer, qkv[:n], cos, sin, cfg.n_heads,
                                            k_all, v_all, q, layout.slot - base, extra, n_extra, scale, out,
                                            cfg.window(layer), base)
         self._attend_s += time.perf_counter() - t0

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
+from hetero import buffers
 from hetero.decode.twocore import ortc
 from hetero.decode.twocore.attnpool import StageTable
 
@@ -28,10 +28,10 @@ class Stages:
         self.hb: list[int] = []
         self._keep: list[object] = []  # sessions, bindings and intermediate buffers
 
-    def add(self, model: "onnx.ModelProto", ins: dict[str, torch.Tensor], outs: dict[str, torch.Tensor]
+    def add(self, model: "onnx.ModelProto", ins: dict[str, np.ndarray], outs: dict[str, np.ndarray]
             ) -> tuple[int, int] | None:
-        """The stages of one graph reading `ins` and writing `outs` ([1, width] buffers); None if it has no
-        splittable matmul."""
+        """The stages of one graph reading `ins` and writing `outs` ([1, width] C-contiguous float32 buffers); None if
+        it has no splittable matmul."""
         from hetero.decode.twocore import halves  # onnx: only when a step splits (`BoundStep.split`)
 
         split = halves.split_graph(model)
@@ -40,7 +40,7 @@ class Stages:
         env = dict(ins) | dict(outs)
         for name, width in split.widths.items():
             if name not in env:
-                env[name] = torch.zeros(1, width)
+                env[name] = buffers.zeros((1, width))
         self._keep.append(env)
         first = len(self.ms)
         for stage in split.stages:
@@ -49,7 +49,7 @@ class Stages:
                 sess = self.ortc.session(half)
                 names_in = [i.name for i in half.graph.input]
                 names_out = [o.name for o in half.graph.output]
-                b = sess.bind({n: (env[n].data_ptr(), tuple(env[n].shape)) for n in names_in},
+                b = sess.bind({n: (_address(env[n]), env[n].shape) for n in names_in},
                               {n: self._column_half(env[n], stage.split, n, h) for n in names_out})
                 self._keep += [sess, b]
                 bound.append((sess.ptr, b.ptr))
@@ -58,19 +58,27 @@ class Stages:
         return first, len(self.ms)
 
     @staticmethod
-    def _column_half(t: torch.Tensor, split: dict[str, int], name: str, half: int) -> tuple[int, tuple[int, ...]]:
+    def _column_half(t: np.ndarray, split: dict[str, int], name: str, half: int) -> tuple[int, tuple[int, ...]]:
         """(address, shape) of what a half writes of buffer t: its columns of a split matmul's output, else all."""
         if name not in split:
-            return t.data_ptr(), tuple(t.shape)
+            return _address(t), t.shape
         from hetero.decode.twocore import halves
 
         lo, hi = halves.columns(split[name], half)
-        return t.data_ptr() + 4 * lo, (1, hi - lo)
+        return _address(t) + 4 * lo, (1, hi - lo)
 
     def table(self) -> StageTable:
         as_array = lambda xs: np.asarray(xs, np.int64)  # noqa: E731
         return StageTable(self.ortc.run_fn, as_array(self.ms), as_array(self.mb), as_array(self.hs),
                           as_array(self.hb), self.ortc.check)
+
+
+def _address(a: np.ndarray) -> int:
+    """The address of a buffer a C API session reads or writes in place (C-contiguous float32, kept alive by the
+    caller)."""
+    if a.dtype != np.float32 or not a.flags.c_contiguous:
+        raise ValueError(f"split graph buffers must be C-contiguous float32, got {a.dtype} with strides {a.strides}")
+    return a.ctypes.data
 
 
 def split_available(backend) -> bool:

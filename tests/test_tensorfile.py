@@ -1,0 +1,65 @@
+"""`hetero.tensorfile` maps safetensors files as the library reads them; `hetero.buffers` are aligned; a cached
+model's float weights at rest are its mapped file, reached without torch (issue 28)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from hetero import buffers
+from hetero.errors import ModelFormatError
+from hetero.tensorfile import map_tensors
+
+
+def test_mapped_tensors_equal_the_librarys_and_writes_stay_in_the_process(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    arrays = {"w": rng.standard_normal((5, 7), dtype=np.float32), "q": rng.integers(-128, 127, (3, 4), dtype=np.int8),
+              "s": np.array(2.5), "empty": np.zeros((0, 3), np.float32),
+              "i": np.arange(6, dtype=np.int64)}
+    path = tmp_path / "a.safetensors"
+    save_file(arrays, str(path), metadata={"form": "x"})
+    got, meta = map_tensors(path)
+    want = load_file(str(path))
+    assert meta == {"form": "x"} and set(got) == set(want)
+    for name, a in want.items():
+        assert got[name].dtype == a.dtype and got[name].shape == a.shape and np.array_equal(got[name], a), name
+    got["w"][0, 0] = 123.0  # copy on write: the file keeps its bytes
+    assert load_file(str(path))["w"][0, 0] == arrays["w"][0, 0]
+
+
+@pytest.mark.parametrize("damage", [b"", b"\x10\x00\x00\x00\x00\x00\x00\x00{not json", b"\xff" * 8])
+def test_a_file_that_is_not_safetensors_is_a_model_format_error(tmp_path, damage) -> None:
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(damage)
+    with pytest.raises(ModelFormatError, match="not a readable safetensors file"):
+        map_tensors(path)
+
+
+@pytest.mark.parametrize("shape", [(3,), (17, 5), (600, 1024)])  # the last: a mapping of its own (2.4 MB)
+def test_buffers_are_aligned_writable_and_sized(shape) -> None:
+    a = buffers.empty(shape)
+    assert a.shape == shape and a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable
+    assert a.ctypes.data % buffers.ALIGN == 0
+    a[...] = 1.5
+    assert float(a.sum()) == 1.5 * a.size
+    z = buffers.zeros(shape, np.int32)
+    assert z.ctypes.data % buffers.ALIGN == 0 and not z.any()
+    odd = np.arange(10, dtype=np.float32)[1:]  # 4 bytes past an aligned start
+    assert buffers.aligned(odd).ctypes.data % buffers.ALIGN == 0 and np.array_equal(buffers.aligned(odd), odd)
+
+
+def test_a_cached_models_arrays_are_its_weights_without_torch(default_model) -> None:
+    """The arrays of the cached default model map its file; its torch weights are views of the same memory."""
+    code = ("import sys; from hetero.loader import load_model; m = load_model(); a = m.arrays(); "
+            "print('torch' in sys.modules, a['tok_emb'].shape, sorted(a)[:2])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "False"
+    arrays = default_model.arrays()
+    w = default_model.weights
+    assert np.shares_memory(arrays["tok_emb"], w.tok_emb.numpy())
+    assert np.array_equal(arrays["layers.3.wq"], w.layers[3].wq.numpy())
+    assert w.lm_head is w.tok_emb  # tied: one tensor
