@@ -4,7 +4,7 @@ Where the "NPU" is the CPU itself, a chunk's layer runs as one ONNX Runtime grap
 one 2-thread intra-op pool, every op of that graph splits over both cores and each split wakes a sleeping pool
 thread: on this project's 2-core VM the second thread often arrives after a 64-row op is done (a [256, 1536]
 QuickGelu: 113 µs on 1 thread, 123 µs on 2 threads without spinning, 64 µs with), and spinning pools lose 1.6–1.9×
-as soon as another process wants a core (docs/journal.md, "Issue 24: the int8 GEMMs ..."). The prefill DAG itself
+as soon as another process wants a core (docs/journal.md, "Issue 24 item 2: the int8 GEMMs"). The prefill DAG itself
 has the parallelism instead (mllm-NPU §3.4, Eq. 2–3): chunk i's layer l needs only chunk i's layer l−1 and chunk
 i−1's layer l (its K/V). So chunk i runs on lane i mod k, each lane a thread whose sessions use one core, and the
 lanes advance as a wavefront; a prompt is cut into at least k chunks (`lane_chunk`) so that a short one has work
