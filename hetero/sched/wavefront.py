@@ -24,18 +24,17 @@ from hetero.dag import LANES, LAYER_PLACEMENT, CompiledDag, prefill_dag
 from hetero.errors import ConfigError
 from hetero.schedule import Schedule
 
-MIN_CHUNK = 16  # rows below which a chunk's GEMMs are too thin to be worth a lane of their own
+MIN_CHUNK = 8  # rows below which a chunk's GEMMs are too thin to be worth a lane of their own
 
 
 def lane_chunk(n_tokens: int, chunk: int, lanes: int) -> int:
     """The chunk length for a prompt of `n_tokens` on `lanes` lanes: at most the runtime's `chunk`, and short enough
-    that the prompt has a multiple of `lanes` chunks (each lane as many; rounded up to a multiple of 16 rows), but
-    not below `MIN_CHUNK` (a prompt of fewer than 2·16 tokens is one chunk)."""
+    that the prompt has a multiple of `lanes` chunks of equal length (each lane as many: 40 tokens → 20 + 20, not
+    32 + 8), but not below `MIN_CHUNK` (a prompt of fewer than 2·8 tokens is one chunk)."""
     if n_tokens <= 0 or chunk <= 0 or lanes <= 0:
         raise ConfigError(f"n_tokens, chunk and lanes must be > 0, got {n_tokens}, {chunk}, {lanes}")
     n_chunks = lanes * math.ceil(n_tokens / (lanes * chunk))
-    rows = 16 * math.ceil(math.ceil(n_tokens / n_chunks) / 16)
-    return min(chunk, max(MIN_CHUNK, rows))
+    return min(chunk, max(MIN_CHUNK, math.ceil(n_tokens / n_chunks)))
 
 
 class WavefrontRun:
