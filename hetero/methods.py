@@ -292,9 +292,14 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     if placed is not None:
         log.info("placement | %s", placed.describe())
     policy = None if fused else policy or spec.policy
-    plan = ExecutionPlan.for_host(threads, overlapped=policy is not None and spec.make is not _float)
+    lanes = 2 if fused and n >= 2 else 1  # whole layers on two lanes of half the cores each, as a wavefront
+    plan = ExecutionPlan.for_host(threads, overlapped=lanes > 1 or (policy is not None and spec.make is not _float))
     executor = None
-    if fused:  # one lane: a whole layer per subgraph, in program order on every core
+    if fused and lanes > 1:  # chunk i on lane i mod 2 (`sched.wavefront`: no op split over cores, no pool wake-ups)
+        from hetero.sched.wavefront import WavefrontExecutor
+
+        executor = WavefrontExecutor(model.config.n_layers, lanes)
+    elif fused:  # one lane: a whole layer per subgraph, in program order on every core
         from hetero.dag import LAYER_PLACEMENT
         from hetero.runtime import SerialExecutor
 

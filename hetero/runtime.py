@@ -349,7 +349,9 @@ class Runtime:
     def plan(self, ids: object, start: int = 0) -> PrefillPlan:
         """Validate `ids` (new tokens from position `start`) and fix the chunks and the DAG."""
         ids = self.check_ids(ids, start)
-        chunks = tuple(plan_chunks(ids.size, self.chunk, start, getattr(self.backend, "any_rows", False)))
+        chunk_for = getattr(self.executor, "chunk_for", None)  # lanes that want a chunk each (`sched.wavefront`)
+        chunk = chunk_for(ids.size, self.chunk) if chunk_for is not None else self.chunk
+        chunks = tuple(plan_chunks(ids.size, chunk, start, getattr(self.backend, "any_rows", False)))
         return PrefillPlan(ids, start, chunks, self.executor.compile(len(chunks)))
 
     def start(self, plan: PrefillPlan, cache: KVCache, buffers: ChunkBuffers | None = None

@@ -9,6 +9,7 @@ it uses the process's one pool instead. The C API sessions of the decode step's 
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from hetero.threads import ORT_PROFILE, shared_ort_pool
 CPU = ["CPUExecutionProvider"]
 _OPT = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
 _shared_pool_made = False
+_profiled = itertools.count()  # one profile file per session (`session_options`)
 
 
 def session_options(threads: int | None = None, pool: str | None = None, *, spin: bool = False,
@@ -44,7 +46,9 @@ def session_options(threads: int | None = None, pool: str | None = None, *, spin
     profile = os.environ.get(ORT_PROFILE)
     if profile:  # per-op kernel times of every run (`hetero.bench.ort_profile`); costs a clock read per op
         so.enable_profiling = True
-        so.profile_file_prefix = os.path.join(profile, "ort")
+        # ONNX Runtime names the file <prefix>_<date>_<h-m-s>.json: sessions made in the same second with one
+        # prefix would share (and garble) one file, so each gets its own prefix
+        so.profile_file_prefix = os.path.join(profile, f"ort-{os.getpid()}-{next(_profiled)}")
     return so
 
 

@@ -228,6 +228,33 @@ def test_ort_profile_sums_only_the_window(tmp_path, monkeypatch) -> None:
     assert not list(tmp_path.glob("*.json"))  # the profile files are removed once read
 
 
+def test_ort_profile_keeps_every_session_made_in_one_second(tmp_path, monkeypatch) -> None:
+    """ONNX Runtime names a profile file by its prefix and the second: sessions made together (a runtime's ~30 layer
+    graphs) must not share one file, or all but one session's kernels are lost (or the file is garbled)."""
+    import time
+
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from hetero.bench.ort_profile import collect
+    from hetero.sessions import cpu_session
+    from hetero.threads import ORT_PROFILE
+
+    monkeypatch.setenv(ORT_PROFILE, str(tmp_path))
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 8])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    sessions = [cpu_session(m, 1) for _ in range(4)]
+    x = {"x": np.ones((8, 8), np.float32)}
+    t0 = time.time_ns()
+    for sess in sessions:
+        for _ in range(2):
+            sess.run(None, x)
+    (prof,) = collect([(t0, time.time_ns())])
+    assert prof.runs["graphs"] == 8 and set(prof.op_us) == {"Relu"}
+
+
 @pytest.mark.slow
 def test_peer_process_decodes_as_the_session_in_this_process(default_model, tmp_path, monkeypatch) -> None:
     if importlib.util.find_spec("llama_cpp") is None:

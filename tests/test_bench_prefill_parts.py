@@ -65,3 +65,14 @@ def test_profile_splits_a_whole_layer_graph_into_its_parts(tmp_path, monkeypatch
     assert {"attention", "int8 linears", "shadow (Eq. 1)", "RMSNorm", "activation", "quantize"} <= set(parts)
     assert not [k for k in parts if k.startswith("other")], parts
     assert abs(sum(prof.part_us.values()) - sum(prof.op_us.values())) < 1e-6
+
+
+def test_ops_table_sums_lanes_that_share_whole_layer_graphs() -> None:
+    """Whole-layer graphs on both lanes (`sched.wavefront`): one session serves both, so one row sums them."""
+    from hetero.bench.prefill_parts import ops_markdown
+
+    row = {"prompt_len": 64, "wall_ms": 48.0, "dispatch_ms": 0.0, "lanes_busy_ms": {"npu": 42.8, "cpu": 40.9},
+           "all lanes": {"busy_ms": 83.7, "ort_run_ms": 77.9, "kernels_ms": 72.0, "runs": 61, "outside_ort_ms": 5.8},
+           "ops_ms": {"MatMulIntegerToFloat": 54.0}, "parts_ms": {"int8 linears": 54.0}}
+    text = "\n".join(ops_markdown([row]))
+    assert "| 64 | 48.0 | all lanes | 83.7 | 77.9 (61) | 72.0 | 5.8 | 0.0 |" in text and "| npu |" not in text

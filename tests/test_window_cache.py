@@ -166,6 +166,7 @@ def test_whole_layer_graphs_keep_only_the_window(tmp_path, monkeypatch) -> None:
     from hetero.dag import LAYER_PLACEMENT
     from hetero.npu.graph_backend import GraphOptions, NpuBackend
     from hetero.runtime import SerialExecutor
+    from hetero.sched.wavefront import WavefrontExecutor
     from tests.npu.conftest import SHADOWS, tiny_plan
 
     monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
@@ -180,4 +181,7 @@ def test_whole_layer_graphs_keep_only_the_window(tmp_path, monkeypatch) -> None:
     got = fused.prefill(prompt)
     assert got.cache.base(0) > 0
     assert np.abs(got.logits - segments.prefill(prompt).logits).max() < 1e-4
+    # the same chunks on two lanes (`sched.wavefront`): each layer's rows still move in chunk order, bit for bit
+    wave = Runtime(m, chunk=16, backend=fused.backend, executor=WavefrontExecutor(m.config.n_layers))
+    assert np.array_equal(wave.prefill(prompt).logits, got.logits)
     assert np.abs(got.logits - fused.prefill(prompt, fused.new_cache(full_history=True)).logits).max() < 1e-4

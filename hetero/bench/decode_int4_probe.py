@@ -40,7 +40,7 @@ LEVELS = (0, 4)  # MatMulNBits accuracy_level: 0 = float activations, 4 = int8 a
 THREADS = (1, 2)
 TREE_ROWS = (2, 4, 8)
 GRID = "q4_1 grid b32"  # the weights' own GGUF Q4_1 blocks in MatMulNBits (`on_grid`)
-# the MatMul inputs of a layer's graphs -> the site they read (`model.SITE_LINEARS`)
+# the MatMul inputs of a layer's graphs -> the site they read (`weights.SITE_LINEARS`)
 SITES = {"x": "attn_in", "a": "o_in", "x2": "ffn_in", "m": "down_in"}
 PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.",
            "Explain what a hash table is in one sentence.", "List three fruits.")

@@ -5,7 +5,8 @@ The layout (`prefill_layout`): mllm-NPU runs the static subgraphs on the NPU and
 lanes out of order (§3.4), which pays where the lanes are two pieces of hardware. Where the "NPU" is the CPU
 itself (the ONNX Runtime CPU EP), the lanes split the same cores, each graph gets half of them, and a chunk is
 a chain of ~90 hand-offs between them; there each layer runs as one graph (its attention and shadow corrections
-inside, `segments.layer_graph`) on every core, chunk after chunk. Which one wins is measured per host
+inside, `segments.layer_graph`), and with two cores or more the chunks alternate between two lanes of half the
+cores each, as a wavefront over chunks and layers (`sched.wavefront`). Which one wins is measured per host
 (`hetero npu layout` → `record_layout`); without a record, the rule above decides, and says so.
 
 Mobile NPUs address a limited memory region (≈4 GB on Hexagon), possibly less than the model. Given a
@@ -130,7 +131,8 @@ LAYOUT_VERSION = 1
 @dataclass(frozen=True, slots=True)
 class PrefillLayout:
     """How a runtime's prefill runs on this host (module docstring): "layers" (a graph per layer, attention and
-    shadows inside, on every core) or "lanes" (§3.4's subgraphs on the NPU and CPU lanes, out of order)."""
+    shadows inside; chunks alternate between two lanes, `sched.wavefront`) or "lanes" (§3.4's subgraphs on the NPU
+    and CPU lanes, out of order)."""
 
     mode: Literal["layers", "lanes"]
     reason: str
@@ -196,6 +198,8 @@ def prefill_layout(cfg, provider_device: str, threads: int, measured: dict | Non
     if measured is not None:
         ms = "; ".join(f"{m}: " + ", ".join(f"{v:.0f} ms at {n}" for n, v in t.items()) for m, t in measured["ms"].items())
         return PrefillLayout(measured["winner"], f"measured on this host ({ms}; `hetero npu layout`)")
+    runs = ("chunk i's layers on lane i mod 2, half the cores each, as a wavefront" if threads >= 2
+            else "on its core")
     return PrefillLayout("layers", f"the NPU lane is this CPU's cores (the ONNX Runtime CPU EP): two lanes would split "
                                    f"its {threads} cores and hand ~90 subgraphs a chunk between them, so each layer "
-                                   f"is one graph on every core (not measured on this host: `hetero npu layout`)")
+                                   f"is one graph, {runs} (not measured on this host: `hetero npu layout`)")

@@ -1,0 +1,149 @@
+"""Whole-layer graphs of a prefill on several single-threaded lanes, chunk by chunk as a wavefront (issue 24).
+
+Where the "NPU" is the CPU itself, a chunk's layer runs as one ONNX Runtime graph (`dag.LAYER_PLACEMENT`). Run on
+one 2-thread intra-op pool, every op of that graph splits over both cores and each split wakes a sleeping pool
+thread: on this project's 2-core VM the second thread often arrives after a 64-row op is done (a [256, 1536]
+QuickGelu: 113 µs on 1 thread, 123 µs on 2 threads without spinning, 64 µs with), and spinning pools lose 1.6–1.9×
+as soon as another process wants a core (docs/journal.md, "Issue 24 item 2: the int8 GEMMs"). The prefill DAG itself
+has the parallelism instead (mllm-NPU §3.4, Eq. 2–3): chunk i's layer l needs only chunk i's layer l−1 and chunk
+i−1's layer l (its K/V). So chunk i runs on lane i mod k, each lane a thread whose sessions use one core, and the
+lanes advance as a wavefront; a prompt is cut into at least k chunks (`lane_chunk`) so that a short one has work
+for every lane. Each node runs exactly the kernels it would run alone, so the result equals a one-thread in-order
+prefill with the same chunks bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from typing import Callable
+
+from hetero.dag import LANES, LAYER_PLACEMENT, CompiledDag, prefill_dag
+from hetero.errors import ConfigError
+from hetero.schedule import Schedule
+
+MIN_CHUNK = 8  # rows below which a chunk's GEMMs are too thin to be worth a lane of their own
+
+
+def lane_chunk(n_tokens: int, chunk: int, lanes: int) -> int:
+    """The chunk length for a prompt of `n_tokens` on `lanes` lanes: at most the runtime's `chunk`, and short enough
+    that the prompt has a multiple of `lanes` chunks of equal length (each lane as many: 40 tokens → 20 + 20, not
+    32 + 8), but not below `MIN_CHUNK` (a prompt of fewer than 2·8 tokens is one chunk)."""
+    if n_tokens <= 0 or chunk <= 0 or lanes <= 0:
+        raise ConfigError(f"n_tokens, chunk and lanes must be > 0, got {n_tokens}, {chunk}, {lanes}")
+    n_chunks = lanes * math.ceil(n_tokens / (lanes * chunk))
+    return min(chunk, max(MIN_CHUNK, math.ceil(n_tokens / n_chunks)))
+
+
+class WavefrontRun:
+    """One DAG's nodes on `lanes` threads (the calling one and lanes − 1 helpers): chunk i's nodes in order on lane
+    i mod lanes, each after its predecessors; `step` by `step` (`runtime.PlanRun`)."""
+
+    def __init__(self, dag: CompiledDag, run: Callable[[int], None], lanes: int):
+        self.dag, self.run, self.lanes = dag, run, lanes
+        n = dag.n_nodes
+        self._done = [False] * n
+        self._next = [0] * dag.n_chunks  # per chunk: its next node's index in the chunk
+        self.start_us, self.end_us = [0.0] * n, [0.0] * n
+        self._n_done = 0
+        self._cv = threading.Condition()
+        self._stop = False
+        self._error: BaseException | None = None
+        self.t_origin: float | None = None
+
+    @property
+    def n_done(self) -> int:
+        return self._n_done
+
+    def _ready(self, v: int) -> bool:
+        d = self.dag
+        return all(self._done[u] for u in d.pred_idx[d.pred_ptr[v]: d.pred_ptr[v + 1]])
+
+    def _lane(self, k: int, deadline: list[float | None], budget_s: float | None,
+              contended: Callable[[], bool] | None) -> None:
+        clock, per_chunk, cv = time.perf_counter, self.dag.per_chunk, self._cv
+        try:
+            for i in range(k, self.dag.n_chunks, self.lanes):
+                while self._next[i] < per_chunk:
+                    v = i * per_chunk + self._next[i]
+                    with cv:
+                        cv.wait_for(lambda: self._stop or self._ready(v))
+                        if self._stop:
+                            return
+                    t0 = clock()
+                    self.run(v)
+                    t1 = clock()
+                    with cv:
+                        self.start_us[v], self.end_us[v] = (t0 - self.t_origin) * 1e6, (t1 - self.t_origin) * 1e6
+                        self._done[v] = True
+                        self._next[i] += 1
+                        self._n_done += 1
+                        if deadline[0] is not None and t1 >= deadline[0] and self._n_done < self.dag.n_nodes:
+                            if contended is None or contended():
+                                self._stop = True
+                            else:
+                                deadline[0] = t1 + budget_s  # nobody waits: run on, without a pause
+                        cv.notify_all()
+        except BaseException as e:  # re-raised by `step` on the calling thread
+            with cv:
+                self._error = self._error or e
+                self._stop = True
+                cv.notify_all()
+
+    def step(self, budget_s: float | None, contended: Callable[[], bool] | None = None) -> bool:
+        clock = time.perf_counter
+        if self.t_origin is None:
+            self.t_origin = clock()
+        self._stop = False
+        deadline = [None if budget_s is None else clock() + budget_s]
+        helpers = [threading.Thread(target=self._lane, args=(k, deadline, budget_s, contended), daemon=True,
+                                    name=f"hetero-lane-{k}") for k in range(1, min(self.lanes, self.dag.n_chunks))]
+        for t in helpers:
+            t.start()
+        self._lane(0, deadline, budget_s, contended)
+        for t in helpers:
+            t.join()
+        if self._error is not None:
+            raise self._error
+        return self._n_done == self.dag.n_nodes
+
+    def schedule(self) -> Schedule:
+        if self._n_done != self.dag.n_nodes:
+            raise ConfigError(f"the plan ran {self._n_done} of {self.dag.n_nodes} subgraphs: no schedule yet")
+        return Schedule.of_run("wavefront", self.dag, self.start_us, self.end_us, decision_us=0.0)
+
+
+class WavefrontExecutor:
+    """Whole-layer graphs (`LAYER_PLACEMENT`) on `lanes` single-threaded lanes (`runtime.PrefillExecutor`); the
+    runtime cuts each prompt into `chunk_for` rows so that every lane has a chunk. The second lane is named "cpu" in
+    the schedule (`dag.LANES`): it is the second core, running the same kind of graph as the first."""
+
+    def __init__(self, n_layers: int, lanes: int = 2):
+        if lanes not in (1, 2):
+            raise ConfigError(f"lanes must be 1 or 2, got {lanes}")
+        self.n_layers, self.lanes, self.placement = n_layers, lanes, LAYER_PLACEMENT
+        self._dags: dict[int, CompiledDag] = {}
+
+    def chunk_for(self, n_tokens: int, chunk: int) -> int:
+        return lane_chunk(n_tokens, chunk, self.lanes)
+
+    def compile(self, n_chunks: int) -> CompiledDag:
+        dag = self._dags.get(n_chunks)
+        if dag is None:  # the lanes named as the scheduler's (`dag.LANES`): chunk i's layers on lane i mod k
+            dag = prefill_dag(n_chunks, self.placement, self.n_layers)
+            dag = self._dags[n_chunks] = dataclasses.replace(dag, lanes=LANES[: self.lanes],
+                                                             lane=tuple(c % self.lanes for c in dag.chunk))
+        return dag
+
+    def start(self, dag: CompiledDag, run: Callable[[int], None]) -> WavefrontRun:
+        return WavefrontRun(dag, run, self.lanes)
+
+    def execute(self, dag: CompiledDag, run: Callable[[int], None]) -> Schedule:
+        r = self.start(dag, run)
+        r.step(None)
+        return r.schedule()
+
+    def close(self) -> None:
+        pass

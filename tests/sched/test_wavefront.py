@@ -1,0 +1,115 @@
+"""`sched.wavefront`: whole-layer graphs of a prefill on two single-threaded lanes, chunk by chunk."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import numpy as np
+import torch
+
+from hetero.chunking import plan_chunks
+from hetero.errors import ConfigError
+from hetero.schedule import check_schedule
+from hetero.sched.wavefront import WavefrontExecutor, lane_chunk
+
+
+@pytest.mark.parametrize("n,want", [(1, 8), (40, 20), (64, 32), (256, 128), (300, 150), (600, 150), (1024, 256),
+                                    (2048, 256)])
+def test_lane_chunk_gives_every_lane_as_many_chunks(n, want) -> None:
+    c = lane_chunk(n, 256, 2)
+    assert c == want
+    chunks = plan_chunks(n, c, 0, any_rows=True)
+    assert sum(ch.n_valid for ch in chunks) == n and all(ch.rows <= 256 for ch in chunks)
+    if n >= 16:  # both lanes get as many chunks, of equal length but the last
+        assert len(chunks) % 2 == 0 and len({ch.n_valid for ch in chunks[:-1]}) <= 1
+    assert len(plan_chunks(n, lane_chunk(n, 256, 1), 0, any_rows=True)) == -(-n // 256)  # one lane: the runtime's C
+
+
+def test_lane_chunk_refuses_bad_arguments() -> None:
+    with pytest.raises(ConfigError):
+        lane_chunk(0, 256, 2)
+    with pytest.raises(ConfigError):
+        WavefrontExecutor(30, lanes=3)
+
+
+def test_chunks_alternate_lanes_and_run_after_their_predecessors() -> None:
+    ex = WavefrontExecutor(n_layers=3)
+    dag = ex.compile(4)
+    assert dag.lanes == ("npu", "cpu") and [dag.lane_of(v) for v in range(0, 12, 3)] == ["npu", "cpu", "npu", "cpu"]
+    seen, threads, lock = [], {}, threading.Lock()
+
+    def run(v: int) -> None:
+        with lock:
+            seen.append(v)
+            threads[v] = threading.current_thread().name
+
+    s = ex.execute(dag, run)
+    check_schedule(s)  # every node after its predecessors, one node at a time per lane
+    assert sorted(seen) == list(range(dag.n_nodes))
+    for v in range(dag.n_nodes):  # chunk i on lane i mod 2: the calling thread, then the helper
+        assert (threads[v] == threading.current_thread().name) == (dag.chunk[v] % 2 == 0)
+
+
+def test_the_two_lanes_run_at_once() -> None:
+    """Chunk 0's layer 1 and chunk 1's layer 0 are both ready once chunk 0's layer 0 is done: they meet at a barrier,
+    which only two lanes running at the same time can pass."""
+    ex = WavefrontExecutor(n_layers=2)
+    dag = ex.compile(2)
+    meet = threading.Barrier(2, timeout=30)
+    both = {dag.node_id(0, 1), dag.node_id(1, 0)}
+    ex.execute(dag, lambda v: meet.wait() if v in both else None)
+
+
+def test_steps_pause_and_resume() -> None:
+    ex = WavefrontExecutor(n_layers=3)
+    dag = ex.compile(4)
+    ran: list[int] = []
+    r = ex.start(dag, ran.append)
+    steps = 0
+    while not r.step(0.0, contended=lambda: True):  # a budget of 0: pause after the first node a lane finishes
+        steps += 1
+        assert 0 < r.n_done < dag.n_nodes
+        with pytest.raises(ConfigError):
+            r.schedule()
+    assert steps > 1 and sorted(ran) == list(range(dag.n_nodes))
+    check_schedule(r.schedule())
+
+
+def test_an_error_in_a_lane_reaches_the_caller() -> None:
+    ex = WavefrontExecutor(n_layers=2)
+    dag = ex.compile(2)
+    bad = dag.node_id(1, 1)  # on the helper lane
+
+    def run(v: int) -> None:
+        if v == bad:
+            raise ValueError("node failed")
+
+    with pytest.raises(ValueError, match="node failed"):
+        ex.execute(dag, run)
+
+
+def test_a_fused_prefill_on_two_lanes_equals_the_one_in_program_order() -> None:
+    """The same whole-layer graphs and chunks: the lanes change which thread runs a node, not its result."""
+    from hetero.dag import LAYER_PLACEMENT
+    from hetero.npu.graph_backend import GraphOptions, NpuBackend
+    from hetero.runtime import Runtime, SerialExecutor
+    from tests.conftest import make_tiny_model
+    from tests.npu.conftest import SHADOWS, tiny_plan
+
+    tiny = make_tiny_model()
+    plan = tiny_plan(tiny, SHADOWS, scale=0.03)
+    be = NpuBackend(tiny, plan, 32, options=GraphOptions(fused=True, intra_op_threads=1))
+    ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(0))
+    lanes = Runtime(tiny, chunk=32, backend=be, executor=WavefrontExecutor(tiny.config.n_layers))
+    got = lanes.prefill(ids)
+    assert got.schedule.policy == "wavefront" and got.schedule.dag.n_chunks == 4  # 70 tokens at C <= 32: 18 + 18 + 18 + 16
+    check_schedule(got.schedule)
+    order = Runtime(tiny, chunk=lane_chunk(70, 32, 2), backend=be,
+                    executor=SerialExecutor(tiny.config.n_layers, LAYER_PLACEMENT))
+    want = order.prefill(ids)
+    assert np.array_equal(got.logits, want.logits)
+    assert np.array_equal(got.cache.k[:, :, :70], want.cache.k[:, :, :70])
+    assert np.array_equal(got.cache.v[:, :, :70], want.cache.v[:, :, :70])
+    more = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1))  # the next turn, on the cache
+    assert np.array_equal(lanes.prefill(more, got.cache).logits, order.prefill(more, want.cache).logits)
