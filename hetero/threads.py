@@ -150,7 +150,9 @@ class ExecutionPlan:
         pool = "shared" if shared_ort_pool() else "session"
         lane = max(1, n // 2) if overlapped else n
         alone = n
-        if lane != n and not passive_in_effect():  # torch's OpenMP threads spin: keep them to a lane's share
+        # torch's OpenMP threads spin (only a loaded torch has them: a warm INT8 start imports none, issue 28): keep
+        # them to a lane's share
+        if lane != n and "torch" in sys.modules and not passive_in_effect():
             alone = lane
             if not _SPIN_WARNED:
                 _SPIN_WARNED = True

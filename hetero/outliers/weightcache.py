@@ -72,10 +72,11 @@ def cached_arrays(model, kind: str, form: dict, compute: Callable[[], dict[str, 
     """Named arrays derived from `model`'s float weights (`form` says how), kept as one file of its cache entry
     (`paths.cached`: a content record checked at first use, built once under the entry's lock, a damaged file
     rebuilt with a warning, an unwritable cache computing them again each run)."""
+    guard = _float_guard(model)  # reads `model.arrays()` first: a rotated copy's weights file exists from then on
     folder = _entry(model)
     if folder is None:
         return compute()
-    form = {"version": WEIGHTS_VERSION, "kind": kind, **form, "guard": _float_guard(model)}
+    form = {"version": WEIGHTS_VERSION, "kind": kind, **form, "guard": guard}
     text = json.dumps(form, sort_keys=True)
     name = f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.safetensors"
 
