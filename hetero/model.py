@@ -228,6 +228,12 @@ class LayerBackend(Protocol):
         ...
 
 
+def on_tensors(backend: LayerBackend) -> LayerBackend:
+    """`backend` as the float reference calls it, with torch tensors: a torch backend as it is, a numpy backend (the
+    NPU lane's graphs) through `_OnTensors`."""
+    return _OnTensors(backend) if getattr(backend, "tensors", "numpy") == "numpy" else backend
+
+
 class _OnTensors:
     """A numpy backend (the NPU lane's graphs) called with the reference's torch tensors: numpy views in,
     torch views of its results out (no copies but for non-contiguous inputs)."""
@@ -259,8 +265,8 @@ def layer_stack(cfg: ModelConfig, w: Weights, h: torch.Tensor, backend: LayerBac
     through it (`outliers.search` takes the loss gradient at every site)."""
     t = h.shape[0]
     rope = RopeTable(cfg, t)
-    if backend is not None and getattr(backend, "tensors", "numpy") == "numpy":
-        backend = _OnTensors(backend)
+    if backend is not None:
+        backend = on_tensors(backend)
     # one K/V buffer per layer (not views of one tensor: autograd must not see later layers write into it)
     k_all = [torch.empty(cfg.n_kv_heads, t, cfg.head_dim) for _ in w.layers]
     v_all = [torch.empty(cfg.n_kv_heads, t, cfg.head_dim) for _ in w.layers]

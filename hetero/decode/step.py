@@ -70,24 +70,18 @@ class FloatLayers:
         from hetero import model as ref
 
         n = len(tree)
-        numpy_backend = getattr(self.backend, "tensors", "torch") == "numpy"  # its qkv / o_ffn take numpy
+        backend = ref.on_tensors(self.backend)  # a numpy backend through torch views
         with torch.inference_mode():
             h = ref.embed(self.runtime.model.weights, torch.tensor(tree.tokens, dtype=torch.long))
             positions = torch.from_numpy(tree.positions(slot))
             mask = None if tree.is_chain() else torch.from_numpy(tree.mask())
             for layer in range(self.cfg.n_layers if layers is None else layers):
-                if numpy_backend:
-                    q, k, v = (torch.from_numpy(x) for x in self.backend.qkv(layer, h.numpy()))
-                else:
-                    q, k, v = self.backend.qkv(layer, h)
+                q, k, v = backend.qkv(layer, h)
                 base = cache.place(layer, slot, n)  # a windowed layer keeps its window (`KVCache.place`)
                 kc, vc = (torch.from_numpy(x) for x in cache.layer(layer))
                 a = ref.attention(self.cfg, q, k, v, self.runtime.rope, kc, vc, slot, n, positions, mask,
                                   row_attention, layer=layer, lw=self.runtime.model.weights.layers[layer], base=base)
-                if numpy_backend:
-                    h = torch.from_numpy(self.backend.o_ffn(layer, a.contiguous().numpy(), h.contiguous().numpy()))
-                else:
-                    h = self.backend.o_ffn(layer, a, h)
+                h = backend.o_ffn(layer, a, h)
             return h.contiguous().numpy()
 
 
