@@ -188,14 +188,14 @@ def _float(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str 
     return FloatBackend(model.config, model.weights)
 
 
-def _npu(provider: str, recipe: Recipe = DEFAULT_RECIPE) -> MakeBackend:
+def _npu(provider: str, recipe: Recipe = DEFAULT_RECIPE, attention: str = "auto") -> MakeBackend:
     def make(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str | None, fused: bool) -> "LayerBackend":
         from hetero.npu.graph_backend import GraphOptions, NpuBackend
 
         plan = quant_plan(model, provider, weight_form=weight_form, recipe=recipe)
         return NpuBackend(model, plan, chunk=chunk, provider=provider,
                           options=GraphOptions(intra_op_threads=execution.lane_threads, ort_pool=execution.ort_pool,
-                                               fused=fused))
+                                               fused=fused, attention=attention))
 
     return make
 
@@ -214,14 +214,16 @@ class Method:
 
 
 def _hetero(provider: str, policy: str, doc: str, recipe: Recipe = DEFAULT_RECIPE, chunk: int = 256,
-            layout: str = "lanes") -> Method:
-    return Method(_npu(provider, recipe), policy, doc, recipe, chunk, provider, layout)
+            layout: str = "lanes", attention: str = "auto") -> Method:
+    return Method(_npu(provider, recipe, attention), policy, doc, recipe, chunk, provider, layout)
 
 
 METHODS: dict[str, Method] = {
     "hetero": _hetero("cpu", "rank", "INT8 graphs (ORT CPU EP as NPU lane), rotation, shadow outliers on 15% of "
                       "the sites; each layer one graph on every core, or two lanes out of order, as this host's "
                       "placement decides", layout="auto"),
+    "hetero-gqa": _hetero("cpu", "rank", "as hetero, attention always ONNX Runtime's fp32 GroupQueryAttention "
+                          "(not hetero's BF16 kernel)", layout="auto", attention="gqa"),
     "hetero-lanes": _hetero("cpu", "rank", "as hetero, always on two lanes out of order (mllm-NPU §3.4)"),
     # C=128: the simulator's generic HTP cannot finalize the o_ffn graph at 256 (`npu.constraints`)
     "hetero-qnn": _hetero("qnn", "rank", "as hetero, INT8 QDQ graphs on QNN HTP (simulator on x86), decode on the CPU",

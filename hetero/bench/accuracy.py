@@ -246,17 +246,23 @@ def to_markdown(r: dict) -> str:
         tf = next((row["prefill_tok_s_1024"] for row in mrows if row["method"] == "torch_float"), None)
         lines += [f"Methods (`hetero.methods`) on their own layer ops (INT8 ONNX graphs), {mrows[0].get('positions', 0)} "
                   "positions in windows of 256; first token on 50 chat questions; prefill at 1024 tokens, median, "
-                  f"same run (ISA {', '.join(r.get('isa', []))}, loadavg {r.get('loadavg', ['?'])[0]:.1f}: timings noisy).",
-                  "", "| method | ppl | Δ vs float | top-1 = float | first token = float | tokens/s @1024 | vs torch float | "
-                  "plan |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+                  f"same run (ISA {', '.join(r.get('isa', []))}, loadavg {r.get('loadavg', ['?'])[0]:.1f}: timings noisy). "
+                  "`ppl, prefill`: the same windows through the method's own prefill (its layout, chunks and attention "
+                  "kernel: `bf16` is hetero's BF16 attention kernel, `gqa` ONNX Runtime's fp32 GroupQueryAttention), "
+                  "Δ against float's ppl.",
+                  "", "| method | ppl | Δ vs float | ppl, prefill | Δ vs float | attention | top-1 = float | "
+                  "first token = float | tokens/s @1024 | vs torch float | plan |",
+                  "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
         for row in mrows:
             sp = row.get("prefill_tok_s_1024")
             plan = ", ".join(f"{k}={row[k]}" for k in ("weight_form", "rotated", "a16_sites", "shadow_sites", "budget_pct",
                                                         "validation_delta_pct") if k in row)
             ppl = f"{row['ppl']:.4f} | {row['delta_pct']:+.2f}%" if "ppl" in row else "– | –"
+            pre = (f"{row['ppl_prefill']:.4f} | {row['delta_prefill_pct']:+.2f}% | {row.get('attention', '–')}"
+                   if "ppl_prefill" in row else "– | – | –")
             top1 = f"{row['top1_agree_pct']:.1f}%" if "top1_agree_pct" in row else "–"
             speed = f"{sp:.0f} | {sp / tf:.2f}x" if sp and tf else "– | –"
-            lines.append(f"| {row['method']} | {ppl} | {top1} | {row.get('first_token_agree', '–')} | {speed} | {plan} |")
+            lines.append(f"| {row['method']} | {ppl} | {pre} | {top1} | {row.get('first_token_agree', '–')} | {speed} | {plan} |")
         lines.append("")
     lines += ["Reference plans on the exact INT8 torch reference and Table 5's baselines:", "",
               "| method | ppl | Δ vs float | notes |", "|---|---:|---:|---|"]

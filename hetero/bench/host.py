@@ -8,7 +8,7 @@ from __future__ import annotations
 import platform
 from typing import Any
 
-from hetero.npu.isa import cpu_flags
+from hetero.cpu import cpu_flags
 
 # The flags that decide which int8 / bf16 kernels a runtime can use on x86 (VNNI dot products, BF16, AMX tiles).
 MATTERING_FLAGS = ("avx2", "avx512f", "avx_vnni", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")

@@ -4,6 +4,9 @@ text, first-token agreement on chat questions, prefill speed at 1024 tokens (iss
 Perplexity and top-1 run the method's own layer ops (the INT8 ONNX graphs for quantized methods) over
 windows of exactly one chunk, so every position's logits come out; first tokens and speed run its full
 runtime (chunked, out of order). Speed: median of repeats, beside transformers' float Llama in the same run.
+`ppl_prefill`: the perplexity of the runtime's own prefill (its chunks, layout and attention kernel: whole-layer
+graphs on two lanes, the BF16 attention kernel where it runs, issue 24), every position's logits from the hidden
+rows the prefill leaves, through the float head.
 """
 
 from __future__ import annotations
@@ -37,6 +40,16 @@ def _speed(prefill, ids: np.ndarray, repeats: int) -> float:
     return len(ids) / statistics.median(times)
 
 
+def prefill_nll(rt, ids: torch.Tensor) -> float:
+    """The summed next-token negative log-likelihood of `ids` through `rt`'s own prefill (module doc)."""
+    plan = rt.plan(ids.numpy())
+    job, _ = rt.execute(plan, rt.new_cache(plan.ids.size))
+    h = np.concatenate([job.h[i][: c.n_valid] for i, c in enumerate(plan.chunks)])
+    with torch.inference_mode():
+        lg = ref.logits(rt.model.config, rt.model.weights, torch.from_numpy(h))
+    return -float(torch.log_softmax(lg[:-1].double(), -1).gather(1, ids[1:, None]).sum())
+
+
 def method_rows(model, methods: list[str], windows: list[torch.Tensor], speed_ids: np.ndarray | None,
                 threads: int, repeats: int = 3, log=print) -> list[dict]:
     """One row per method: ppl, Δ vs float, top-1 agreement, chat first-token agreement, tokens/s at 1024."""
@@ -48,15 +61,20 @@ def method_rows(model, methods: list[str], windows: list[torch.Tensor], speed_id
     for method in (["float"] if "float" not in methods else []) + list(methods):  # the Δ column needs float's row
         rt = make_runtime(model, method, chunk=windows[0].numel(), threads=threads)
         qm = rt.model
-        nll, n, agree = 0.0, 0, 0
+        nll, nll_prefill, n, agree = 0.0, 0.0, 0, 0
         for ids, top1 in zip(windows, float_top1):
             lg = ref.forward(qm.config, qm.weights, ids, rt.backend)[0]
             nll -= float(torch.log_softmax(lg[:-1].double(), -1).gather(1, ids[1:, None]).sum())
+            nll_prefill += prefill_nll(rt, ids)
             n += ids.numel() - 1
             agree += int((lg.argmax(-1) == top1).sum())
         first = sum(int(rt.prefill(c).logits.argmax()) == f for c, f in zip(chats, float_first))
-        row = {"method": method, "ppl": math.exp(nll / n), "top1_agree_pct": 100 * agree / sum(w.numel() for w in windows),
+        row = {"method": method, "ppl": math.exp(nll / n), "ppl_prefill": math.exp(nll_prefill / n),
+               "top1_agree_pct": 100 * agree / sum(w.numel() for w in windows),
                "first_token_agree": f"{first}/{len(chats)}", "positions": sum(w.numel() for w in windows)}
+        attention = getattr(rt.backend, "attention_why", None)
+        if attention is not None and rt.layout is not None and rt.layout.mode == "layers":
+            row["attention"] = "bf16" if rt.backend.attention is not None else "gqa"
         plan = getattr(rt.backend, "plan", None)
         if plan is not None:
             row.update(weight_form=plan.weight_form, rotated=bool(plan.online),
@@ -69,7 +87,7 @@ def method_rows(model, methods: list[str], windows: list[torch.Tensor], speed_id
             sp = make_runtime(model, method, chunk=256, threads=threads)
             row["prefill_tok_s_1024"] = _speed(lambda x: sp.prefill(x), speed_ids, repeats)
             sp.close()
-        log(f"  {method:18s} ppl {row['ppl']:.4f} top1 {row['top1_agree_pct']:.1f}% first {row['first_token_agree']} "
+        log(f"  {method:18s} ppl {row['ppl']:.4f} (prefill {row['ppl_prefill']:.4f}) top1 {row['top1_agree_pct']:.1f}% first {row['first_token_agree']} "
             f"{row.get('prefill_tok_s_1024', 0):.0f} tok/s")
         rows.append(row)
     if speed_ids is not None:
@@ -82,4 +100,5 @@ def method_rows(model, methods: list[str], windows: list[torch.Tensor], speed_id
     for r in rows:
         if "ppl" in r:
             r["delta_pct"] = 100 * (r["ppl"] / f - 1)
+            r["delta_prefill_pct"] = 100 * (r["ppl_prefill"] / f - 1)
     return rows

@@ -336,7 +336,7 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
             env[B.H1] = g.op("Add", [env[B.H], o], B.H1)
             env[B.X] = rms_norm(g, env[B.H1], lq.ffn_norm, lq.eps, f)
             x = online("ffn_in", env[B.X], lq.hidden)
-            if spec.kind == "layer":  # gate and up apart: no Split of a [T, 2·ffn] product (8% of a layer's kernels)
+            if spec.in_graph:  # gate and up apart: no Split of a [T, 2·ffn] product (8% of a layer's kernels)
                 env["gate"], env["up"] = (_linears(g, x, [lin], f, kernel=k, shadow="ffn_in" in sh)
                                           for lin in lq.gate_up)
             else:

@@ -63,6 +63,23 @@ def _shadow_only(plan):
     return dataclasses.replace(plan, weights={k: w for k, w in plan.weights.items() if k in keep})
 
 
+def _attention_kernel(cfg, mode: str):
+    """(a fused backend's attention kernel or None, why): `GraphOptions.attention` resolved on this host."""
+    if mode not in ("auto", "bf16", "gqa"):
+        raise ConfigError(f"attention must be 'auto', 'bf16' or 'gqa', got {mode!r}")
+    if mode == "gqa":
+        return None, "ONNX Runtime's GroupQueryAttention (fp32) inside each layer graph, as asked"
+    from hetero.native.attention import Bf16Attention, unavailable
+
+    why = unavailable(cfg)
+    if why is None:
+        return Bf16Attention(cfg), ("hetero's BF16 attention kernel (AVX-512 BF16) between each layer's two graphs "
+                                    "(`native.attention`)")
+    if mode == "bf16":
+        raise ConfigError(f"the BF16 attention kernel cannot run here: {why}")
+    return None, f"ONNX Runtime's GroupQueryAttention (fp32) inside each layer graph: the BF16 kernel cannot run ({why})"
+
+
 def graph_memory_bytes(cfg, chunk: int, n_layers: int) -> int:
     """An estimate of what the prepared graphs of `n_layers` layers hold at chunk length C: each ONNX
     Runtime session keeps its own arena, sized by its largest activations ([C, ffn] gate/up/act and
@@ -102,6 +119,9 @@ inside), run by `NpuBackend.layer` on the sessions' threads: where the NPU lane 
     use_cache: bool = True
     graphs_root: object = None
     fused: bool = False  # one graph per layer, attention and shadows inside (`segments.layer_graph`; CPU EP only)
+    # a fused backend's attention: "auto" (the BF16 kernel where this host and model allow it, `native.attention`,
+    # else the graph's GroupQueryAttention node), "bf16" (the kernel or a ConfigError) or "gqa" (the node)
+    attention: str = "auto"
 
 
 PREPARE_THREADS = 4  # at most this many threads load a backend's graphs (`NpuBackend._prepare_layers`)
@@ -138,14 +158,19 @@ class NpuBackend:
             raise ConfigError("dynamic_rows needs the CPU EP provider, no placement and shape 'auto' or '2d'")
         self.any_rows = can if o.dynamic_rows is None else o.dynamic_rows
         self.fused = o.fused
+        # a fused backend's attention kernel outside ONNX Runtime (`native.attention`), between each layer's two
+        # graphs (`segments.layer_halves`); None: the GroupQueryAttention node inside one graph per layer
+        self.attention, self.attention_why = None, "segments: attention runs on the CPU lane"
         if o.fused:
+            self.attention, self.attention_why = _attention_kernel(self.cfg, o.attention)
             from hetero.attention import gqa_supported
 
-            lacks = gqa_supported(self.cfg)
+            lacks = None if self.attention is not None else gqa_supported(self.cfg)
             if not (can and self.any_rows) or lacks:
                 raise ConfigError("whole-layer graphs need the CPU EP provider with dynamic rows, no placement and "
                                   "shape 'auto' or '2d', and attention one GroupQueryAttention node computes"
                                   + (f" (this model has {lacks})" if lacks else ""))
+            self._scratch = threading.local()  # per lane thread: the q|k|v and attention rows between the halves
         self._segmented: dict[int, NpuBackend] = {}  # a fused backend's decode graphs, per thread count
         self._programs: dict[int, LayerProgram] = {}
         self.report = PrepareReport()
@@ -288,12 +313,17 @@ class NpuBackend:
         lq = segments.layer_q(self.cfg, arrays, self.plan, layer)
         digest = segments.layer_digest(lq)
         graphs = []
-        if self.fused:
-            spec = segments.layer_graph(layer, set(shadow), segments.AttnSpec.of(self.cfg, layer))
-            g, info = prepare_graph(spec, lq, self.model.fingerprint, self.provider, use_cache, digest,
-                                    self.options.graphs_root)
-            self.report.rows.append((layer, spec.kind, self.provider.name, info.cached, info.seconds, info.size_bytes))
-            return LayerProgram(layer, (GraphRun(g, None),))  # its shadows are inside the graph
+        if self.fused:  # its shadows are inside the graphs
+            specs = (segments.layer_halves(layer, set(shadow)) if self.attention is not None
+                     else [segments.layer_graph(layer, set(shadow), segments.AttnSpec.of(self.cfg, layer))])
+            runs = []
+            for spec in specs:
+                g, info = prepare_graph(spec, lq, self.model.fingerprint, self.provider, use_cache, digest,
+                                        self.options.graphs_root)
+                self.report.rows.append((layer, spec.kind, self.provider.name, info.cached, info.seconds,
+                                         info.size_bytes))
+                runs.append(GraphRun(g, None))
+            return LayerProgram(layer, tuple(runs))
         for spec0 in segments.layer_segments(layer, set(shadow), self.chunk, "cpu"):
             provider = self._provider_for(layer, "qkv" if spec0.kind == "qkv" else "o_ffn")
             rows = segments.DYNAMIC_ROWS if self.any_rows else self.chunk
@@ -314,11 +344,18 @@ class NpuBackend:
         Every buffer a C-contiguous float32 numpy array."""
         if not self.fused:
             raise ConfigError("layer() runs whole-layer graphs: this backend runs segments (GraphOptions.fused)")
-        graph, n = self.program(layer).runs[0].graph, h.shape[0]
+        runs, n = self.program(layer).runs, h.shape[0]
         cap = k_cache.shape[1]
         if start + n > min(cap, rope[0].shape[0]):
             raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({cap}) or RoPE table "
                               f"({rope[0].shape[0]}) positions")
+        if self.attention is not None:  # qkv graph → the BF16 kernel (K/V into the cache) → o/FFN graph
+            qkv, a = self._between(n)
+            runs[0].graph.run({Buffer.H: h}, {Buffer.QKV: qkv})
+            self.attention(qkv, k_cache, v_cache, start, rope[0], rope[1], a, self.cfg.window(layer))
+            runs[1].graph.run({Buffer.A: a, Buffer.H: h}, {Buffer.H_OUT: out})
+            return out
+        graph = runs[0].graph
         f32, b = np.float32, graph.binding
         b.bind_input(Buffer.H, "cpu", 0, f32, (n, self.cfg.hidden), f32_address(h, "layer(): h"))
         b.bind_output(Buffer.H_OUT, "cpu", 0, f32, (n, self.cfg.hidden), f32_address(out, "layer(): out"))
@@ -332,6 +369,14 @@ class NpuBackend:
             b.bind_input(name, "cpu", 0, f32, tuple(t.shape), f32_address(t, f"layer(): the RoPE {name} table"))
         graph.session.run_with_iobinding(b)
         return out
+
+    def _between(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """This lane thread's q|k|v [n, ·] and attention output [n, q_dim] rows (grown to the most rows seen)."""
+        s = self._scratch
+        if getattr(s, "rows", 0) < n:
+            s.qkv, s.a = buffers.empty((n, self.cfg.q_dim + 2 * self.cfg.kv_dim)), buffers.empty((n, self.cfg.q_dim))
+            s.rows = n
+        return s.qkv[:n], s.a[:n]
 
     # --------------------------------------------------------------------------- LayerBackend
     def qkv(self, layer: int, h: np.ndarray, out: np.ndarray | None = None

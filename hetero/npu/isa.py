@@ -8,10 +8,10 @@ with u8·s8 or 8-bit weights with u8·u8 (`quantize.WEIGHT_FORMS`); docs/journal
 
 from __future__ import annotations
 
-import functools
 import logging
 import platform
 
+from hetero.cpu import cpu_flags
 from hetero.errors import ConfigError
 from hetero.outliers.quantize import WEIGHT_FORMS, check_weight_form
 
@@ -27,17 +27,6 @@ FORM_AVX2 = "w8-u8u8"
 # An NPU (QNN HTP) runs the paper's 8-bit weights in its own kernels, whatever this CPU's ISA; stored as the
 # form every CPU EP runs exactly, so its decode graphs on the CPU (`cpu_form_for`) hold the same weights.
 FORM_NPU = "w8-u8u8"
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU feature flags of this machine (/proc/cpuinfo; empty where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((ln for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        line = ""
-    return frozenset(line.partition(":")[2].split())
 
 
 def has_vnni(flags: frozenset[str] | None = None) -> bool:

@@ -67,6 +67,10 @@ DYNAMIC_ROWS = 0  # SegmentSpec.chunk of a graph whose row count is symbolic (on
 FLAVORS = ("cpu", "qnn", "qnn-fp16")  # "qnn-fp16": HTP running float ops in fp16 (SoC lanes, AI Hub)
 PIECES = ("o", "gu", "act", "down")
 LAYER_PIECES = ("qkv", "attn", *PIECES)  # a whole layer in one graph (kind "layer": `layer_graph`)
+# A whole layer as two graphs around an attention that runs outside ONNX Runtime (`layer_halves`), each with its
+# shadow corrections inside, as the whole-layer graph: kind → pieces
+HALVES = {"layer_qkv": ("qkv",), "layer_o_ffn": PIECES}
+IN_GRAPH_KINDS = ("layer", *HALVES)  # the kinds whose shadow corrections (Eq. 1) are computed inside the graph
 CUT_AFTER = {"o_in": "o", "ffn_in": "gu", "down_in": "act"}  # shadow site → piece after which we cut
 
 
@@ -82,21 +86,28 @@ class SegmentSpec:
     shape: str = "2d"  # "2d" | "3d:a" | "conv:a" (equivalent shape, §4)
     emit_x: bool = False  # also output the quantized linear's float input (for its shadow on the CPU)
     attn: AttnSpec | None = None  # kind "layer": its attention node
-    shadows: tuple[str, ...] = ()  # kind "layer": the sites whose shadow correction (Eq. 1) the graph computes
+    shadows: tuple[str, ...] = ()  # IN_GRAPH_KINDS: the sites whose shadow correction (Eq. 1) the graph computes
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
             raise ConfigError(f"flavor must be one of {FLAVORS}, got {self.flavor!r}")
-        if (self.kind == "layer") != (self.attn is not None) or (self.shadows and self.kind != "layer"):
-            raise ConfigError(f"only a whole-layer graph (kind 'layer') has an attention node and in-graph shadows, "
-                              f"got kind {self.kind!r}")
-        if self.kind == "layer" and (self.flavor != "cpu" or self.shape != "2d" or self.pieces != LAYER_PIECES):
-            raise ConfigError("a whole-layer graph runs on the CPU EP (flavor 'cpu', shape '2d', every piece)")
+        if (self.kind == "layer") != (self.attn is not None) or (self.shadows and not self.in_graph):
+            raise ConfigError(f"only a whole-layer graph (kind 'layer') has an attention node, and only it and its "
+                              f"halves {tuple(HALVES)} in-graph shadows, got kind {self.kind!r}")
+        pieces = LAYER_PIECES if self.kind == "layer" else HALVES.get(self.kind)
+        if self.in_graph and (self.flavor != "cpu" or self.shape != "2d" or self.pieces != pieces):
+            raise ConfigError(f"a whole-layer graph or half runs on the CPU EP (flavor 'cpu', shape '2d', its pieces "
+                              f"{pieces}), got {self.flavor!r}, {self.shape!r}, {self.pieces}")
         if self.chunk < 0:
             raise ConfigError(f"chunk must be > 0 (or DYNAMIC_ROWS), got {self.chunk}")
         if self.chunk == DYNAMIC_ROWS and self.shape != "2d":
             raise ConfigError(f"a graph with dynamic rows must have shape '2d', got {self.shape!r}")
         shape_rows(self.shape, self.chunk)  # validates
+
+    @property
+    def in_graph(self) -> bool:
+        """A whole layer or one of its halves: shadows inside, gate and up apart, any row count."""
+        return self.kind in IN_GRAPH_KINDS
 
 
 def shape_rows(shape: str, chunk: int) -> tuple[int, int] | None:
@@ -165,6 +176,15 @@ class LayerQ:
     act: str = "silu"  # the gate's activation (`config.ACTIVATIONS`); in the digest
     post_attn_norm: np.ndarray | None = None  # Gemma 3's post-norms of o and down, before their residual adds
     post_ffn_norm: np.ndarray | None = None
+
+
+def layer_halves(layer: int, shadow_sites: set[str]) -> list[SegmentSpec]:
+    """A whole layer as two graphs, qkv (RMSNorm, q|k|v) and o → FFN, each with its shadow corrections inside: the
+    whole-layer graph (`layer_graph`) less its attention node, for an attention kernel outside ONNX Runtime
+    (`native.attention`: BF16 dot products, issue 24)."""
+    return [SegmentSpec(layer, kind, pieces, DYNAMIC_ROWS, "cpu", "2d", False, None,
+                        tuple(s for s in SITES if s in shadow_sites and (s == "attn_in") == (kind == "layer_qkv")))
+            for kind, pieces in HALVES.items()]
 
 
 def segment_io(spec: SegmentSpec, lq: LayerQ) -> tuple[dict[Buffer, int], dict[Buffer, int]]:

@@ -90,3 +90,42 @@ def test_fused_layers_equal_the_segments_in_each_weight_form(form):
     got = fused_runtime(m, plan, 32).prefill(ids)
     want = Runtime(m, chunk=32, backend=NpuBackend(m, plan, 32)).prefill(ids)
     np.testing.assert_allclose(got.logits, want.logits, rtol=0, atol=1e-4)
+
+
+def _runtime(model, plan, chunk: int, attention: str) -> Runtime:
+    be = NpuBackend(model, plan, chunk, options=GraphOptions(fused=True, attention=attention))
+    return Runtime(model, chunk=chunk, backend=be, executor=SerialExecutor(model.config.n_layers, LAYER_PLACEMENT))
+
+
+@pytest.mark.parametrize("shadow", [None, SHADOWS], ids=["plain", "shadows"])
+def test_bf16_attention_between_two_graphs_equals_the_whole_layer_graph(shadow):
+    """The BF16 kernel between each layer's two graphs (`segments.layer_halves`) against the one graph with
+    ONNX Runtime's fp32 GroupQueryAttention: the same cache rows, logits within bf16 rounding, a continued cache."""
+    from hetero.native.attention import unavailable
+
+    m = make_tiny_model(head_dim=32)
+    why = unavailable(m.config)
+    if why is not None:
+        pytest.skip(f"the BF16 attention kernel cannot run on this host: {why}")
+    plan = tiny_plan(m, shadow, scale=0.03)
+    ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(6))
+    got, want = _runtime(m, plan, 32, "bf16"), _runtime(m, plan, 32, "gqa")
+    assert got.backend.attention is not None and want.backend.attention is None
+    assert [len(got.backend.program(layer).runs) for layer in range(2)] == [2, 2]  # qkv half, o→FFN half
+    a, b = got.prefill(ids[:40]), want.prefill(ids[:40])
+    a, b = got.prefill(ids[40:], a.cache), want.prefill(ids[40:], b.cache)
+    for t in ("k", "v"):  # the first layer's K/V rows come from the same INT8 products: fp32 rounding only
+        np.testing.assert_allclose(getattr(a.cache, t)[0, :, :70], getattr(b.cache, t)[0, :, :70], rtol=0, atol=1e-5)
+    err = np.abs(a.logits - b.logits).max() / np.abs(b.logits).max()
+    assert err < 2e-2, err  # bf16 q/k/v/probabilities; a wrong row or mask moves logits by O(1)
+
+
+def test_attention_option_is_checked():
+    m = make_tiny_model()  # head size 16: the BF16 kernel does not take it
+    plan = tiny_plan(m)
+    with pytest.raises(ConfigError, match="attention must be"):
+        NpuBackend(m, plan, 16, options=GraphOptions(fused=True, attention="fast"))
+    with pytest.raises(ConfigError, match="head size of 16"):
+        NpuBackend(m, plan, 16, options=GraphOptions(fused=True, attention="bf16"))
+    auto = NpuBackend(m, plan, 16, options=GraphOptions(fused=True))  # falls back to the in-graph node, saying why
+    assert auto.attention is None and "head size of 16" in auto.attention_why

@@ -1,0 +1,114 @@
+"""The BF16 attention kernel (`native.attention`) against an fp64 reference of the same attention (RoPE, causal,
+sliding window, a cache continued chunk by chunk), its refusals, and its cached build."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from hetero.config import ModelConfig
+from hetero.errors import ConfigError
+from hetero.native import attention as native
+
+H, KV, D, CAP = 6, 2, 64, 512
+
+
+def _cfg(**kw) -> ModelConfig:
+    fields = dict(arch="llama", n_layers=1, hidden=H * D, n_heads=H, n_kv_heads=KV, ffn=4 * H * D, vocab=256,
+                  context_length=CAP, rms_eps=1e-5, rope_theta=10000.0)
+    return ModelConfig(**{**fields, **kw})
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    why = native.unavailable(_cfg())
+    if why is not None:
+        pytest.skip(f"the BF16 attention kernel cannot run on this host: {why}")
+    return native.Bf16Attention(_cfg())
+
+
+def _rope_table(n: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+    ang = np.arange(n)[:, None] / 10000.0 ** (np.arange(0, d, 2) / d)[None]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE of x [n, heads, d] at the table rows given (fp64)."""
+    h = x.shape[-1] // 2
+    a, b, c, s = x[..., :h], x[..., h:], cos[:, None, :], sin[:, None, :]
+    return np.concatenate([a * c - b * s, b * c + a * s], -1)
+
+
+def _reference(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, window: int) -> np.ndarray:
+    """Every row's causal attention over all rows before it (and itself), in fp64."""
+    n = qkv.shape[0]
+    x = qkv.astype(np.float64)
+    q = _rope(x[:, : H * D].reshape(n, H, D), cos[:n], sin[:n])
+    k = _rope(x[:, H * D : (H + KV) * D].reshape(n, KV, D), cos[:n], sin[:n])
+    v = x[:, (H + KV) * D :].reshape(n, KV, D)
+    p = np.arange(n)
+    bad = (p[None] > p[:, None]) | ((p[None] <= p[:, None] - window) if window else False)
+    out = np.empty((n, H, D))
+    for h in range(H):
+        s = q[:, h] @ k[:, h // (H // KV)].T / np.sqrt(D)
+        s[bad] = -np.inf
+        e = np.exp(s - s.max(1, keepdims=True))
+        out[:, h] = (e / e.sum(1, keepdims=True)) @ v[:, h // (H // KV)]
+    return out.reshape(n, H * D)
+
+
+@pytest.mark.parametrize("n, chunk, window", [(70, 32, 0), (300, 128, 0), (40, 40, 0), (200, 64, 50), (17, 8, 5)])
+def test_chunked_attention_matches_fp64(kernel, n, chunk, window):
+    rng = np.random.default_rng(n + window)
+    qkv = rng.standard_normal((n, (H + 2 * KV) * D)).astype(np.float32)
+    cos, sin = _rope_table(CAP, D)
+    kc, vc = np.zeros((KV, CAP, D), np.float32), np.zeros((KV, CAP, D), np.float32)
+    out = np.empty((n, H * D), np.float32)
+    for s in range(0, n, chunk):  # a prompt continued chunk by chunk over the same cache
+        rows = np.ascontiguousarray(qkv[s : s + chunk])
+        kernel(rows, kc, vc, s, cos, sin, out[s : s + rows.shape[0]], window)
+    want = _reference(qkv, cos, sin, window)
+    # bf16 inputs, fp32 sums: ~3e-3 of the largest output (measured 2-5e-3); a wrong mask or rope is O(1)
+    assert np.abs(out - want).max() <= 1.5e-2 * np.abs(want).max()
+    k = _rope(qkv[:, H * D : (H + KV) * D].reshape(n, KV, D).astype(np.float64), cos[:n], sin[:n])
+    np.testing.assert_allclose(kc[:, :n].transpose(1, 0, 2), k, rtol=0, atol=1e-5)  # the cache stays fp32
+    np.testing.assert_array_equal(vc[:, :n].transpose(1, 0, 2), qkv[:, (H + KV) * D :].reshape(n, KV, D))
+    assert not kc[:, n:].any() and not vc[:, n:].any()  # nothing written past the chunk's rows
+
+
+def test_refuses_what_it_does_not_take(kernel):
+    cos, sin = _rope_table(CAP, D)
+    qkv, out = np.zeros((4, (H + 2 * KV) * D), np.float32), np.zeros((4, H * D), np.float32)
+    kc = np.zeros((KV, 8, D), np.float32)
+    with pytest.raises(ConfigError, match="exceed the cache"):
+        kernel(qkv, kc, kc.copy(), 6, cos, sin, out)
+    with pytest.raises(ConfigError, match="must be"):
+        kernel(qkv[:, :-1], kc, kc.copy(), 0, cos, sin, out)
+    with pytest.raises(ConfigError, match="C-contiguous float32"):
+        kernel(qkv, kc, kc.copy(), 0, cos, sin, np.zeros((4, 2 * H * D), np.float32)[:, ::2])
+    for cfg, what in ((_cfg(head_dim=16, hidden=H * 16), "head size of 16"), (_cfg(qk_norm=True), "QK-norm"),
+                      (_cfg(rotary_dim=32), "partial rotary")):
+        assert what in native.config_unsupported(cfg)
+        with pytest.raises(ConfigError, match=what):
+            native.Bf16Attention(cfg)
+
+
+def test_a_damaged_build_is_rebuilt(kernel, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path))
+    native._library.cache_clear()
+    try:
+        native._library()
+        built = next(tmp_path.glob("native/*/attention_bf16.so"))
+        good = built.read_bytes()
+        damaged = tmp_path / "damaged.so"  # same size, other content, as a new file (the loaded one stays mapped)
+        damaged.write_bytes(good[:-64] + bytes(64))
+        os.replace(damaged, built)
+        native._library.cache_clear()
+        with caplog.at_level(logging.WARNING):
+            native._library()
+        assert "fails its content hash" in caplog.text and built.read_bytes() == good
+    finally:
+        native._library.cache_clear()
