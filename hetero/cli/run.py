@@ -276,4 +276,9 @@ def placement_info(model) -> dict[str, str]:
         return {"prefill": f"float (the INT8 path does not implement {bad} yet)"}
     threads = os.cpu_count() or 1
     placed = prefill_layout_of(quant_model(model, spec.recipe), spec, spec.chunk, threads, None, None)
-    return {"prefill": placed.describe(), "method": f"{DEFAULT_METHOD} (C={spec.chunk}, {threads} threads)"}
+    out = {"prefill": placed.describe(), "method": f"{DEFAULT_METHOD} (C={spec.chunk}, {threads} threads)"}
+    if placed.mode == "layers":  # whole-layer graphs: which attention kernel this host gives them
+        from hetero.npu.graph_backend import attention_kernel
+
+        out["attention"] = attention_kernel(model.config, "auto")[1]
+    return out

@@ -81,6 +81,8 @@ def unavailable(cfg: ModelConfig) -> str | None:
     lacks = config_unsupported(cfg)
     if lacks:
         return f"this model has {lacks}"
+    if not SOURCE.is_file():
+        return f"its source {SOURCE} is not installed"
     if compiler() is None:
         return "no C compiler (gcc or cc, or $CC) to build the kernel with"
     try:

@@ -63,7 +63,7 @@ def _shadow_only(plan):
     return dataclasses.replace(plan, weights={k: w for k, w in plan.weights.items() if k in keep})
 
 
-def _attention_kernel(cfg, mode: str):
+def attention_kernel(cfg, mode: str):
     """(a fused backend's attention kernel or None, why): `GraphOptions.attention` resolved on this host."""
     if mode not in ("auto", "bf16", "gqa"):
         raise ConfigError(f"attention must be 'auto', 'bf16' or 'gqa', got {mode!r}")
@@ -162,7 +162,7 @@ class NpuBackend:
         # graphs (`segments.layer_halves`); None: the GroupQueryAttention node inside one graph per layer
         self.attention, self.attention_why = None, "segments: attention runs on the CPU lane"
         if o.fused:
-            self.attention, self.attention_why = _attention_kernel(self.cfg, o.attention)
+            self.attention, self.attention_why = attention_kernel(self.cfg, o.attention)
             from hetero.attention import gqa_supported
 
             lacks = None if self.attention is not None else gqa_supported(self.cfg)
