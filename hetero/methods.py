@@ -297,10 +297,12 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     lanes = 2 if fused and n >= 2 else 1  # whole layers on two lanes of half the cores each, as a wavefront
     plan = ExecutionPlan.for_host(threads, overlapped=lanes > 1 or (policy is not None and spec.make is not _float))
     executor = None
-    if fused and lanes > 1:  # chunk i on lane i mod 2 (`sched.wavefront`: no op split over cores, no pool wake-ups)
-        from hetero.sched.wavefront import WavefrontExecutor
+    backend = spec.make(model, chunk, plan, weight_form, fused)
+    if fused and lanes > 1:  # chunk i on lane i mod 2 (`sched.wavefront`: no op split over cores, no pool wake-ups),
+        from hetero.sched.wavefront import ATTENTION_PER_KEY, WavefrontExecutor  # chunks of equal work
 
-        executor = WavefrontExecutor(model.config.n_layers, lanes)
+        kernel = "bf16" if getattr(backend, "attention", None) is not None else "gqa"
+        executor = WavefrontExecutor(model.config.n_layers, lanes, ATTENTION_PER_KEY[kernel])
     elif fused:  # one lane: a whole layer per subgraph, in program order on every core
         from hetero.dag import LAYER_PLACEMENT
         from hetero.runtime import SerialExecutor
@@ -312,9 +314,8 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
         executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy,
                                       torch_threads=(plan.lane_threads, plan.alone_threads),
                                       learn_key=f"{model.name}-{model.fingerprint[:12]}-{method}-C{chunk}-{plan.threads}t")
-    # the NPU lane's sessions get the lane's share too: their thread count is fixed per session, and a pool
-    # on every core beside attention's preempts it (docs/journal.md, "Measured facts": thread split)
-    backend = spec.make(model, chunk, plan, weight_form, fused)
+    # the NPU lane's sessions get the lane's share too (`backend` above): their thread count is fixed per session, and
+    # a pool on every core beside attention's preempts it (docs/journal.md, "Measured facts": thread split)
     from hetero.npu.placement import decode_placement
 
     decode = decode_placement(backend)  # where decode steps run (the CPU, as mllm-NPU; issue 28)

@@ -206,12 +206,19 @@ class ChunkBuffers:
         self.qkv: list[np.ndarray] = []
         self.attn: list[np.ndarray] = []
 
-    def ensure(self, n_chunks: int) -> None:
-        cfg, c = self.cfg, self.chunk
-        while len(self.h) < n_chunks:
-            self.h.append((buffers.empty((c, cfg.hidden)), buffers.empty((c, cfg.hidden))))
-            self.qkv.append(buffers.empty((c, cfg.q_dim + 2 * cfg.kv_dim)))
-            self.attn.append(buffers.zeros((c, cfg.q_dim)))
+    def ensure(self, n_chunks: int, rows: int = 0) -> None:
+        """Buffers for `n_chunks` chunks of up to max(C, rows) rows (an executor may cut chunks longer than C:
+        `sched.wavefront.balanced_chunks`)."""
+        cfg, c = self.cfg, max(self.chunk, rows)
+        for i in range(n_chunks):
+            if i < len(self.h) and self.h[i][0].shape[0] >= c:
+                continue
+            bufs = ((buffers.empty((c, cfg.hidden)), buffers.empty((c, cfg.hidden))),
+                    buffers.empty((c, cfg.q_dim + 2 * cfg.kv_dim)), buffers.zeros((c, cfg.q_dim)))
+            if i < len(self.h):
+                self.h[i], self.qkv[i], self.attn[i] = bufs
+            else:
+                self.h.append(bufs[0]), self.qkv.append(bufs[1]), self.attn.append(bufs[2])
 
 
 class PrefillJob:
@@ -220,7 +227,7 @@ class PrefillJob:
     def __init__(self, runtime: "Runtime", plan: PrefillPlan, cache: KVCache, buffers: ChunkBuffers | None = None):
         rt = self.runtime = runtime
         self.plan, self.cache, self.bufs = plan, cache, buffers or rt.buffers
-        self.bufs.ensure(len(plan.chunks))
+        self.bufs.ensure(len(plan.chunks), max(c.rows for c in plan.chunks))
         self.h: list[np.ndarray] = []  # per chunk: the current residual stream [C, hidden]
         emb, scale = rt.embedding, rt.cfg.embed_scale
         for c in plan.chunks:
@@ -349,9 +356,9 @@ class Runtime:
     def plan(self, ids: object, start: int = 0) -> PrefillPlan:
         """Validate `ids` (new tokens from position `start`) and fix the chunks and the DAG."""
         ids = self.check_ids(ids, start)
-        chunk_for = getattr(self.executor, "chunk_for", None)  # lanes that want a chunk each (`sched.wavefront`)
-        chunk = chunk_for(ids.size, self.chunk) if chunk_for is not None else self.chunk
-        chunks = tuple(plan_chunks(ids.size, chunk, start, getattr(self.backend, "any_rows", False)))
+        chunks_for = getattr(self.executor, "chunks_for", None)  # lanes that cut a prompt their way (`sched.wavefront`)
+        chunks = tuple(chunks_for(ids.size, self.chunk, start) if chunks_for is not None
+                       else plan_chunks(ids.size, self.chunk, start, getattr(self.backend, "any_rows", False)))
         return PrefillPlan(ids, start, chunks, self.executor.compile(len(chunks)))
 
     def start(self, plan: PrefillPlan, cache: KVCache, buffers: ChunkBuffers | None = None

@@ -11,7 +11,7 @@ import torch
 from hetero.chunking import plan_chunks
 from hetero.errors import ConfigError
 from hetero.schedule import check_schedule
-from hetero.sched.wavefront import WavefrontExecutor, lane_chunk
+from hetero.sched.wavefront import OVERSIZE, WavefrontExecutor, balanced_chunks, lane_chunk
 
 
 @pytest.mark.parametrize("n,want", [(1, 8), (40, 20), (64, 32), (256, 128), (300, 150), (600, 150), (1024, 256),
@@ -24,6 +24,22 @@ def test_lane_chunk_gives_every_lane_as_many_chunks(n, want) -> None:
     if n >= 16:  # both lanes get as many chunks, of equal length but the last
         assert len(chunks) % 2 == 0 and len({ch.n_valid for ch in chunks[:-1]}) <= 1
     assert len(plan_chunks(n, lane_chunk(n, 256, 1), 0, any_rows=True)) == -(-n // 256)  # one lane: the runtime's C
+
+
+@pytest.mark.parametrize("n,start", [(64, 0), (300, 0), (1024, 0), (2048, 0), (4000, 0), (512, 1500), (37, 900)])
+def test_balanced_chunks_give_each_chunk_the_same_work(n, start) -> None:
+    per_key = 6.6e-4
+    chunks = balanced_chunks(n, 256, 2, start, per_key)
+    assert [c.start for c in chunks] == [start + sum(c.n_valid for c in chunks[:i]) for i in range(len(chunks))]
+    assert sum(c.n_valid for c in chunks) == n and all(c.rows == c.n_valid for c in chunks)
+    assert len(chunks) % 2 == 0 or len(chunks) == 1
+    assert max(c.n_valid for c in chunks) <= OVERSIZE * 256
+    if len(chunks) > 1:
+        align = 8 if n >= 64 * len(chunks) else 1  # boundaries on MIN_CHUNK where chunks are long
+        assert all((c.start - start) % align == 0 for c in chunks)
+        work = [c.n_valid + per_key * ((c.start + c.n_valid) ** 2 - c.start**2) / 2 for c in chunks]
+        assert max(work) / min(work) < 1.0 + 2 * align / min(c.n_valid for c in chunks)  # equal up to the rounding
+    assert balanced_chunks(n, 256, 2, start, 0.0) == plan_chunks(n, lane_chunk(n, 256, 2), start, any_rows=True)
 
 
 def test_lane_chunk_refuses_bad_arguments() -> None:
@@ -113,3 +129,10 @@ def test_a_fused_prefill_on_two_lanes_equals_the_one_in_program_order() -> None:
     assert np.array_equal(got.cache.v[:, :, :70], want.cache.v[:, :, :70])
     more = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1))  # the next turn, on the cache
     assert np.array_equal(lanes.prefill(more, got.cache).logits, order.prefill(more, want.cache).logits)
+    # chunks of equal work, the first longer than C (the runtime's buffers grow to it): the same answer, other sums
+    balanced = Runtime(tiny, chunk=16, backend=be, executor=WavefrontExecutor(tiny.config.n_layers,
+                                                                              attention_per_key=0.02))
+    got = balanced.prefill(ids)
+    sizes = [c.n_valid for c in balanced.plan(ids).chunks]
+    assert sizes[0] > 16 and sizes == sorted(sizes, reverse=True) and sum(sizes) == 70
+    np.testing.assert_allclose(got.logits, want.logits, rtol=0, atol=1e-4)
