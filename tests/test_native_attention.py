@@ -79,6 +79,26 @@ def test_chunked_attention_matches_fp64(kernel, n, chunk, window):
     assert not kc[:, n:].any() and not vc[:, n:].any()  # nothing written past the chunk's rows
 
 
+def test_rotated_output_is_the_output_times_hadamard(kernel):
+    """rotate=True: each head's output times the orthogonal Hadamard matrix (o_in's online transform of a rotated
+    model), computed on V's rows: the plain output rotated, up to bf16 rounding."""
+    from hetero.outliers.rotate import hadamard
+
+    n = 100
+    qkv = np.random.default_rng(7).standard_normal((n, (H + 2 * KV) * D)).astype(np.float32)
+    qkv[:, (H + KV) * D :] += 2.0  # a mean in V (kept out of the bf16 rounding, rotated apart)
+    cos, sin = _rope_table(CAP, D)
+    outs = []
+    for rotate in (False, True):
+        kc, vc, out = np.zeros((KV, CAP, D), np.float32), np.zeros((KV, CAP, D), np.float32), np.empty((n, H * D), np.float32)
+        kernel(qkv, kc, vc, 0, cos, sin, out, rotate=rotate)
+        outs.append(out)
+    want = (outs[0].reshape(n, H, D) @ hadamard(D).numpy()).reshape(n, H * D)
+    assert np.abs(outs[1] - want).max() <= 1.5e-2 * np.abs(want).max()
+    ref = _reference(qkv, cos, sin, 0)
+    assert np.abs(outs[0] - ref).max() <= 1.5e-2 * np.abs(ref).max()
+
+
 def test_refuses_what_it_does_not_take(kernel):
     cos, sin = _rope_table(CAP, D)
     qkv, out = np.zeros((4, (H + 2 * KV) * D), np.float32), np.zeros((4, H * D), np.float32)

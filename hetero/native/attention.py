@@ -9,8 +9,15 @@ a flash attention (online softmax, Dao et al.) over the fp32 KV cache with Q, K,
 to bf16 and every sum in fp32, as OpenVINO runs its own attention on such CPUs. One call does what the
 GroupQueryAttention node of a whole-layer graph does (`attention.gqa_node`): RoPE (rotate-half) of the chunk's
 q/k rows, their K/V written into the cache rows in place, causal attention (and a sliding window) over the
-cache. On one thread (a wavefront lane, `sched.wavefront`) it measured 2.4–3.2× GroupQueryAttention's speed
-(0.06 vs 0.11 ms at 32 rows, 7.3 vs 17.5 ms at 256 rows over 2048 keys; relative error 2–5e-3 against fp64).
+cache. On one thread (a wavefront lane, `sched.wavefront`) it measured 2.2–3.3× GroupQueryAttention's speed
+(0.04 vs 0.11 ms at 32 rows, 7.3 vs 16.1 ms at 256 rows over 2048 keys; relative error 2–5e-3 against fp64); its
+dot products then run at ~0.9 per cycle, the rest is softmax, masks and repacking.
+
+Two exact rewrites keep bf16's error small and save work: K and V lose their mean over the keys before rounding
+(SageAttention's smoothing of K; softmax ignores a score shift common to a query's keys, and the probabilities
+sum to one, so the V mean is added back exactly); on the default prefill this moved the perplexity through the
+prefill from +0.43% to +0.32% of float's. And a rotated model's online Hadamard of o_in (QuaRot), one head's size,
+is applied to V's rows here (`rotate`) instead of to the output in the graph: o·H = Σ p (v·H).
 
 The kernel is compiled once per host with the host's C compiler (`CC`, else gcc or cc) into the user cache,
 keyed by its source and flags, and verified by content hash before each process loads it (`paths.cached`).
@@ -44,7 +51,7 @@ FLAGS = ("-O3", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512
 NEEDS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")  # /proc/cpuinfo flags the kernel's instructions need
 MAX_HEAD, MAX_KV_HEADS = 256, 64
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_ARGS = [_P, _I, _I, _P, _P, _I, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, ctypes.c_float, _I]
+_ARGS = [_P, _I, _I, _P, _P, _I, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, ctypes.c_float, _I, _I]
 
 
 def compiler() -> str | None:
@@ -137,10 +144,12 @@ class Bf16Attention:
         self.cfg, self._fn = cfg, _library().hetero_attention_bf16
 
     def __call__(self, qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int, cos: np.ndarray,
-                 sin: np.ndarray, out: np.ndarray, window: int = 0) -> np.ndarray:
+                 sin: np.ndarray, out: np.ndarray, window: int = 0, rotate: bool = False) -> np.ndarray:
         """qkv [n, q_dim + 2·kv_dim] (the chunk's rows, un-roped) at positions start..start+n-1 relative to the
         cache's row 0; k_cache/v_cache [n_kv, capacity, D] (one layer's); cos/sin [positions, D/2] whose row p is
-        position p; out [n, q_dim]. Every array C-contiguous float32. Writes the chunk's K/V rows and out."""
+        position p; out [n, q_dim]. Every array C-contiguous float32. Writes the chunk's K/V rows and out.
+        rotate: out is each head's output times the orthogonal Hadamard matrix of size D (`rotate.hadamard`): the
+        online transform of a rotated model's o_in (QuaRot), applied to V's rows instead of a [n, q_dim] matmul."""
         cfg, n = self.cfg, qkv.shape[0]
         kv, d = cfg.n_kv_heads, cfg.head_dim
         if qkv.shape[1:] != (cfg.q_dim + 2 * cfg.kv_dim,) or out.shape != (n, cfg.q_dim) or n < 1:
@@ -155,9 +164,11 @@ class Bf16Attention:
         rc = self._fn(f32_address(qkv, "attention: qkv"), n, qkv.shape[1], f32_address(k_cache, "attention: k_cache"),
                       f32_address(v_cache, "attention: v_cache"), k_cache.shape[1], start, 0,
                       f32_address(cos, "attention: cos"), f32_address(sin, "attention: sin"), cos.shape[1],
-                      f32_address(out, "attention: out"), out.shape[1], cfg.n_heads, kv, d, cfg.scale, window)
+                      f32_address(out, "attention: out"), out.shape[1], cfg.n_heads, kv, d, cfg.scale, window,
+                      d if rotate else 0)
         if rc == 1:
             raise MemoryError("the BF16 attention kernel could not allocate its scratch buffers")
         if rc != 0:
-            raise ConfigError(f"the BF16 attention kernel refused head size {d} or {kv} KV heads")
+            raise ConfigError(f"the BF16 attention kernel refused head size {d}, {kv} KV heads"
+                              + (" or a Hadamard of that size (not a power of two)" if rotate else ""))
         return out

@@ -39,6 +39,32 @@ static inline __m512 exp2_ps(__m512 x) {
     return _mm512_scalef_ps(p, fi);
 }
 
+/* x <- x·H/sqrt(d) in place (H: the Sylvester Hadamard matrix of size d, a power of two >= 16; x 64-byte aligned):
+ * butterflies a, b -> a + b, a - b at every stride, those below 16 inside a vector (a permute and a signed add). */
+static inline void hadamard_row(float *x, int64_t d) {
+    const __m512 s8 = _mm512_set_ps(-1, -1, -1, -1, -1, -1, -1, -1, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512 s4 = _mm512_set_ps(-1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1);
+    const __m512 s2 = _mm512_set_ps(-1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1);
+    const __m512 s1 = _mm512_set_ps(-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1);
+    for (int64_t i = 0; i < d; i += 16) {
+        __m512 v = _mm512_load_ps(x + i);
+        v = _mm512_fmadd_ps(v, s8, _mm512_shuffle_f32x4(v, v, 0x4E));
+        v = _mm512_fmadd_ps(v, s4, _mm512_shuffle_f32x4(v, v, 0xB1));
+        v = _mm512_fmadd_ps(v, s2, _mm512_permute_ps(v, 0x4E));
+        v = _mm512_fmadd_ps(v, s1, _mm512_permute_ps(v, 0xB1));
+        _mm512_store_ps(x + i, v);
+    }
+    for (int64_t h = 16; h < d; h *= 2)
+        for (int64_t i = 0; i < d; i += 2 * h)
+            for (int64_t j = i; j < i + h; j += 16) {
+                __m512 a = _mm512_load_ps(x + j), b = _mm512_load_ps(x + j + h);
+                _mm512_store_ps(x + j, _mm512_add_ps(a, b));
+                _mm512_store_ps(x + j + h, _mm512_sub_ps(a, b));
+            }
+    const __m512 norm = _mm512_set1_ps(1.0f / sqrtf((float)d));
+    for (int64_t i = 0; i < d; i += 16) _mm512_store_ps(x + i, _mm512_mul_ps(_mm512_load_ps(x + i), norm));
+}
+
 /* rotate-half RoPE of one head (d dims, the first half paired with the second), written to dst */
 static inline void rope(const float *x, const float *c, const float *s, int64_t d, float *dst, float mul) {
     int64_t h = d / 2;
@@ -70,7 +96,7 @@ static void *grow(int k, size_t bytes) {
 static inline __attribute__((always_inline)) int attend(
     const float *qkv, int64_t n, int64_t qkv_stride, float *kc, float *vc, int64_t cap, int64_t start, int64_t base,
     const float *cosv, const float *sinv, int64_t rope_stride, float *out, int64_t out_stride, int64_t H, int64_t KV,
-    const int64_t D, float scale, int64_t window) {
+    const int64_t D, float scale, int64_t window, int64_t rotate) {
     const int64_t qd = H * D, kd = KV * D, P2 = D / 2, group = H / KV;
     const int64_t T = start + n - base; /* cache rows in use: 0..T-1 hold positions base..start+n-1 */
     const int64_t Tpad = (T + KB - 1) / KB * KB;
@@ -98,7 +124,8 @@ static inline __attribute__((always_inline)) int attend(
     /* K and V less their mean over the keys, then rounded to bf16 (SageAttention's smoothing of K: the rounding
      * error is relative to |k - mean|, not |k|). Exact in fp32: a query's scores all move by q·mean(K), which the
      * softmax ignores, and sum_j p_j (v_j - mean(V)) + mean(V) = sum_j p_j v_j as the p_j sum to 1. */
-    float kmean[KVMAX * MAXD], vmean[KVMAX * MAXD];
+    /* (rotate: o·H = sum_j p_j (v_j - mean)·H + mean·H, o_in's online Hadamard done here, on V's rows) */
+    float kmean[KVMAX * MAXD], vmean[KVMAX * MAXD], vmean_rot[KVMAX * MAXD] __attribute__((aligned(64)));
     for (int64_t g = 0; g < KV; g++) {
         float *km = kmean + g * D, *vm = vmean + g * D;
         for (int64_t d = 0; d < D; d++) km[d] = vm[d] = 0.0f;
@@ -112,6 +139,10 @@ static inline __attribute__((always_inline)) int attend(
         for (int64_t d = 0; d < D; d++) {
             km[d] /= (float)T;
             vm[d] /= (float)T;
+        }
+        if (rotate) {
+            memcpy(vmean_rot + g * D, vm, D * sizeof(float));
+            hadamard_row(vmean_rot + g * D, D);
         }
         for (int64_t r = 0; r < Tpad; r++) {  /* K: pair-major, kt[g][p][key] = (k[2p], k[2p+1]) of the key */
             uint32_t row[MAXD / 2] __attribute__((aligned(64)));
@@ -128,14 +159,18 @@ static inline __attribute__((always_inline)) int attend(
             uint32_t *dst = kt + g * P2 * Tpad + r;
             for (int64_t p = 0; p < P2; p++) dst[p * Tpad] = row[p];
         }
+        float rows[2][MAXD] __attribute__((aligned(64)));  /* a pair of V rows less the mean (rotated: ·H) */
         for (int64_t j = 0; j < Tpad / 2; j++) {  /* V: the pair (row 2j, row 2j+1) of each dim */
             uint32_t *dst = vp + (g * (Tpad / 2) + j) * D;
-            const float *a = vc + (g * cap + 2 * j) * D, *b = a + D;
-            int has_a = 2 * j < T, has_b = 2 * j + 1 < T;
+            for (int t = 0; t < 2; t++) {
+                const float *v = vc + (g * cap + 2 * j + t) * D;
+                for (int64_t d = 0; d < D; d += 16)
+                    _mm512_store_ps(rows[t] + d, 2 * j + t < T ? _mm512_sub_ps(_mm512_loadu_ps(v + d), _mm512_loadu_ps(vm + d))
+                                                               : _mm512_setzero_ps());
+                if (rotate && 2 * j + t < T) hadamard_row(rows[t], D);
+            }
             for (int64_t d = 0; d < D; d += 16) {
-                __m512 m = _mm512_loadu_ps(vm + d);
-                __m512 va = has_a ? _mm512_sub_ps(_mm512_loadu_ps(a + d), m) : _mm512_setzero_ps();
-                __m512 vb = has_b ? _mm512_sub_ps(_mm512_loadu_ps(b + d), m) : _mm512_setzero_ps();
+                __m512 va = _mm512_load_ps(rows[0] + d), vb = _mm512_load_ps(rows[1] + d);
                 __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(va));
                 __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(vb));
                 _mm512_storeu_si512(dst + d, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
@@ -235,7 +270,7 @@ static inline __attribute__((always_inline)) int attend(
             }
             __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), l);
             for (int64_t d = 0; d < D; d++) _mm512_store_ps(ot + d * RB, _mm512_mul_ps(_mm512_load_ps(ot + d * RB), inv));
-            const float *vm = vmean + g * D;
+            const float *vm = (rotate ? vmean_rot : vmean) + g * D;
             for (int64_t i = i0; i <= ilast; i++) {
                 float *o = out + i * out_stride + h * D;
                 for (int64_t d = 0; d < D; d++) o[d] = ot[d * RB + (i - i0)] + vm[d];
@@ -249,10 +284,10 @@ static inline __attribute__((always_inline)) int attend(
 int hetero_attention_bf16(const float *qkv, int64_t n, int64_t qkv_stride, float *kc, float *vc, int64_t cap,
                           int64_t start, int64_t base, const float *cosv, const float *sinv, int64_t rope_stride,
                           float *out, int64_t out_stride, int64_t H, int64_t KV, int64_t D, float scale,
-                          int64_t window) {
-    if (D % 32 || D > MAXD || KV > KVMAX) return 2;
+                          int64_t window, int64_t rotate) {
+    if (D % 32 || D > MAXD || KV > KVMAX || (rotate && (D & (D - 1)))) return 2;
 #define CALL(d) attend(qkv, n, qkv_stride, kc, vc, cap, start, base, cosv, sinv, rope_stride, out, out_stride, H, KV, d, \
-                       scale, window)
+                       scale, window, rotate)
     switch (D) {
     case 64: return CALL(64);
     case 128: return CALL(128);

@@ -329,8 +329,8 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
             env[B.A] = _attention(g, env[B.QKV], spec.attn, lq)
         elif piece == "o":
             env[B.X] = env[B.A]
-            env[B.O] = _linears(g, online("o_in", env[B.A], lq.q_dim), [lq.o], f, conv=conv, kernel=k,
-                                shadow="o_in" in sh)
+            a = env[B.A] if spec.a_rotated else online("o_in", env[B.A], lq.q_dim)  # (rotated by the attention kernel)
+            env[B.O] = _linears(g, a, [lq.o], f, conv=conv, kernel=k, shadow="o_in" in sh)
         elif piece == "gu":
             o = env[B.O] if lq.post_attn_norm is None else rms_norm(g, env[B.O], lq.post_attn_norm, lq.eps, f)
             env[B.H1] = g.op("Add", [env[B.H], o], B.H1)

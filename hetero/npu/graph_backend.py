@@ -171,6 +171,9 @@ class NpuBackend:
                                   "shape 'auto' or '2d', and attention one GroupQueryAttention node computes"
                                   + (f" (this model has {lacks})" if lacks else ""))
             self._scratch = threading.local()  # per lane thread: the q|k|v and attention rows between the halves
+        # a rotated model's o_in Hadamard of one head's size: the attention kernel applies it (on V's rows) and the
+        # o → FFN graph takes its input rotated (3% of a layer's time at 256 rows: a [T·q_dim/64, 64] matmul)
+        self._rotate_a = self.attention is not None and dict(plan.online).get("o_in") == self.cfg.head_dim
         self._segmented: dict[int, NpuBackend] = {}  # a fused backend's decode graphs, per thread count
         self._programs: dict[int, LayerProgram] = {}
         self.report = PrepareReport()
@@ -314,7 +317,7 @@ class NpuBackend:
         digest = segments.layer_digest(lq)
         graphs = []
         if self.fused:  # its shadows are inside the graphs
-            specs = (segments.layer_halves(layer, set(shadow)) if self.attention is not None
+            specs = (segments.layer_halves(layer, set(shadow), self._rotate_a) if self.attention is not None
                      else [segments.layer_graph(layer, set(shadow), segments.AttnSpec.of(self.cfg, layer))])
             runs = []
             for spec in specs:
@@ -352,7 +355,7 @@ class NpuBackend:
         if self.attention is not None:  # qkv graph → the BF16 kernel (K/V into the cache) → o/FFN graph
             qkv, a = self._between(n)
             runs[0].graph.run({Buffer.H: h}, {Buffer.QKV: qkv})
-            self.attention(qkv, k_cache, v_cache, start, rope[0], rope[1], a, self.cfg.window(layer))
+            self.attention(qkv, k_cache, v_cache, start, rope[0], rope[1], a, self.cfg.window(layer), self._rotate_a)
             runs[1].graph.run({Buffer.A: a, Buffer.H: h}, {Buffer.H_OUT: out})
             return out
         graph = runs[0].graph

@@ -260,7 +260,7 @@ class PrepareInfo:
 
 
 def graph_key(spec: segments.SegmentSpec, layer_digest: str, model_fp: str, provider: Provider) -> str:
-    layer = (segments.LAYER_VERSION, spec.attn, spec.shadows) if spec.in_graph else ()  # (the segments' keys as before)
+    layer = (segments.LAYER_VERSION, spec.attn, spec.shadows, spec.a_rotated) if spec.in_graph else ()  # (segments: as before)
     return entry_key("hetero-graph", FORMAT, segments.EXPORT_VERSION, spec.kind, spec.pieces, spec.chunk, spec.flavor,
                      spec.shape, spec.emit_x, spec.layer, layer_digest, model_fp, provider.options_key(),
                      library_versions(), *layer)

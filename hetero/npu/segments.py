@@ -87,6 +87,8 @@ class SegmentSpec:
     emit_x: bool = False  # also output the quantized linear's float input (for its shadow on the CPU)
     attn: AttnSpec | None = None  # kind "layer": its attention node
     shadows: tuple[str, ...] = ()  # IN_GRAPH_KINDS: the sites whose shadow correction (Eq. 1) the graph computes
+    # kind "layer_o_ffn": its input `a` comes with o_in's online Hadamard applied (by `native.attention`, on V's rows)
+    a_rotated: bool = False
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
@@ -94,6 +96,8 @@ class SegmentSpec:
         if (self.kind == "layer") != (self.attn is not None) or (self.shadows and not self.in_graph):
             raise ConfigError(f"only a whole-layer graph (kind 'layer') has an attention node, and only it and its "
                               f"halves {tuple(HALVES)} in-graph shadows, got kind {self.kind!r}")
+        if self.a_rotated and self.kind != "layer_o_ffn":
+            raise ConfigError(f"only a layer_o_ffn half takes a rotated attention output, got kind {self.kind!r}")
         pieces = LAYER_PIECES if self.kind == "layer" else HALVES.get(self.kind)
         if self.in_graph and (self.flavor != "cpu" or self.shape != "2d" or self.pieces != pieces):
             raise ConfigError(f"a whole-layer graph or half runs on the CPU EP (flavor 'cpu', shape '2d', its pieces "
@@ -178,12 +182,13 @@ class LayerQ:
     post_ffn_norm: np.ndarray | None = None
 
 
-def layer_halves(layer: int, shadow_sites: set[str]) -> list[SegmentSpec]:
+def layer_halves(layer: int, shadow_sites: set[str], a_rotated: bool = False) -> list[SegmentSpec]:
     """A whole layer as two graphs, qkv (RMSNorm, q|k|v) and o → FFN, each with its shadow corrections inside: the
     whole-layer graph (`layer_graph`) less its attention node, for an attention kernel outside ONNX Runtime
-    (`native.attention`: BF16 dot products, issue 24)."""
+    (`native.attention`: BF16 dot products, issue 24). a_rotated: that kernel applies o_in's online Hadamard."""
     return [SegmentSpec(layer, kind, pieces, DYNAMIC_ROWS, "cpu", "2d", False, None,
-                        tuple(s for s in SITES if s in shadow_sites and (s == "attn_in") == (kind == "layer_qkv")))
+                        tuple(s for s in SITES if s in shadow_sites and (s == "attn_in") == (kind == "layer_qkv")),
+                        a_rotated and kind == "layer_o_ffn")
             for kind, pieces in HALVES.items()]
 
 
