@@ -88,6 +88,7 @@ def _naive_npu(model_path: str | None, threads: int, max_len: int) -> PrefillFn:
 
 ENGINES: dict[str, EngineFactory] = {
     "hetero": _method("hetero"),
+    "hetero_gqa": _method("hetero-gqa"),  # the same layout with ONNX Runtime's fp32 GroupQueryAttention
     "hetero_in_order": _method("hetero-inorder"),
     "hetero_lanes": _method("hetero-lanes"),  # §3.4's two lanes out of order, whatever this host's placement picks
     "naive_npu": _naive_npu,

@@ -10,6 +10,7 @@ from hetero.extras import require
 # One colour and one readable name per engine, the same in every panel and figure.
 ENGINE_STYLE: dict[str, tuple[str, str]] = {
     "hetero": ("tab:red", "hetero (INT8 graphs + shadow, laid out by this host's placement)"),
+    "hetero_gqa": ("lightcoral", "hetero with ONNX Runtime's fp32 attention (not its BF16 kernel)"),
     "hetero_lanes": ("darkred", "hetero on two lanes, out-of-order"),
     "hetero_in_order": ("tab:orange", "hetero, in-order dispatch"),
     "hetero_eq6": ("tab:pink", "hetero, Eq. 6 policy"),

@@ -27,7 +27,7 @@ from hetero.loader import load_model
 
 HELP = "prefill speed, memory, ablation and end-to-end runs against other engines"
 
-REAL_ENGINES = ("hetero", "hetero_lanes", "hetero_in_order", "naive_npu", "torch_float", *PEERS)
+REAL_ENGINES = ("hetero", "hetero_gqa", "hetero_lanes", "hetero_in_order", "naive_npu", "torch_float", *PEERS)
 
 
 def run_prefill_bench(lens: list[int], repeats: int, threads: int, model_path: str | None = None,
