@@ -233,8 +233,9 @@ def _linears(g: GraphBuilder, x: str, lins: list[LinearQ], flavor: str, qnn_per_
 def _shadow(g: GraphBuilder, x: str, lins: list[LinearQ], w: str, kernel: str) -> str:
     """The CPU side of Eq. 1 in the graph, as `outliers.shadow.shadow_part` computes it: r = x − clip(x, lo, hi)
     (lo, hi: the INT8 range, compared in float32 as `rangecheck.split_beyond`), the channels c where some row
-    has r ≠ 0 (found at run time), and r[:, c] @ W_deq[:, c]ᵀ with the dequantized rows taken from the linear's
-    own INT8 weight `w` ([K, ΣN], no float copy of the weights). No outlier: k = 0, a zero product.
+    has r ≠ 0 (found at run time), and r[:, c] @ W_deq[:, c]ᵀ with the rows taken from the linear's own INT8 weight
+    `w` ([K, ΣN], no float copy of the weights), their per-column scales applied to the product. No outlier: k = 0,
+    a zero product.
 
     The channels are taken by Compress with the channel mask (not NonZero → Reshape → Gather): the same columns
     in the same order, two nodes fewer per site (docs/journal.md, "Issue 24: the float glue")."""
@@ -247,8 +248,10 @@ def _shadow(g: GraphBuilder, x: str, lins: list[LinearQ], w: str, kernel: str) -
     if kernel != "u8s8":  # stored q + 128 (`cpu_kernel`)
         rows = g.op("Sub", [rows, g.const(np.array(ACT_ZERO_POINT, np.float32), "w_zp_f")], "w_rows_q")
     s_w = np.concatenate([np.broadcast_to(np.asarray(lq.w_scale, np.float32), (lq.q.shape[0],)) for lq in lins])
-    rows = g.op("Mul", [rows, g.const(s_w.astype(np.float32), "w_s")], "w_deq")  # `QuantWeight*.dequantize`
-    return g.op("MatMul", [g.op("Compress", [r, beyond], "r_c", axis=1), rows], "shadow")
+    # r_c · (q·s_w) as (r_c · q)·s_w: the scales are per output column, so they multiply the [T, N] product instead
+    # of the [k, N] rows (k: up to ~600 outlier channels of down_in; T: 32 rows of a short prompt's chunk)
+    prod = g.op("MatMul", [g.op("Compress", [r, beyond], "r_c", axis=1), rows], "shadow_q")
+    return g.op("Mul", [prod, g.const(s_w.astype(np.float32), "w_s")], "shadow")
 
 
 def _out_scale(s_x: np.float32, lq: LinearQ) -> np.ndarray:
