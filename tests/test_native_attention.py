@@ -132,3 +132,22 @@ def test_a_damaged_build_is_rebuilt(kernel, tmp_path, monkeypatch, caplog):
         assert "fails its content hash" in caplog.text and built.read_bytes() == good
     finally:
         native._library.cache_clear()
+
+
+def test_unavailable_says_why_and_the_layer_graphs_keep_their_attention(monkeypatch):
+    """Without AVX-512 BF16 or without a C compiler the kernel is not built; the whole-layer graphs then keep ONNX
+    Runtime's GroupQueryAttention, and `attention_kernel` says why."""
+    import hetero.cpu
+    from hetero.npu.graph_backend import attention_kernel
+
+    monkeypatch.setattr(hetero.cpu, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_vnni"}))
+    assert native.unavailable(_cfg()) == "this CPU lacks avx512bw, avx512vl, avx512_bf16"
+    kernel, why = attention_kernel(_cfg(), "auto")
+    assert kernel is None and "GroupQueryAttention" in why and "avx512_bf16" in why
+    with pytest.raises(ConfigError, match="cannot run here: this CPU lacks"):
+        attention_kernel(_cfg(), "bf16")
+    monkeypatch.undo()
+    monkeypatch.setenv("CC", "")
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    if not any(f not in hetero.cpu.cpu_flags() for f in native.NEEDS):
+        assert native.unavailable(_cfg()) == "no C compiler (gcc or cc, or $CC) to build the kernel with"
