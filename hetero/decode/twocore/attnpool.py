@@ -248,8 +248,8 @@ class AttentionPool:
         # The helper leaves the last step's loop at `end` without the GIL, then needs it for a few bytecodes to report
         # idle; a caller that runs Python between steps (`generate`: sampling, text) holds the GIL until its switch
         # interval (5 ms), so a bare check found the helper busy every other step and that step ran on one thread
-        # (context 1024: 12.6 instead of 10.0 ms). Waiting releases the GIL: the helper reports within microseconds
-        # unless it has no core.
+        # (context 1024: 12.6 instead of 10.0 ms). Waiting releases the GIL: the helper reports within ~0.1 ms (two
+        # thread wake-ups, measured in `generate`) unless it has no core.
         if self._closed or not self._idle.wait(IDLE_WAIT_S):
             return False
         if self._off > 0:
