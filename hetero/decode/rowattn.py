@@ -30,6 +30,56 @@ if TYPE_CHECKING:
     import torch
 
 
+@jitcache.njit(fastmath=True, inline="always")
+def _dot4(q0: np.ndarray, q1: np.ndarray, q2: np.ndarray, q3: np.ndarray, kv: np.ndarray):  # pragma: no cover
+    """Four query heads' dot products with one K row (each row loaded once for the four)."""
+    a0 = np.float32(0.0)
+    a1 = np.float32(0.0)
+    a2 = np.float32(0.0)
+    a3 = np.float32(0.0)
+    for i in range(kv.shape[0]):
+        x = kv[i]
+        a0 += q0[i] * x
+        a1 += q1[i] * x
+        a2 += q2[i] * x
+        a3 += q3[i] * x
+    return a0, a1, a2, a3
+
+@jitcache.njit(fastmath=True, inline="always")
+def _dot3(q0: np.ndarray, q1: np.ndarray, q2: np.ndarray, kv: np.ndarray):  # pragma: no cover
+    """`_dot4` of three query heads."""
+    a0 = np.float32(0.0)
+    a1 = np.float32(0.0)
+    a2 = np.float32(0.0)
+    for i in range(kv.shape[0]):
+        x = kv[i]
+        a0 += q0[i] * x
+        a1 += q1[i] * x
+        a2 += q2[i] * x
+    return a0, a1, a2
+
+@jitcache.njit(fastmath=True, inline="always")
+def _axpy4(o0: np.ndarray, o1: np.ndarray, o2: np.ndarray, o3: np.ndarray, w0: float, w1: float, w2: float, w3: float,
+           vv: np.ndarray) -> None:  # pragma: no cover
+    """o_j += w_j·vv for four query heads (one V row loaded once for the four)."""
+    for i in range(vv.shape[0]):
+        x = vv[i]
+        o0[i] += w0 * x
+        o1[i] += w1 * x
+        o2[i] += w2 * x
+        o3[i] += w3 * x
+
+@jitcache.njit(fastmath=True, inline="always")
+def _axpy3(o0: np.ndarray, o1: np.ndarray, o2: np.ndarray, w0: float, w1: float, w2: float,
+           vv: np.ndarray) -> None:  # pragma: no cover
+    """`_axpy4` of three query heads."""
+    for i in range(vv.shape[0]):
+        x = vv[i]
+        o0[i] += w0 * x
+        o1[i] += w1 * x
+        o2[i] += w2 * x
+
+
 @jitcache.njit(fastmath=True, nogil=True)
 def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra: np.ndarray, n_extra: np.ndarray,
                  scale: float, out: np.ndarray, h0: int, h1: int, window: int,
@@ -41,45 +91,67 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
     heads [h0, h1) (out [R, n_kv, g, D]). The heads are independent: two threads may share them (`AttentionPool`).
     A windowed layer reads only the rows some row's window covers.
 
-    Every score, softmax and output sum of a row is computed by the same statement whichever rows come with
-    it and whether a cache row is in the prefix or an extra: a row's result depends only on its query and the
+    The query heads of a KV head go in groups of three (g a multiple of 3) or four (zero rows padding the last):
+    a group's dot products with a K row (`_dot3`/`_dot4`) and its updates with a V row (`_axpy3`/`_axpy4`) load the
+    row once for all of them, and the rows go in blocks of 64 positions that stay in L1 while each tree row takes
+    its share. Every score, softmax and output sum of a row is computed by the same statement whichever rows come
+    with it and whether a cache row is in the prefix or an extra: a row's result depends only on its query and the
     sequence of cache rows it sees, so a tree row equals the plain step of its token bit for bit."""
     rows, n_kv, g, d = q.shape
     span = prefix + extra.shape[1]
-    lo = np.zeros(rows, np.int64)  # row r sees sequence positions lo[r] .. prefix + n_extra[r] - 1
+    lo = np.zeros(rows, np.int64)
+    hi = np.zeros(rows, np.int64)
     first = span
     for r in range(rows):
+        hi[r] = prefix + n_extra[r]
         if window > 0:
-            lo[r] = max(0, prefix + n_extra[r] - window)
+            lo[r] = max(0, hi[r] - window)
         first = min(first, lo[r])
-    s = np.empty((rows, g, span), np.float32)
-    bits = np.empty(span, np.int32)  # 2^z of each exp as float32 bits
+    G = 3 if g % 3 == 0 else 4
+    gp = (g + G - 1) // G * G
+    B = 64
+    s = np.empty((rows, gp, span), np.float32)
+    bits = np.empty(span, np.int32)
     two_z = bits.view(np.float32)
+    qp = np.zeros((rows, gp, d), np.float32)
+    o = np.empty((rows, gp, d), np.float32)
     sc = np.float32(scale)
     for h in range(h0, h1):
-        # The row choice is written out here and for V: an inlined helper made the kernel 1.3-2x slower.
-        for t in range(first, span):  # K row read once for every row and query head that sees it
-            for r in range(rows):
-                if t < lo[r]:
-                    continue
-                if t < prefix:
-                    kr = t
-                elif t - prefix < n_extra[r]:
-                    kr = extra[r, t - prefix] - off
-                else:
-                    continue
-                for j in range(g):
-                    acc = np.float32(0.0)
-                    for i in range(d):
-                        acc += q[r, h, j, i] * k[h, kr, i]
-                    s[r, j, t - lo[r]] = acc * sc  # row r's scores from its first key on (the loops below from 0)
         for r in range(rows):
-            length = prefix + n_extra[r] - lo[r]
+            for j in range(g):
+                for i in range(d):
+                    qp[r, j, i] = q[r, h, j, i]
+        for tb in range(first, span, B):
+            te = min(tb + B, span)
+            for r in range(rows):
+                t0, t1 = max(tb, lo[r]), min(te, hi[r])
+                for jg in range(0, gp, G):
+                    if G == 3:
+                        q0, q1, q2 = qp[r, jg], qp[r, jg + 1], qp[r, jg + 2]
+                        for t in range(t0, t1):
+                            kr = t if t < prefix else extra[r, t - prefix] - off
+                            a0, a1, a2 = _dot3(q0, q1, q2, k[h, kr])
+                            tt = t - lo[r]
+                            s[r, jg, tt] = a0 * sc
+                            s[r, jg + 1, tt] = a1 * sc
+                            s[r, jg + 2, tt] = a2 * sc
+                    else:
+                        q0, q1, q2, q3 = qp[r, jg], qp[r, jg + 1], qp[r, jg + 2], qp[r, jg + 3]
+                        for t in range(t0, t1):
+                            kr = t if t < prefix else extra[r, t - prefix] - off
+                            a0, a1, a2, a3 = _dot4(q0, q1, q2, q3, k[h, kr])
+                            tt = t - lo[r]
+                            s[r, jg, tt] = a0 * sc
+                            s[r, jg + 1, tt] = a1 * sc
+                            s[r, jg + 2, tt] = a2 * sc
+                            s[r, jg + 3, tt] = a3 * sc
+        for r in range(rows):
+            length = hi[r] - lo[r]
             for j in range(g):
                 m = s[r, j, 0]
                 for t in range(1, length):
                     m = max(m, s[r, j, t])
-                for t in range(length):  # exp(x) for x <= 0 as 2^z·e^r, |r| <= ln2/2 (Cephes expf): SIMD, unlike libm's
+                for t in range(length):
                     x = max(s[r, j, t] - m, np.float32(-87.0))
                     z = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
                     e = x - z * np.float32(0.693359375) - z * np.float32(-2.12194440e-4)
@@ -96,22 +168,34 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
                 inv = np.float32(1.0) / tot
                 for t in range(length):
                     s[r, j, t] *= inv
+            for j in range(gp):
                 for i in range(d):
-                    out[r, h, j, i] = 0.0
-        for t in range(first, span):  # V row read once
+                    o[r, j, i] = 0.0
+            for j in range(g, gp):  # padding heads: zero weights
+                for t in range(length):
+                    s[r, j, t] = 0.0
+        for tb in range(first, span, B):
+            te = min(tb + B, span)
             for r in range(rows):
-                if t < lo[r]:
-                    continue
-                if t < prefix:
-                    vr = t
-                elif t - prefix < n_extra[r]:
-                    vr = extra[r, t - prefix] - off
-                else:
-                    continue
-                for j in range(g):
-                    w = s[r, j, t - lo[r]]
-                    for i in range(d):
-                        out[r, h, j, i] += w * v[h, vr, i]
+                t0, t1 = max(tb, lo[r]), min(te, hi[r])
+                for jg in range(0, gp, G):
+                    if G == 3:
+                        o0, o1, o2 = o[r, jg], o[r, jg + 1], o[r, jg + 2]
+                        for t in range(t0, t1):
+                            vr = t if t < prefix else extra[r, t - prefix] - off
+                            tt = t - lo[r]
+                            _axpy3(o0, o1, o2, s[r, jg, tt], s[r, jg + 1, tt], s[r, jg + 2, tt], v[h, vr])
+                    else:
+                        o0, o1, o2, o3 = o[r, jg], o[r, jg + 1], o[r, jg + 2], o[r, jg + 3]
+                        for t in range(t0, t1):
+                            vr = t if t < prefix else extra[r, t - prefix] - off
+                            tt = t - lo[r]
+                            _axpy4(o0, o1, o2, o3, s[r, jg, tt], s[r, jg + 1, tt], s[r, jg + 2, tt], s[r, jg + 3, tt],
+                                   v[h, vr])
+        for r in range(rows):
+            for j in range(g):
+                for i in range(d):
+                    out[r, h, j, i] = o[r, j, i]
 
 
 _NO_EXTRA = np.zeros((1, 0), np.int64)

@@ -66,6 +66,34 @@ def test_shared_attention_equals_the_one_thread_kernel(slot):
     assert not pool._thread.is_alive()
 
 
+def test_the_step_right_after_a_step_gets_the_helper_while_the_caller_runs_python(monkeypatch):
+    """A caller that runs Python between steps (`generate`: sampling, text) holds the GIL, which the helper needs to
+    report the last step done: `begin` waits for it (the GIL released) instead of running the step on one thread
+    (a bare check ran every other step of a decode on one thread). The wait is made long here so that only a
+    machine that cannot run the helper for seconds fails this."""
+    from hetero.decode.twocore import attnpool
+
+    monkeypatch.setattr(attnpool, "IDLE_WAIT_S", 5.0)
+    cfg = dataclasses.replace(make_tiny_model().config, n_layers=1, windows=())
+    k, v = random_cache(cfg, 1, 64, 2)
+    layout = tree_layout([0], [-1], 20, RopeTable(cfg, 64))
+    qkv = randn(np.random.default_rng(2), 1, cfg.q_dim + 2 * cfg.kv_dim)
+    q = np.zeros((1, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim), np.float32)
+    out = np.zeros((1, cfg.q_dim), np.float32)
+    pool = AttentionPool()
+    try:
+        for _ in range(10):
+            pool._off = 0  # no contention guard here: a tiny step may leave the helper few heads
+            assert pool.begin(k, v, q, layout.extra, layout.n_extra, cfg.head_dim**-0.5, out.reshape(q.shape))
+            pool.attend(cfg, 0, qkv, layout)
+            pool.end()
+            t = time.perf_counter()
+            while time.perf_counter() - t < 0.002:  # Python between steps, the GIL held (its switch interval: 5 ms)
+                pass
+    finally:
+        pool.close()
+
+
 def test_a_failed_graph_half_raises_onnx_runtimes_message_whoever_ran_it():
     """A stage job (`run_stages`) whose second half cannot run (an input never bound): the main thread raises the
     C API's message whether the helper ran that half or the main thread took it back, in a step or outside one."""

@@ -15,9 +15,19 @@ from hetero.decode.tree import TokenTree
 from tests.conftest import make_tiny_model
 
 
+# query heads per KV head (the kernel takes them in groups of three or four): 2 (padded to 4), 3 (the default
+# model's), 4, 5 (4 + 1 padded), 6 (3 + 3)
+HEADS = [(4, 2), (3, 1), (4, 1), (5, 1), (6, 1)]
+
+
+def with_heads(cfg, heads: tuple[int, int]):
+    return dataclasses.replace(cfg, n_heads=heads[0], n_kv_heads=heads[1])
+
+
+@pytest.mark.parametrize("heads", HEADS)
 @pytest.mark.parametrize("length", [1, 7, 300])
-def test_row_attention_matches_the_matmul_reference(length):
-    cfg = make_tiny_model().config
+def test_row_attention_matches_the_matmul_reference(length, heads):
+    cfg = with_heads(make_tiny_model().config, heads)
     gen = torch.Generator().manual_seed(length)
     k = torch.randn(cfg.n_kv_heads, 512, cfg.head_dim, generator=gen)
     v = torch.randn(cfg.n_kv_heads, 512, cfg.head_dim, generator=gen)
@@ -59,14 +69,16 @@ def test_row_attention_refuses_bad_views():
         row_attention(cfg, q, strided, strided, 4)
 
 
+@pytest.mark.parametrize("heads", [(4, 2), (3, 1), (5, 1)])
 @pytest.mark.parametrize("window", [0, 2, 20])
-@pytest.mark.parametrize("slot", [0, 15, 16, 300])
-def test_decode_rows_equal_one_row_steps_over_their_paths(slot, window):
+@pytest.mark.parametrize("slot", [0, 15, 16, 63, 64, 300])
+def test_decode_rows_equal_one_row_steps_over_their_paths(slot, window, heads):
     """A token tree's rows in one pass (`decode_rows`): each row's output is bit for bit `row_attention` over the
     prefix and its own path laid out contiguously (what a plain step of its token reads), its K/V land in its
     cache row, and the rows after the tree are not read. A windowed layer (window 2: shorter than a path) on
-    its own RoPE base (Gemma 3's local layers) reads nothing before its window."""
-    cfg = make_tiny_model().config
+    its own RoPE base (Gemma 3's local layers) reads nothing before its window. Slots 63 and 64: a tree across, and
+    right after, the kernel's first block of 64 positions."""
+    cfg = with_heads(make_tiny_model().config, heads)
     if window:
         cfg = dataclasses.replace(cfg, windows=(window,) * cfg.n_layers, local_rope_theta=100.0)
     rope = ref.RopeTable(cfg, 512)
