@@ -245,10 +245,14 @@ static inline __attribute__((always_inline)) int attend(
                 for (int j = 0; j < KB; j += 2) {
                     __m512 a = exp2_ps(_mm512_sub_ps(_mm512_load_ps(S + j * RB), mn));
                     __m512 b = exp2_ps(_mm512_sub_ps(_mm512_load_ps(S + (j + 1) * RB), mn));
-                    sum = _mm512_add_ps(sum, _mm512_add_ps(a, b));
                     /* [a0..a15 | b0..b15] as bf16, then (a_r, b_r) in lane r */
                     __m512i ab = _mm512_permutexvar_epi16(pair_idx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
                     _mm512_store_si512(pp + (j / 2) * RB, ab);
+                    /* the row sums of the probabilities as rounded, the ones PV multiplies: the output is then a
+                     * convex combination of V's rows (fp32 sums of unrounded ones scaled it by up to 1 + 2^-9) */
+                    __m512 ar = _mm512_castsi512_ps(_mm512_slli_epi32(ab, 16));
+                    __m512 br = _mm512_castsi512_ps(_mm512_and_si512(ab, _mm512_set1_epi32((int)0xFFFF0000u)));
+                    sum = _mm512_add_ps(sum, _mm512_add_ps(ar, br));
                 }
                 l = _mm512_fmadd_ps(l, alpha, sum);
                 m = mn;
