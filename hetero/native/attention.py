@@ -15,8 +15,9 @@ dot products then run at ~0.9 per cycle, the rest is softmax, masks and repackin
 
 Two exact rewrites keep bf16's error small and save work: K and V lose their mean over the keys before rounding
 (SageAttention's smoothing of K; softmax ignores a score shift common to a query's keys, and the probabilities
-sum to one, so the V mean is added back exactly); on the default prefill this moved the perplexity through the
-prefill from +0.43% to +0.32% of float's. And a rotated model's online Hadamard of o_in (QuaRot), one head's size,
+sum to one, so the V mean is added back exactly); and the softmax's row sums add the probabilities as rounded, the
+ones PV multiplies (the output stays a convex combination of V's rows). The default's perplexity through the
+prefill: +0.30% of float's (fp32 GroupQueryAttention: +0.06%; budget +0.5%; docs/journal.md). And a rotated model's online Hadamard of o_in (QuaRot), one head's size,
 is applied to V's rows here (`rotate`) instead of to the output in the graph: o·H = Σ p (v·H).
 
 The kernel is compiled once per host with the host's C compiler (`CC`, else gcc or cc) into the user cache,
