@@ -26,7 +26,7 @@ PART_OF_STEM = {
     "shadow": "shadow (Eq. 1)", "r": "shadow (Eq. 1)", "r_c": "shadow (Eq. 1)", "w_rows": "shadow (Eq. 1)",
     "w_rows_f": "shadow (Eq. 1)", "w_rows_q": "shadow (Eq. 1)", "w_deq": "shadow (Eq. 1)", "abs": "shadow (Eq. 1)",
     "reducemax": "shadow (Eq. 1)", "clip": "shadow (Eq. 1)", "beyond": "shadow (Eq. 1)", "nonzero": "shadow (Eq. 1)",
-    "channels": "shadow (Eq. 1)", "y_shadowed": "shadow (Eq. 1)",
+    "channels": "shadow (Eq. 1)", "y_shadowed": "shadow (Eq. 1)", "shadow_q": "shadow (Eq. 1)",
     "xrot": "online Hadamard", "xblk": "online Hadamard",
     "silu": "activation", "m": "activation", "sigmoid": "activation",
     "h": "residual adds", "h1": "residual adds", "h_out": "residual adds",
