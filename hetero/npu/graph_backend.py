@@ -341,10 +341,10 @@ class NpuBackend:
 
     def layer(self, layer: int, h: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
               rope: tuple[np.ndarray, np.ndarray], out: np.ndarray) -> np.ndarray:
-        """A fused backend's whole layer on a chunk's real rows h [n, hidden] at positions start..start+n-1, in one
-        graph run: K/V written into k_cache/v_cache [n_kv, capacity, D] (one layer's, contiguous) in place, as
-        `attention.ChunkAttention` writes them; rope: the runtime's (cos, sin) table. Returns out [n, hidden].
-        Every buffer a C-contiguous float32 numpy array."""
+        """A fused backend's whole layer on a chunk's real rows h [n, hidden] at positions start..start+n-1: one graph
+        run, or two around the BF16 attention kernel (`self.attention`); K/V written into k_cache/v_cache
+        [n_kv, capacity, D] (one layer's, contiguous) in place, as `attention.ChunkAttention` writes them; rope: the
+        runtime's (cos, sin) table. Returns out [n, hidden]. Every buffer a C-contiguous float32 numpy array."""
         if not self.fused:
             raise ConfigError("layer() runs whole-layer graphs: this backend runs segments (GraphOptions.fused)")
         runs, n = self.program(layer).runs, h.shape[0]
