@@ -213,12 +213,14 @@ class ChunkBuffers:
         for i in range(n_chunks):
             if i < len(self.h) and self.h[i][0].shape[0] >= c:
                 continue
-            bufs = ((buffers.empty((c, cfg.hidden)), buffers.empty((c, cfg.hidden))),
-                    buffers.empty((c, cfg.q_dim + 2 * cfg.kv_dim)), buffers.zeros((c, cfg.q_dim)))
-            if i < len(self.h):
-                self.h[i], self.qkv[i], self.attn[i] = bufs
-            else:
-                self.h.append(bufs[0]), self.qkv.append(bufs[1]), self.attn.append(bufs[2])
+            h = (buffers.empty((c, cfg.hidden)), buffers.empty((c, cfg.hidden)))
+            qkv, attn = buffers.empty((c, cfg.q_dim + 2 * cfg.kv_dim)), buffers.zeros((c, cfg.q_dim))
+            if i == len(self.h):
+                self.h.append(h)
+                self.qkv.append(qkv)
+                self.attn.append(attn)
+            else:  # chunk i's buffers were shorter than this plan's longest chunk
+                self.h[i], self.qkv[i], self.attn[i] = h, qkv, attn
 
 
 class PrefillJob:

@@ -20,7 +20,8 @@ from hetero.threads import passive_openmp
 
 # each a module of hetero.bench; `bench/<name>.py` is its script
 BENCHMARKS = ("prefill", "prefill_parts", "accuracy", "sched", "graph_cache", "htp_accuracy", "memory", "decode",
-              "decode_step", "decode_accuracy", "decode_int4_probe", "fused_step", "service", "startup", "window_layout")
+              "decode_step", "decode_accuracy", "decode_int4_probe", "fused_step", "service", "startup", "window_layout",
+              "attention_kernel")
 
 
 def benchmark(name: str) -> ModuleType:

@@ -9,8 +9,9 @@ a flash attention (online softmax, Dao et al.) over the fp32 KV cache with Q, K,
 to bf16 and every sum in fp32, as OpenVINO runs its own attention on such CPUs. One call does what the
 GroupQueryAttention node of a whole-layer graph does (`attention.gqa_node`): RoPE (rotate-half) of the chunk's
 q/k rows, their K/V written into the cache rows in place, causal attention (and a sliding window) over the
-cache. On one thread (a wavefront lane, `sched.wavefront`) it measured 2.2–3.3× GroupQueryAttention's speed
-(0.04 vs 0.11 ms at 32 rows, 7.3 vs 16.1 ms at 256 rows over 2048 keys; relative error 2–5e-3 against fp64); its
+cache. On one thread (a wavefront lane, `sched.wavefront`) it measured 2.1–3.0× GroupQueryAttention's speed
+(`bench/results/attention_kernel.md`: 0.05 vs 0.12 ms at 32 rows, 7.4 vs 15.8 ms at 256 rows over 2048 keys;
+relative error 2–5e-3 against fp64); its
 dot products then run at ~0.9 per cycle, the rest is softmax, masks and repacking.
 
 Two exact rewrites keep bf16's error small and save work: K and V lose their mean over the keys before rounding
