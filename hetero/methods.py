@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -57,27 +58,34 @@ class Recipe:
     a16: tuple[str, ...] = ()  # sites that run W8A16 in every layer (`outliers.a16`)
     prune_fraction: float = 0.85  # share of the 8-bit sites whose shadow is dropped (§3.3)
     search: bool = False  # every site's precision from `outliers.search` (a16 / prune_fraction unused)
+    # the sites pruning keeps take a scale per row at run time instead of shadow outliers (`outliers.rowscale`): what
+    # the CPU EP's graphs can do and HTP's static graphs cannot
+    row_scales: bool = False
 
     def __post_init__(self) -> None:
         if self.search and (self.a16 or self.prune_fraction != 0.85):
             raise ConfigError("a searched recipe chooses every site itself: give neither a16 nor prune_fraction")
 
     def for_config(self, cfg: "ModelConfig") -> "Recipe":
-        """The recipe a model of `cfg` runs for this one: the default (`ROTATED`) on a site-rotated model (Gemma 3's
+        """The recipe a model of `cfg` runs for this one: the rotated plan (`ROTATED`, `ROTATED_ROWS`) on a site-rotated model (Gemma 3's
         post-norms, `outliers.rotate.site_rotated`) is `SITE_ROTATED`, W8A16 on attn_in and down_in: site rotation
         alone leaves Gemma 3 270M at +3.5% perplexity, +1.2% with W8A16 down_in, +0.36% with both (docs/design.md,
         "Outliers")."""
         from hetero.outliers.rotate import site_rotated
 
-        return SITE_ROTATED if self == ROTATED and site_rotated(cfg) else self
+        if self in (ROTATED, ROTATED_ROWS) and site_rotated(cfg):
+            return dataclasses.replace(SITE_ROTATED, row_scales=self.row_scales)
+        return self
 
 
 W8A8 = Recipe()  # mllm-NPU's plan: W8A8 per tensor, shadow outliers on the 15% most important sites
-ROTATED = Recipe(rotate=True)  # the default: the same plan on the rotated model (bench/results/accuracy.md)
+ROTATED = Recipe(rotate=True)  # the same plan on the rotated model (bench/results/accuracy.md)
+# the default on the CPU EP: the rotated plan, its kept sites with a scale per row (docs/design.md, "Outliers")
+ROTATED_ROWS = Recipe(rotate=True, row_scales=True)
 ROT_A16_DOWN = Recipe(rotate=True, a16=("down_in",))
 SITE_ROTATED = Recipe(rotate=True, a16=("attn_in", "down_in"))  # the default of a site-rotated model (`for_config`)
 SEARCHED = Recipe(rotate=True, search=True)  # rotation + the searched precision of every site
-DEFAULT_RECIPE = ROTATED
+DEFAULT_RECIPE = ROTATED_ROWS
 
 
 def quant_model(model: Model, recipe: Recipe) -> Model:
@@ -145,7 +153,7 @@ def plan_options(model: Model, recipe: Recipe, weight_form: str, prune_fraction:
     a16 = [(layer, site) for layer in range(model.config.n_layers) for site in recipe.a16]
     pf = recipe.prune_fraction if prune_fraction is None else prune_fraction
     online = online_sites(model.config) if recipe.rotate else {}
-    return PlanOptions(prune_fraction=pf, weight_form=weight_form, a16=a16, online=online)
+    return PlanOptions(prune_fraction=pf, weight_form=weight_form, a16=a16, online=online, row_scales=recipe.row_scales)
 
 
 def ship_default_plans() -> list[str]:
@@ -219,15 +227,18 @@ def _hetero(provider: str, policy: str, doc: str, recipe: Recipe = DEFAULT_RECIP
 
 
 METHODS: dict[str, Method] = {
-    "hetero": _hetero("cpu", "rank", "INT8 graphs (ORT CPU EP as NPU lane), rotation, shadow outliers on 15% of "
-                      "the sites; each layer one graph on every core, or two lanes out of order, as this host's "
-                      "placement decides", layout="auto"),
+    "hetero": _hetero("cpu", "rank", "INT8 graphs (ORT CPU EP as NPU lane), rotation, a scale per row on the 15% "
+                      "of the sites with the largest outliers; each layer one graph on every core, or two lanes out "
+                      "of order, as this host's placement decides", layout="auto"),
     "hetero-gqa": _hetero("cpu", "rank", "as hetero, attention always ONNX Runtime's fp32 GroupQueryAttention "
                           "(not hetero's BF16 kernel)", layout="auto", attention="gqa"),
     "hetero-lanes": _hetero("cpu", "rank", "as hetero, always on two lanes out of order (mllm-NPU §3.4)"),
-    # C=128: the simulator's generic HTP cannot finalize the o_ffn graph at 256 (`npu.constraints`)
-    "hetero-qnn": _hetero("qnn", "rank", "as hetero, INT8 QDQ graphs on QNN HTP (simulator on x86), decode on the CPU",
-                          chunk=128),
+    "hetero-shadow": _hetero("cpu", "rank", "as hetero, the kept sites' outliers as shadows (mllm-NPU Eq. 1) instead "
+                             "of a scale per row", ROTATED, layout="auto"),
+    # C=128: the simulator's generic HTP cannot finalize the o_ffn graph at 256 (`npu.constraints`); HTP's static
+    # graphs take no scale per row, so its kept sites run shadows
+    "hetero-qnn": _hetero("qnn", "rank", "as hetero-shadow, INT8 QDQ graphs on QNN HTP (simulator on x86), decode on "
+                          "the CPU", ROTATED, chunk=128),
     "hetero-inorder": _hetero("cpu", "in_order", "as hetero, dispatched in order"),
     "hetero-w8a8": _hetero("cpu", "rank", "mllm-NPU's plan: W8A8, shadow outliers on 15% of the sites, no rotation",
                            W8A8),

@@ -90,4 +90,4 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _kind(sq) -> str:
-    return "a16" if sq.bits == 16 else "a8s" if sq.shadow else "a8"
+    return "a16" if sq.bits == 16 else "a8s" if sq.shadow else "a8r" if sq.per_row else "a8"

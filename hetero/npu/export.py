@@ -18,7 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 from hetero.attention import GQA_INPUTS, GQA_OUTPUTS, gqa_node
 from hetero.npu.segments import (EXPORT_VERSION, LAYER_VERSION, AttnSpec, Buffer, LayerQ, LinearQ,  # noqa: F401
                                   SegmentSpec, segment_io, shape_rows)
-from hetero.npu.site_ops import a16_bytes, a16_combine, online_hadamard
+from hetero.errors import ConfigError
+from hetero.npu.site_ops import a16_bytes, a16_combine, online_hadamard, row_scaled
 from hetero.outliers.quantize import ACT_QMAX, ACT_QMIN, ACT_ZERO_POINT, WEIGHT_FORMS, check_weight_form
 
 # EXPORT_VERSION, LAYER_VERSION: what this module builds, in every graph's cache key; kept in `segments` (no onnx),
@@ -159,10 +160,17 @@ def _linears(g: GraphBuilder, x: str, lins: list[LinearQ], flavor: str, qnn_per_
     """
     qnn_per_axis = QNN_PER_AXIS_DQ if qnn_per_axis is None else qnn_per_axis
     s_x = np.float32(lins[0].x_scale)
-    bits = lins[0].x_bits
-    assert all(np.float32(lq.x_scale) == s_x and lq.x_bits == bits for lq in lins), "fused linears share a site"
+    bits, per_row = lins[0].x_bits, lins[0].x_per_row
+    assert all(np.float32(lq.x_scale) == s_x and (lq.x_bits, lq.x_per_row) == (bits, per_row) for lq in lins), \
+        "fused linears share a site"
+    if per_row and (flavor != "cpu" or conv):
+        raise ConfigError(f"a site with a scale per row runs on the CPU EP's 2-D graphs only, not the {flavor!r} "
+                          f"flavour{' as a 1x1 Conv' if conv else ''} (HTP's static graphs keep shadow outliers)")
     zp = g.const(np.array(ACT_ZERO_POINT, np.uint8), "act_zp")
-    if bits == 8:
+    if per_row:  # `outliers.rowscale`: the integer product's float32 is multiplied by the row's scale after
+        xq, row_s = row_scaled(g, x, zp)
+        s_x = np.float32(1.0)
+    elif bits == 8:
         xq = g.op("QuantizeLinear", [x, g.const(np.array(s_x, np.float32), "act_s"), zp], "xq")
     has_bias = any(lq.bias is not None for lq in lins)
     if flavor == "cpu":
@@ -220,6 +228,8 @@ def _linears(g: GraphBuilder, x: str, lins: list[LinearQ], flavor: str, qnn_per_
             y = _product(g, "MatMul", xd, wd, [], conv)
             ys.append(y if post is None else g.op("Mul", [y, g.const(post, "w_s")], "y"))
         y = ys[0] if len(ys) == 1 else g.op("Concat", ys, "y", axis=-1)
+    if per_row:
+        y = g.op("Mul", [y, row_s], "y")
     if has_bias:
         b = np.concatenate([lq.bias if lq.bias is not None else np.zeros(lq.q.shape[0], np.float32) for lq in lins])
         y = g.op("Add", [y, g.const(b.astype(np.float32), "bias")])

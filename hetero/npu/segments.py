@@ -157,6 +157,7 @@ class LinearQ:
     x_scale: float
     bias: np.ndarray | None = None  # float32 [out]
     x_bits: int = 8  # the input site's activation bits: 8, or 16 (W8A16, `site_ops`)
+    x_per_row: bool = False  # 8-bit with a scale per row found at run time (`outliers.rowscale`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +247,8 @@ def layer_q(cfg, arrays: dict[str, np.ndarray], plan, layer: int) -> LayerQ:
     def lin(name: str, site: str, bias: str) -> LinearQ:
         w = plan.weights[(layer, name)]
         ws = w.scales.astype(np.float32) if hasattr(w, "scales") else float(w.scale)  # per channel / per tensor
-        return LinearQ(w.q, ws, float(s[site]), f32(bias), plan.sites[(layer, site)].bits)
+        sq = plan.sites[(layer, site)]
+        return LinearQ(w.q, ws, float(s[site]), f32(bias), sq.bits, sq.per_row)
 
     return LayerQ(
         cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.ffn, float(cfg.rms_eps), f32("attn_norm"), f32("ffn_norm"),
@@ -271,6 +273,8 @@ def layer_digest(lq: LayerQ) -> str:
     for lin in (*lq.qkv, lq.o, *lq.gate_up, lq.down):
         ws = np.asarray(lin.w_scale, np.float32)
         meta += [float(ws) if ws.ndim == 0 else "channel", lin.x_scale, list(lin.q.shape), lin.x_bits]
+        if lin.x_per_row:  # (a site without it: the digest, and so its cached graphs, unchanged)
+            meta.append("per_row")
         if ws.ndim:
             h.update(ws.tobytes())
         flat = lin.q.reshape(-1)

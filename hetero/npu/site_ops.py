@@ -5,6 +5,8 @@
 - `a16_acc` (CPU EP): q = QuantizeLinear(x, s, int16) split into bytes hi = floor(q/256) (u8, zero point
   128) and lo = q - 256·hi (u8, zero point 0), two u8 `MatMulInteger` with the same weights, combined in
   float32 as `hetero.outliers.a16.a16_combine` does (bit-exact with it).
+- `row_scaled` (CPU EP): each row's absmax m, q = QuantizeLinear(x · (127 / m)) at scale 1, and the row scale
+  m · (1/127) the product is multiplied by, as `hetero.outliers.rowscale` computes them (bit-exact with it).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy as np
 from onnx import TensorProto
 
 from hetero.outliers.rotate import hadamard
+from hetero.outliers.rowscale import ROW_INV_QMAX, ROW_QMAX, ROW_TINY
 
 
 def online_hadamard(g, x: str, lead: list[int], width: int, block: int) -> str:
@@ -40,3 +43,13 @@ def a16_combine(g, acc_hi: str, acc_lo: str, k_hi: np.ndarray, k_lo: np.ndarray)
     f_hi = g.op("Cast", [acc_hi], to=TensorProto.FLOAT)
     f_lo = g.op("Cast", [acc_lo], to=TensorProto.FLOAT)
     return g.op("Add", [g.op("Mul", [f_hi, g.const(k_hi, "acc_s_hi")]), g.op("Mul", [f_lo, g.const(k_lo, "acc_s_lo")])], "y")
+
+
+def row_scaled(g, x: str, zp: str) -> tuple[str, str]:
+    """(xq, row_s): x [T, K] quantized to u8 (zero point `zp`, 128) with each row's own scale m / 127, m its
+    absmax (at least `ROW_TINY`), and row_s = m · (1/127) [T, 1] to multiply the integer product's float32 by."""
+    m = g.op("ReduceMax", [g.op("Abs", [x], "xabs"), g.const(np.array([-1], np.int64))], "rowmax", keepdims=1)
+    m = g.op("Max", [m, g.const(np.array(ROW_TINY, np.float32), "row_tiny")], "rowmax")
+    xs = g.op("Mul", [x, g.op("Div", [g.const(np.array(ROW_QMAX, np.float32), "c127"), m], "row_r")], "xs")
+    xq = g.op("QuantizeLinear", [xs, g.const(np.array(1.0, np.float32), "one"), zp], "xq")
+    return xq, g.op("Mul", [m, g.const(np.array(ROW_INV_QMAX, np.float32), "inv127")], "row_s")

@@ -40,7 +40,9 @@ class SiteQuant:
 
     Invariant: scale > 0. The NPU part sees clip(rint(x/s), -128, 127); when `shadow` is on, every
     value beyond [-128·s, 127·s] is extracted at run time (any channel, as the paper's threshold
-    comparison) and multiplied in float on the CPU (Eq. 1).
+    comparison) and multiplied in float on the CPU (Eq. 1). A `per_row` site instead scales each row by its
+    own absmax at run time (`rowscale`: where the graphs' provider can, the CPU EP); its `scale` is the
+    calibrated one, kept for the record.
     """
 
     scale: float  # s_x: activations quantized as clip(rint(x/s), -128, 127)
@@ -50,12 +52,15 @@ class SiteQuant:
     n_hot: int = 0
     importance: float = 0.0  # largest calibrated |x| / (127·s) (§3.3, Fig. 12); informational
     bits: int = 8  # activation bits: 8 (W8A8) or 16 (W8A16 per tensor, `a16`: no shadow needed)
+    per_row: bool = False  # 8-bit with a scale per row found at run time (`rowscale`: no shadow needed)
 
     def __post_init__(self) -> None:
         if not (self.scale > 0 and self.scale < float("inf")):
             raise ConfigError(f"SiteQuant.scale must be a finite value > 0, got {self.scale!r}")
         if self.bits not in (8, 16) or (self.bits == 16 and self.shadow_channels):
             raise ConfigError(f"SiteQuant.bits must be 8, or 16 without a shadow; got {self.bits}")
+        if self.per_row and (self.bits != 8 or self.shadow_channels):
+            raise ConfigError("SiteQuant.per_row needs 8-bit activations and no shadow channels")
         if not 0 <= self.n_hot <= len(self.shadow_channels):
             raise ConfigError(f"SiteQuant.n_hot must be in [0, {len(self.shadow_channels)}], got {self.n_hot}")
 
@@ -69,12 +74,12 @@ class SiteQuant:
 
     def to_dict(self) -> dict:
         return {"scale": self.scale, "shadow_channels": list(self.shadow_channels), "n_hot": self.n_hot,
-                "importance": self.importance, "bits": self.bits}
+                "importance": self.importance, "bits": self.bits, "per_row": self.per_row}
 
     @classmethod
     def from_dict(cls, d: dict) -> "SiteQuant":
         return cls(float(d["scale"]), tuple(int(c) for c in d["shadow_channels"]), int(d.get("n_hot", 0)),
-                   float(d.get("importance", 0.0)), int(d.get("bits", 8)))
+                   float(d.get("importance", 0.0)), int(d.get("bits", 8)), bool(d.get("per_row", False)))
 
 
 @dataclass(frozen=True, slots=True)

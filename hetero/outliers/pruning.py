@@ -97,7 +97,8 @@ class PlanOptions:
     `plan` module doc) or 127 (full 8-bit). weight_form (`quantize.WEIGHT_FORMS`), when given, sets the range
     instead and is recorded in the plan (it picks the CPU EP's kernel). a16: (layer, site) keys run W8A16 with
     s = absmax / 32767 and no shadow (`a16`). online: the plan's online transforms (`rotate.online_sites`; the
-    calibration must have observed them). method: the name the plan records.
+    calibration must have observed them). method: the name the plan records. row_scales: the sites importance keeps
+    run with a scale per row (`rowscale`, "a8r") instead of shadow outliers (CPU EP graphs only).
     """
 
     prune_fraction: float = DEFAULT_PRUNE_FRACTION
@@ -112,6 +113,7 @@ class PlanOptions:
     weight_form: str | None = None
     a16: Collection[tuple[int, str]] = ()
     online: Mapping[str, int] | None = None
+    row_scales: bool = False  # the kept sites scale each row at run time (`rowscale`) instead of a shadow
 
 
 def plan_from_calibration(model, calibration=None, options: PlanOptions = PlanOptions()) -> QuantPlan:
@@ -125,7 +127,8 @@ def plan_from_calibration(model, calibration=None, options: PlanOptions = PlanOp
         calibration = ensure_calibration(model)
     keep = kept_sites(calibration, o.prune_fraction, o.percentile, o.granularity, o.importance, o.pruned_percentile)
     a16 = set(o.a16)
-    choices = {key: SiteChoice("a16", 100.0) if key in a16 else SiteChoice("a8s", o.percentile) if key in keep
+    kept = SiteChoice("a8r" if o.row_scales else "a8s", o.percentile)
+    choices = {key: SiteChoice("a16", 100.0) if key in a16 else kept if key in keep
                else SiteChoice("a8", o.pruned_percentile) for key in calibration.sites}
     meta = {"percentile": o.percentile, "pruned_percentile": o.pruned_percentile, "granularity": o.granularity,
             "importance": o.importance}
@@ -135,14 +138,15 @@ def plan_from_calibration(model, calibration=None, options: PlanOptions = PlanOp
 @dataclass(frozen=True, slots=True)
 class SiteChoice:
     """How one activation site runs: "a8" (W8A8 per tensor, clipped at the p-th percentile of |x|), "a8s"
-    (W8A8 scaled to the p-th percentile, beyond it shadow outliers on the CPU, Eq. 1) or "a16" (W8A16)."""
+    (W8A8 scaled to the p-th percentile, beyond it shadow outliers on the CPU, Eq. 1), "a8r" (W8A8 with a scale
+    per row at run time, `rowscale`; the p-th percentile's scale recorded) or "a16" (W8A16)."""
 
     kind: str
     percentile: float
 
     def __post_init__(self) -> None:
-        if self.kind not in ("a8", "a8s", "a16"):
-            raise ConfigError(f"a site's precision must be 'a8', 'a8s' or 'a16', got {self.kind!r}")
+        if self.kind not in ("a8", "a8s", "a8r", "a16"):
+            raise ConfigError(f"a site's precision must be 'a8', 'a8s', 'a8r' or 'a16', got {self.kind!r}")
         if not any(abs(self.percentile - p) < 1e-9 for p in PERCENTILES):
             raise ConfigError(f"a site's percentile must be one of the calibrated {PERCENTILES}, got {self.percentile!r}")
 
@@ -154,7 +158,7 @@ class SiteChoice:
         if self.kind == "a8s":
             channels, n_hot = hot_channels(st.channel_counts(self.percentile), hot_coverage)
             return SiteQuant(st.scale(self.percentile), channels, n_hot, imp)
-        return SiteQuant(st.scale(self.percentile), (), 0, imp)
+        return SiteQuant(st.scale(self.percentile), (), 0, imp, per_row=self.kind == "a8r")
 
 
 def plan_from_choices(model, calibration, choices: Mapping[tuple[int, str], SiteChoice],

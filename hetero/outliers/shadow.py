@@ -28,6 +28,7 @@ from hetero.outliers.quantize import (
     quantize_act,
 )
 from hetero.outliers.rangecheck import rows_inside, split_beyond
+from hetero.outliers.rowscale import row_part
 from hetero.outliers.rotate import block_hadamard
 
 # float32 sums of integers are exact while every partial sum stays below 2^24: |a·w| <= 128·127, so a
@@ -167,6 +168,8 @@ class QuantizedBackend(TorchBackend):
         ws = [self.plan.weights[(layer, n)] for n in SITE_LINEARS[site]]
         bs = [getattr(lw, b) if b else None for b in SITE_BIASES[site]]
         sq, x = self.plan.sites[(layer, site)], self.site_input(site, x)
+        if sq.per_row:
+            return row_part(x, ws, bs)
         return (a16_part if sq.bits == 16 else npu_part)(x, sq.scale, ws, bs)
 
     def shadow_delta(self, layer: int, site: str, x: torch.Tensor) -> torch.Tensor | None:

@@ -60,6 +60,12 @@ def test_plan_from_calibration(tiny, stats):
                                  ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
 
 
+def test_row_scales_take_the_kept_sites_instead_of_shadows(tiny, stats):
+    plan = plan_from_calibration(tiny, stats, PlanOptions(prune_fraction=0.75, row_scales=True))
+    assert plan.shadow_sites() == [] and {k for k, sq in plan.sites.items() if sq.per_row} == {(0, "down_in"), (1, "down_in")}
+    assert plan.sites[(0, "down_in")].scale == pytest.approx(1 / 127)  # the calibrated scale, for the record
+
+
 
 def test_error_importance_from_histogram(tiny, stats):
     # "error" importance: the relative squared error that pruning adds, from the |x| histogram; a site
