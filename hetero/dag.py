@@ -18,8 +18,12 @@ from hetero.errors import ConfigError, ScheduleError
 SUBGRAPH_KINDS = ("qkv", "attn", "o_ffn")  # one decoder layer, in execution order (mllm-NPU §3.2)
 LANES = ("npu", "cpu", "gpu")  # scheduler lane ids; a lane runs one subgraph at a time (Eq. 4)
 DEFAULT_PLACEMENT = (("qkv", "npu"), ("attn", "cpu"), ("o_ffn", "npu"))  # (kind, lane) of one layer
-CROSS_CHUNK_KINDS = ("attn", "layer")  # kinds that read the K/V of earlier chunks of their layer
+CROSS_CHUNK_KINDS = ("attn", "layer", "layer_attn")  # kinds that read the K/V of earlier chunks of their layer
 LAYER_PLACEMENT = (("layer", "npu"),)  # a whole layer as one subgraph (`npu.placement.prefill_layout`: fused)
+# a whole layer as two subgraphs around an attention kernel outside the graphs (`NpuBackend.layer_attn`, `layer_ffn`):
+# a later chunk's layer waits for the earlier chunk's attention only, not for its o→FFN graph too (mllm-NPU §3.4)
+HALF_PLACEMENT = (("layer_attn", "npu"), ("layer_ffn", "npu"))
+WHOLE_LAYER_KINDS = ("layer", "layer_attn", "layer_ffn")  # the kinds of LAYER_PLACEMENT and HALF_PLACEMENT
 
 if TYPE_CHECKING:
     import networkx as nx

@@ -313,7 +313,7 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
         from hetero.sched.wavefront import ATTENTION_PER_KEY, WavefrontExecutor  # chunks of equal work
 
         kernel = "bf16" if getattr(backend, "attention", None) is not None else "gqa"
-        executor = WavefrontExecutor(model.config.n_layers, lanes, ATTENTION_PER_KEY[kernel])
+        executor = WavefrontExecutor(model.config.n_layers, lanes, ATTENTION_PER_KEY[kernel], halves=kernel == "bf16")
     elif fused:  # one lane: a whole layer per subgraph, in program order on every core
         from hetero.dag import LAYER_PLACEMENT
         from hetero.runtime import SerialExecutor

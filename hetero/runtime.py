@@ -264,6 +264,17 @@ class PrefillJob:
             rt.backend.layer(layer, self.h[i][:n], k_cache, v_cache, c.start - base,
                              (rt.attention.cos[base:], rt.attention.sin[base:]), out[:n])
             self.h[i] = out
+        elif kind == "layer_attn":  # a layer's q|k|v graph and the attention kernel (`NpuBackend.layer_attn`)
+            n = c.n_valid
+            base = self.cache.place(layer, c.start, n)
+            k_cache, v_cache = self.cache.layer(layer)
+            rt.backend.layer_attn(layer, self.h[i][:n], k_cache, v_cache, c.start - base,
+                                  (rt.attention.cos[base:], rt.attention.sin[base:]), self.bufs.qkv[i][:n],
+                                  self.bufs.attn[i][:n])
+        elif kind == "layer_ffn":  # its o→FFN graph (`NpuBackend.layer_ffn`)
+            n, out = c.n_valid, self._spare_h(i, c)
+            rt.backend.layer_ffn(layer, self.bufs.attn[i][:n], self.h[i][:n], out[:n])
+            self.h[i] = out
         elif kind == "o_ffn":
             self.h[i] = rt.backend.o_ffn(layer, self.attn[i], self.h[i], out=self._spare_h(i, c))
         else:

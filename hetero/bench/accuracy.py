@@ -37,7 +37,7 @@ from hetero.outliers.pruning import DEFAULT_PERCENTILE, PlanOptions, plan_from_c
 from hetero.outliers.shadow import QuantizedBackend
 from hetero.paths import atomic_path
 
-METHOD_ROWS = ("float", "hetero", "hetero-w8a8", "hetero-search", "hetero-rot-a16down", "hetero-rot-a16", "hetero-noshadow")
+METHOD_ROWS = ("float", "hetero", "hetero-shadow", "hetero-gqa", "hetero-w8a8", "hetero-search", "hetero-rot-a16down", "hetero-rot-a16", "hetero-noshadow")
 HELP = "perplexity of the quantized paths vs float and Table 5's baselines; outliers, pruning, hot channels"
 
 
@@ -255,7 +255,7 @@ def to_markdown(r: dict) -> str:
                   "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
         for row in mrows:
             sp = row.get("prefill_tok_s_1024")
-            plan = ", ".join(f"{k}={row[k]}" for k in ("weight_form", "rotated", "a16_sites", "shadow_sites", "budget_pct",
+            plan = ", ".join(f"{k}={row[k]}" for k in ("weight_form", "rotated", "a16_sites", "shadow_sites", "row_scaled_sites", "budget_pct",
                                                         "validation_delta_pct") if k in row)
             ppl = f"{row['ppl']:.4f} | {row['delta_pct']:+.2f}%" if "ppl" in row else "– | –"
             pre = (f"{row['ppl_prefill']:.4f} | {row['delta_prefill_pct']:+.2f}% | {row.get('attention', '–')}"

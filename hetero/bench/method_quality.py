@@ -78,7 +78,8 @@ def method_rows(model, methods: list[str], windows: list[torch.Tensor], speed_id
         plan = getattr(rt.backend, "plan", None)
         if plan is not None:
             row.update(weight_form=plan.weight_form, rotated=bool(plan.online),
-                       a16_sites=sum(sq.bits == 16 for sq in plan.sites.values()), shadow_sites=len(plan.shadow_sites()))
+                       a16_sites=sum(sq.bits == 16 for sq in plan.sites.values()), shadow_sites=len(plan.shadow_sites()),
+                       row_scaled_sites=sum(sq.per_row for sq in plan.sites.values()))
             if "validation_ppl" in plan.meta:  # a searched plan: what it measured on its validation split
                 row.update(budget_pct=plan.meta["budget_pct"],
                            validation_delta_pct=round(100 * (plan.meta["validation_ppl"] / plan.meta["float_validation_ppl"] - 1), 3))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero.bench.entry import write_json_md
+from hetero.dag import WHOLE_LAYER_KINDS
 from hetero.arguments import add_method_arg, add_model_arg, int_list, positive_int
 
 HELP = "a prefill's time per subgraph kind (in program order) and per lane (out of order)"
@@ -75,7 +76,7 @@ def profiled_runs(runtime, ids, lens: list[int]) -> list[dict[str, Any]]:
 
         # whole-layer graphs on every lane (`sched.wavefront`): a layer's session serves both lanes, so the lanes'
         # ORT time is one sum beside their summed busy time
-        layers_only = set(s.dag.kinds) == {"layer"} and len(busy) > 1
+        layers_only = set(s.dag.kinds) <= set(WHOLE_LAYER_KINDS) and len(busy) > 1
         lanes = ({"all lanes": lane(sum(busy.values()), "graphs")} if layers_only
                  else {"npu": lane(busy.get("npu", 0.0), "graphs"), "cpu": lane(busy.get("cpu", 0.0), "attention")})
         rows.append({

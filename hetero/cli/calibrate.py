@@ -66,7 +66,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.budget is not None:
         plan = quant_plan(model, weight_form=None, recipe=spec.recipe, budget=args.budget)
         searched = {k: plan.meta[k] for k in ("budget_pct", "validation_ppl", "float_validation_ppl", "predicted_us", "met")}
-        searched["sites"] = {kind: sum(1 for sq in plan.sites.values() if _kind(sq) == kind) for kind in ("a8", "a8s", "a16")}
+        searched["sites"] = {kind: sum(1 for sq in plan.sites.values() if _kind(sq) == kind) for kind in ("a8", "a8s", "a8r", "a16")}
     rows = summary(stats, DEFAULT_PERCENTILE)
     keep = kept_sites(stats)
     top = sorted(rows, key=lambda r: -r["importance"])[:5]
@@ -79,7 +79,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(f"calibrated {model.name} on {stats.corpus} ({stats.n_tokens} tokens, {result['seconds']} s) -> {path}")
-        print(f"shadow kept on {len(keep)} of {len(rows)} sites; most important (absmax / scale):")
+        print(f"outliers kept on {len(keep)} of {len(rows)} sites (a scale per row on the CPU EP, shadows on HTP); "
+              f"most important (absmax / scale):")
         for r in top:
             print(f"  layer {r['layer']:2d} {r['site']:8s} absmax {r['absmax']:8.2f}  s {r['scale']:.4f}  importance {r['importance']:8.1f}")
         if searched is not None:

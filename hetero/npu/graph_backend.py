@@ -354,10 +354,8 @@ class NpuBackend:
                               f"({rope[0].shape[0]}) positions")
         if self.attention is not None:  # qkv graph → the BF16 kernel (K/V into the cache) → o/FFN graph
             qkv, a = self._between(n)
-            runs[0].graph.run({Buffer.H: h}, {Buffer.QKV: qkv})
-            self.attention(qkv, k_cache, v_cache, start, rope[0], rope[1], a, self.cfg.window(layer), self._rotate_a)
-            runs[1].graph.run({Buffer.A: a, Buffer.H: h}, {Buffer.H_OUT: out})
-            return out
+            self.layer_attn(layer, h, k_cache, v_cache, start, rope, qkv, a)
+            return self.layer_ffn(layer, a, h, out)
         graph = runs[0].graph
         f32, b = np.float32, graph.binding
         b.bind_input(Buffer.H, "cpu", 0, f32, (n, self.cfg.hidden), f32_address(h, "layer(): h"))
@@ -371,6 +369,27 @@ class NpuBackend:
         for name, t in zip(("cos", "sin"), rope):
             b.bind_input(name, "cpu", 0, f32, tuple(t.shape), f32_address(t, f"layer(): the RoPE {name} table"))
         graph.session.run_with_iobinding(b)
+        return out
+
+    def layer_attn(self, layer: int, h: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
+                   rope: tuple[np.ndarray, np.ndarray], qkv: np.ndarray, a: np.ndarray) -> np.ndarray:
+        """The first half of `layer` where the BF16 kernel runs (`dag.HALF_PLACEMENT`): the q|k|v graph into qkv
+        [n, q_dim + 2·kv_dim], then the attention, which writes the chunk's K/V into the cache and a [n, q_dim]."""
+        if self.attention is None:
+            raise ConfigError(f"layer_attn() runs the attention kernel between two graphs; this backend has none "
+                              f"({self.attention_why})")
+        n = h.shape[0]
+        if start + n > min(k_cache.shape[1], rope[0].shape[0]):
+            raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({k_cache.shape[1]}) or RoPE table "
+                              f"({rope[0].shape[0]}) positions")
+        self.program(layer).runs[0].graph.run({Buffer.H: h}, {Buffer.QKV: qkv})
+        return self.attention(qkv, k_cache, v_cache, start, rope[0], rope[1], a, self.cfg.window(layer), self._rotate_a)
+
+    def layer_ffn(self, layer: int, a: np.ndarray, h: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """The second half: the o→FFN graph on the attention's output a and the layer's input h, into out."""
+        if self.attention is None:
+            raise ConfigError("layer_ffn() is the half after the attention kernel; this backend runs whole layers")
+        self.program(layer).runs[1].graph.run({Buffer.A: a, Buffer.H: h}, {Buffer.H_OUT: out})
         return out
 
     def _between(self, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -12,6 +12,7 @@ import abc
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,19 +49,28 @@ class Graph:
     outputs: dict[str, int]
     device: str  # "cpu" | "npu": the hardware its provider runs on
     path: Path | None = None  # the compiled model in the graph cache (None: built without the cache)
-    binding: ort.IOBinding = field(init=False)
     buffers: dict[str, np.ndarray] = field(init=False)  # outputs not given by the caller, made once
+    _local: threading.local = field(init=False)
 
     def __post_init__(self) -> None:
-        self.binding = self.session.io_binding()
         self.buffers = {}
+        self._local = threading.local()
+
+    @property
+    def binding(self) -> ort.IOBinding:
+        """This thread's IOBinding of the session: two lanes may run one graph at once (a layer's o→FFN graph for two
+        chunks, `dag.HALF_PLACEMENT`), and a binding holds the buffers of one run."""
+        b = getattr(self._local, "binding", None)
+        if b is None:
+            b = self._local.binding = self.session.io_binding()
+        return b
 
     def _what(self, name: str) -> str:
         return f"graph {self.spec.kind} of layer {self.spec.layer}: buffer {name}"
 
     def run(self, inputs: dict[str, np.ndarray], out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Run on float32 [rows, width] numpy arrays (an input that is not C-contiguous float32 is copied into one);
-        returns the outputs.
+        returns the outputs. Threads may run one graph at once when each gives every output in `out`.
 
         rows = C for a fixed-shape graph, the inputs' row count for one with dynamic rows. ORT writes each
         output into `out[name]` (C-contiguous float32) when given, else into this graph's own buffer (grown to the

@@ -21,7 +21,7 @@ import time
 from typing import Callable
 
 from hetero.chunking import Chunk, plan_chunks
-from hetero.dag import LANES, LAYER_PLACEMENT, CompiledDag, prefill_dag
+from hetero.dag import HALF_PLACEMENT, LANES, LAYER_PLACEMENT, CompiledDag, prefill_dag
 from hetero.errors import ConfigError
 from hetero.schedule import Schedule
 
@@ -160,12 +160,15 @@ class WavefrontExecutor:
     runtime cuts each prompt into `chunk_for` rows so that every lane has a chunk. The second lane is named "cpu" in
     the schedule (`dag.LANES`): it is the second core, running the same kind of graph as the first."""
 
-    def __init__(self, n_layers: int, lanes: int = 2, attention_per_key: float = 0.0):
+    def __init__(self, n_layers: int, lanes: int = 2, attention_per_key: float = 0.0, halves: bool = False):
         if lanes not in (1, 2):
             raise ConfigError(f"lanes must be 1 or 2, got {lanes}")
         if attention_per_key < 0:
             raise ConfigError(f"attention_per_key must be >= 0, got {attention_per_key}")
-        self.n_layers, self.lanes, self.placement = n_layers, lanes, LAYER_PLACEMENT
+        # halves: each layer as its two subgraphs (`dag.HALF_PLACEMENT`), for a backend whose attention runs between
+        # two graphs: the next chunk's lane starts a layer after the attention of this one, not after its FFN
+        self.n_layers, self.lanes = n_layers, lanes
+        self.placement = HALF_PLACEMENT if halves else LAYER_PLACEMENT
         self.attention_per_key = attention_per_key  # `ATTENTION_PER_KEY` of the backend's attention (0: equal chunks)
         self._dags: dict[int, CompiledDag] = {}
 

@@ -68,3 +68,17 @@ def test_rotated_default_model_equals_float(default_model, real_text_ids):
     a = ref.forward(m.config, m.weights, ids)[0]
     b = ref.forward(r.config, r.weights, ids)[0]
     assert float((a - b).abs().max()) < 1e-3
+
+
+def test_the_online_blocks_are_part_of_the_rotation_version():
+    """A rotated model's calibration observes its online transforms (x·T), and its fingerprint keys that calibration:
+    a different block with the same ROTATION_VERSION would read scales measured in the other block's domain, a silent
+    wrong answer. Changing a block needs a version bump, and this pin with it."""
+    from hetero.outliers.rotate import ROTATION_VERSION
+
+    import dataclasses
+
+    plain = make_tiny_model(head_dim=64).config
+    post_norms = dataclasses.replace(plain, post_norms=True)
+    pins = {1: ({"o_in": 64, "down_in": 64}, {"o_in": 64, "down_in": 64, "attn_in": 64, "ffn_in": 64})}
+    assert (online_sites(plain), online_sites(post_norms)) == pins[ROTATION_VERSION]

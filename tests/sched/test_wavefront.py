@@ -136,3 +136,50 @@ def test_a_fused_prefill_on_two_lanes_equals_the_one_in_program_order() -> None:
     sizes = [c.n_valid for c in balanced.plan(ids).chunks]
     assert sizes[0] > 16 and sizes == sorted(sizes, reverse=True) and sum(sizes) == 70
     np.testing.assert_allclose(got.logits, want.logits, rtol=0, atol=1e-4)
+
+
+def test_halves_wait_for_the_earlier_chunks_attention_only() -> None:
+    """`dag.HALF_PLACEMENT`: chunk i's q|k|v + attention of layer l after its own layer l - 1 and chunk i - 1's
+    attention of layer l; its o→FFN after its own attention, never after another chunk's FFN."""
+    ex = WavefrontExecutor(n_layers=3, halves=True)
+    dag = ex.compile(2)
+    assert dag.kinds == ("layer_attn", "layer_ffn") and dag.n_nodes == 12
+    preds = lambda v: set(dag.pred_idx[dag.pred_ptr[v]: dag.pred_ptr[v + 1]])  # noqa: E731
+    node = lambda i, layer, half: dag.node_id(i, 2 * layer + half)  # noqa: E731
+    assert preds(node(1, 1, 0)) == {node(1, 0, 1), node(0, 1, 0)}
+    assert preds(node(1, 1, 1)) == {node(1, 1, 0)}
+    meet = threading.Barrier(2, timeout=30)  # chunk 1's first attention runs beside chunk 0's first FFN
+    both = {node(0, 0, 1), node(1, 0, 0)}
+    check_schedule(ex.execute(dag, lambda v: meet.wait() if v in both else None))
+
+
+def test_a_prefill_in_halves_equals_the_whole_layers() -> None:
+    """The BF16 kernel between each layer's two graphs: the halves as nodes of their own change when a node runs,
+    not its result (bit for bit against whole layers on one lane, and against them on two lanes)."""
+    from hetero.dag import LAYER_PLACEMENT
+    from hetero.native.attention import unavailable
+    from hetero.npu.graph_backend import GraphOptions, NpuBackend
+    from hetero.runtime import Runtime, SerialExecutor
+    from tests.conftest import make_tiny_model
+    from tests.npu.conftest import tiny_plan
+
+    tiny = make_tiny_model(head_dim=32)
+    if unavailable(tiny.config) is not None:
+        pytest.skip(f"the BF16 attention kernel cannot run here: {unavailable(tiny.config)}")
+    be = NpuBackend(tiny, tiny_plan(tiny, None, scale=0.03), 32,
+                    options=GraphOptions(fused=True, intra_op_threads=1, attention="bf16"))
+    ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(0))
+    halves = Runtime(tiny, chunk=32, backend=be, executor=WavefrontExecutor(tiny.config.n_layers, halves=True))
+    whole = Runtime(tiny, chunk=32, backend=be, executor=WavefrontExecutor(tiny.config.n_layers)).prefill(ids)
+    serial = Runtime(tiny, chunk=lane_chunk(70, 32, 2), backend=be,
+                     executor=SerialExecutor(tiny.config.n_layers, LAYER_PLACEMENT)).prefill(ids)
+    for _ in range(8):  # two chunks' o→FFN of one layer may run at once, each on its lane's binding (`Graph.binding`)
+        got = halves.prefill(ids)
+        assert got.schedule.dag.kinds == ("layer_attn", "layer_ffn")
+        check_schedule(got.schedule)
+        for want in (whole, serial):
+            assert np.array_equal(got.logits, want.logits)
+            assert np.array_equal(got.cache.k[:, :, :70], want.cache.k[:, :, :70])
+    with pytest.raises(ConfigError, match="attention kernel"):
+        NpuBackend(tiny, tiny_plan(tiny, None, scale=0.03), 32,
+                   options=GraphOptions(fused=True, attention="gqa")).layer_attn(0, *([None] * 7))
