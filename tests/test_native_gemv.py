@@ -34,15 +34,15 @@ def _packed(k: int, n: int, seed: int = 0) -> tuple[gemv.Packed, np.ndarray]:
 
 
 def _reference(x: np.ndarray, p: gemv.Packed) -> np.ndarray:
-    """The kernel's arithmetic in float64: x quantized to int8 per block of 128 (amax / 127, round half to even),
+    """The kernel's arithmetic in float64: x quantized to int8 per block of 32 (amax / 127, round half to even),
     integer dot products with the int8 weights per block, times the activation and weight scales."""
     k = p.k
-    blocks = -(-k // gemv.QB)
+    blocks = -(-k // gemv.AB)
     wq = gemv.dequantized(p)  # [K, N] = q · s_w per block
     out = np.zeros((x.shape[0], p.n))
     for r, row in enumerate(x.astype(np.float64)):
         for b in range(blocks):
-            lo, hi = b * gemv.QB, min(k, (b + 1) * gemv.QB)
+            lo, hi = b * gemv.AB, min(k, (b + 1) * gemv.AB)
             m = np.abs(row[lo:hi]).max()
             s = np.float32(m) / np.float32(127)
             q = np.clip(np.rint(row[lo:hi] * (127.0 / m if m > 0 else 0.0)), -127, 127)

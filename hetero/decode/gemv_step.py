@@ -2,12 +2,12 @@
 
 The same form as the MatMulNBits graphs (`npu.nbits`: the method's float weights, the rotated copy's for the
 default, W·T on online sites, quantized by ONNX Runtime's kernel to 8 bits in blocks of 128; activations int8 per
-block at run time; no shadow corrections), computed without a graph: per layer one call for q|k|v (RMSNorm in
+block of 32 at run time; no shadow corrections), computed without a graph: per layer one call for q|k|v (RMSNorm in
 front) and one for o → FFN (o_in's online Hadamard, o, the residual, RMSNorm, gate|up, SiLU·up, down_in's online
 Hadamard, down, the residual), attention between them as in `bound_step` (`rowattn.decode_rows`, or both threads
 through `twocore.attnpool`). Every weight lies in one arena in the order a step reads it, so the step streams one
-run of memory (separate arrays of ~1 MB each streamed at ~13-20 GB/s on AMD EPYC Zen 4, the arena at ~22-25:
-docs/journal.md, issue 24 item 3).
+run of memory on huge pages (separate arrays of ~1 MB each streamed at ~13-20 GB/s on AMD EPYC Zen 4, the arena
+~26 GB/s from one thread: docs/journal.md, issue 24 item 3).
 
 Beside the helper thread (`attnpool.AttentionPool`) every linear's column halves run on both cores as one stage of
 the pool's stage runner; a column's value does not depend on the split or on the other rows, so a step's logits

@@ -5,7 +5,9 @@ A plain decode step streams every weight once per token. ONNX Runtime's `MatMulN
 host (AMD EPYC Zen 4), which streams ~30 GB/s from one thread (docs/journal.md, issue 24 item 3). These kernels
 compute the same product in the same form, the weights quantized by ONNX Runtime's own kernel to the very bytes
 MatMulNBits reads (`npu.nbits.quantize_weight`, called by `decode.gemv_step`), repacked for `vpdpbusd` (64 output columns a tile, 4 weights along K
-per column a lane), the activations quantized to int8 per block of 128 at run time (amax / 127), and fold the
+per column a lane), the activations quantized to int8 per block of 32 at run time (amax / 127: a quarter of
+MatMulNBits' activation block, which the memory-bound kernel gets for free and which brings the decode's perplexity
+back to the graphs'; with blocks of 128 it was 0.14 points worse, docs/journal.md), and fold the
 elementwise work around each linear (RMSNorm, the residual adds, SiLU·up, the online block Hadamards of a rotated
 model, QuaRot) into the same call: one call per linear, no graph, no shadow corrections (as `npu.nbits`).
 
@@ -30,7 +32,7 @@ from hetero.config import ModelConfig
 from hetero.errors import ConfigError
 from hetero.native.build import Kernel
 
-TILE, QB = 64, 128  # output columns per tile, values of K per activation / weight scale (as gemv_vnni.c)
+TILE, QB, AB = 64, 128, 32  # output columns per tile, values of K per weight / activation scale (as gemv_vnni.c)
 FLAGS = ("-O3", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-fPIC", "-shared")
 NEEDS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 GEMV_VERSION = 1  # what `pack` writes; in the cached arrays' form: bump when the packed layout changes
@@ -88,7 +90,7 @@ def unavailable(cfg: ModelConfig, build: bool = True) -> str | None:
 def describe() -> str:
     """The decode form in words (`runtime.DecodePlacement.small_form`)."""
     return ("hetero's int8 GEMVs (AVX-512 VNNI): ONNX Runtime's 8-bit symmetric weights in blocks of 128, int8 "
-            "activations per block, no shadow corrections")
+            "activations per block of 32, no shadow corrections")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +163,8 @@ class Scratch:
         self.rows, self.k = rows, k
         self.xs = np.zeros(rows * k, np.float32)
         self.xq = np.zeros(rows * blocks * QB + 64, np.int8)
-        self.sa = np.zeros(rows * blocks, np.float32)
-        self.xsum = np.zeros(rows * blocks, np.int32)
+        self.sa = np.zeros(rows * blocks * (QB // AB), np.float32)
+        self.xsum = np.zeros(rows * blocks * (QB // AB), np.int32)
 
     def part(self, lo: int, hi: int, counter: int | None = None) -> Part:
         """Columns lo..hi on this scratch (multiples of TILE); counter: the address of an int64 the job's parts claim
@@ -199,7 +201,7 @@ def bind(p: Packed, x: np.ndarray, out: np.ndarray, scratch: Scratch, *, add: np
          bias: np.ndarray | None = None, res: tuple[np.ndarray, ...] = ()) -> Bound:
     """One job over fixed buffers: out[:, :N] = [res0 (+ res1) +] (x' · W [+ bias]) with x' = x [+ add], RMSNorm'd
     by `norm` (eps), or silu(x[:, :K])·x[:, K:2K] (silu_up), then x'·T (block Hadamard of size `hadamard`); the
-    activation rows quantized per block of 128 (module docstring). Every buffer [rows, ·] float32, C-contiguous."""
+    activation rows quantized per block of 32 (module docstring). Every buffer [rows, ·] float32, C-contiguous."""
     rows = x.shape[0]
     width = 2 * p.k if silu_up else p.k
     if x.ndim != 2 or x.shape[1] < width or out.shape[0] != rows or out.shape[1] < p.n:

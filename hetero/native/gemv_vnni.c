@@ -9,6 +9,9 @@
    and writes only its columns (a fixed range, or tiles claimed from a shared counter). Every column's integer sums are exact and its float sums run in a fixed order
    (block after block), so a row's outputs do not depend on the other rows of the job nor on the split.
 
+   No software prefetch: over the weights' one arena on huge pages the hardware prefetcher streams 26 GB/s from one
+   thread (AMD EPYC Zen 4), prefetches 4 KB ahead 22 (docs/journal.md, issue 24 item 3).
+
    Weights: column tiles of TILE = 64 (4 vectors of 16), each tile a stream of K/4 quads of 256 bytes: for each
    of its 64 columns 4 consecutive weights along K (vpdpbusd's layout); scales [tiles][blocks][64]. */
 
@@ -18,10 +21,11 @@
 #include <stdint.h>
 
 #define TILE 64
-#define QB 128
-#ifndef PF
-#define PF 64 /* software prefetch distance in 64-byte vectors (4 KB ahead of the stream; 0: none) */
+#define QB 128 /* values of K sharing a weight scale (MatMulNBits' block) */
+#ifndef AB
+#define AB 32  /* values of K sharing an activation scale: a quarter of a weight block */
 #endif
+#define SUB (QB / AB)
 
 typedef struct {
     int64_t rows;          /* rows of this job (a token tree's) */
@@ -49,8 +53,8 @@ typedef struct {
                               and a thread that comes late finds the tiles done */
     float *xs;             /* scratch [rows, k] floats */
     int8_t *xq;            /* scratch [rows, nb * QB] */
-    float *sa;             /* scratch [rows, nb] */
-    int32_t *xsum;         /* scratch [rows, nb] */
+    float *sa;             /* scratch [rows, nb * SUB]: a scale per activation block */
+    int32_t *xsum;         /* scratch [rows, nb * SUB] */
 } Part;
 
 static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
@@ -124,10 +128,10 @@ static void prologue(const Job *J, int64_t r, float *x) {
     if (J->had > 1) block_hadamard(x, k, J->had);
 }
 
-/* x [k] → xq [nb·QB] (zero past k), sa[b] = amax_b / 127, xsum[b] = 128·Σ xq over block b. */
+/* x [k] → xq [nb·QB] (zero past k), sa[b] = amax_b / 127, xsum[b] = 128·Σ xq over activation block b (AB values). */
 static void quantize(const float *x, int64_t k, int64_t nb, int8_t *xq, float *sa, int32_t *xsum) {
-    for (int64_t b = 0; b < nb; b++) {
-        const int64_t lo = b * QB, hi = lo + QB < k ? lo + QB : k;
+    for (int64_t b = 0; b < nb * SUB; b++) {
+        const int64_t lo = b * AB, hi = lo + AB < k ? lo + AB : k;
         float m = 0.f;
         for (int64_t i = lo; i < hi; i++) m = fmaxf(m, fabsf(x[i]));
         const float s = m / 127.f, inv = m > 0.f ? 127.f / m : 0.f;
@@ -138,41 +142,41 @@ static void quantize(const float *x, int64_t k, int64_t nb, int8_t *xq, float *s
             xq[i] = (int8_t)q;
             sum += q;
         }
-        for (int64_t i = hi; i < lo + QB; i++) xq[i] = 0;
+        for (int64_t i = hi > lo ? hi : lo; i < lo + AB; i++) xq[i] = 0;
         sa[b] = s;
         xsum[b] = 128 * sum;
     }
 }
 
-/* One tile (64 columns) of one row: y[c] = Σ_b sa[b]·ws[b][c]·(Σ_{k∈b} (w_u8 − 128)·xq). */
+/* One tile (64 columns) of one row: y[c] = Σ_b ws[b][c]·Σ_{a ⊂ b} sa[a]·(Σ_{k∈a} (w_u8 − 128)·xq), over weight blocks b
+   and their activation blocks a. */
 static void tile_row(const uint8_t *wt, const float *wst, int64_t quads, int64_t nb, const int8_t *xq,
                      const float *sa, const int32_t *xsum, float *y) {
     __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+    const int32_t *x4 = (const int32_t *)xq;
     for (int64_t b = 0; b < nb; b++) {
-        const int64_t q0 = b * (QB / 4), q1 = q0 + QB / 4 < quads ? q0 + QB / 4 : quads;
-        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-        const int32_t *x4 = (const int32_t *)xq;
-        for (int64_t j = q0; j < q1; j++) {
-            const __m512i x = _mm512_set1_epi32(x4[j]);
-            const __m512i *p = (const __m512i *)(wt + j * 256);
-#if PF
-            _mm_prefetch((const char *)(p + PF), _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + PF + 1), _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + PF + 2), _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + PF + 3), _MM_HINT_T0);
-#endif
-            a0 = _mm512_dpbusd_epi32(a0, _mm512_loadu_si512(p), x);
-            a1 = _mm512_dpbusd_epi32(a1, _mm512_loadu_si512(p + 1), x);
-            a2 = _mm512_dpbusd_epi32(a2, _mm512_loadu_si512(p + 2), x);
-            a3 = _mm512_dpbusd_epi32(a3, _mm512_loadu_si512(p + 3), x);
-        }
-        const __m512i corr = _mm512_set1_epi32(xsum[b]);
-        const __m512 s = _mm512_set1_ps(sa[b]);
         const float *ws = wst + b * TILE;
-        f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a0, corr)), _mm512_mul_ps(_mm512_loadu_ps(ws), s), f0);
-        f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a1, corr)), _mm512_mul_ps(_mm512_loadu_ps(ws + 16), s), f1);
-        f2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a2, corr)), _mm512_mul_ps(_mm512_loadu_ps(ws + 32), s), f2);
-        f3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a3, corr)), _mm512_mul_ps(_mm512_loadu_ps(ws + 48), s), f3);
+        const __m512 w0 = _mm512_loadu_ps(ws), w1 = _mm512_loadu_ps(ws + 16), w2 = _mm512_loadu_ps(ws + 32),
+                     w3 = _mm512_loadu_ps(ws + 48);
+        for (int64_t a = b * SUB; a < (b + 1) * SUB; a++) {
+            const int64_t q0 = a * (AB / 4), q1 = q0 + AB / 4 < quads ? q0 + AB / 4 : quads;
+            if (q0 >= q1) break;
+            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t j = q0; j < q1; j++) {
+                const __m512i x = _mm512_set1_epi32(x4[j]);
+                const __m512i *p = (const __m512i *)(wt + j * 256);
+                a0 = _mm512_dpbusd_epi32(a0, _mm512_loadu_si512(p), x);
+                a1 = _mm512_dpbusd_epi32(a1, _mm512_loadu_si512(p + 1), x);
+                a2 = _mm512_dpbusd_epi32(a2, _mm512_loadu_si512(p + 2), x);
+                a3 = _mm512_dpbusd_epi32(a3, _mm512_loadu_si512(p + 3), x);
+            }
+            const __m512i corr = _mm512_set1_epi32(xsum[a]);
+            const __m512 s = _mm512_set1_ps(sa[a]);
+            f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a0, corr)), _mm512_mul_ps(w0, s), f0);
+            f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a1, corr)), _mm512_mul_ps(w1, s), f1);
+            f2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a2, corr)), _mm512_mul_ps(w2, s), f2);
+            f3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a3, corr)), _mm512_mul_ps(w3, s), f3);
+        }
     }
     _mm512_storeu_ps(y, f0);
     _mm512_storeu_ps(y + 16, f1);
@@ -187,10 +191,10 @@ void *hetero_gemv_part(void *job, void *unused, void *part) {
     (void)unused;
     const Job *J = (const Job *)job;
     const Part *P = (const Part *)part;
-    const int64_t k = J->k, nb = (k + QB - 1) / QB, kp = nb * QB, quads = k / 4;
+    const int64_t k = J->k, nb = (k + QB - 1) / QB, kp = nb * QB, quads = (k + 3) / 4, na = nb * SUB;
     for (int64_t r = 0; r < J->rows; r++) {
         prologue(J, r, P->xs + r * k);
-        quantize(P->xs + r * k, k, nb, P->xq + r * kp, P->sa + r * nb, P->xsum + r * nb);
+        quantize(P->xs + r * k, k, nb, P->xq + r * kp, P->sa + r * na, P->xsum + r * na);
     }
     float y[TILE];
     const int64_t t0 = P->lo / TILE, t1 = P->hi / TILE;
@@ -201,7 +205,7 @@ void *hetero_gemv_part(void *job, void *unused, void *part) {
         const uint8_t *wt = J->w + (c / TILE) * (quads * 256);
         const float *wst = J->ws + (c / TILE) * (nb * TILE);
         for (int64_t r = 0; r < J->rows; r++) {
-            tile_row(wt, wst, quads, nb, P->xq + r * kp, P->sa + r * nb, P->xsum + r * nb, y);
+            tile_row(wt, wst, quads, nb, P->xq + r * kp, P->sa + r * na, P->xsum + r * na, y);
             float *o = J->out + r * J->ld_out + c;
             const int64_t m = J->n - c < TILE ? J->n - c : TILE;
             for (int64_t i = 0; i < m; i++) {
