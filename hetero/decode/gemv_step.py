@@ -207,15 +207,19 @@ class GemvStep:
         layout, shared, bases = start_rows(self, cache, tree, slot, depth)
         pool = self.pool if shared else None
         for layer in range(depth):
-            self.table.run(4 * layer, 4 * layer + 1, pool)
+            self._linears(4 * layer, 4 * layer + 1, pool)
             if cfg.qk_norm:
                 qk_norm_(cfg, self.qkv, self.weights[f"layers.{layer}.q_norm"], self.weights[f"layers.{layer}.k_norm"])
             if shared:
                 self.pool.attend(cfg, layer, self.qkv, layout, bases[layer])
             else:
                 decode_rows(cfg, self.qkv, *cache.layer(layer), layout, self.a, layer, bases[layer])
-            self.table.run(4 * layer + 1, 4 * layer + 4, pool)
+            self._linears(4 * layer + 1, 4 * layer + 4, pool)
         return self.h[depth % 2]
+
+    def _linears(self, first: int, last: int, pool: AttentionPool | None) -> None:
+        """Jobs first..last-1 (a layer's q|k|v, or its o → FFN: jobs 4·layer..4·layer+3)."""
+        self.table.run(first, last, pool)
 
 
 class GemvHead:
