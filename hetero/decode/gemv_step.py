@@ -103,6 +103,10 @@ class GemvWeights:
     def nbytes(self) -> int:
         return int(self.arena.nbytes)
 
+    def close(self) -> None:
+        """Nothing to release beyond memory (a runtime's owned object, `Runtime.owned`): the arena goes with the last
+        step that holds it."""
+
 
 HUGE = 2 << 20  # bytes of an x86-64 huge page
 

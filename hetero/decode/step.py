@@ -166,9 +166,11 @@ class DecodeStep:
         return "nbits"
 
     def _gemv_weights(self) -> GemvWeights:
-        """The GEMVs' weights of the runtime's model and its plan's online transforms, made once."""
+        """The GEMVs' weights of the runtime's model and its plan's online transforms: one arena per runtime, shared by
+        its decode steps."""
         if self._gemv is None:
-            self._gemv = GemvWeights(self.model, self.runtime.backend.plan.online)
+            self._gemv = self.runtime.owned("decode-gemv-weights",
+                                            lambda: GemvWeights(self.model, self.runtime.backend.plan.online))
         return self._gemv
 
     @classmethod
