@@ -196,10 +196,16 @@ def test_step_computes_the_float_step_and_the_matmulnbits_steps_logits(online):
 def test_two_threads_equal_one_and_a_tree_row_equals_its_plain_step(tree):
     """The split linears (tiles claimed by both threads) and a row among a tree's rows: bit for bit the one-thread plain
     step, so greedy speculation emits plain greedy's tokens."""
+    from hetero.decode.gemv_step import GemvHead, GemvStep
+
     _, rt = _runtime(online=True)
     two = DecodeStep(rt, split_after=0)
     one = DecodeStep(rt, attention_threads=1)
     assert two.prepare(1).split() and not one.prepare(1).split()
+    for c in (1, 2, 8):  # the linears' tiles shared with the helper too (`SPLIT_LINEARS`, off by default)
+        two._bound[c] = GemvStep(two._gemv_weights(), rt.model.arrays(), rt.rope, c, two.pool, split=True)
+        assert two._bound[c].table.split is not None
+    two.head = GemvHead(two._gemv_weights(), two.pool, split=True)
     prompt = np.arange(3, 40) * 5 % 256
     caches = [rt.prefill(prompt).cache for _ in range(3)]
     for token in (7, 200):

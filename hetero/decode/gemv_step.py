@@ -9,9 +9,13 @@ through `twocore.attnpool`). Every weight lies in one arena in the order a step 
 run of memory on huge pages (separate arrays of ~1 MB each streamed at ~13-20 GB/s on AMD EPYC Zen 4, the arena
 ~26 GB/s from one thread: docs/journal.md, issue 24 item 3).
 
-Beside the helper thread (`attnpool.AttentionPool`) every linear's column halves run on both cores as one stage of
-the pool's stage runner; a column's value does not depend on the split or on the other rows, so a step's logits
-equal the one-thread step's, and a tree row equals the plain step of its token, bit for bit (tested).
+Beside the helper thread (`attnpool.AttentionPool`) the step shares each layer's attention heads with it. Its linears
+can run on both cores too (`split`: each linear one stage of the pool's stage runner, both threads claiming column
+tiles), but here they run on this thread (`SPLIT_LINEARS`): one thread streams the arena at ~26 GB/s of the ~32 both
+give, and 121 stage hand-offs a step cost more than the rest gains (AMD EPYC Zen 4, steps interleaved in one
+process: 6.45 / 7.70 / 10.06 ms at context 256 / 1024 / 2048 against 6.61 / 7.93 / 10.37 split, docs/journal.md).
+A column's value depends neither on the split nor on the other rows, so a split step's logits equal the one-thread
+step's, and a tree row equals the plain step of its token, bit for bit (tested).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ if TYPE_CHECKING:
     from hetero.loader import Model
 
 SITES = ("attn_in", "o_in", "ffn_in", "down_in")  # a layer's linears, in the order a step runs them
+SPLIT_LINEARS = False  # the linears' column tiles shared with the helper thread (module docstring: not on this host)
 FORM = NbitsForm(8, gemv.QB, 4, True)  # the weights' form: MatMulNBits' default (`npu.nbits.DEFAULT_FORM`)
 
 
@@ -169,7 +174,8 @@ class GemvStep:
     every linear on hetero's GEMVs over buffers bound once."""
 
     def __init__(self, weights: GemvWeights, model_arrays: dict[str, np.ndarray], rope: RopeTable, rows: int,
-                 pool: AttentionPool | None = None):
+                 pool: AttentionPool | None = None, split: bool = SPLIT_LINEARS):
+        """split: the linears' column tiles shared with the pool's helper thread during a step (`SPLIT_LINEARS`)."""
         cfg = weights.cfg
         self.cfg, self.rope, self.rows, self.pool, self.weights = cfg, rope, rows, pool, model_arrays
         self.embed_scale = None if cfg.embed_scale == 1.0 else np.float32(cfg.embed_scale)
@@ -197,11 +203,12 @@ class GemvStep:
                 gemv.bind(lin("down_in"), self.gu, h_out, s, silu_up=True, hadamard=on.get("down_in", 0),
                           bias=bias("down_in"), res=(h_in, self.o)),
             ]
-        self.table = _Table.of(jobs, self.scratch if pool is not None else None)
+        self.table = _Table.of(jobs, self.scratch if pool is not None and split else None)
 
     def split(self) -> bool:
-        """The halves exist from the start beside a helper (building them costs nothing); whether they do."""
-        return self.table.split is not None
+        """Whether the step has its two-core form, which costs nothing to build and runs from the first step: its
+        attention shared with the helper (and its linears' tiles, when made with split)."""
+        return self.pool is not None
 
     def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> np.ndarray:
         """The hidden states [C, hidden] after `layers` layers (default all) of the tree's rows (padded to C with the
@@ -228,16 +235,13 @@ class GemvStep:
 
 class GemvHead:
     """final RMSNorm + the LM head on hetero's GEMV (`native.gemv`: the 8-bit weights MatMulNBits' head reads, int8
-    activations per block), its vocabulary halves on both cores beside the helper thread."""
+    activations per block of 32); with split, its vocabulary tiles shared with the helper thread (`SPLIT_LINEARS`)."""
 
     name = "gemv"
 
-    def __init__(self, weights: GemvWeights, pool: AttentionPool | None = None):
-        self.cfg, self.weights, self.pool = weights.cfg, weights, pool
+    def __init__(self, weights: GemvWeights, pool: AttentionPool | None = None, split: bool = SPLIT_LINEARS):
+        self.cfg, self.weights, self.pool, self._split = weights.cfg, weights, pool, split
         self._bound: dict[int, tuple[np.ndarray, np.ndarray, _Table]] = {}
-
-    def split(self) -> bool:
-        return self.pool is not None
 
     def _bind(self, rows: int) -> tuple[np.ndarray, np.ndarray, _Table]:
         b = self._bound.get(rows)
@@ -247,7 +251,7 @@ class GemvHead:
             scratch = tuple(gemv.Scratch(rows, cfg.hidden) for _ in range(2))
             job = gemv.bind(self.weights.linears["head"], x, out, scratch[0], norm=self.weights.norms["norm"],
                             eps=cfg.rms_eps)
-            b = self._bound[rows] = (x, out, _Table.of([job], scratch if self.pool is not None else None))
+            b = self._bound[rows] = (x, out, _Table.of([job], scratch if self.pool is not None and self._split else None))
         return b
 
     def __call__(self, h: np.ndarray) -> np.ndarray:
