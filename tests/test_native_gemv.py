@@ -15,13 +15,12 @@ from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
 from hetero.native import gemv
 from hetero.npu.graph_backend import NpuBackend
-from hetero.npu.nbits import DEFAULT_FORM, NBITS_ROWS, quantize_weight
+from hetero.npu.nbits import DEFAULT_FORM, quantize_weight
 from hetero.npu.placement import decode_placement
 from hetero.outliers.rotate import hadamard
 from hetero.runtime import Runtime
 from tests.conftest import make_tiny_model
 from tests.npu.conftest import SHADOWS, tiny_plan
-from tests.npu.test_site_ops import ONLINE
 
 WHY = gemv.unavailable(make_tiny_model().config)
 needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"hetero's int8 GEMVs cannot run here: {WHY}")
@@ -130,6 +129,8 @@ def test_prologues_and_epilogues():
         gemv.bind(p, x, out, s, hadamard=48)
     with pytest.raises(ConfigError, match="must be"):
         gemv.bind(p, x[:, :100], out, s)
+    with pytest.raises(ConfigError, match="silu_up takes x alone"):
+        gemv.bind(p, gu, out, s, silu_up=True, norm=norm)
 
 
 @needs_kernel
@@ -229,6 +230,8 @@ def test_a_cpu_without_vnni_keeps_the_graphs(monkeypatch):
     assert DecodeStep(rt).kernel == "nbits"
     with pytest.raises(ConfigError, match="int8 GEMVs cannot run here: this CPU lacks avx512_vnni"):
         DecodeStep(rt, kernel="gemv")
+    with pytest.raises(ConfigError, match="GEMV head cannot run here: this CPU lacks avx512_vnni"):
+        DecodeStep(rt, head="gemv")
 
 
 def test_models_the_kernels_do_not_compute_are_named():

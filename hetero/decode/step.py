@@ -12,8 +12,8 @@ Hidden rows and logits are numpy. The INT8 lane (`bound_step.BoundStep`, the hea
 from __future__ import annotations
 
 import hashlib
-import logging
 import json
+import logging
 import threading
 import time
 import weakref
@@ -140,6 +140,12 @@ class DecodeStep:
         if head == "auto":  # the INT8 lane's: the small steps' form (GEMVs or MatMulNBits, `npu.nbits`), else INT8
             head = ((self.kernel if self.small_rows else "int8") if self.static else "float")
         if head == "gemv":
+            if self.kernel != "gemv":  # asked for beside the graphs: only where the kernels run on an INT8 lane
+                from hetero.native import gemv
+
+                why = "a float lane has no quantized weights" if not self.static else gemv.unavailable(self.cfg)
+                if why is not None:
+                    raise ConfigError(f"hetero's int8 GEMV head cannot run here: {why}")
             self.head = GemvHead(self._gemv_weights(), self.pool)
         elif head == "nbits":
             self.head = NbitsHead(self.cfg, self.model, threads, self.pool, runtime.execution.ort_pool)

@@ -35,7 +35,7 @@ from hetero.native.build import Kernel
 TILE, QB, AB = 64, 128, 32  # output columns per tile, values of K per weight / activation scale (as gemv_vnni.c)
 FLAGS = ("-O3", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-fPIC", "-shared")
 NEEDS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
-GEMV_VERSION = 1  # what `pack` writes; in the cached arrays' form: bump when the packed layout changes
+GEMV_VERSION = 1  # what `pack_quantized` writes; in the cached arrays' form: bump when the packed layout changes
 
 
 def _setup(lib: ctypes.CDLL) -> None:
@@ -208,6 +208,8 @@ def bind(p: Packed, x: np.ndarray, out: np.ndarray, scratch: Scratch, *, add: np
         raise ConfigError(f"gemv: x {x.shape} and out {out.shape} must be [rows, >= {width}] and [rows, >= {p.n}]")
     if add is not None and add.shape != x.shape:
         raise ConfigError(f"gemv: add {add.shape} must be x's shape {x.shape}")
+    if silu_up and (add is not None or norm is not None):
+        raise ConfigError("gemv: silu_up takes x alone (no add, no norm)")
     if any(r.shape != out.shape for r in res) or len(res) > 2:
         raise ConfigError(f"gemv: at most two residuals of out's shape {out.shape}")
     if (norm is not None and norm.shape != (p.k,)) or (bias is not None and bias.shape != (p.n,)):
