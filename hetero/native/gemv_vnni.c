@@ -184,6 +184,73 @@ static void tile_row(const uint8_t *wt, const float *wst, int64_t quads, int64_t
     _mm512_storeu_ps(y + 48, f3);
 }
 
+/* `tile_row` of two rows at once: each weight vector loaded once for both (a token tree's rows), every operation of
+   a row the one `tile_row` does, in the same order, so a row's bits do not depend on its neighbour. */
+static void tile_rows2(const uint8_t *wt, const float *wst, int64_t quads, int64_t nb, const int8_t *xq0,
+                       const int8_t *xq1, const float *sa0, const float *sa1, const int32_t *xs0, const int32_t *xs1,
+                       float *y0, float *y1) {
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0, g0 = f0, g1 = f0, g2 = f0, g3 = f0;
+    const int32_t *x4 = (const int32_t *)xq0, *z4 = (const int32_t *)xq1;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *ws = wst + b * TILE;
+        const __m512 w0 = _mm512_loadu_ps(ws), w1 = _mm512_loadu_ps(ws + 16), w2 = _mm512_loadu_ps(ws + 32),
+                     w3 = _mm512_loadu_ps(ws + 48);
+        for (int64_t a = b * SUB; a < (b + 1) * SUB; a++) {
+            const int64_t q0 = a * (AB / 4), q1 = q0 + AB / 4 < quads ? q0 + AB / 4 : quads;
+            if (q0 >= q1) break;
+            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+            for (int64_t j = q0; j < q1; j++) {
+                const __m512i x = _mm512_set1_epi32(x4[j]), z = _mm512_set1_epi32(z4[j]);
+                const __m512i *p = (const __m512i *)(wt + j * 256);
+                const __m512i v0 = _mm512_loadu_si512(p), v1 = _mm512_loadu_si512(p + 1),
+                              v2 = _mm512_loadu_si512(p + 2), v3 = _mm512_loadu_si512(p + 3);
+                a0 = _mm512_dpbusd_epi32(a0, v0, x);
+                a1 = _mm512_dpbusd_epi32(a1, v1, x);
+                a2 = _mm512_dpbusd_epi32(a2, v2, x);
+                a3 = _mm512_dpbusd_epi32(a3, v3, x);
+                c0 = _mm512_dpbusd_epi32(c0, v0, z);
+                c1 = _mm512_dpbusd_epi32(c1, v1, z);
+                c2 = _mm512_dpbusd_epi32(c2, v2, z);
+                c3 = _mm512_dpbusd_epi32(c3, v3, z);
+            }
+            const __m512i corr = _mm512_set1_epi32(xs0[a]), corz = _mm512_set1_epi32(xs1[a]);
+            const __m512 s = _mm512_set1_ps(sa0[a]), t = _mm512_set1_ps(sa1[a]);
+            f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a0, corr)), _mm512_mul_ps(w0, s), f0);
+            f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a1, corr)), _mm512_mul_ps(w1, s), f1);
+            f2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a2, corr)), _mm512_mul_ps(w2, s), f2);
+            f3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a3, corr)), _mm512_mul_ps(w3, s), f3);
+            g0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0, corz)), _mm512_mul_ps(w0, t), g0);
+            g1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1, corz)), _mm512_mul_ps(w1, t), g1);
+            g2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c2, corz)), _mm512_mul_ps(w2, t), g2);
+            g3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c3, corz)), _mm512_mul_ps(w3, t), g3);
+        }
+    }
+    _mm512_storeu_ps(y0, f0);
+    _mm512_storeu_ps(y0 + 16, f1);
+    _mm512_storeu_ps(y0 + 32, f2);
+    _mm512_storeu_ps(y0 + 48, f3);
+    _mm512_storeu_ps(y1, g0);
+    _mm512_storeu_ps(y1 + 16, g1);
+    _mm512_storeu_ps(y1 + 32, g2);
+    _mm512_storeu_ps(y1 + 48, g3);
+}
+
+/* The epilogue of one row's tile: out = [res0 (+ res1) +] (y [+ bias]). */
+static void store_row(const Job *J, int64_t r, int64_t c, const float *y) {
+    float *o = J->out + r * J->ld_out + c;
+    const int64_t m = J->n - c < TILE ? J->n - c : TILE;
+    for (int64_t i = 0; i < m; i++) {
+        float v = y[i];
+        if (J->bias != NULL) v += J->bias[c + i];
+        if (J->res0 != NULL) {
+            const float base = J->res1 != NULL ? J->res0[r * J->ld_out + c + i] + J->res1[r * J->ld_out + c + i]
+                                               : J->res0[r * J->ld_out + c + i];
+            v = base + v;
+        }
+        o[i] = v;
+    }
+}
+
 /* Run one job's part: the prologue and quantization of every row into the part's scratch, then its tiles.
    Returns NULL (the signature of ONNX Runtime's RunWithBinding, so the decode step's two-core stage runner calls
    it as it calls a graph half: `twocore.attnpool`). */
@@ -196,7 +263,7 @@ void *hetero_gemv_part(void *job, void *unused, void *part) {
         prologue(J, r, P->xs + r * k);
         quantize(P->xs + r * k, k, nb, P->xq + r * kp, P->sa + r * na, P->xsum + r * na);
     }
-    float y[TILE];
+    float y[TILE], y1[TILE];
     const int64_t t0 = P->lo / TILE, t1 = P->hi / TILE;
     for (int64_t t = t0;; t++) {
         if (P->next != NULL) t = t0 + __atomic_fetch_add(P->next, 1, __ATOMIC_RELAXED);
@@ -204,20 +271,16 @@ void *hetero_gemv_part(void *job, void *unused, void *part) {
         const int64_t c = t * TILE;
         const uint8_t *wt = J->w + (c / TILE) * (quads * 256);
         const float *wst = J->ws + (c / TILE) * (nb * TILE);
-        for (int64_t r = 0; r < J->rows; r++) {
+        int64_t r = 0;
+        for (; r + 1 < J->rows; r += 2) {  /* a tree's rows in pairs: one load of each weight vector for two rows */
+            tile_rows2(wt, wst, quads, nb, P->xq + r * kp, P->xq + (r + 1) * kp, P->sa + r * na, P->sa + (r + 1) * na,
+                       P->xsum + r * na, P->xsum + (r + 1) * na, y, y1);
+            store_row(J, r, c, y);
+            store_row(J, r + 1, c, y1);
+        }
+        if (r < J->rows) {
             tile_row(wt, wst, quads, nb, P->xq + r * kp, P->sa + r * na, P->xsum + r * na, y);
-            float *o = J->out + r * J->ld_out + c;
-            const int64_t m = J->n - c < TILE ? J->n - c : TILE;
-            for (int64_t i = 0; i < m; i++) {
-                float v = y[i];
-                if (J->bias != NULL) v += J->bias[c + i];
-                if (J->res0 != NULL) {
-                    const float base = J->res1 != NULL ? J->res0[r * J->ld_out + c + i] + J->res1[r * J->ld_out + c + i]
-                                                       : J->res0[r * J->ld_out + c + i];
-                    v = base + v;
-                }
-                o[i] = v;
-            }
+            store_row(J, r, c, y);
         }
     }
     return NULL;
