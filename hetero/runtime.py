@@ -183,7 +183,8 @@ class DecodePlacement:
     engine: str  # what runs them: a provider ("ort-cpu": INT8 graphs of the prefill's plan), or "torch" (float)
     reason: str
     small_rows: int = 0  # steps of up to this many rows run the `small_form` graphs instead (0: none)
-    small_form: str = ""  # what those graphs are, in words (`npu.nbits`)
+    small_form: str = ""  # what those graphs are, in words (`npu.nbits`, `native.gemv`)
+    small_kernel: str = "nbits"  # what runs them: "gemv" (hetero's int8 GEMVs, `native.gemv`) or "nbits" (the graphs)
 
     def describe(self) -> str:
         small = f"; steps of 1-{self.small_rows} rows: {self.small_form}" if self.small_rows else ""

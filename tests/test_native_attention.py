@@ -12,6 +12,7 @@ import pytest
 from hetero.config import ModelConfig
 from hetero.errors import ConfigError
 from hetero.native import attention as native
+from hetero.native import build
 
 H, KV, D, CAP = 6, 2, 64, 512
 
@@ -148,7 +149,7 @@ def test_unavailable_says_why_and_the_layer_graphs_keep_their_attention(monkeypa
         attention_kernel(_cfg(), "bf16")
     monkeypatch.undo()
     monkeypatch.setenv("CC", "")
-    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
     if not any(f not in hetero.cpu.cpu_flags() for f in native.NEEDS):
         assert native.unavailable(_cfg()) == "no C compiler (gcc or cc, or $CC) to build the kernel with"
 

@@ -5,8 +5,8 @@
 
 hetero's engines in this process, each peer in a process of its own, on the same GGUF and the same context ids:
 1. plain greedy decode tokens/s at context 256 / 1024 / 2048: hetero INT8 (`hetero` method: its decode
-   placement's graphs at C = 1 on ONNX Runtime, MatMulNBits layers and head (`npu.nbits`), attention on the CPU
-   lane), hetero float, HF generate
+   placement's form at C = 1: hetero's int8 GEMVs for the layers and head where the CPU has AVX-512 VNNI
+   (`native.gemv`), else MatMulNBits graphs (`npu.nbits`); attention on the CPU lane), hetero float, HF generate
    (hetero's cache handed to transformers), and the peers (`hetero.bench.peer_engines`: OpenVINO GenAI,
    ONNX Runtime GenAI, llama.cpp as shipped and at Q4_0 / Q8_0 with and without flash attention);
 2. speculative speedup and acceptance by drafter (lookup, self, draft) on copy-heavy tasks (edit a

@@ -7,8 +7,9 @@ first `--prefix` tokens, every later token is fed to a one-row step whose logits
 text: the perplexity of the tokens the steps predicted, its change vs the float model's decode, and the share
 of positions whose argmax equals float's. Then greedy agreement on chat prompts (tokens before the first
 difference from float's greedy decode). Forms: `float` (the float method's step), `int8` (the default method's
-decode with its INT8 graphs and INT8 head, the form before `npu.nbits`) and `nbits` (the default method's decode
-as its placement runs it: MatMulNBits graphs and head).
+decode with its INT8 graphs and INT8 head, the form before `npu.nbits`), `nbits` (its MatMulNBits graphs and head)
+and `gemv` (the default method's decode as its placement runs it where the CPU has AVX-512 VNNI: hetero's int8
+GEMVs over the same 8-bit weights, `native.gemv`; left out where they cannot run).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from hetero.arguments import add_model_arg, positive_int
 from hetero.bench.entry import write_json_md
 
-HELP = "teacher-forced decode perplexity and greedy agreement of the decode forms (float, INT8, MatMulNBits)"
+HELP = "teacher-forced decode perplexity and greedy agreement of the decode forms (float, INT8, MatMulNBits, GEMV)"
 PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.",
            "Explain what a hash table is in one sentence.", "List three fruits.",
            "Why is the sky blue?", "Give me a short tip for learning to cook.",
@@ -130,10 +131,17 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--prefix must lie in 2..{args.length - 2} (--length {args.length})")
     model = load_model(args.model)
     tok = model.tokenizer
-    runtimes = {"float": make_runtime(model, "float"), "int8": make_runtime(model), "nbits": make_runtime(model)}
+    from hetero.npu.nbits import DEFAULT_FORM
+
+    runtimes = {"float": make_runtime(model, "float"), "int8": make_runtime(model), "nbits": make_runtime(model),
+                "gemv": make_runtime(model)}
     # today's INT8 decode before the MatMulNBits form: its steps and its prefill's last logits (the runtime's own
-    # step's head) on the INT8 graphs and head
+    # step's head) on the INT8 graphs and head; the MatMulNBits graphs and head where the placement runs the GEMVs
     runtimes["int8"].decode = dataclasses.replace(runtimes["int8"].decode, small_rows=0, small_form="")
+    runtimes["nbits"].decode = dataclasses.replace(runtimes["nbits"].decode, small_kernel="nbits",
+                                                   small_form=DEFAULT_FORM.describe())
+    if runtimes["gemv"].decode.small_kernel != "gemv":  # this CPU or model: the placement runs the graphs
+        del runtimes["gemv"]
     steps = {f: DecodeStep.of(rt) for f, rt in runtimes.items()}
     if steps["nbits"].small_rows == 0:
         raise ConfigError("this runtime's decode placement runs no MatMulNBits graphs: nothing to compare")
@@ -170,8 +178,9 @@ def run(args: argparse.Namespace) -> int:
               "windows": args.windows, "length": args.length, "prefix": args.prefix, "scored_per_text": scored,
               "greedy": greedy_rows, "greedy_tokens": args.greedy_tokens, "cpu": isa.machine(),
               "nbits_form": steps["nbits"].backend(1).form.describe(), "heads": {f: s.head.name for f, s in steps.items()},
-              "note": (f"nbits: {steps['nbits'].backend(1).form.describe()}; {time.perf_counter() - t0:.0f} s, "
-                       f"load average at the end {os.getloadavg()[0]:.2f}."),
+              "note": (f"nbits: {steps['nbits'].backend(1).form.describe()}"
+                       + (f"; gemv: {runtimes['gemv'].decode.small_form}" if "gemv" in steps else "")
+                       + f"; {time.perf_counter() - t0:.0f} s, load average at the end {os.getloadavg()[0]:.2f}."),
               "command": "python bench/decode_accuracy.py " + " ".join(sys.argv[1:])}
     if args.out:
         write_json_md(Path(args.out), "decode_accuracy", result, markdown(result))

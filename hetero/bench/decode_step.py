@@ -28,8 +28,9 @@ from hetero.arguments import add_method_arg, add_model_arg, int_list, positive_i
 HELP = ("one plain decode step's time at given contexts, split into graph runs, attention, head, shadow, rest; "
         "and a step verifying a chain of each static chunk size")
 # part -> (file name, function)s whose cumulative time it is; the functions do not call each other
-_PARTS = {"graphs": {("bound_step.py", "_run")},
-          "attention": {("rowattn.py", "decode_rows"), ("attnpool.py", "attend")}, "head": {("head.py", "__call__")},
+_PARTS = {"graphs": {("bound_step.py", "_run"), ("gemv_step.py", "_linears")},  # the layers' graphs or GEMVs
+          "attention": {("rowattn.py", "decode_rows"), ("attnpool.py", "attend")},
+          "head": {("head.py", "__call__"), ("gemv_step.py", "__call__")},
           "shadow": {("shadow.py", "shadow_delta_rows")}}
 
 

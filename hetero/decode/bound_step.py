@@ -23,7 +23,7 @@ from hetero import buffers
 from hetero.attention import qk_norm_
 from hetero.decode.twocore.stages import Stages, split_available
 from hetero.decode.twocore.attnpool import AttentionPool, StageTable
-from hetero.decode.rowattn import decode_rows, tree_layout
+from hetero.decode.rowattn import RowLayout, decode_rows, tree_layout
 from hetero.decode.tree import TokenTree
 from hetero.kv_cache import KVCache
 from hetero.npu.program import GraphRun
@@ -99,18 +99,8 @@ class BoundStep:
     def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> np.ndarray:
         """The hidden states [C, hidden] after `layers` layers (default all) of the tree's rows (padded to C
         with the root) rooted at position `slot`; their K/V go to cache rows slot.. (cache.length unchanged)."""
-        cfg, c, n = self.cfg, self.rows, len(tree)
         depth = len(self.runs) if layers is None else layers
-        # the rows' embeddings, times Gemma 3's scale as `model.embed` (float32 products)
-        np.take(self.weights["tok_emb"], tree.tokens + [tree.tokens[0]] * (c - n), axis=0, out=self.h[0])
-        if self.embed_scale is not None:
-            np.multiply(self.h[0], self.embed_scale, out=self.h[0])
-        layout = tree_layout(tree.depth, tree.parents, slot, self.rope)
-        self.a[n:] = 0  # padding rows: their attention stays zero (their K/V never reach the cache)
-        q = self.q[:n]
-        shared = self.pool is not None and self.pool.begin(
-            cache.k, cache.v, q, layout.extra, layout.n_extra, cfg.scale, self.a[:n].reshape(q.shape))
-        bases = [cache.place(layer, slot, n) for layer in range(depth)]  # windowed layers: their window (`place`)
+        layout, shared, bases = start_rows(self, cache, tree, slot, depth)
         self._layers(cache, layout, depth, shared, bases)  # the caller ends the pool's step (after the LM head)
         return self.h[depth % 2]
 
@@ -153,3 +143,21 @@ class BoundStep:
         if shadow is None:
             return None
         return shadow.apply(env, self.backend.shadow_delta(layer, shadow.site, env[shadow.source], per_row=True))
+
+
+def start_rows(step, cache: KVCache, tree: TokenTree, slot: int, depth: int) -> tuple[RowLayout, bool, list[int]]:
+    """The start of a step over fixed buffers (`BoundStep`, `gemv_step.GemvStep`: cfg, rows, weights, embed_scale, rope,
+    h, a, q, pool): the rows' embeddings into step.h[0] (the tree padded to C rows with its root; times Gemma 3's
+    scale as `model.embed`, float32 products), their layout, the helper woken for the step (whether it is in it), and
+    each layer's cache base (windowed layers: their window, `KVCache.place`)."""
+    cfg, c, n = step.cfg, step.rows, len(tree)
+    np.take(step.weights["tok_emb"], tree.tokens + [tree.tokens[0]] * (c - n), axis=0, out=step.h[0])
+    if step.embed_scale is not None:
+        np.multiply(step.h[0], step.embed_scale, out=step.h[0])
+    layout = tree_layout(tree.depth, tree.parents, slot, step.rope)
+    step.a[n:] = 0  # padding rows: their attention stays zero (their K/V never reach the cache)
+    q = step.q[:n]
+    shared = step.pool is not None and step.pool.begin(
+        cache.k, cache.v, q, layout.extra, layout.n_extra, cfg.scale, step.a[:n].reshape(q.shape))
+    bases = [cache.place(layer, slot, n) for layer in range(depth)]
+    return layout, shared, bases

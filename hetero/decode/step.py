@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 import time
 import weakref
@@ -24,6 +25,7 @@ import numpy as np
 
 from hetero.decode.twocore.attnpool import AttentionPool
 from hetero.decode.bound_step import BoundStep
+from hetero.decode.gemv_step import GemvHead, GemvStep, GemvWeights
 from hetero.decode.head import FloatHead, Int8Head, NbitsHead
 from hetero.decode.rowattn import row_attention
 from hetero.decode.stepcosts import load_costs, save_costs
@@ -36,6 +38,8 @@ from hetero.threads import torch_threads
 
 if TYPE_CHECKING:
     from hetero.model import LayerBackend
+
+log = logging.getLogger(__name__)
 
 TREE_SIZES = (1, 2, 4, 8)  # static chunk sizes of the INT8 decode graphs (2: a one-token draft, LLMCad §3.3)
 # Threads of an INT8 decode step (its graph sessions, and torch's while it runs where torch is loaded). A step is
@@ -94,10 +98,13 @@ class DecodeStep:
 
     def __init__(self, runtime: Runtime, head: str = "auto", threads: int = DECODE_THREADS,
                  attention_threads: int | None = None, split_after: int | None = SPLIT_AFTER_STEPS,
-                 small_rows: int | None = None):
+                 small_rows: int | None = None, kernel: str = "auto"):
         """split_after: one-row steps before the graphs split over both cores (0: at the first, None: never).
-        small_rows: steps of up to this many rows run MatMulNBits graphs (`npu.nbits`) instead of the INT8 graphs
-        (0: none; None: as the runtime's decode placement says, `DecodePlacement.small_rows`)."""
+        small_rows: steps of up to this many rows run MatMulNBits' form (`npu.nbits`) instead of the INT8 graphs
+        (0: none; None: as the runtime's decode placement says, `DecodePlacement.small_rows`). kernel: what runs
+        those steps: "gemv" (hetero's int8 GEMVs, `native.gemv`; refused with the reason where they cannot run),
+        "nbits" (ONNX Runtime's MatMulNBits graphs), "auto" (the placement's `small_kernel`; the graphs where the
+        GEMVs cannot run)."""
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
         if attention_threads is None:  # the runtime's plan: a helper thread where the process may use two cores and
@@ -117,9 +124,11 @@ class DecodeStep:
         if small_rows is None:
             small_rows = placed.small_rows if placed is not None else 0
         self.small_rows = small_rows if self.static else 0
+        self.kernel = self._kernel(kernel, placed.small_kernel if placed is not None else "nbits")
+        self._gemv: GemvWeights | None = None  # the GEMVs' weights (every layer's and the head's, one arena)
         self._small: LayerBackend | None = None  # the MatMulNBits graphs (rows symbolic: one set for every small size)
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
-        self._bound: dict[int, BoundStep] = {}  # static lanes: chunk size → its bound graphs
+        self._bound: dict[int, BoundStep | GemvStep] = {}  # static lanes: chunk size → its bound graphs
         # One step at a time: its buffers, bindings and helper serve one forward pass. `Runtime.prefill` has its own
         # lock; this one covers the runtime's decoding, so threads that share a runtime decode in turn.
         self._lock = threading.RLock()
@@ -128,15 +137,47 @@ class DecodeStep:
         self.pool = AttentionPool() if self.static and attention_threads == 2 else None
         if self.pool is not None:  # the helper thread ends with this step object
             weakref.finalize(self, self.pool.close)
-        if head == "auto":  # the INT8 lane's: MatMulNBits with its MatMulNBits layers (`npu.nbits`), else INT8
-            head = ("nbits" if self.small_rows else "int8") if self.static else "float"
-        if head == "nbits":
+        if head == "auto":  # the INT8 lane's: the small steps' form (GEMVs or MatMulNBits, `npu.nbits`), else INT8
+            head = ((self.kernel if self.small_rows else "int8") if self.static else "float")
+        if head == "gemv":
+            if self.kernel != "gemv":  # asked for beside the graphs: only where the kernels run on an INT8 lane
+                from hetero.native import gemv
+
+                why = "a float lane has no quantized weights" if not self.static else gemv.unavailable(self.cfg)
+                if why is not None:
+                    raise ConfigError(f"hetero's int8 GEMV head cannot run here: {why}")
+            self.head = GemvHead(self._gemv_weights(), self.pool)
+        elif head == "nbits":
             self.head = NbitsHead(self.cfg, self.model, threads, self.pool, runtime.execution.ort_pool)
         elif head == "int8":
             self.head = Int8Head(self.cfg, self.model.arrays(), threads, self.pool, self.model,
                                  runtime.execution.ort_pool)
         else:
             self.head = FloatHead(self.cfg, self.model.weights)
+
+    def _kernel(self, kernel: str, placed: str) -> str:
+        """What runs the small steps (`__init__`'s kernel): "gemv" or "nbits"."""
+        if kernel not in ("auto", "gemv", "nbits"):
+            raise ConfigError(f"kernel must be 'auto', 'gemv' or 'nbits', got {kernel!r}")
+        if not self.small_rows or kernel == "nbits" or (kernel == "auto" and placed != "gemv"):
+            return "nbits"
+        from hetero.native import gemv
+
+        why = gemv.unavailable(self.cfg)
+        if why is None:
+            return "gemv"
+        if kernel == "gemv":
+            raise ConfigError(f"hetero's int8 GEMVs cannot run here: {why}")
+        log.warning("decode keeps ONNX Runtime's MatMulNBits graphs: hetero's int8 GEMVs cannot run here (%s)", why)
+        return "nbits"
+
+    def _gemv_weights(self) -> GemvWeights:
+        """The GEMVs' weights of the runtime's model and its plan's online transforms: one arena per runtime, shared by
+        its decode steps."""
+        if self._gemv is None:
+            self._gemv = self.runtime.owned("decode-gemv-weights",
+                                            lambda: GemvWeights(self.model, self.runtime.backend.plan.online))
+        return self._gemv
 
     @classmethod
     def of(cls, runtime: Runtime) -> "DecodeStep":
@@ -190,19 +231,21 @@ class DecodeStep:
         digest = "" if plan is None else hashlib.sha256(json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()
         return (f"{self.model.name}-{self.model.fingerprint[:12]}-{self.runtime.backend.name}-{digest[:12]}-"
                 f"t{self.threads}-a{1 if self.pool is None else 2}-{self.head.__class__.__name__}"
-                + (f"-nbits{self.small_rows}" if self.small_rows else ""))
+                + (f"-{self.kernel}{self.small_rows}" if self.small_rows else ""))
 
-    def prepare(self, n: int) -> BoundStep | None:
+    def prepare(self, n: int) -> BoundStep | GemvStep | None:
         """The bound graphs of a chunk of n rows on a static lane, bound at first use (None on a float lane)."""
         if not self.static:
             return None
         with self._lock:
             return self._prepare(n)
 
-    def _prepare(self, n: int) -> BoundStep:
+    def _prepare(self, n: int) -> BoundStep | GemvStep:
         c = self.padded_size(n)
         bound = self._bound.get(c)
-        if bound is None:
+        if bound is None and c <= self.small_rows and self.kernel == "gemv":
+            bound = self._bound[c] = GemvStep(self._gemv_weights(), self.model.arrays(), self.runtime.rope, c, self.pool)
+        elif bound is None:
             bound = self._bound[c] = BoundStep(self.backend(c), self.runtime.rope, c, self.pool)
         if c == 1 and self.split_after is not None and self.one_row_steps >= self.split_after:
             if bound.split() and isinstance(self.head, NbitsHead):

@@ -22,7 +22,7 @@ prefill: +0.30% of float's (fp32 GroupQueryAttention: +0.06%; budget +0.5%; docs
 is applied to V's rows here (`rotate`) instead of to the output in the graph: o·H = Σ p (v·H).
 
 The kernel is compiled once per host with the host's C compiler (`CC`, else gcc or cc) into the user cache,
-keyed by its source and flags, and verified by content hash before each process loads it (`paths.cached`).
+keyed by its source and flags, and verified by content hash before each process loads it (`build.Kernel`).
 Where it cannot run (no AVX-512 BF16, no compiler, a head it does not take) `unavailable` says why and the
 layer graphs keep GroupQueryAttention.
 """
@@ -31,24 +31,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import numpy as np
 
 from hetero.buffers import f32_address
 from hetero.config import ModelConfig
 from hetero.errors import ConfigError
-from hetero.paths import cache_dir, cached
+from hetero.native.build import Kernel
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).resolve().parent / "attention_bf16.c"
 FLAGS = ("-O3", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-fPIC", "-shared")
 NEEDS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")  # /proc/cpuinfo flags the kernel's instructions need
 MAX_HEAD, MAX_KV_HEADS = 256, 64
@@ -56,12 +49,14 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGS = [_P, _I, _I, _P, _P, _I, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, ctypes.c_float, _I, _I]
 
 
-def compiler() -> str | None:
-    """The C compiler to build with: `$CC`, else gcc, else cc (None when there is none)."""
-    for name in (os.environ.get("CC"), "gcc", "cc"):
-        if name and shutil.which(name):
-            return name
-    return None
+def _setup(lib: ctypes.CDLL) -> None:
+    lib.hetero_attention_bf16.restype = ctypes.c_int
+    lib.hetero_attention_bf16.argtypes = _ARGS
+
+
+KERNEL = Kernel("attention_bf16.c", FLAGS, NEEDS, "the BF16 attention kernel", _setup)
+SOURCE = KERNEL.path
+__all__ = ["Bf16Attention", "KERNEL", "config_unsupported", "unavailable"]
 
 
 def config_unsupported(cfg: ModelConfig) -> str | None:
@@ -90,50 +85,13 @@ def unavailable(cfg: ModelConfig) -> str | None:
     lacks = config_unsupported(cfg)
     if lacks:
         return f"this model has {lacks}"
-    if not SOURCE.is_file():
-        return f"its source {SOURCE} is not installed"
-    if compiler() is None:
-        return "no C compiler (gcc or cc, or $CC) to build the kernel with"
-    try:
-        _library()
-    except ConfigError as e:
-        return str(e)
-    return None
-
-
-def _key() -> str:
-    return hashlib.sha256(SOURCE.read_bytes() + "\0".join(FLAGS).encode()).hexdigest()[:24]
-
-
-def _compile() -> bytes:
-    cc = compiler()
-    if cc is None:
-        raise ConfigError("no C compiler (gcc or cc, or $CC) to build the BF16 attention kernel with")
-    with tempfile.TemporaryDirectory(prefix="hetero-cc-") as tmp:
-        out = Path(tmp) / "attention_bf16.so"
-        r = subprocess.run([cc, *FLAGS, "-o", str(out), str(SOURCE)], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise ConfigError(f"{cc} could not build the BF16 attention kernel: {r.stderr.strip()[-400:]}")
-        return out.read_bytes()
+    return KERNEL.unavailable(_library)
 
 
 @functools.cache
 def _library() -> ctypes.CDLL:
-    """The compiled kernel, built once per host into `<cache>/native/<key>/` and verified before loading."""
-    entry = cache_dir() / "native" / _key()
-    name = "attention_bf16.so"
-    data = cached(entry, name, lambda p: p.read_bytes(), _compile, lambda b, p: p.write_bytes(b),
-                  "the BF16 attention kernel")
-    path = entry / name
-    if not path.is_file() or path.read_bytes() != data:  # an unwritable cache: load this run's build
-        fd, tmp = tempfile.mkstemp(prefix="hetero-attention-", suffix=".so")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        path = Path(tmp)
-    lib = ctypes.CDLL(str(path))  # a CDLL call releases the GIL: two lanes attend at once
-    lib.hetero_attention_bf16.restype = ctypes.c_int
-    lib.hetero_attention_bf16.argtypes = _ARGS
-    return lib
+    """The compiled kernel (`build.Kernel.load`: built once per host into `<cache>/native/<key>/`, verified)."""
+    return KERNEL.load()
 
 
 class Bf16Attention:

@@ -96,7 +96,6 @@ def layer_graph(kind: str, cfg, lw: "LayerWeights", online: dict[str, int], form
 
     from hetero.npu import export
     from hetero.npu.site_ops import online_hadamard
-    from hetero.outliers.rotate import block_hadamard
 
     if kind not in dict(_KINDS):
         raise ConfigError(f"a MatMulNBits decode graph is 'qkv' or 'o_ffn', got {kind!r}")
@@ -104,16 +103,12 @@ def layer_graph(kind: str, cfg, lw: "LayerWeights", online: dict[str, int], form
     f32 = lambda t: t.detach().float().cpu().numpy()  # noqa: E731
 
     def linear(x: str, site: str, names: tuple[str, ...], biases: tuple[str, ...]) -> str:
-        ws = [getattr(lw, n).detach().double() for n in names]
         if site in online:  # x·T in front, W·T behind: (x·T)(W·T)ᵀ = x·Wᵀ (`rotate.block_hadamard`)
-            x = online_hadamard(g, x, [0], ws[0].shape[1], online[site])
-            ws = [block_hadamard(w, online[site]) for w in ws]
-        y = _matmul(g, x, np.ascontiguousarray(torch.cat(ws).T.float().numpy()), form)
-        bs = [getattr(lw, b) for b in biases]
-        if any(b is not None for b in bs):
-            vec = np.concatenate([f32(b) if b is not None else np.zeros(getattr(lw, nm).shape[0], np.float32)
-                                  for b, nm in zip(bs, names)])
-            y = g.op("Add", [y, g.const(vec.astype(np.float32), "bias")])
+            x = online_hadamard(g, x, [0], getattr(lw, names[0]).shape[1], online[site])
+        y = _matmul(g, x, site_weight(lw, names, online.get(site, 0)), form)
+        vec = site_bias(lw, names, biases)
+        if vec is not None:
+            y = g.op("Add", [y, g.const(vec, "bias")])
         return y
 
     def norm(x: str, w: torch.Tensor | None) -> str:
@@ -134,6 +129,29 @@ def layer_graph(kind: str, cfg, lw: "LayerWeights", online: dict[str, int], form
     d = norm(linear(m, "down_in", ("w_down",), ("b_down",)), lw.post_ffn_norm if post else None)
     g.output(g.op("Add", [h1, d], "h_out"), Buffer.H_OUT, ["T", cfg.hidden])
     return g.model()
+
+
+def site_weight(lw: "LayerWeights", names: tuple[str, ...], hadamard: int = 0) -> np.ndarray:
+    """The float weight [K, N] of one linear site: its matrices (`names`, each [out, K]) side by side, times the
+    online transform's block Hadamard of size `hadamard` (0: none) as W·T, so that (x·T)(W·T)ᵀ = x·Wᵀ
+    (`rotate.block_hadamard`)."""
+    import torch
+
+    from hetero.outliers.rotate import block_hadamard
+
+    ws = [getattr(lw, n).detach().double() for n in names]
+    if hadamard:
+        ws = [block_hadamard(w, hadamard) for w in ws]
+    return np.ascontiguousarray(torch.cat(ws).T.float().numpy())
+
+
+def site_bias(lw: "LayerWeights", names: tuple[str, ...], biases: tuple[str, ...]) -> np.ndarray | None:
+    """The site's biases side by side [N] float32 (zeros for a matrix without one), or None when none has one."""
+    bs = [getattr(lw, b) for b in biases]
+    if all(b is None for b in bs):
+        return None
+    return np.concatenate([b.detach().float().cpu().numpy() if b is not None
+                           else np.zeros(getattr(lw, nm).shape[0], np.float32) for b, nm in zip(bs, names)])
 
 
 def head_graph(cfg, w: "Weights", form: NbitsForm) -> "onnx.ModelProto":

@@ -114,7 +114,12 @@ def decode_placement(backend: LayerBackend) -> DecodePlacement:
     # decode steps of up to NBITS_ROWS rows (every token-tree size): MatMulNBits graphs (`npu.nbits`: no shadow
     # corrections; a whole step 0.77x the INT8 step at one row, 0.92-0.95x at eight, docs/journal.md); larger chunks
     # keep the INT8 graphs, whose GEMM grows more slowly with the rows
-    small = {"small_rows": NBITS_ROWS, "small_form": DEFAULT_FORM.describe()}
+    # hetero's own int8 GEMVs in the same form where this CPU has AVX-512 VNNI (`native.gemv`), else the graphs
+    from hetero.native import gemv
+
+    why = gemv.unavailable(backend.cfg, build=False)
+    form = gemv.describe() if why is None else f"{DEFAULT_FORM.describe()} (not hetero's int8 GEMVs: {why})"
+    small = {"small_rows": NBITS_ROWS, "small_form": form, "small_kernel": "gemv" if why is None else "nbits"}
     if provider.device == "cpu":
         return DecodePlacement("cpu", provider.name, f"the NPU lane is this CPU EP, so its own INT8 graphs at "
                                                      f"decode sizes (weight form {plan.weight_form})", **small)

@@ -22,7 +22,7 @@ step.split_after = 1
 ids = m.tokenizer("The capital of France is")["input_ids"]
 cache = rt.prefill(ids).cache
 logits = [step.forward(cache, TokenTree([5], [-1])) for _ in range(3)]
-split = step.pool is None or step._bound[1].stages is not None
+split = step.pool is None or step._bound[1].split()
 same = bool((logits[0] == logits[2]).all() and (logits[1] == logits[2]).all())  # the same row: whole or split
 texts = [generate(rt, rt.prefill(ids), SamplingParams(max_new_tokens=6, temperature=0.8, top_p=0.9, seed=3),
                   speculate=s, context_ids=ids).text for s in ("lookup", "self")]

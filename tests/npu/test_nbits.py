@@ -102,7 +102,7 @@ def test_bound_step_on_nbits_graphs_equals_the_unbound_graphs(kind, attention_th
     m = make_tiny_model()
     plan = {"w8a8-shadows": tiny_plan(m, SHADOWS), "rot-a16-shadows": rotated_a16_plan(m, FORMS[0], ("down_in",), SHADOWS)}[kind]
     rt = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16, provider="cpu"))
-    step = DecodeStep(rt, attention_threads=attention_threads, split_after=0, small_rows=NBITS_ROWS)
+    step = DecodeStep(rt, attention_threads=attention_threads, split_after=0, small_rows=NBITS_ROWS, kernel="nbits")
     assert all(isinstance(step.backend(c), NbitsBackend) for c in (1, 2, 8))
     assert step.backend(1) is step.backend(8) and step.backend(1).online == plan.online  # rows symbolic: one set
     assert isinstance(DecodeStep(rt, small_rows=2).backend(4), NpuBackend)  # past small_rows: the INT8 graphs
@@ -120,18 +120,26 @@ def test_bound_step_on_nbits_graphs_equals_the_unbound_graphs(kind, attention_th
         slot += 1
 
 
-def test_decode_placement_runs_nbits_for_small_steps_and_says_so():
+def test_decode_placement_runs_nbits_for_small_steps_and_says_so(monkeypatch):
+    """Where hetero's int8 GEMVs cannot run (`native.gemv`: here a CPU without AVX-512 VNNI), the small steps run the
+    MatMulNBits graphs, and the placement says why."""
+    from hetero.native import gemv
+
+    monkeypatch.setattr(gemv, "unavailable", lambda cfg, build=True: "this CPU lacks avx512_vnni")
     m = make_tiny_model()
     be = NpuBackend(m, tiny_plan(m, SHADOWS), 16, provider="cpu")
     placed = decode_placement(be)
     assert placed.small_rows == NBITS_ROWS and "MatMulNBits" in placed.describe()
-    assert DEFAULT_FORM.describe() in placed.describe()
+    assert DEFAULT_FORM.describe() in placed.describe() and "lacks avx512_vnni" in placed.describe()
+    assert placed.small_kernel == "nbits"
     rt = Runtime(m, chunk=16, backend=be, decode=placed)
     step = DecodeStep(rt)
-    assert step.small_rows == NBITS_ROWS and isinstance(step.backend(1), NbitsBackend)
+    assert step.small_rows == NBITS_ROWS and isinstance(step.backend(1), NbitsBackend) and step.kernel == "nbits"
+    assert step.head.name == "nbits"
     assert f"nbits{NBITS_ROWS}" in step.costs_key  # measured step costs of this form are its own (`stepcosts`)
     assert DecodeStep(rt, small_rows=0).small_rows == 0 and "nbits" not in DecodeStep(rt, small_rows=0).costs_key
-
+    with pytest.raises(ConfigError, match="int8 GEMVs cannot run here: this CPU lacks avx512_vnni"):
+        DecodeStep(rt, kernel="gemv")
 
 
 @pytest.mark.parametrize("tree", [TokenTree([7, 9], [-1, 0]), TokenTree([7, 9, 11, 4, 2], [-1, 0, 0, 1, 3])])
@@ -141,7 +149,7 @@ def test_a_tree_row_is_its_plain_step_within_rounding(tree):
     greedy speculation emits plain greedy's tokens but at numeric ties)."""
     m = make_tiny_model()
     rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m, SHADOWS), 16, provider="cpu"))
-    step = DecodeStep(rt, small_rows=NBITS_ROWS, split_after=None)
+    step = DecodeStep(rt, small_rows=NBITS_ROWS, split_after=None, kernel="nbits")
     prompt = np.arange(3, 40) * 5 % 256
     r1, r2 = rt.prefill(prompt), rt.prefill(prompt)
     for token in (7, 200):

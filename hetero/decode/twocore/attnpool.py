@@ -8,7 +8,8 @@ pool pays a wake-up on every run (`step.DECODE_THREADS`). Here a helper thread i
 (`end`). Each layer's attention is published there as a job; both threads claim its KV heads one at a time
 (compare-and-swap) and the main thread returns once every head is done. A stage of a split graph
 (`halves`, `run_stages`) is a job too: the helper runs its column half through ONNX Runtime's C API (`ortc`,
-`native.call3`) while the main thread runs the other.
+`native.call3`) while the main thread runs the other; so is a column half of hetero's own GEMVs (`native.gemv`),
+whose C entry has RunWithBinding's signature: the stage names the function the helper calls.
 
 A head's output is computed by the same compiled kernel, `rowattn._attend_rows` over [h, h + 1), whichever
 thread claims it, with the same argument types as the one-thread call, and a split graph's outputs are the
@@ -30,17 +31,17 @@ import numpy as np
 
 from hetero import jitcache
 from hetero.config import ModelConfig
-from hetero.decode.twocore import atomics, native, ortc
+from hetero.decode.twocore import atomics, native
 from hetero.decode.rowattn import RowLayout, _attend_rows, _rope_rows
 
 # Control fields (int64), each on its own 64-byte cache line. SEQ is even when a job is published and odd
 # while the main thread writes one (a seqlock); CLAIM and DONE count heads over all jobs and never go back,
 # so a helper holding an old job can never claim a head of a newer one. A graph half (`run_stages`) is one
-# job at a time: GSTATE 1 published (its OrtSession* and OrtIoBinding* in GSESS and GBIND), 2 claimed by the
-# helper, 3 done (its OrtStatus* in GSTATUS), 0 none or taken back by the main thread.
+# job at a time: GSTATE 1 published (the function to call in GFN, its OrtSession* and OrtIoBinding* in GSESS and
+# GBIND), 2 claimed by the helper, 3 done (its OrtStatus* in GSTATUS), 0 none or taken back by the main thread.
 (_SEQ, _STOP, _CLAIM, _DONE, _LAYER, _PREFIX, _LIMIT, _HELPED, _GSTATE, _GSESS, _GBIND, _GSTATUS,
- _GHELPED, _WINDOW, _OFF) = (8 * i for i in range(15))
-_FIELDS = 15
+ _GHELPED, _WINDOW, _OFF, _GFN) = (8 * i for i in range(16))
+_FIELDS = 16
 # Longest wait at `begin` for the helper to report the last step done (it needs the GIL for that): past it the step
 # runs on one thread.
 IDLE_WAIT_S = 0.005
@@ -50,7 +51,8 @@ IDLE_WAIT_S = 0.005
 class StageTable:
     """A step's split graphs as the compiled loops see them (`bound_step.BoundStep`): stage i's own half (or tail) runs
     as session ms[i] with binding mb[i], its other half as hs[i] / hb[i] (0: none), through the C function at
-    run_fn (ONNX Runtime's RunWithBinding); raise_for(status) raises a failed run's error."""
+    run_fn (ONNX Runtime's RunWithBinding, or `native.gemv`'s part: job, 0, part); raise_for(status) raises a failed
+    run's error."""
 
     run_fn: int
     ms: np.ndarray
@@ -117,13 +119,12 @@ def _attend_shared(ctrl: np.ndarray, layer: int, qkv: np.ndarray, cos: np.ndarra
 
 @jitcache.njit(nogil=True)
 def _helper_loop(ctrl: np.ndarray, seen: int, k_all: np.ndarray, v_all: np.ndarray, q: np.ndarray,
-                 extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray,
-                 run_fn: int) -> None:  # pragma: no cover
+                 extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray) -> None:  # pragma: no cover
     """The helper's side of a step, until STOP is set: run the graph halves published to it (`_run_stages`,
-    through the C function run_fn) and claim heads of every attention job published after `seen`."""
+    through the C function it names) and claim heads of every attention job published after `seen`."""
     while atomics.load(ctrl, _STOP) == 0:
         if atomics.load(ctrl, _GSTATE) == 1 and atomics.cas(ctrl, _GSTATE, 1, 2):
-            status = native.call3(run_fn, atomics.load(ctrl, _GSESS), 0, atomics.load(ctrl, _GBIND))
+            status = native.call3(atomics.load(ctrl, _GFN), atomics.load(ctrl, _GSESS), 0, atomics.load(ctrl, _GBIND))
             atomics.store(ctrl, _GSTATUS, status)
             atomics.add(ctrl, _GHELPED, 1)
             atomics.store(ctrl, _GSTATE, 3)
@@ -154,6 +155,7 @@ def _run_stages(ctrl: np.ndarray, run_fn: int, ms: np.ndarray, mb: np.ndarray, h
     for i in range(first, last):
         shared = hs[i] != 0
         if shared:
+            atomics.store(ctrl, _GFN, run_fn)
             atomics.store(ctrl, _GSESS, hs[i])
             atomics.store(ctrl, _GBIND, hb[i])
             atomics.store(ctrl, _GSTATE, 1)
@@ -211,7 +213,6 @@ class AttentionPool:
         self._idle.set()
         self._args: tuple | None = None
         self._step: tuple | None = None  # the arrays of the step in progress (main thread's side)
-        self._run_fn = 0  # ONNX Runtime's RunWithBinding (`ortc`), looked up at the first step
         self._closed = False
         self._thread: threading.Thread | None = None
         # Contention guard: the helper only pays when it has a core of its own. A step in which it attended under
@@ -262,11 +263,9 @@ class AttentionPool:
             self._thread.start()
         self._idle.clear()
         _set(self.ctrl, _STOP, 0)
-        if not self._run_fn:
-            self._run_fn = ortc.run_fn()
         self._step = (k_all, v_all, q, extra, n_extra, float(scale), out)
         self._helped_before = self.helped
-        self._args = (int(self.ctrl[_SEQ]),) + self._step + (self._run_fn,)
+        self._args = (int(self.ctrl[_SEQ]),) + self._step
         self._go.set()
         return True
 

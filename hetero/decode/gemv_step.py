@@ -1,0 +1,264 @@
+"""Decode steps whose linears are hetero's own int8 GEMVs (`native.gemv`, AVX-512 VNNI), and the LM head likewise.
+
+The same form as the MatMulNBits graphs (`npu.nbits`: the method's float weights, the rotated copy's for the
+default, W·T on online sites, quantized by ONNX Runtime's kernel to 8 bits in blocks of 128; activations int8 per
+block of 32 at run time; no shadow corrections), computed without a graph: per layer one call for q|k|v (RMSNorm in
+front) and one for o → FFN (o_in's online Hadamard, o, the residual, RMSNorm, gate|up, SiLU·up, down_in's online
+Hadamard, down, the residual), attention between them as in `bound_step` (`rowattn.decode_rows`, or both threads
+through `twocore.attnpool`). Every weight lies in one arena in the order a step reads it, so the step streams one
+run of memory on huge pages (separate arrays of ~1 MB each streamed at ~13-20 GB/s on AMD EPYC Zen 4, the arena
+~26 GB/s from one thread: docs/journal.md, issue 24 item 3).
+
+Beside the helper thread (`attnpool.AttentionPool`) the step shares each layer's attention heads with it. Its linears
+can run on both cores too (`split`: each linear one stage of the pool's stage runner, both threads claiming column
+tiles), but here they run on this thread (`SPLIT_LINEARS`): one thread streams the arena at ~26 GB/s of the ~32 both
+give, and 121 stage hand-offs a step cost more than the rest gains (AMD EPYC Zen 4, steps interleaved in one
+process: 6.45 / 7.70 / 10.06 ms at context 256 / 1024 / 2048 against 6.61 / 7.93 / 10.37 split, docs/journal.md).
+A column's value depends neither on the split nor on the other rows, so a split step's logits equal the one-thread
+step's, and a tree row equals the plain step of its token, bit for bit (tested).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hetero import buffers
+from hetero.attention import qk_norm_
+from hetero.decode.bound_step import start_rows
+from hetero.decode.rowattn import decode_rows
+from hetero.decode.tree import TokenTree
+from hetero.decode.twocore.attnpool import AttentionPool, StageTable
+from hetero.errors import ConfigError
+from hetero.kv_cache import KVCache
+from hetero.native import gemv
+from hetero.npu.nbits import NbitsForm, quantize_weight, site_bias, site_weight
+from hetero.outliers.weightcache import cached_arrays
+from hetero.rope import RopeTable
+from hetero.weights import SITE_BIASES, SITE_LINEARS
+
+if TYPE_CHECKING:
+    from hetero.loader import Model
+
+SITES = ("attn_in", "o_in", "ffn_in", "down_in")  # a layer's linears, in the order a step runs them
+SPLIT_LINEARS = False  # the linears' column tiles shared with the helper thread (module docstring: not on this host)
+FORM = NbitsForm(8, gemv.QB, 4, True)  # the weights' form: MatMulNBits' default (`npu.nbits.DEFAULT_FORM`)
+
+
+class GemvWeights:
+    """Every layer's linears and the LM head in the kernel's form (`gemv.Packed`), their weight bytes in one arena
+    in step order; computed once from the model's float weights and kept beside its cache entry
+    (`outliers.weightcache.cached_arrays`), so a warm start reads them and never imports torch."""
+
+    def __init__(self, model: "Model", online: dict[str, int]):
+        cfg = model.config
+        why = gemv.config_unsupported(cfg)
+        if why is not None:
+            raise ConfigError(f"hetero's int8 GEMVs cannot run this model: it has {why}")
+        self.cfg, self.online = cfg, dict(online)
+        arrays = model.arrays()
+
+        def compute() -> dict[str, np.ndarray]:
+            def pack(w_kn: np.ndarray) -> gemv.Packed:  # ONNX Runtime's 8-bit blocks, MatMulNBits' bytes, repacked
+                return gemv.pack_quantized(*quantize_weight(w_kn, FORM)[:2], w_kn.shape[0])
+
+            out: dict[str, np.ndarray] = {}
+            for layer in range(cfg.n_layers):
+                lw = model.weights.layers[layer]
+                for site in SITES:
+                    p = pack(site_weight(lw, SITE_LINEARS[site], self.online.get(site, 0)))
+                    out[f"{layer}.{site}.w"], out[f"{layer}.{site}.ws"] = p.w, p.ws
+                    bias = site_bias(lw, SITE_LINEARS[site], SITE_BIASES[site])
+                    if bias is not None:
+                        out[f"{layer}.{site}.bias"] = bias
+            p = pack(np.ascontiguousarray(np.asarray(arrays["lm_head"], np.float32).T))
+            out["head.w"], out["head.ws"] = p.w, p.ws
+            return out
+
+        form = {"gemv": gemv.GEMV_VERSION, "block": gemv.QB, "online": sorted([str(k), int(v)] for k, v in online.items())}
+        found = cached_arrays(model, "gemv8", form, compute)
+        names = [f"{layer}.{site}" for layer in range(cfg.n_layers) for site in SITES] + ["head"]
+        # one arena in step order (anonymous memory: numpy advises huge pages for it), 64-byte aligned pieces
+        sizes = [-(-found[f"{n}.w"].nbytes // 64) * 64 for n in names]
+        self.arena = _arena(sum(sizes))
+        self.linears: dict[str, gemv.Packed] = {}
+        self.biases: dict[str, np.ndarray] = {}
+        off = 0
+        k_of = {"attn_in": cfg.hidden, "o_in": cfg.q_dim, "ffn_in": cfg.hidden, "down_in": cfg.ffn}
+        n_of = {"attn_in": cfg.q_dim + 2 * cfg.kv_dim, "o_in": cfg.hidden, "ffn_in": 2 * cfg.ffn, "down_in": cfg.hidden}
+        for name, size in zip(names, sizes):
+            w = found[f"{name}.w"]
+            view = self.arena[off : off + w.nbytes].reshape(w.shape)
+            view[...] = w
+            off += size
+            site = name.split(".")[1] if name != "head" else "head"
+            k, n = (cfg.hidden, cfg.vocab) if site == "head" else (k_of[site], n_of[site])
+            self.linears[name] = gemv.Packed(view, np.ascontiguousarray(found[f"{name}.ws"], np.float32), k, n)
+            if f"{name}.bias" in found:
+                self.biases[name] = np.ascontiguousarray(found[f"{name}.bias"], np.float32)
+        self.norms = {name: np.ascontiguousarray(arrays[name], np.float32)
+                      for name in ["norm"] + [f"layers.{i}.{f}" for i in range(cfg.n_layers)
+                                              for f in ("attn_norm", "ffn_norm")]}
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.arena.nbytes)
+
+    def close(self) -> None:
+        """Nothing to release beyond memory (a runtime's owned object, `Runtime.owned`): the arena goes with the last
+        step that holds it."""
+
+
+HUGE = 2 << 20  # bytes of an x86-64 huge page
+
+
+def _arena(n: int) -> np.ndarray:
+    """n bytes of private anonymous memory, 2 MB-aligned and advised to be backed by huge pages (a step streams all of
+    it: fewer TLB misses, and the hardware prefetcher does not stop at every 4 KB page)."""
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    m = mmap.mmap(-1, n + HUGE, flags=flags) if flags else mmap.mmap(-1, n + HUGE)
+    raw = np.frombuffer(m, np.uint8)
+    off = -raw.ctypes.data % HUGE
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            m.madvise(mmap.MADV_HUGEPAGE, off, n)
+        except (OSError, ValueError):  # a kernel without transparent huge pages: plain pages
+            pass
+    return raw[off : off + n]
+
+
+@dataclass
+class _Table:
+    """Jobs as the kernels run them: on this thread (`run`: each whole) or as stages of the pool (`split`)."""
+
+    jobs: list[gemv.Bound]
+    whole: ctypes.Array
+    parts: ctypes.Array
+    split: StageTable | None
+    keep: list[object] = field(default_factory=list)  # the split's parts and scratch (the table holds addresses)
+    counters: np.ndarray | None = None  # the split jobs' tile counters (`gemv.Bound.halves`), zeroed before a step
+
+    @classmethod
+    def of(cls, jobs: list[gemv.Bound], scratch: tuple[gemv.Scratch, gemv.Scratch] | None) -> "_Table":
+        ptrs = (ctypes.c_void_p * len(jobs))(*[ctypes.addressof(b.job) for b in jobs])
+        parts = (ctypes.c_void_p * len(jobs))(*[ctypes.addressof(b.whole) for b in jobs])
+        if scratch is None:
+            return cls(jobs, ptrs, parts, None)
+        counters = np.zeros(8 * len(jobs), np.int64)  # one per job, a cache line each
+        halves = [b.halves(*scratch, counters.ctypes.data + 64 * i) for i, b in enumerate(jobs)]
+        addr = lambda xs: np.asarray([ctypes.addressof(x) for x in xs], np.int64)  # noqa: E731
+        split = StageTable(gemv.part_fn(), addr([b.job for b in jobs]), addr([h[0] for h in halves]),
+                           addr([b.job for b in jobs]), addr([h[1] for h in halves]), _never)
+        return cls(jobs, ptrs, parts, split, [h for pair in halves for h in pair] + list(scratch), counters)
+
+    def run(self, first: int, last: int, pool: AttentionPool | None) -> None:
+        """Jobs first..last-1: their column halves on both threads when a step with the helper is in progress,
+        else each whole on this thread (one C call)."""
+        if pool is not None and self.split is not None and pool.active:
+            self.counters[8 * first : 8 * last : 8] = 0
+            pool.run_stages(self.split, first, last)
+        else:
+            gemv.library().hetero_gemv_run(self.whole, self.parts, first, last)
+
+
+def _never(status: int) -> None:
+    raise RuntimeError(f"hetero's GEMV part returned {status:#x} (it returns no status)")
+
+
+class GemvStep:
+    """`forward(cache, tree, slot)` → the hidden states [C, hidden] of a C-row chunk (the `step.Layers` protocol),
+    every linear on hetero's GEMVs over buffers bound once."""
+
+    def __init__(self, weights: GemvWeights, model_arrays: dict[str, np.ndarray], rope: RopeTable, rows: int,
+                 pool: AttentionPool | None = None, split: bool = SPLIT_LINEARS):
+        """split: the linears' column tiles shared with the pool's helper thread during a step (`SPLIT_LINEARS`)."""
+        cfg = weights.cfg
+        self.cfg, self.rope, self.rows, self.pool, self.weights = cfg, rope, rows, pool, model_arrays
+        self.embed_scale = None if cfg.embed_scale == 1.0 else np.float32(cfg.embed_scale)
+        zeros = lambda width: buffers.zeros((rows, width))  # noqa: E731
+        self.h = (zeros(cfg.hidden), zeros(cfg.hidden))
+        self.a = zeros(cfg.q_dim)
+        self.q = buffers.zeros((rows, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim))
+        self.qkv, self.o, self.gu = zeros(cfg.q_dim + 2 * cfg.kv_dim), zeros(cfg.hidden), zeros(2 * cfg.ffn)
+        kmax = max(cfg.hidden, cfg.q_dim, cfg.ffn)
+        self.scratch = tuple(gemv.Scratch(rows, kmax) for _ in range(2))
+        jobs = []
+        on = weights.online
+        for layer in range(cfg.n_layers):
+            h_in, h_out = self.h[layer % 2], self.h[(layer + 1) % 2]
+            lin = lambda site: weights.linears[f"{layer}.{site}"]  # noqa: E731
+            bias = lambda site: weights.biases.get(f"{layer}.{site}")  # noqa: E731
+            norm = lambda f: weights.norms[f"layers.{layer}.{f}"]  # noqa: E731
+            s = self.scratch[0]
+            jobs += [
+                gemv.bind(lin("attn_in"), h_in, self.qkv, s, norm=norm("attn_norm"), eps=cfg.rms_eps,
+                          hadamard=on.get("attn_in", 0), bias=bias("attn_in")),
+                gemv.bind(lin("o_in"), self.a, self.o, s, hadamard=on.get("o_in", 0), bias=bias("o_in")),
+                gemv.bind(lin("ffn_in"), h_in, self.gu, s, add=self.o, norm=norm("ffn_norm"), eps=cfg.rms_eps,
+                          hadamard=on.get("ffn_in", 0), bias=bias("ffn_in")),
+                gemv.bind(lin("down_in"), self.gu, h_out, s, silu_up=True, hadamard=on.get("down_in", 0),
+                          bias=bias("down_in"), res=(h_in, self.o)),
+            ]
+        self.table = _Table.of(jobs, self.scratch if pool is not None and split else None)
+
+    def split(self) -> bool:
+        """Whether the step has its two-core form, which costs nothing to build and runs from the first step: its
+        attention shared with the helper (and its linears' tiles, when made with split)."""
+        return self.pool is not None
+
+    def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> np.ndarray:
+        """The hidden states [C, hidden] after `layers` layers (default all) of the tree's rows (padded to C with the
+        root) rooted at position `slot`; their K/V go to cache rows slot.. (cache.length unchanged)."""
+        cfg = self.cfg
+        depth = cfg.n_layers if layers is None else layers
+        layout, shared, bases = start_rows(self, cache, tree, slot, depth)
+        pool = self.pool if shared else None
+        for layer in range(depth):
+            self._linears(4 * layer, 4 * layer + 1, pool)
+            if cfg.qk_norm:
+                qk_norm_(cfg, self.qkv, self.weights[f"layers.{layer}.q_norm"], self.weights[f"layers.{layer}.k_norm"])
+            if shared:
+                self.pool.attend(cfg, layer, self.qkv, layout, bases[layer])
+            else:
+                decode_rows(cfg, self.qkv, *cache.layer(layer), layout, self.a, layer, bases[layer])
+            self._linears(4 * layer + 1, 4 * layer + 4, pool)
+        return self.h[depth % 2]
+
+    def _linears(self, first: int, last: int, pool: AttentionPool | None) -> None:
+        """Jobs first..last-1 (a layer's q|k|v, or its o → FFN: jobs 4·layer..4·layer+3)."""
+        self.table.run(first, last, pool)
+
+
+class GemvHead:
+    """final RMSNorm + the LM head on hetero's GEMV (`native.gemv`: the 8-bit weights MatMulNBits' head reads, int8
+    activations per block of 32); with split, its vocabulary tiles shared with the helper thread (`SPLIT_LINEARS`)."""
+
+    name = "gemv"
+
+    def __init__(self, weights: GemvWeights, pool: AttentionPool | None = None, split: bool = SPLIT_LINEARS):
+        self.cfg, self.weights, self.pool, self._split = weights.cfg, weights, pool, split
+        self._bound: dict[int, tuple[np.ndarray, np.ndarray, _Table]] = {}
+
+    def _bind(self, rows: int) -> tuple[np.ndarray, np.ndarray, _Table]:
+        b = self._bound.get(rows)
+        if b is None:
+            cfg = self.cfg
+            x, out = buffers.zeros((rows, cfg.hidden)), buffers.zeros((rows, cfg.vocab))
+            scratch = tuple(gemv.Scratch(rows, cfg.hidden) for _ in range(2))
+            job = gemv.bind(self.weights.linears["head"], x, out, scratch[0], norm=self.weights.norms["norm"],
+                            eps=cfg.rms_eps)
+            b = self._bound[rows] = (x, out, _Table.of([job], scratch if self.pool is not None and self._split else None))
+        return b
+
+    def __call__(self, h: np.ndarray) -> np.ndarray:
+        if np.size(h) == 0:  # a step that only writes K/V (a drafter catching up) asks for no logits
+            return buffers.empty((*np.shape(h)[:-1], self.cfg.vocab))
+        x = np.asarray(h, np.float32).reshape(-1, self.cfg.hidden)
+        buf, out, table = self._bind(x.shape[0])
+        buf[...] = x
+        table.run(0, 1, self.pool)
+        return out.copy().reshape(*np.shape(h)[:-1], -1)

@@ -1,0 +1,292 @@
+/* A decode step's linears as int8 GEMVs on AVX-512 VNNI (issue 24 item 3); see hetero/native/gemv.py.
+
+   A job is one linear of a layer with the elementwise work around it: a prologue that builds its input rows x
+   (x = in0 [+ in1], then RMSNorm, or silu(gate)·up, then a block Hadamard), x quantized to int8 per block of
+   QB values of K (one scale per block: amax / 127), the GEMV over 8-bit weights (u8 with zero point 128, one
+   float scale per output column and block, the layout MatMulNBits reads, repacked), and an epilogue
+   (+ bias, + the residual res0 [+ res1]). A part is the job's column range [lo, hi) and its own scratch, so two
+   threads can run the two halves of one job at once: each computes the prologue in its scratch (the same values)
+   and writes only its columns (a fixed range, or tiles claimed from a shared counter). Every column's integer sums are exact and its float sums run in a fixed order
+   (block after block), so a row's outputs do not depend on the other rows of the job nor on the split.
+
+   No software prefetch: over the weights' one arena on huge pages the hardware prefetcher streams 26 GB/s from one
+   thread (AMD EPYC Zen 4), prefetches 4 KB ahead 22 (docs/journal.md, issue 24 item 3).
+
+   Weights: column tiles of TILE = 64 (4 vectors of 16), each tile a stream of K/4 quads of 256 bytes: for each
+   of its 64 columns 4 consecutive weights along K (vpdpbusd's layout); scales [tiles][blocks][64]. */
+
+#include <immintrin.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define TILE 64
+#define QB 128 /* values of K sharing a weight scale (MatMulNBits' block) */
+#ifndef AB
+#define AB 32  /* values of K sharing an activation scale: a quarter of a weight block */
+#endif
+#define SUB (QB / AB)
+
+typedef struct {
+    int64_t rows;          /* rows of this job (a token tree's) */
+    const float *in0;      /* [rows, ld_in] */
+    const float *in1;      /* [rows, ld_in] added to in0 before the norm, or NULL */
+    int64_t ld_in;
+    const float *norm;     /* RMSNorm weight [k], or NULL */
+    double eps;
+    int64_t act;           /* 1: x = silu(in0[:, :k]) * in0[:, k:2k] */
+    int64_t had;           /* block Hadamard size applied to x (0: none) */
+    int64_t k, n;          /* the linear: K inputs, N outputs (N a multiple of TILE) */
+    const uint8_t *w;      /* packed weights (above) */
+    const float *ws;       /* scales [N / TILE][nb][TILE] */
+    const float *bias;     /* [n] or NULL */
+    const float *res0;     /* [rows, ld_out] or NULL: out = (res0 + res1) + y */
+    const float *res1;
+    float *out;            /* [rows, ld_out] */
+    int64_t ld_out;
+} Job;
+
+typedef struct {
+    int64_t lo, hi;        /* columns, multiples of TILE */
+    int64_t *next;         /* NULL: the part computes tiles lo..hi; else tiles claimed one at a time from this counter
+                              (shared by the job's parts, zero before the job runs): the threads balance themselves,
+                              and a thread that comes late finds the tiles done */
+    float *xs;             /* scratch [rows, k] floats */
+    int8_t *xq;            /* scratch [rows, nb * QB] */
+    float *sa;             /* scratch [rows, nb * SUB]: a scale per activation block */
+    int32_t *xsum;         /* scratch [rows, nb * SUB] */
+} Part;
+
+static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+/* exp(x) for x <= 88: 2^t with t = x·log2(e) = n + f, |f| <= 0.5, 2^f by its Taylor series to degree 7 (relative
+   error < 1e-7), times 2^n by vscalefps (which saturates to 0 for very negative x). */
+static inline __m512 exp512(__m512 x) {
+    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f));
+    t = _mm512_max_ps(t, _mm512_set1_ps(-200.f));
+    t = _mm512_min_ps(t, _mm512_set1_ps(200.f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.6931471805599453f));
+    __m512 p = _mm512_set1_ps(1.f / 5040.f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 720.f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120.f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24.f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6.f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* In place x·H for each block of `size` values (H the orthonormal Sylvester Hadamard: `rotate.hadamard`). */
+static void block_hadamard(float *x, int64_t k, int64_t size) {
+    const float norm = 1.0f / sqrtf((float)size);
+    for (int64_t b = 0; b < k; b += size) {
+        float *v = x + b;
+        for (int64_t len = 1; len < size; len <<= 1)
+            for (int64_t i = 0; i < size; i += 2 * len)
+                for (int64_t j = i; j < i + len; j++) {
+                    float a = v[j], c = v[j + len];
+                    v[j] = a + c;
+                    v[j + len] = a - c;
+                }
+        for (int64_t i = 0; i < size; i++) v[i] *= norm;
+    }
+}
+
+/* x [k] of one row, as the job's prologue says. */
+static void prologue(const Job *J, int64_t r, float *x) {
+    const int64_t k = J->k;
+    const float *a = J->in0 + r * J->ld_in;
+    if (J->act == 1) {
+        int64_t i = 0;
+        for (; i + 16 <= k; i += 16) {
+            __m512 g = _mm512_loadu_ps(a + i), u = _mm512_loadu_ps(a + k + i);
+            __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+            __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+            _mm512_storeu_ps(x + i, _mm512_mul_ps(s, u));
+        }
+        for (; i < k; i++) x[i] = a[i] / (1.f + expf(-a[i])) * a[k + i];
+    } else if (J->in1 != NULL) {
+        const float *b = J->in1 + r * J->ld_in;
+        for (int64_t i = 0; i < k; i++) x[i] = a[i] + b[i];
+    } else {
+        for (int64_t i = 0; i < k; i++) x[i] = a[i];
+    }
+    if (J->norm != NULL) {
+        __m512 acc = _mm512_setzero_ps();
+        int64_t i = 0;
+        for (; i + 16 <= k; i += 16) {
+            __m512 v = _mm512_loadu_ps(x + i);
+            acc = _mm512_fmadd_ps(v, v, acc);
+        }
+        float ss = hsum(acc);
+        for (; i < k; i++) ss += x[i] * x[i];
+        const float inv = 1.0f / sqrtf(ss / (float)k + (float)J->eps);
+        for (i = 0; i < k; i++) x[i] = x[i] * inv * J->norm[i];
+    }
+    if (J->had > 1) block_hadamard(x, k, J->had);
+}
+
+/* x [k] → xq [nb·QB] (zero past k), sa[b] = amax_b / 127, xsum[b] = 128·Σ xq over activation block b (AB values). */
+static void quantize(const float *x, int64_t k, int64_t nb, int8_t *xq, float *sa, int32_t *xsum) {
+    for (int64_t b = 0; b < nb * SUB; b++) {
+        const int64_t lo = b * AB, hi = lo + AB < k ? lo + AB : k;
+        float m = 0.f;
+        for (int64_t i = lo; i < hi; i++) m = fmaxf(m, fabsf(x[i]));
+        const float s = m / 127.f, inv = m > 0.f ? 127.f / m : 0.f;
+        int32_t sum = 0;
+        for (int64_t i = lo; i < hi; i++) {
+            int32_t q = (int32_t)nearbyintf(x[i] * inv);
+            q = q > 127 ? 127 : (q < -127 ? -127 : q);
+            xq[i] = (int8_t)q;
+            sum += q;
+        }
+        for (int64_t i = hi > lo ? hi : lo; i < lo + AB; i++) xq[i] = 0;
+        sa[b] = s;
+        xsum[b] = 128 * sum;
+    }
+}
+
+/* One tile (64 columns) of one row: y[c] = Σ_b ws[b][c]·Σ_{a ⊂ b} sa[a]·(Σ_{k∈a} (w_u8 − 128)·xq), over weight blocks b
+   and their activation blocks a. */
+static void tile_row(const uint8_t *wt, const float *wst, int64_t quads, int64_t nb, const int8_t *xq,
+                     const float *sa, const int32_t *xsum, float *y) {
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+    const int32_t *x4 = (const int32_t *)xq;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *ws = wst + b * TILE;
+        const __m512 w0 = _mm512_loadu_ps(ws), w1 = _mm512_loadu_ps(ws + 16), w2 = _mm512_loadu_ps(ws + 32),
+                     w3 = _mm512_loadu_ps(ws + 48);
+        for (int64_t a = b * SUB; a < (b + 1) * SUB; a++) {
+            const int64_t q0 = a * (AB / 4), q1 = q0 + AB / 4 < quads ? q0 + AB / 4 : quads;
+            if (q0 >= q1) break;
+            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t j = q0; j < q1; j++) {
+                const __m512i x = _mm512_set1_epi32(x4[j]);
+                const __m512i *p = (const __m512i *)(wt + j * 256);
+                a0 = _mm512_dpbusd_epi32(a0, _mm512_loadu_si512(p), x);
+                a1 = _mm512_dpbusd_epi32(a1, _mm512_loadu_si512(p + 1), x);
+                a2 = _mm512_dpbusd_epi32(a2, _mm512_loadu_si512(p + 2), x);
+                a3 = _mm512_dpbusd_epi32(a3, _mm512_loadu_si512(p + 3), x);
+            }
+            const __m512i corr = _mm512_set1_epi32(xsum[a]);
+            const __m512 s = _mm512_set1_ps(sa[a]);
+            f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a0, corr)), _mm512_mul_ps(w0, s), f0);
+            f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a1, corr)), _mm512_mul_ps(w1, s), f1);
+            f2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a2, corr)), _mm512_mul_ps(w2, s), f2);
+            f3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a3, corr)), _mm512_mul_ps(w3, s), f3);
+        }
+    }
+    _mm512_storeu_ps(y, f0);
+    _mm512_storeu_ps(y + 16, f1);
+    _mm512_storeu_ps(y + 32, f2);
+    _mm512_storeu_ps(y + 48, f3);
+}
+
+/* `tile_row` of two rows at once: each weight vector loaded once for both (a token tree's rows), every operation of
+   a row the one `tile_row` does, in the same order, so a row's bits do not depend on its neighbour. */
+static void tile_rows2(const uint8_t *wt, const float *wst, int64_t quads, int64_t nb, const int8_t *xq0,
+                       const int8_t *xq1, const float *sa0, const float *sa1, const int32_t *xs0, const int32_t *xs1,
+                       float *y0, float *y1) {
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0, g0 = f0, g1 = f0, g2 = f0, g3 = f0;
+    const int32_t *x4 = (const int32_t *)xq0, *z4 = (const int32_t *)xq1;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *ws = wst + b * TILE;
+        const __m512 w0 = _mm512_loadu_ps(ws), w1 = _mm512_loadu_ps(ws + 16), w2 = _mm512_loadu_ps(ws + 32),
+                     w3 = _mm512_loadu_ps(ws + 48);
+        for (int64_t a = b * SUB; a < (b + 1) * SUB; a++) {
+            const int64_t q0 = a * (AB / 4), q1 = q0 + AB / 4 < quads ? q0 + AB / 4 : quads;
+            if (q0 >= q1) break;
+            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+            for (int64_t j = q0; j < q1; j++) {
+                const __m512i x = _mm512_set1_epi32(x4[j]), z = _mm512_set1_epi32(z4[j]);
+                const __m512i *p = (const __m512i *)(wt + j * 256);
+                const __m512i v0 = _mm512_loadu_si512(p), v1 = _mm512_loadu_si512(p + 1),
+                              v2 = _mm512_loadu_si512(p + 2), v3 = _mm512_loadu_si512(p + 3);
+                a0 = _mm512_dpbusd_epi32(a0, v0, x);
+                a1 = _mm512_dpbusd_epi32(a1, v1, x);
+                a2 = _mm512_dpbusd_epi32(a2, v2, x);
+                a3 = _mm512_dpbusd_epi32(a3, v3, x);
+                c0 = _mm512_dpbusd_epi32(c0, v0, z);
+                c1 = _mm512_dpbusd_epi32(c1, v1, z);
+                c2 = _mm512_dpbusd_epi32(c2, v2, z);
+                c3 = _mm512_dpbusd_epi32(c3, v3, z);
+            }
+            const __m512i corr = _mm512_set1_epi32(xs0[a]), corz = _mm512_set1_epi32(xs1[a]);
+            const __m512 s = _mm512_set1_ps(sa0[a]), t = _mm512_set1_ps(sa1[a]);
+            f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a0, corr)), _mm512_mul_ps(w0, s), f0);
+            f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a1, corr)), _mm512_mul_ps(w1, s), f1);
+            f2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a2, corr)), _mm512_mul_ps(w2, s), f2);
+            f3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a3, corr)), _mm512_mul_ps(w3, s), f3);
+            g0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0, corz)), _mm512_mul_ps(w0, t), g0);
+            g1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1, corz)), _mm512_mul_ps(w1, t), g1);
+            g2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c2, corz)), _mm512_mul_ps(w2, t), g2);
+            g3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c3, corz)), _mm512_mul_ps(w3, t), g3);
+        }
+    }
+    _mm512_storeu_ps(y0, f0);
+    _mm512_storeu_ps(y0 + 16, f1);
+    _mm512_storeu_ps(y0 + 32, f2);
+    _mm512_storeu_ps(y0 + 48, f3);
+    _mm512_storeu_ps(y1, g0);
+    _mm512_storeu_ps(y1 + 16, g1);
+    _mm512_storeu_ps(y1 + 32, g2);
+    _mm512_storeu_ps(y1 + 48, g3);
+}
+
+/* The epilogue of one row's tile: out = [res0 (+ res1) +] (y [+ bias]). */
+static void store_row(const Job *J, int64_t r, int64_t c, const float *y) {
+    float *o = J->out + r * J->ld_out + c;
+    const int64_t m = J->n - c < TILE ? J->n - c : TILE;
+    for (int64_t i = 0; i < m; i++) {
+        float v = y[i];
+        if (J->bias != NULL) v += J->bias[c + i];
+        if (J->res0 != NULL) {
+            const float base = J->res1 != NULL ? J->res0[r * J->ld_out + c + i] + J->res1[r * J->ld_out + c + i]
+                                               : J->res0[r * J->ld_out + c + i];
+            v = base + v;
+        }
+        o[i] = v;
+    }
+}
+
+/* Run one job's part: the prologue and quantization of every row into the part's scratch, then its tiles.
+   Returns NULL (the signature of ONNX Runtime's RunWithBinding, so the decode step's two-core stage runner calls
+   it as it calls a graph half: `twocore.attnpool`). */
+void *hetero_gemv_part(void *job, void *unused, void *part) {
+    (void)unused;
+    const Job *J = (const Job *)job;
+    const Part *P = (const Part *)part;
+    const int64_t k = J->k, nb = (k + QB - 1) / QB, kp = nb * QB, quads = (k + 3) / 4, na = nb * SUB;
+    for (int64_t r = 0; r < J->rows; r++) {
+        prologue(J, r, P->xs + r * k);
+        quantize(P->xs + r * k, k, nb, P->xq + r * kp, P->sa + r * na, P->xsum + r * na);
+    }
+    float y[TILE], y1[TILE];
+    const int64_t t0 = P->lo / TILE, t1 = P->hi / TILE;
+    for (int64_t t = t0;; t++) {
+        if (P->next != NULL) t = t0 + __atomic_fetch_add(P->next, 1, __ATOMIC_RELAXED);
+        if (t >= t1) break;
+        const int64_t c = t * TILE;
+        const uint8_t *wt = J->w + (c / TILE) * (quads * 256);
+        const float *wst = J->ws + (c / TILE) * (nb * TILE);
+        int64_t r = 0;
+        for (; r + 1 < J->rows; r += 2) {  /* a tree's rows in pairs: one load of each weight vector for two rows */
+            tile_rows2(wt, wst, quads, nb, P->xq + r * kp, P->xq + (r + 1) * kp, P->sa + r * na, P->sa + (r + 1) * na,
+                       P->xsum + r * na, P->xsum + (r + 1) * na, y, y1);
+            store_row(J, r, c, y);
+            store_row(J, r + 1, c, y1);
+        }
+        if (r < J->rows) {
+            tile_row(wt, wst, quads, nb, P->xq + r * kp, P->sa + r * na, P->xsum + r * na, y);
+            store_row(J, r, c, y);
+        }
+    }
+    return NULL;
+}
+
+/* Jobs first..last-1 in order on this thread, each with its own part (a layer's o→FFN chain in one call). */
+void hetero_gemv_run(void **jobs, void **parts, int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; i++) hetero_gemv_part(jobs[i], NULL, parts[i]);
+}
