@@ -161,3 +161,34 @@ def test_the_bench_times_both_kernels_on_the_same_rows(kernel):
     row = measure(_cfg(), 40, 24, repeats=1)
     assert row["gqa"]["rel_max_err"] < 1e-5 and row["bf16"]["rel_max_err"] < 1.5e-2
     assert row["gqa"]["ms"] > 0 and row["bf16"]["ms"] > 0
+
+
+def test_a_threads_scratch_is_freed_when_it_exits(kernel):
+    """A prefill's second lane is a new thread each time; each grows the kernel's scratch (~1 MB per KV head at 2048
+    keys) and must give it back when it exits, or a long-lived process grows with every prefill."""
+    import threading
+
+    n, cap = 64, 4096
+    rng = np.random.default_rng(0)
+    qkv = rng.standard_normal((n, (H + 2 * KV) * D), dtype=np.float32)
+    k, v = np.zeros((KV, cap, D), np.float32), np.zeros((KV, cap, D), np.float32)
+    cos, sin = _rope_table(cap, D)
+    out = np.empty((n, H * D), np.float32)
+
+    def once() -> None:  # rows at the end of a 4096-key cache: scratch for 4096 keys, ~3 MB
+        kernel(qkv, k, v, cap - n, cos, sin, out)
+
+    def rss_mb() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    for _ in range(4):  # the allocator's own pools settle
+        t = threading.Thread(target=once)
+        t.start()
+        t.join()
+    before = rss_mb()
+    for _ in range(60):
+        t = threading.Thread(target=once)
+        t.start()
+        t.join()
+    assert rss_mb() - before < 40, f"{rss_mb() - before:.0f} MB kept by 60 exited threads"

@@ -9,6 +9,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,9 +81,29 @@ typedef struct {
     size_t n;
 } scratch_t;
 
-static __thread scratch_t scratch[3];
+/* Each thread's scratch, grown to the largest call it made; freed when the thread exits (a prefill's second lane is a
+ * new thread each time: a plain __thread pointer would leak its buffers with every prefill). */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *p) {
+    scratch_t *s = p;
+    for (int k = 0; k < 3; k++) free(s[k].p);
+    free(s);
+}
+
+static void scratch_key_make(void) { pthread_key_create(&scratch_key, scratch_free); }
 
 static void *grow(int k, size_t bytes) {
+    pthread_once(&scratch_once, scratch_key_make);
+    scratch_t *scratch = pthread_getspecific(scratch_key);
+    if (!scratch) {
+        scratch = calloc(3, sizeof(scratch_t));
+        if (!scratch || pthread_setspecific(scratch_key, scratch)) {
+            free(scratch);
+            return NULL;
+        }
+    }
     if (scratch[k].n < bytes) {
         free(scratch[k].p);
         scratch[k].p = aligned_alloc(64, (bytes + 63) / 64 * 64);
