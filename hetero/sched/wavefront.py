@@ -18,6 +18,7 @@ import dataclasses
 import math
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from hetero.chunking import Chunk, plan_chunks
@@ -81,8 +82,12 @@ class WavefrontRun:
     """One DAG's nodes on `lanes` threads (the calling one and lanes − 1 helpers): chunk i's nodes in order on lane
     i mod lanes, each after its predecessors; `step` by `step` (`runtime.PlanRun`)."""
 
-    def __init__(self, dag: CompiledDag, run: Callable[[int], None], lanes: int):
-        self.dag, self.run, self.lanes = dag, run, lanes
+    def __init__(self, dag: CompiledDag, run: Callable[[int], None], lanes: int,
+                 pool: ThreadPoolExecutor | None = None):
+        # pool: the executor's threads for the lanes after the first (None with one lane). The same threads every
+        # step: a new thread per prefill cost a 64-token prefill 1.2-1.3x its time (docs/journal.md, "Issue 24
+        # (session 15)")
+        self.dag, self.run, self.lanes, self.pool = dag, run, lanes, pool
         n = dag.n_nodes
         self._done = [False] * n
         self._next = [0] * dag.n_chunks  # per chunk: its next node's index in the chunk
@@ -138,13 +143,13 @@ class WavefrontRun:
             self.t_origin = clock()
         self._stop = False
         deadline = [None if budget_s is None else clock() + budget_s]
-        helpers = [threading.Thread(target=self._lane, args=(k, deadline, budget_s, contended), daemon=True,
-                                    name=f"hetero-lane-{k}") for k in range(1, min(self.lanes, self.dag.n_chunks))]
-        for t in helpers:
-            t.start()
+        others = range(1, min(self.lanes, self.dag.n_chunks))
+        if others and self.pool is None:
+            raise ConfigError(f"a wavefront of {self.lanes} lanes needs the executor's pool of lane threads")
+        helpers = [self.pool.submit(self._lane, k, deadline, budget_s, contended) for k in others]
         self._lane(0, deadline, budget_s, contended)
-        for t in helpers:
-            t.join()
+        for f in helpers:
+            f.result()
         if self._error is not None:
             raise self._error
         return self._n_done == self.dag.n_nodes
@@ -171,6 +176,7 @@ class WavefrontExecutor:
         self.placement = HALF_PLACEMENT if halves else LAYER_PLACEMENT
         self.attention_per_key = attention_per_key  # `ATTENTION_PER_KEY` of the backend's attention (0: equal chunks)
         self._dags: dict[int, CompiledDag] = {}
+        self._pool: ThreadPoolExecutor | None = None  # the lanes after the first, made at the first start
 
     def chunks_for(self, n_tokens: int, chunk: int, start: int) -> list[Chunk]:
         """The chunks of a prompt (`balanced_chunks`): a multiple of the lanes, equal work, at most `OVERSIZE`·C rows."""
@@ -185,7 +191,9 @@ class WavefrontExecutor:
         return dag
 
     def start(self, dag: CompiledDag, run: Callable[[int], None]) -> WavefrontRun:
-        return WavefrontRun(dag, run, self.lanes)
+        if self._pool is None and self.lanes > 1:
+            self._pool = ThreadPoolExecutor(self.lanes - 1, thread_name_prefix="hetero-lane")
+        return WavefrontRun(dag, run, self.lanes, self._pool)
 
     def execute(self, dag: CompiledDag, run: Callable[[int], None]) -> Schedule:
         r = self.start(dag, run)
@@ -193,4 +201,6 @@ class WavefrontExecutor:
         return r.schedule()
 
     def close(self) -> None:
-        pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
