@@ -516,13 +516,14 @@ def test_serve_prefix_reuse_and_restore_of_windowed_layers(tmp_path, arch, field
 def test_the_default_recipe_of_a_post_norm_model_adds_w8a16_sites(tmp_path) -> None:
     """Gemma 3's default recipe: site rotation and W8A16 on attn_in and down_in (`Recipe.for_config`); other
     recipes and models keep theirs."""
-    from hetero.methods import METHODS, ROTATED, SITE_ROTATED
+    from hetero.methods import METHODS, ROTATED_ROWS, SITE_ROTATED
     from tests.conftest import make_tiny_model
 
     build("gemma3", tmp_path)
     gemma, llama = load_model(tmp_path).config, make_tiny_model().config
     assert METHODS["hetero"].recipe.for_config(gemma) == SITE_ROTATED
-    assert METHODS["hetero"].recipe.for_config(llama) == ROTATED
+    assert METHODS["hetero"].recipe.for_config(llama) == ROTATED_ROWS
+    assert METHODS["hetero-shadow"].recipe.for_config(gemma) == SITE_ROTATED
     noshadow = METHODS["hetero-noshadow"].recipe
     assert noshadow.for_config(gemma) == noshadow
 

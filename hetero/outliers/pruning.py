@@ -97,8 +97,8 @@ class PlanOptions:
     `plan` module doc) or 127 (full 8-bit). weight_form (`quantize.WEIGHT_FORMS`), when given, sets the range
     instead and is recorded in the plan (it picks the CPU EP's kernel). a16: (layer, site) keys run W8A16 with
     s = absmax / 32767 and no shadow (`a16`). online: the plan's online transforms (`rotate.online_sites`; the
-    calibration must have observed them). method: the name the plan records. row_scales: the sites importance keeps
-    run with a scale per row (`rowscale`, "a8r") instead of shadow outliers (CPU EP graphs only).
+    calibration must have observed them). method: the name the plan records. row_scales: the sites (of `SITES`) whose
+    kept ones run with a scale per row (`rowscale`, "a8r") instead of shadow outliers (CPU EP graphs only).
     """
 
     prune_fraction: float = DEFAULT_PRUNE_FRACTION
@@ -113,7 +113,7 @@ class PlanOptions:
     weight_form: str | None = None
     a16: Collection[tuple[int, str]] = ()
     online: Mapping[str, int] | None = None
-    row_scales: bool = False  # the kept sites scale each row at run time (`rowscale`) instead of a shadow
+    row_scales: Collection[str] = ()  # these sites, where kept, scale each row at run time (`rowscale`), no shadow
 
 
 def plan_from_calibration(model, calibration=None, options: PlanOptions = PlanOptions()) -> QuantPlan:
@@ -127,8 +127,14 @@ def plan_from_calibration(model, calibration=None, options: PlanOptions = PlanOp
         calibration = ensure_calibration(model)
     keep = kept_sites(calibration, o.prune_fraction, o.percentile, o.granularity, o.importance, o.pruned_percentile)
     a16 = set(o.a16)
-    kept = SiteChoice("a8r" if o.row_scales else "a8s", o.percentile)
-    choices = {key: SiteChoice("a16", 100.0) if key in a16 else kept if key in keep
+    bad = set(o.row_scales) - set(SITES)
+    if bad:
+        raise ConfigError(f"row_scales must name sites of {SITES}, got {sorted(bad)}")
+
+    def kept(site: str) -> SiteChoice:
+        return SiteChoice("a8r" if site in o.row_scales else "a8s", o.percentile)
+
+    choices = {key: SiteChoice("a16", 100.0) if key in a16 else kept(key[1]) if key in keep
                else SiteChoice("a8", o.pruned_percentile) for key in calibration.sites}
     meta = {"percentile": o.percentile, "pruned_percentile": o.pruned_percentile, "granularity": o.granularity,
             "importance": o.importance}

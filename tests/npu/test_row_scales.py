@@ -112,6 +112,6 @@ def test_the_default_recipe_scales_rows_and_htp_keeps_shadows():
     from hetero.methods import DEFAULT_METHOD, METHODS, plan_options
 
     m = make_tiny_model()
-    assert plan_options(m, METHODS[DEFAULT_METHOD].recipe, "w8-u8u8").row_scales
+    assert plan_options(m, METHODS[DEFAULT_METHOD].recipe, "w8-u8u8").row_scales == ("down_in",)
     assert not plan_options(m, METHODS["hetero-shadow"].recipe, "w8-u8u8").row_scales
     assert METHODS["hetero-qnn"].recipe == METHODS["hetero-shadow"].recipe  # HTP's static graphs: shadows

@@ -61,9 +61,13 @@ def test_plan_from_calibration(tiny, stats):
 
 
 def test_row_scales_take_the_kept_sites_instead_of_shadows(tiny, stats):
-    plan = plan_from_calibration(tiny, stats, PlanOptions(prune_fraction=0.75, row_scales=True))
+    plan = plan_from_calibration(tiny, stats, PlanOptions(prune_fraction=0.75, row_scales=("down_in",)))
     assert plan.shadow_sites() == [] and {k for k, sq in plan.sites.items() if sq.per_row} == {(0, "down_in"), (1, "down_in")}
     assert plan.sites[(0, "down_in")].scale == pytest.approx(1 / 127)  # the calibrated scale, for the record
+    kept = plan_from_calibration(tiny, stats, PlanOptions(prune_fraction=0.75, row_scales=("o_in",)))
+    assert kept.shadow_sites() == [(0, "down_in"), (1, "down_in")]  # only the named sites
+    with pytest.raises(ConfigError, match="row_scales"):
+        plan_from_calibration(tiny, stats, PlanOptions(row_scales=("down",)))
 
 
 
