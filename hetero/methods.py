@@ -225,14 +225,14 @@ def _hetero(provider: str, policy: str, doc: str, recipe: Recipe = DEFAULT_RECIP
 
 
 METHODS: dict[str, Method] = {
-    "hetero": _hetero("cpu", "rank", "INT8 graphs (ORT CPU EP as NPU lane), rotation, a scale per row on the 15% "
-                      "of the sites with the largest outliers; each layer one graph on every core, or two lanes out "
-                      "of order, as this host's placement decides", layout="auto"),
+    "hetero": _hetero("cpu", "rank", "INT8 graphs (ORT CPU EP as NPU lane), rotation, on the 15% of the sites with "
+                      "the largest outliers a scale per row (down_in) or shadow outliers; each layer one graph on every "
+                      "core, or two lanes out of order, as this host's placement decides", layout="auto"),
     "hetero-gqa": _hetero("cpu", "rank", "as hetero, attention always ONNX Runtime's fp32 GroupQueryAttention "
                           "(not hetero's BF16 kernel)", layout="auto", attention="gqa"),
     "hetero-lanes": _hetero("cpu", "rank", "as hetero, always on two lanes out of order (mllm-NPU §3.4)"),
-    "hetero-shadow": _hetero("cpu", "rank", "as hetero, the kept sites' outliers as shadows (mllm-NPU Eq. 1) instead "
-                             "of a scale per row", ROTATED, layout="auto"),
+    "hetero-shadow": _hetero("cpu", "rank", "as hetero, every kept site's outliers as shadows (mllm-NPU Eq. 1), none "
+                             "with a scale per row", ROTATED, layout="auto"),
     # C=128: the simulator's generic HTP cannot finalize the o_ffn graph at 256 (`npu.constraints`); HTP's static
     # graphs take no scale per row, so its kept sites run shadows
     "hetero-qnn": _hetero("qnn", "rank", "as hetero-shadow, INT8 QDQ graphs on QNN HTP (simulator on x86), decode on "

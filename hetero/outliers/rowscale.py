@@ -6,8 +6,10 @@ in float on the CPU (the shadow). On a host whose "NPU" is the CPU itself the gr
 and quantize q = clip(rint(x · (127 / m)), -128, 127): an outlier then coarsens only its own row's grid, and the
 product needs no float correction. Measured on the default rotated model
 (docs/journal.md, "Issue 24 (session 15)"): the plan's 18 shadow sites with per-row scales give the same perplexity
-as with shadows (+0.03% vs +0.02% on layer ops), and the shadows were 10–13% of a prefill. The plan keeps which sites need it (importance pruning,
-§3.3); QNN HTP's static graphs keep the shadows (`methods.Recipe.row_scales`).
+as with shadows (+0.03% vs +0.02% on layer ops), and the shadows were 10–13% of a prefill, most of it the 12 kept
+down_in sites. The default takes it there only: at o_in too it turned a sure answer of tests/test_accuracy.py. The
+plan keeps which sites need it (importance pruning, §3.3); QNN HTP's static graphs keep the shadows
+(`methods.Recipe.row_scales`).
 
 The float32 ops, in order, are the graph's (`npu.site_ops.row_scaled`), so the graph matches this bit for bit:
 m = max(max|x_row|, tiny); xs = x · (127 / m); q = rint(xs) (half to even, saturated); y = float32(acc) · s_w ·
