@@ -347,16 +347,15 @@ class NpuBackend:
         runtime's (cos, sin) table. Returns out [n, hidden]. Every buffer a C-contiguous float32 numpy array."""
         if not self.fused:
             raise ConfigError("layer() runs whole-layer graphs: this backend runs segments (GraphOptions.fused)")
-        runs, n = self.program(layer).runs, h.shape[0]
-        cap = k_cache.shape[1]
-        if start + n > min(cap, rope[0].shape[0]):
-            raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({cap}) or RoPE table "
-                              f"({rope[0].shape[0]}) positions")
+        n = h.shape[0]
         if self.attention is not None:  # qkv graph → the BF16 kernel (K/V into the cache) → o/FFN graph
             qkv, a = self._between(n)
-            self.layer_attn(layer, h, k_cache, v_cache, start, rope, qkv, a)
+            self.layer_attn(layer, h, k_cache, v_cache, start, rope, qkv, a)  # (checks the rows against the cache)
             return self.layer_ffn(layer, a, h, out)
-        graph = runs[0].graph
+        if start + n > min(k_cache.shape[1], rope[0].shape[0]):
+            raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({k_cache.shape[1]}) or RoPE table "
+                              f"({rope[0].shape[0]}) positions")
+        graph = self.program(layer).runs[0].graph
         f32, b = np.float32, graph.binding
         b.bind_input(Buffer.H, "cpu", 0, f32, (n, self.cfg.hidden), f32_address(h, "layer(): h"))
         b.bind_output(Buffer.H_OUT, "cpu", 0, f32, (n, self.cfg.hidden), f32_address(out, "layer(): out"))
