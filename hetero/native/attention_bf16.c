@@ -4,8 +4,8 @@
  *
  * Layout: queries sit in the 16 lanes of a vector. S^T = K Q^T is a row of scores per key whose lanes are 16
  * query rows, so the online softmax (flash attention) is vertical max/add over keys, and O^T += V^T P^T takes the
- * probabilities of two keys per lane pair (vdpbf16ps). Only Q (per chunk) and V (pairs of keys) are repacked; K is
- * read as bf16 rows, a pair of its dims broadcast to every lane.
+ * probabilities of two keys per lane pair (vdpbf16ps). Each call repacks Q, K (bf16, blocks of 16 keys, a pair of dims
+ * broadcast to every lane) and V (pairs of keys) from the fp32 cache.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -134,7 +134,7 @@ static inline __attribute__((always_inline)) int attend(
             memcpy(vc + (g * cap + r) * D, row + qd + kd + g * D, D * sizeof(float));
         }
     }
-    uint32_t *kt = grow(0, (size_t)KV * P2 * Tpad * 4);       /* [KV][D/2][Tpad]: pairs of dims, key-minor */
+    uint32_t *kt = grow(0, (size_t)KV * P2 * Tpad * 4);       /* [KV][Tpad/16][D/2][16]: pairs of dims, key-minor */
     uint32_t *vp = grow(1, (size_t)KV * (Tpad / 2) * D * 4);  /* [KV][Tpad/2][D]: (V[2j][d], V[2j+1][d]) */
     uint32_t *qp = grow(2, (size_t)H * nrb * P2 * RB * 4 + (size_t)(KB * RB + KB / 2 * RB + MAXD * RB) * 4);
     if (!kt || !vp || !qp) return 1;
@@ -165,7 +165,10 @@ static inline __attribute__((always_inline)) int attend(
             memcpy(vmean_rot + g * D, vm, D * sizeof(float));
             hadamard_row(vmean_rot + g * D, D);
         }
-        for (int64_t r = 0; r < Tpad; r++) {  /* K: pair-major, kt[g][p][key] = (k[2p], k[2p+1]) of the key */
+        /* K in blocks of 16 keys, pair-major in a block: kt[g][key/16][p][key%16] = (k[2p], k[2p+1]) of the key, so the
+         * score loop reads a block's 2 KB in order (rows of Tpad keys put a block's 32 pair rows in one L1 set: 1.12x the
+         * kernel's time at 256 rows over 2048 keys; docs/journal.md, "Issue 24 (session 16)") */
+        for (int64_t r = 0; r < Tpad; r++) {
             uint32_t row[MAXD / 2] __attribute__((aligned(64)));
             if (r < T) {
                 const float *src = kc + (g * cap + r) * D;
@@ -177,8 +180,8 @@ static inline __attribute__((always_inline)) int attend(
             } else {
                 memset(row, 0, D * 2);
             }
-            uint32_t *dst = kt + g * P2 * Tpad + r;
-            for (int64_t p = 0; p < P2; p++) dst[p * Tpad] = row[p];
+            uint32_t *dst = kt + g * P2 * Tpad + (r / 16) * P2 * 16 + r % 16;
+            for (int64_t p = 0; p < P2; p++) dst[p * 16] = row[p];
         }
         float rows[2][MAXD] __attribute__((aligned(64)));  /* a pair of V rows less the mean (rotated: ·H) */
         for (int64_t j = 0; j < Tpad / 2; j++) {  /* V: the pair (row 2j, row 2j+1) of each dim */
@@ -234,8 +237,8 @@ static inline __attribute__((always_inline)) int attend(
                     __m512 acc[16];
 #pragma GCC unroll 16
                     for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
-                    const uint32_t *kp = kg + k0 + half * 16;
-                    for (int64_t p = 0; p < P2; p++, kp += Tpad) {
+                    const uint32_t *kp = kg + (k0 + half * 16) * P2;
+                    for (int64_t p = 0; p < P2; p++, kp += 16) {
                         __m512bh q = (__m512bh)_mm512_load_si512(qb + p * RB);
 #pragma GCC unroll 16
                         for (int j = 0; j < 16; j++)
