@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 
 from hetero.errors import BackendUnavailable, ConfigError
@@ -32,3 +33,37 @@ def test_qnn_options_from_the_environment(monkeypatch):
     monkeypatch.setenv("HETERO_QNN_OPTIONS", "soc_model")
     with pytest.raises(ConfigError, match="HETERO_QNN_OPTIONS"):
         env_qnn_options()
+
+
+def _scale_graph() -> providers.Graph:
+    """y = 2·x + h over [rows, 4] float32 (rows dynamic), as a Graph."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hetero.npu.segments import DYNAMIC_ROWS, SegmentSpec
+    from hetero.sessions import cpu_session
+
+    v = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["T", 4])  # noqa: E731
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["x2"]), helper.make_node("Add", ["x2", "h"], ["y"])],
+                              "scale", [v("x"), v("h")], [v("y")], [numpy_helper.from_array(np.float32(2.0), "two")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    spec = SegmentSpec(layer=0, kind="qkv", pieces=("qkv",), chunk=DYNAMIC_ROWS, flavor="cpu")
+    return providers.Graph(cpu_session(model.SerializeToString(), 1), spec, {"x": 4, "h": 4}, {"y": 4}, "cpu")
+
+
+def test_graph_runs_reuse_a_binding_only_for_the_same_buffers():
+    g, rng = _scale_graph(), np.random.default_rng(0)
+    x, h = rng.standard_normal((2, 6, 4), dtype=np.float32), rng.standard_normal((2, 6, 4), dtype=np.float32)
+    out = np.zeros((2, 6, 4), np.float32)
+    for rows in (6, 3, 6):  # each buffer set and row count, again after another's
+        for i in (0, 1, 0):
+            out[i] = 0
+            g.run({"x": x[i, :rows], "h": h[i, :rows]}, {"y": out[i, :rows]})
+            np.testing.assert_array_equal(out[i, :rows], 2 * x[i, :rows] + h[i, :rows])
+            assert not out[i, rows:].any()
+    x[0] += 1  # the same buffers with new contents: read anew
+    g.run({"x": x[0], "h": h[0]}, {"y": out[0]})
+    np.testing.assert_array_equal(out[0], 2 * x[0] + h[0])
+    with pytest.raises(ConfigError, match=r"takes \[rows, 4\] for x"):
+        g.run({"x": x[0][:, :3], "h": h[0]}, {"y": out[0]})
+    with pytest.raises(ConfigError, match="must be"):
+        g.run({"x": x[0], "h": h[0]}, {"y": out[0][:2]})
