@@ -44,10 +44,11 @@ class KVCache:
         self.windows = (0,) * cfg.n_layers if full_history else tuple(cfg.windows)
         self._base = [0] * cfg.n_layers
         self._high = [0] * cfg.n_layers
-        # `buffers.empty` (np.empty, aligned for the graphs' kernels): pages are only committed when a chunk writes
-        # them, so a cache sized for the whole context costs memory in proportion to what is used.
-        self.k = buffers.empty((cfg.n_layers, cfg.n_kv_heads, capacity, cfg.head_dim), dtype)
-        self.v = buffers.empty(self.k.shape, dtype)
+        # `buffers.recycled` (aligned for the graphs' kernels): pages are only committed when a chunk writes them, so a
+        # cache sized for the whole context costs memory in proportion to what is used; a dropped cache's mappings
+        # serve the next one of its size, without committing their pages again
+        self.k = buffers.recycled((cfg.n_layers, cfg.n_kv_heads, capacity, cfg.head_dim), dtype)
+        self.v = buffers.recycled(self.k.shape, dtype)
         self._length = 0
 
     @property
@@ -139,8 +140,8 @@ class KVCache:
                 f"{self.config.context_length}"
             )
         grown = min(self.config.context_length, max(need, 2 * self.capacity))
-        k = buffers.empty((*self.k.shape[:2], grown, self.k.shape[3]), self.k.dtype)
-        v = buffers.empty(k.shape, k.dtype)
+        k = buffers.recycled((*self.k.shape[:2], grown, self.k.shape[3]), self.k.dtype)
+        v = buffers.recycled(k.shape, k.dtype)
         for layer, b in enumerate(self._base):  # the rows in use of each layer (a windowed one's: its window)
             rows = max(0, self.length - b)
             k[layer, :, :rows] = self.k[layer, :, :rows]
