@@ -39,7 +39,7 @@ def empty(shape: int | tuple[int, ...], dtype: np.dtype | type = np.float32) -> 
     return raw[off : off + n].view(dt).reshape(shape)
 
 
-POOLED = 4  # mappings kept for `recycled` (two caches' K and V), the least recently returned dropped first
+POOLED = 2  # mappings kept for `recycled` (one cache's K and V), the least recently returned dropped first
 _pool: "OrderedDict[int, list[mmap.mmap]]" = OrderedDict()  # bytes → returned mappings of that size
 _pool_lock = threading.Lock()
 

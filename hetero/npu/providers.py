@@ -31,8 +31,6 @@ from hetero.npu.stdio import stdout_to_stderr
 from hetero.paths import atomic_path, cache_unwritable, warn_once
 from hetero.sessions import cpu_session, ep_session, session_options
 
-MAX_BINDINGS = 64  # per graph and thread: a prefill's chunk buffers (a few sets) for each row count seen
-
 if TYPE_CHECKING:
     import onnx
 
@@ -60,8 +58,13 @@ class Graph:
 
     @property
     def binding(self) -> ort.IOBinding:
-        """This thread's IOBinding of the session: two lanes may run one graph at once (a layer's o→FFN graph for two
-        chunks, `dag.HALF_PLACEMENT`), and a binding holds the buffers of one run."""
+        """This thread's IOBinding of the session, for a caller that binds it itself (`run` then binds anew): two
+        lanes may run one graph at once (a layer's o→FFN graph for two chunks, `dag.HALF_PLACEMENT`), and a binding
+        holds the buffers of one run."""
+        self._local.key = None
+        return self._thread_binding()
+
+    def _thread_binding(self) -> ort.IOBinding:
         b = getattr(self._local, "binding", None)
         if b is None:
             b = self._local.binding = self.session.io_binding()
@@ -77,8 +80,8 @@ class Graph:
         rows = C for a fixed-shape graph, the inputs' row count for one with dynamic rows. ORT writes each
         output into `out[name]` (C-contiguous float32) when given, else into this graph's own buffer (grown to the
         most rows seen), which the next run of this graph overwrites: callers keep only what they passed in `out`.
-        A run on the same buffers as an earlier run of this thread reuses that run's binding (a prefill's chunks
-        keep their buffers: binding anew cost ~23 µs a graph run, 4% of a 64-token prefill; docs/journal.md,
+        A run on the same buffers and rows as this thread's last run of the graph skips binding them (a lane runs
+        one chunk of a short prompt: binding anew cost ~23 µs a graph run, 2.5% of a 64-token prefill; docs/journal.md,
         "Issue 24 (session 16)").
         """
         c = self.spec.chunk
@@ -109,22 +112,18 @@ class Graph:
         return res
 
     def _bound(self, key: tuple[int, ...]) -> ort.IOBinding:
-        """This thread's binding of the inputs' and outputs' addresses and the row count in `key` (`run`'s order),
-        made at its first use. A binding holds addresses only: one whose buffers are gone is never run again unless
-        a caller passes live buffers at those same addresses, which it then reads and writes correctly."""
-        cache = getattr(self._local, "bindings", None)
-        if cache is None:
-            cache = self._local.bindings = {}
-        b = cache.get(key)
-        if b is None:
-            if len(cache) >= MAX_BINDINGS:  # (scratch copies of strided inputs: a new address every run)
-                cache.clear()
-            b = cache[key] = self.session.io_binding()
+        """This thread's binding (`binding`), bound to the inputs' and outputs' addresses and the row count in `key`
+        (`run`'s order) unless its last run's were the same. One binding a thread, not one per buffer set: a binding
+        that has run keeps that run's intermediate buffers (~5 MB at 256 rows for an o→FFN graph), so one per chunk
+        added 220 MB to a 2048-token prefill's process."""
+        b = self._thread_binding()
+        if getattr(self._local, "key", None) != key:
             c, addresses = key[-1], iter(key)
             for name, width in self.inputs.items():
                 b.bind_input(name, "cpu", 0, np.float32, (c, width), next(addresses))
             for name, width in self.outputs.items():
                 b.bind_output(name, "cpu", 0, np.float32, (c, width), next(addresses))
+            self._local.key = key
         return b
 
     def bind(self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> ort.IOBinding:
