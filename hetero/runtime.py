@@ -24,6 +24,7 @@ import numpy as np
 
 from hetero import buffers
 from hetero.attention import ChunkAttention
+from hetero.buffers import f32_address
 from hetero.chunking import Chunk, check_chunk, padded_ids, plan_chunks, token_ids
 from hetero.dag import DEFAULT_PLACEMENT, CompiledDag, prefill_dag
 from hetero.errors import ConfigError
@@ -240,6 +241,7 @@ class PrefillJob:
                 h *= np.float32(scale)
             self.h.append(h)
         self.attn: list[np.ndarray | None] = [None] * len(plan.chunks)
+        self._at = _HalvesAt.of(self) if "layer_attn" in plan.dag.kinds else None
 
     def _spare_h(self, i: int, c: Chunk) -> np.ndarray:
         """Chunk i's residual buffer that does not hold its current stream (the two alternate layer by layer)."""
@@ -265,6 +267,15 @@ class PrefillJob:
             rt.backend.layer(layer, self.h[i][:n], k_cache, v_cache, c.start - base,
                              (rt.attention.cos[base:], rt.attention.sin[base:]), out[:n])
             self.h[i] = out
+        elif kind == "layer_attn" and self._at is not None:  # on the addresses checked once (`_HalvesAt`)
+            at, n = self._at, c.n_valid
+            rt.backend.layer_attn_at(layer, n, at.h[i][at.cur[i]], at.qkv[i], at.attn[i], at.k + layer * at.layer_bytes,
+                                     at.v + layer * at.layer_bytes, at.capacity, c.start, at.cos, at.sin)
+        elif kind == "layer_ffn" and self._at is not None:
+            at, cur = self._at, self._at.cur[i]
+            rt.backend.layer_ffn_at(layer, c.n_valid, at.attn[i], at.h[i][cur], at.h[i][1 - cur])
+            at.cur[i] = 1 - cur
+            self.h[i] = self._spare_h(i, c)
         elif kind == "layer_attn":  # a layer's q|k|v graph and the attention kernel (`NpuBackend.layer_attn`)
             n = c.n_valid
             base = self.cache.place(layer, c.start, n)
@@ -280,6 +291,45 @@ class PrefillJob:
             self.h[i] = rt.backend.o_ffn(layer, self.attn[i], self.h[i], out=self._spare_h(i, c))
         else:
             raise ValueError(f"unknown subgraph kind {kind!r}")
+
+
+@dataclass(slots=True)
+class _HalvesAt:
+    """The addresses a prefill's `layer_attn` / `layer_ffn` nodes run on (`NpuBackend.layer_attn_at`), each buffer
+    checked once per prompt here instead of per layer and chunk. Per chunk: its two residual buffers and which holds
+    its stream (`cur`), its q|k|v and attention rows; the cache's K/V at layer 0 (a layer is `layer_bytes` on) and the
+    RoPE tables' row 0. Only for a cache whose layers keep every position (a windowed layer moves its rows)."""
+
+    h: list[tuple[int, int]]
+    cur: list[int]
+    qkv: list[int]
+    attn: list[int]
+    k: int
+    v: int
+    layer_bytes: int
+    capacity: int
+    cos: int
+    sin: int
+
+    @classmethod
+    def of(cls, job: "PrefillJob") -> "_HalvesAt | None":
+        rt, cache, bufs, plan = job.runtime, job.cache, job.bufs, job.plan
+        at = getattr(rt.backend, "layer_attn_at", None)
+        if at is None or any(cache.windows) or getattr(rt.backend, "attention", None) is None:
+            return None
+        end = plan.chunks[-1].start + plan.chunks[-1].n_valid
+        cos, sin = rt.attention.cos, rt.attention.sin
+        if end > cos.shape[0]:
+            raise ConfigError(f"chunk rows up to {end} exceed the RoPE table ({cos.shape[0]} positions)")
+        for layer in range(rt.cfg.n_layers):  # every chunk's rows at once (the cache checks its capacity)
+            cache.place(layer, plan.start, end - plan.start)
+        h = [tuple(f32_address(t, "a chunk's residual rows") for t in bufs.h[c.index]) for c in plan.chunks]
+        start = [f32_address(job.h[i], "a chunk's first residual rows") for i in range(len(plan.chunks))]
+        return cls(h, [pair.index(s) for pair, s in zip(h, start)],
+                   [f32_address(bufs.qkv[c.index], "a chunk's q|k|v rows") for c in plan.chunks],
+                   [f32_address(bufs.attn[c.index], "a chunk's attention rows") for c in plan.chunks],
+                   f32_address(cache.k, "the K cache"), f32_address(cache.v, "the V cache"), cache.k[0].nbytes,
+                   cache.capacity, f32_address(cos, "the RoPE cos table"), f32_address(sin, "the RoPE sin table"))
 
 
 class Runtime:

@@ -121,14 +121,22 @@ class Bf16Attention:
                 or cos.shape[1] != d // 2:
             raise ConfigError(f"attention: rows {start}..{start + n} exceed the cache ({k_cache.shape[1]}) or RoPE "
                               f"table {cos.shape} (columns {d // 2})")
-        rc = self._fn(f32_address(qkv, "attention: qkv"), n, qkv.shape[1], f32_address(k_cache, "attention: k_cache"),
-                      f32_address(v_cache, "attention: v_cache"), k_cache.shape[1], start, 0,
-                      f32_address(cos, "attention: cos"), f32_address(sin, "attention: sin"), cos.shape[1],
-                      f32_address(out, "attention: out"), out.shape[1], cfg.n_heads, kv, d, cfg.scale, window,
-                      d if rotate else 0)
+        self.at(f32_address(qkv, "attention: qkv"), n, f32_address(k_cache, "attention: k_cache"),
+                f32_address(v_cache, "attention: v_cache"), k_cache.shape[1], start, f32_address(cos, "attention: cos"),
+                f32_address(sin, "attention: sin"), f32_address(out, "attention: out"), window, rotate)
+        return out
+
+    def at(self, qkv: int, n: int, k_cache: int, v_cache: int, capacity: int, start: int, cos: int, sin: int,
+           out: int, window: int = 0, rotate: bool = False) -> None:
+        """`__call__` on the addresses of buffers laid out as it checks them (a prefill's runtime-owned buffers,
+        checked once per prompt: `runtime.PrefillJob`), without checking them again: what Python did per call
+        was a tenth of a short prefill's attention time."""
+        cfg = self.cfg
+        d = cfg.head_dim
+        rc = self._fn(qkv, n, cfg.q_dim + 2 * cfg.kv_dim, k_cache, v_cache, capacity, start, 0, cos, sin, d // 2, out,
+                      cfg.q_dim, cfg.n_heads, cfg.n_kv_heads, d, cfg.scale, window, d if rotate else 0)
         if rc == 1:
             raise MemoryError("the BF16 attention kernel could not allocate its scratch buffers")
         if rc != 0:
-            raise ConfigError(f"the BF16 attention kernel refused head size {d}, {kv} KV heads"
+            raise ConfigError(f"the BF16 attention kernel refused head size {d}, {cfg.n_kv_heads} KV heads"
                               + (" or a Hadamard of that size (not a power of two)" if rotate else ""))
-        return out

@@ -391,6 +391,19 @@ class NpuBackend:
         self.program(layer).runs[1].graph.run({Buffer.A: a, Buffer.H: h}, {Buffer.H_OUT: out})
         return out
 
+    def layer_attn_at(self, layer: int, n: int, h: int, qkv: int, a: int, k_cache: int, v_cache: int, capacity: int,
+                      start: int, cos: int, sin: int) -> None:
+        """`layer_attn` on the addresses of buffers laid out as it checks them, unchecked (`runtime.PrefillJob` checks
+        a prompt's buffers once: per layer and chunk, checking and taking their addresses again cost ~20 µs, 4% of a
+        64-token prefill; docs/journal.md, "Issue 24 (session 16)"). k_cache/v_cache: the layer's [n_kv, capacity,
+        D]; cos/sin: row 0 of the RoPE table (rows are positions)."""
+        self.program(layer).runs[0].graph.run_at(n, (h, qkv))
+        self.attention.at(qkv, n, k_cache, v_cache, capacity, start, cos, sin, a, self.cfg.window(layer), self._rotate_a)
+
+    def layer_ffn_at(self, layer: int, n: int, a: int, h: int, out: int) -> None:
+        """`layer_ffn` on addresses (`layer_attn_at`); the graph's inputs are a, then h (`segments.segment_io`)."""
+        self.program(layer).runs[1].graph.run_at(n, (a, h, out))
+
     def _between(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """This lane thread's q|k|v [n, ·] and attention output [n, q_dim] rows (grown to the most rows seen)."""
         s = self._scratch

@@ -107,9 +107,13 @@ class Graph:
                 raise ConfigError(f"{self._what(name)} must be [{c} or more, {width}], got {list(o.shape)}")
             key.append(f32_address(o, self._what(name)))
             res[name] = o
-        key.append(c)
-        self.session.run_with_iobinding(self._bound(tuple(key)))
+        self.run_at(c, tuple(key))
         return res
+
+    def run_at(self, rows: int, addresses: tuple[int, ...]) -> None:
+        """`run` on the addresses of C-contiguous float32 [rows, width] buffers, the inputs' then the outputs' in
+        `inputs` / `outputs` order, unchecked (a prefill's runtime-owned buffers, checked once per prompt)."""
+        self.session.run_with_iobinding(self._bound((*addresses, rows)))
 
     def _bound(self, key: tuple[int, ...]) -> ort.IOBinding:
         """This thread's binding (`binding`), bound to the inputs' and outputs' addresses and the row count in `key`
