@@ -97,6 +97,9 @@ class WavefrontRun:
         self._stop = False
         self._error: BaseException | None = None
         self.t_origin: float | None = None
+        # the nodes another lane may wait for: a lane is woken only when one of them ends (each wake of a lane whose
+        # node is not ready yet takes the interpreter lock from the one that runs)
+        self._wakes = [any(dag.lane[u] != dag.lane[v] for u in dag.successors(v)) for v in range(n)]
 
     @property
     def n_done(self) -> int:
@@ -130,7 +133,8 @@ class WavefrontRun:
                                 self._stop = True
                             else:
                                 deadline[0] = t1 + budget_s  # nobody waits: run on, without a pause
-                        cv.notify_all()
+                        if self._wakes[v] or self._stop:
+                            cv.notify_all()
         except BaseException as e:  # re-raised by `step` on the calling thread
             with cv:
                 self._error = self._error or e
