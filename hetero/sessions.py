@@ -28,7 +28,8 @@ def session_options(threads: int | None = None, pool: str | None = None, *, spin
     """Options of a session on `threads` intra-op threads (None: ONNX Runtime's default) or, when `pool` is
     "shared" (None: $HETERO_ORT_POOL's), on the process's one pool, made before the first session (ONNX Runtime
     reads it when it creates its environment, and warns once per session that names thread counts, so none are
-    set then). spin: let idle pool threads spin (a probe of the alternative); arena: a per-session arena."""
+    set then). spin: let idle pool threads spin (a probe of the alternative); arena: a per-session arena and memory
+    pattern."""
     global _shared_pool_made
     so = ort.SessionOptions()
     so.log_severity_level = 3
@@ -43,6 +44,11 @@ def session_options(threads: int | None = None, pool: str | None = None, *, spin
         so.intra_op_num_threads, so.inter_op_num_threads = threads, inter_op_threads
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     so.enable_cpu_mem_arena = arena
+    # without an arena, no memory pattern either: a pattern's block of a run's intermediates stays with the binding
+    # that ran it (~5.5 MB at 256 rows for an o→FFN graph, one per graph and lane thread), where plain allocations
+    # come back to the process heap and the next graph reuses them (-130 MB peak; 0.97x a 256-token prefill, 0.99-1.04x
+    # at 64 and 1024: docs/journal.md, "Issue 24 (session 16)")
+    so.enable_mem_pattern = arena
     profile = os.environ.get(ORT_PROFILE)
     if profile:  # per-op kernel times of every run (`hetero.bench.ort_profile`); costs a clock read per op
         so.enable_profiling = True
