@@ -310,12 +310,12 @@ class _HalvesAt:
     capacity: int
     cos: int
     sin: int
+    kv: tuple[np.ndarray, np.ndarray]  # the cache's arrays at these addresses (`check`: still the cache's at commit)
 
     @classmethod
     def of(cls, job: "PrefillJob") -> "_HalvesAt | None":
         rt, cache, bufs, plan = job.runtime, job.cache, job.bufs, job.plan
-        at = getattr(rt.backend, "layer_attn_at", None)
-        if at is None or any(cache.windows) or getattr(rt.backend, "attention", None) is None:
+        if not hasattr(rt.backend, "layer_attn_at") or any(cache.windows) or rt.backend.attention is None:
             return None
         end = plan.chunks[-1].start + plan.chunks[-1].n_valid
         cos, sin = rt.attention.cos, rt.attention.sin
@@ -329,7 +329,14 @@ class _HalvesAt:
                    [f32_address(bufs.qkv[c.index], "a chunk's q|k|v rows") for c in plan.chunks],
                    [f32_address(bufs.attn[c.index], "a chunk's attention rows") for c in plan.chunks],
                    f32_address(cache.k, "the K cache"), f32_address(cache.v, "the V cache"), cache.k[0].nbytes,
-                   cache.capacity, f32_address(cos, "the RoPE cos table"), f32_address(sin, "the RoPE sin table"))
+                   cache.capacity, f32_address(cos, "the RoPE cos table"), f32_address(sin, "the RoPE sin table"),
+                   (cache.k, cache.v))
+
+    def check(self, cache: KVCache) -> None:
+        """The nodes wrote into `cache`'s arrays: none replaced them (a `reserve` between two slices of the plan)."""
+        if cache.k is not self.kv[0] or cache.v is not self.kv[1]:
+            raise ConfigError("the KV cache was reallocated during its prefill: a cache must not grow while a prefill "
+                              "writes it")
 
 
 class Runtime:
@@ -442,6 +449,8 @@ class Runtime:
     def commit(self, job: PrefillJob, schedule: Schedule, t0: float) -> PrefillResult:
         """The last real token's logits; only now the cache's length grows (a failed prefill leaves it)."""
         plan, cache = job.plan, job.cache
+        if job._at is not None:
+            job._at.check(cache)
         last = plan.chunks[-1]
         logits = self.head(job.h[-1][last.n_valid - 1 : last.n_valid])[0]
         n = plan.ids.size

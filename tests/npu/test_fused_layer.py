@@ -138,3 +138,44 @@ def test_attention_option_is_checked():
         NpuBackend(m, plan, 16, options=GraphOptions(fused=True, attention="bf16"))
     auto = NpuBackend(m, plan, 16, options=GraphOptions(fused=True))  # falls back to the in-graph node, saying why
     assert auto.attention is None and "head size of 16" in auto.attention_why
+
+
+def test_halves_on_addresses_equal_the_checked_calls(monkeypatch):
+    """A prefill's halves on the addresses checked once per prompt (`runtime._HalvesAt`) write the same cache rows and
+    logits, bit for bit, as the calls that check every buffer; a cache reallocated under them is refused at commit."""
+    import time
+
+    from hetero import runtime as runtime_module
+    from hetero.dag import HALF_PLACEMENT
+    from hetero.native.attention import unavailable
+
+    m = make_tiny_model(head_dim=32)
+    why = unavailable(m.config)
+    if why is not None:
+        pytest.skip(f"the BF16 attention kernel cannot run on this host: {why}")
+    plan = tiny_plan(m, SHADOWS, scale=0.03)
+    be = NpuBackend(m, plan, 32, options=GraphOptions(fused=True, attention="bf16"))
+    rt = Runtime(m, chunk=32, backend=be, executor=SerialExecutor(m.config.n_layers, HALF_PLACEMENT))
+    ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(3))
+
+    def two_turns():
+        first = rt.prefill(ids[:40])
+        return rt.prefill(ids[40:], first.cache)
+
+    fast = two_turns()
+    assert rt.plan(ids[:40]).dag.kinds == ("layer_attn", "layer_ffn")
+    with monkeypatch.context() as mp:
+        mp.setattr(runtime_module._HalvesAt, "of", classmethod(lambda cls, job: None))
+        slow = two_turns()
+    np.testing.assert_array_equal(fast.logits, slow.logits)
+    for t in ("k", "v"):
+        np.testing.assert_array_equal(getattr(fast.cache, t)[:, :, :70], getattr(slow.cache, t)[:, :, :70])
+    assert fast.cache.held_bytes() == slow.cache.held_bytes()
+
+    plan2, cache = rt.plan(ids), rt.new_cache()
+    cache.reserve(ids.numel())
+    job, run = rt.start(plan2, cache)
+    run.step(None)
+    cache.k = cache.k.copy()  # what a `reserve` between two slices of the plan would do
+    with pytest.raises(ConfigError, match="reallocated during its prefill"):
+        rt.commit(job, run.schedule(), time.perf_counter())
