@@ -41,7 +41,7 @@ def empty(shape: int | tuple[int, ...], dtype: np.dtype | type = np.float32) -> 
 
 POOLED = 2  # mappings kept for `recycled` (one cache's K and V), the least recently returned dropped first
 _pool: "OrderedDict[int, list[mmap.mmap]]" = OrderedDict()  # bytes → returned mappings of that size
-_pool_lock = threading.Lock()
+_pool_lock = threading.RLock()  # re-entrant: a collection inside the lock may return another lease
 
 
 class _Lease:
