@@ -243,6 +243,11 @@ class PrefillJob:
         self.attn: list[np.ndarray | None] = [None] * len(plan.chunks)
         self._at = _HalvesAt.of(self) if "layer_attn" in plan.dag.kinds else None
 
+    def check_arrays(self) -> None:
+        """The nodes wrote into the cache's own arrays (`_HalvesAt.check`); before the commit."""
+        if self._at is not None:
+            self._at.check(self.cache)
+
     def _spare_h(self, i: int, c: Chunk) -> np.ndarray:
         """Chunk i's residual buffer that does not hold its current stream (the two alternate layer by layer)."""
         a, b = (t[: c.rows] for t in self.bufs.h[i])
@@ -449,8 +454,7 @@ class Runtime:
     def commit(self, job: PrefillJob, schedule: Schedule, t0: float) -> PrefillResult:
         """The last real token's logits; only now the cache's length grows (a failed prefill leaves it)."""
         plan, cache = job.plan, job.cache
-        if job._at is not None:
-            job._at.check(cache)
+        job.check_arrays()
         last = plan.chunks[-1]
         logits = self.head(job.h[-1][last.n_valid - 1 : last.n_valid])[0]
         n = plan.ids.size
