@@ -59,6 +59,12 @@ typedef struct {
 
 static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
+/* f + (acc - corr)·(w·s): one activation block's int32 sums of 16 columns, less the zero point's share (corr), at the
+   columns' weight scales w times the block's activation scale s (the order every tile function keeps, bit for bit) */
+static inline __m512 block_add(__m512i acc, __m512i corr, __m512 w, __m512 s, __m512 f) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, corr)), _mm512_mul_ps(w, s), f);
+}
+
 /* exp(x) for x <= 88: 2^t with t = x·log2(e) = n + f, |f| <= 0.5, 2^f by its Taylor series to degree 7 (relative
    error < 1e-7), times 2^n by vscalefps (which saturates to 0 for very negative x). */
 static inline __m512 exp512(__m512 x) {
@@ -172,10 +178,10 @@ static void tile_row(const uint8_t *wt, const float *wst, int64_t quads, int64_t
             }
             const __m512i corr = _mm512_set1_epi32(xsum[a]);
             const __m512 s = _mm512_set1_ps(sa[a]);
-            f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a0, corr)), _mm512_mul_ps(w0, s), f0);
-            f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a1, corr)), _mm512_mul_ps(w1, s), f1);
-            f2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a2, corr)), _mm512_mul_ps(w2, s), f2);
-            f3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a3, corr)), _mm512_mul_ps(w3, s), f3);
+            f0 = block_add(a0, corr, w0, s, f0);
+            f1 = block_add(a1, corr, w1, s, f1);
+            f2 = block_add(a2, corr, w2, s, f2);
+            f3 = block_add(a3, corr, w3, s, f3);
         }
     }
     _mm512_storeu_ps(y, f0);
@@ -215,14 +221,14 @@ static void tile_rows2(const uint8_t *wt, const float *wst, int64_t quads, int64
             }
             const __m512i corr = _mm512_set1_epi32(xs0[a]), corz = _mm512_set1_epi32(xs1[a]);
             const __m512 s = _mm512_set1_ps(sa0[a]), t = _mm512_set1_ps(sa1[a]);
-            f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a0, corr)), _mm512_mul_ps(w0, s), f0);
-            f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a1, corr)), _mm512_mul_ps(w1, s), f1);
-            f2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a2, corr)), _mm512_mul_ps(w2, s), f2);
-            f3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a3, corr)), _mm512_mul_ps(w3, s), f3);
-            g0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0, corz)), _mm512_mul_ps(w0, t), g0);
-            g1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1, corz)), _mm512_mul_ps(w1, t), g1);
-            g2 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c2, corz)), _mm512_mul_ps(w2, t), g2);
-            g3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c3, corz)), _mm512_mul_ps(w3, t), g3);
+            f0 = block_add(a0, corr, w0, s, f0);
+            f1 = block_add(a1, corr, w1, s, f1);
+            f2 = block_add(a2, corr, w2, s, f2);
+            f3 = block_add(a3, corr, w3, s, f3);
+            g0 = block_add(c0, corz, w0, t, g0);
+            g1 = block_add(c1, corz, w1, t, g1);
+            g2 = block_add(c2, corz, w2, t, g2);
+            g3 = block_add(c3, corz, w3, t, g3);
         }
     }
     _mm512_storeu_ps(y0, f0);
