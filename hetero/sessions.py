@@ -24,12 +24,12 @@ _profiled = itertools.count()  # one profile file per session (`session_options`
 
 
 def session_options(threads: int | None = None, pool: str | None = None, *, spin: bool = False,
-                    arena: bool = True, inter_op_threads: int = 1) -> ort.SessionOptions:
+                    arena: bool = True, inter_op_threads: int = 1, custom_ops: str | None = None) -> ort.SessionOptions:
     """Options of a session on `threads` intra-op threads (None: ONNX Runtime's default) or, when `pool` is
     "shared" (None: $HETERO_ORT_POOL's), on the process's one pool, made before the first session (ONNX Runtime
     reads it when it creates its environment, and warns once per session that names thread counts, so none are
     set then). spin: let idle pool threads spin (a probe of the alternative); arena: a per-session arena and memory
-    pattern."""
+    pattern; custom_ops: a library of ops to register (`native.ort_ops.library_path`)."""
     global _shared_pool_made
     so = ort.SessionOptions()
     so.log_severity_level = 3
@@ -49,6 +49,8 @@ def session_options(threads: int | None = None, pool: str | None = None, *, spin
     # come back to the process heap and the next graph reuses them (-130 MB peak; 0.97x a 256-token prefill, 0.99-1.04x
     # at 64 and 1024: docs/journal.md, "Issue 24 (session 16)")
     so.enable_mem_pattern = arena
+    if custom_ops is not None:
+        so.register_custom_ops_library(custom_ops)
     profile = os.environ.get(ORT_PROFILE)
     if profile:  # per-op kernel times of every run (`hetero.bench.ort_profile`); costs a clock read per op
         so.enable_profiling = True
@@ -60,10 +62,11 @@ def session_options(threads: int | None = None, pool: str | None = None, *, spin
 
 def cpu_session(model: bytes | str | Path, threads: int | None, pool: str | None = None, *, optimize: str | None = None,
                 save_optimized: Path | None = None, spin: bool = False, arena: bool = True,
-                inter_op_threads: int = 1) -> ort.InferenceSession:
+                inter_op_threads: int = 1, custom_ops: str | None = None) -> ort.InferenceSession:
     """A CPU EP session of `model` (serialized bytes or a file). optimize: "all" or "none" (None: ONNX Runtime's
     default level); save_optimized: write the optimized model there (the graph cache's compiled artifact)."""
-    so = session_options(threads, pool, spin=spin, arena=arena, inter_op_threads=inter_op_threads)
+    so = session_options(threads, pool, spin=spin, arena=arena, inter_op_threads=inter_op_threads,
+                         custom_ops=custom_ops)
     if optimize is not None:
         so.graph_optimization_level = _OPT[optimize]
     if save_optimized is not None:

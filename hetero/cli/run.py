@@ -277,8 +277,11 @@ def placement_info(model) -> dict[str, str]:
     threads = os.cpu_count() or 1
     placed = prefill_layout_of(quant_model(model, spec.recipe), spec, spec.chunk, threads, None, None)
     out = {"prefill": placed.describe(), "method": f"{DEFAULT_METHOD} (C={spec.chunk}, {threads} threads)"}
-    if placed.mode == "layers":  # whole-layer graphs: which attention kernel this host gives them
-        from hetero.npu.graph_backend import attention_kernel
+    if placed.mode == "layers":  # whole-layer graphs: which attention kernel and float glue this host gives them
+        from hetero.npu.graph_backend import attention_kernel, native_ops_why
+        from hetero.outliers.rotate import online_sites
 
-        out["attention"] = attention_kernel(model.config, "auto")[1]
+        kernel, out["attention"] = attention_kernel(model.config, "auto")
+        online = online_sites(model.config) if spec.recipe.rotate else {}
+        out["float glue"] = native_ops_why(model.config, online, kernel, None)[1]
     return out

@@ -89,6 +89,10 @@ class Kernel:
     def load(self) -> ctypes.CDLL:
         """The compiled library, built once per host into `<cache>/native/<key>/` and verified before loading (a
         ctypes call into it releases the GIL). Callers keep the result (`functools.cache`): a library loads once."""
+        return self.load_with_path()[0]
+
+    def load_with_path(self) -> tuple[ctypes.CDLL, str]:
+        """`load`, and the file it loaded (what ONNX Runtime opens to register a library of ops, `ort_ops`)."""
         entry = cache_dir() / "native" / self.key()
         data = cached(entry, self.name, lambda p: p.read_bytes(), self._compile, lambda b, p: p.write_bytes(b),
                       self.what)
@@ -100,4 +104,4 @@ class Kernel:
             path = Path(tmp)
         lib = ctypes.CDLL(str(path))
         self.setup(lib)
-        return lib
+        return lib, str(path)

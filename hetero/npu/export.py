@@ -19,6 +19,7 @@ from hetero.attention import GQA_INPUTS, GQA_OUTPUTS, gqa_node
 from hetero.npu.segments import (EXPORT_VERSION, LAYER_VERSION, AttnSpec, Buffer, LayerQ, LinearQ,  # noqa: F401
                                   SegmentSpec, segment_io, shape_rows)
 from hetero.errors import ConfigError
+from hetero.native import ort_ops
 from hetero.npu.site_ops import a16_bytes, a16_combine, online_hadamard, row_scaled
 from hetero.outliers.quantize import ACT_QMAX, ACT_QMIN, ACT_ZERO_POINT, WEIGHT_FORMS, check_weight_form
 
@@ -58,6 +59,13 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op_type, inputs, [out], name=out + "_" + op_type, domain=domain, **attrs))
         self.domains.add(domain)
         return out
+
+    def op_n(self, op_type: str, inputs: list[str], stems: list[str], domain: str = "", **attrs) -> list[str]:
+        """A node with one output per stem."""
+        outs = [self.fresh(stem) for stem in stems]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=outs[0] + "_" + op_type, domain=domain, **attrs))
+        self.domains.add(domain)
+        return outs
 
     def input(self, name: str, shape: list[int | str], dtype: int = TensorProto.FLOAT) -> str:
         name = str(name)
@@ -150,13 +158,17 @@ def _product(g: GraphBuilder, op: str, x: str, w: str, extra: list[str], conv: b
     return _conv_out(g, g.op(conv_op, [_conv_in(g, x), w, *extra], "acc"))
 
 
-def _linears(g: GraphBuilder, x: str, lins: list[LinearQ], flavor: str, qnn_per_axis: bool | None = None,
-             conv: bool = False, kernel: str = "u8s8", shadow: bool = False) -> str:
+def _linears(g: GraphBuilder, x: str | None, lins: list[LinearQ], flavor: str, qnn_per_axis: bool | None = None,
+             conv: bool = False, kernel: str = "u8s8", shadow: bool = False,
+             quantized: tuple[str, str] | None = None) -> str:
     """y = concat_j(int8_linear(x, s_x, W_j) + b_j) along the last axis; all lins share x and s_x.
 
     conv: x is [a, b, K] and each matmul runs as a 1×1 Conv over [1, K, a, b] (bit-identical on the CPU EP:
     ConvInteger accumulates the same int32 products). kernel: the CPU EP's `cpu_kernel` of the plan.
     shadow (CPU flavour, 2-D): + the site's shadow correction (Eq. 1) inside the graph (`_shadow`).
+    quantized (CPU flavour, 2-D, 8 bits, no shadow; x None): (xq, row_s), x already quantized as its site says by
+    hetero's ops (`_down_input`, `_ffn_input`); a per-row site's product is multiplied by row_s (None: the caller
+    does, `ScaleAdd`).
     """
     qnn_per_axis = QNN_PER_AXIS_DQ if qnn_per_axis is None else qnn_per_axis
     s_x = np.float32(lins[0].x_scale)
@@ -167,7 +179,12 @@ def _linears(g: GraphBuilder, x: str, lins: list[LinearQ], flavor: str, qnn_per_
         raise ConfigError(f"a site with a scale per row runs on the CPU EP's 2-D graphs only, not the {flavor!r} "
                           f"flavour{' as a 1x1 Conv' if conv else ''} (HTP's static graphs keep shadow outliers)")
     zp = g.const(np.array(ACT_ZERO_POINT, np.uint8), "act_zp")
-    if per_row:  # `outliers.rowscale`: the integer product's float32 is multiplied by the row's scale after
+    if quantized is not None:
+        if flavor != "cpu" or conv or bits != 8 or shadow:
+            raise ConfigError("a pre-quantized input runs on the CPU EP's 2-D graphs, 8-bit and without a shadow")
+        xq, row_s = quantized
+        s_x = np.float32(1.0) if per_row else s_x
+    elif per_row:  # `outliers.rowscale`: the integer product's float32 is multiplied by the row's scale after
         xq, row_s = row_scaled(g, x, zp)
         s_x = np.float32(1.0)
     elif bits == 8:
@@ -228,7 +245,7 @@ def _linears(g: GraphBuilder, x: str, lins: list[LinearQ], flavor: str, qnn_per_
             y = _product(g, "MatMul", xd, wd, [], conv)
             ys.append(y if post is None else g.op("Mul", [y, g.const(post, "w_s")], "y"))
         y = ys[0] if len(ys) == 1 else g.op("Concat", ys, "y", axis=-1)
-    if per_row:
+    if per_row and row_s is not None:
         y = g.op("Mul", [y, row_s], "y")
     if has_bias:
         b = np.concatenate([lq.bias if lq.bias is not None else np.zeros(lq.q.shape[0], np.float32) for lq in lins])
@@ -297,6 +314,33 @@ def activation(g: GraphBuilder, x: str, act: str) -> str:
     return g.op("Mul", [half, g.op("Add", [inner, g.const(np.array(1.0, np.float32), "one")])], act)
 
 
+def _down_input(g: GraphBuilder, gate: str, up: str, lq: LayerQ, block: int | None, shadowed: bool) -> tuple[str, str]:
+    """(xq, row_s): down_in's input SiLU(gate)·up, its online Hadamard and u8 quantization (per row, or at the site's
+    static scale) as one of hetero's ops (`native.ort_ops`), equal to the nodes it replaces up to float32 rounding."""
+    from hetero.outliers.rowscale import ROW_QMAX, ROW_TINY
+
+    if lq.act != "silu" or block != ort_ops.BLOCK or lq.down.x_bits != 8 or shadowed or lq.ffn % block:
+        raise ConfigError(f"hetero's {ort_ops.SILU_HADAMARD_QUANT} computes an 8-bit down_in after SiLU with a "
+                          f"{ort_ops.BLOCK}-block online Hadamard and no shadow; this layer has {lq.act}, block "
+                          f"{block}, {lq.down.x_bits} bits{', a shadow' if shadowed else ''}")
+    scale = 0.0 if lq.down.x_per_row else float(np.float32(lq.down.x_scale))
+    xq, row_s = g.op_n(ort_ops.SILU_HADAMARD_QUANT, [gate, up], ["xq", "row_s"], domain=ort_ops.DOMAIN,
+                       block=ort_ops.BLOCK, scale=scale, qmax=float(ROW_QMAX), tiny=float(ROW_TINY))
+    return xq, row_s
+
+
+def _ffn_input(g: GraphBuilder, h: str, o: str, lq: LayerQ) -> tuple[str, str] | None:
+    """(h1, xq): the residual h + o and ffn_in's u8 input RMSNorm(h1) at its static scale as one of hetero's ops
+    (`native.ort_ops`), where the layer's ffn_in is that (8 bits, no shadow, scale per row, online transform or
+    post-attention norm); else None (the nodes)."""
+    x = lq.gate_up[0]
+    if x.x_bits != 8 or x.x_per_row or lq.post_attn_norm is not None or "ffn_in" in dict(lq.online) or lq.hidden % 16:
+        return None
+    h1, xq = g.op_n(ort_ops.ADD_RMS_NORM_QUANT, [h, o, g.const(lq.ffn_norm.astype(np.float32), "norm_w")],
+                    [Buffer.H1, "xq"], domain=ort_ops.DOMAIN, eps=float(lq.eps), scale=float(np.float32(x.x_scale)))
+    return h1, xq
+
+
 def _attention(g: GraphBuilder, qkv: str, attn: AttnSpec, lq: LayerQ) -> str:
     """The chunk's attention over the KV cache (`attention.gqa_node`, as `attention.ChunkAttention` runs it):
     packed q|k|v [T, ·] → [T, q_dim], this chunk's K/V written into the cache inputs in place."""
@@ -344,6 +388,9 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
             env[B.X] = env[B.A]
             a = env[B.A] if spec.a_rotated else online("o_in", env[B.A], lq.q_dim)  # (rotated by the attention kernel)
             env[B.O] = _linears(g, a, [lq.o], f, conv=conv, kernel=k, shadow="o_in" in sh)
+        elif piece == "gu" and spec.native_ops and "ffn_in" not in sh and (fused := _ffn_input(g, env[B.H], env[B.O], lq)):
+            env[B.H1], xq = fused  # (gate and up apart: `spec.in_graph`)
+            env["gate"], env["up"] = (_linears(g, None, [lin], f, kernel=k, quantized=(xq, None)) for lin in lq.gate_up)
         elif piece == "gu":
             o = env[B.O] if lq.post_attn_norm is None else rms_norm(g, env[B.O], lq.post_attn_norm, lq.eps, f)
             env[B.H1] = g.op("Add", [env[B.H], o], B.H1)
@@ -354,6 +401,8 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
                                           for lin in lq.gate_up)
             else:
                 env[B.GU] = _linears(g, x, list(lq.gate_up), f, conv=conv, kernel=k, shadow="ffn_in" in sh)
+        elif piece == "act" and spec.native_ops:  # (its gate and up apart: `spec.in_graph`)
+            env["down_q"] = _down_input(g, env["gate"], env["up"], lq, blocks.get("down_in"), "down_in" in sh)
         elif piece == "act":
             if "gate" in env:
                 gate, up = env["gate"], env["up"]
@@ -361,9 +410,15 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
                 gate = slice_last(g, env[B.GU], 0, lq.ffn)
                 up = slice_last(g, env[B.GU], lq.ffn, 2 * lq.ffn)
             env[B.M] = g.op("Mul", [activation(g, gate, lq.act), up], B.M)
+        elif piece == "down" and "down_q" in env and lq.down.x_per_row and lq.down.bias is None \
+                and lq.post_ffn_norm is None and B.H1 in env:  # h_out = h1 + (xq·W)·row_s in one of hetero's ops
+            xq, row_s = env["down_q"]
+            y = _linears(g, None, [lq.down], f, kernel=k, quantized=(xq, None))
+            env[B.H_OUT] = g.op(ort_ops.SCALE_ADD, [y, row_s, env[B.H1]], B.H_OUT, domain=ort_ops.DOMAIN)
         elif piece == "down":
-            env[B.D] = _linears(g, online("down_in", env[B.M], lq.ffn), [lq.down], f, conv=conv, kernel=k,
-                                shadow="down_in" in sh)
+            env[B.D] = (_linears(g, None, [lq.down], f, kernel=k, quantized=env["down_q"]) if "down_q" in env else
+                        _linears(g, online("down_in", env[B.M], lq.ffn), [lq.down], f, conv=conv, kernel=k,
+                                 shadow="down_in" in sh))
             if B.H1 in env:  # (a separate down graph's caller adds h1 + post-norm(d + shadow): `LayerProgram.finish`)
                 d = env[B.D] if lq.post_ffn_norm is None else rms_norm(g, env[B.D], lq.post_ffn_norm, lq.eps, f)
                 env[B.H_OUT] = g.op("Add", [env[B.H1], d], B.H_OUT)

@@ -122,6 +122,31 @@ inside), run by `NpuBackend.layer` on the sessions' threads: where the NPU lane 
     # a fused backend's attention: "auto" (the BF16 kernel where this host and model allow it, `native.attention`,
     # else the graph's GroupQueryAttention node), "bf16" (the kernel or a ConfigError) or "gqa" (the node)
     attention: str = "auto"
+    # a fused backend with the BF16 attention: down_in's input (SiLU·up, the online Hadamard, u8 quantization) as
+    # hetero's own op (`native.ort_ops`) where it runs on this host and computes the plan (None), never (False), or
+    # wherever the plan allows it (True: a ConfigError where the op cannot run here)
+    native_ops: bool | None = None
+
+
+def native_ops_why(cfg, online: dict[str, int], attention, mode: bool | None) -> tuple[bool, str]:
+    """(whether a fused backend's o → FFN graphs compute their float glue with hetero's ops, why): `GraphOptions.native_ops`
+    resolved on this host and a plan with these online transforms (a layer whose down_in has a shadow or 16 bits keeps
+    the nodes)."""
+    if mode is False:
+        return False, "ONNX Runtime nodes, as asked"
+    from hetero.native import ort_ops
+
+    needs = ("the halves around the BF16 attention kernel" if attention is None else
+             f"SiLU, not {cfg.act}" if cfg.act != "silu" else
+             f"a rotated plan's {ort_ops.BLOCK}-block online Hadamard at down_in"
+             if online.get("down_in") != ort_ops.BLOCK else None)
+    why = f"it needs {needs}" if needs else ort_ops.unavailable()
+    if why is None:
+        return True, (f"hetero's own ONNX Runtime ops in the o→FFN graphs ({ort_ops.SILU_HADAMARD_QUANT}, "
+                      f"{ort_ops.ADD_RMS_NORM_QUANT}, {ort_ops.SCALE_ADD}: `native.ort_ops`)")
+    if mode:
+        raise ConfigError(f"hetero's own ONNX Runtime op cannot compute this backend's graphs: {why}")
+    return False, f"ONNX Runtime nodes ({why})"
 
 
 PREPARE_THREADS = 4  # at most this many threads load a backend's graphs (`NpuBackend._prepare_layers`)
@@ -174,6 +199,8 @@ class NpuBackend:
         # a rotated model's o_in Hadamard of one head's size: the attention kernel applies it (on V's rows) and the
         # o → FFN graph takes its input rotated (3% of a layer's time at 256 rows: a [T·q_dim/64, 64] matmul)
         self._rotate_a = self.attention is not None and dict(plan.online).get("o_in") == self.cfg.head_dim
+        self.native_ops, self.native_ops_why = (native_ops_why(self.cfg, dict(plan.online), self.attention, o.native_ops)
+                                                if o.fused else (False, "segments"))
         self._segmented: dict[int, NpuBackend] = {}  # a fused backend's decode graphs, per thread count
         self._programs: dict[int, LayerProgram] = {}
         self.report = PrepareReport()
@@ -317,7 +344,8 @@ class NpuBackend:
         digest = segments.layer_digest(lq)
         graphs = []
         if self.fused:  # its shadows are inside the graphs
-            specs = (segments.layer_halves(layer, set(shadow), self._rotate_a) if self.attention is not None
+            ops = self.native_ops and "down_in" not in shadow and self.plan.sites[(layer, "down_in")].bits == 8
+            specs = (segments.layer_halves(layer, set(shadow), self._rotate_a, ops) if self.attention is not None
                      else [segments.layer_graph(layer, set(shadow), segments.AttnSpec.of(self.cfg, layer))])
             runs = []
             for spec in specs:

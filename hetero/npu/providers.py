@@ -153,10 +153,11 @@ class Provider(abc.ABC):
     def options_key(self) -> dict: ...
 
     @abc.abstractmethod
-    def compile(self, model_path: Path, out_path: Path) -> ort.InferenceSession: ...
+    def compile(self, model_path: Path, out_path: Path, ops: bool = False) -> ort.InferenceSession:
+        """ops: the graph holds hetero's own ops (`native.ort_ops`), which the session must register."""
 
     @abc.abstractmethod
-    def load(self, path: Path) -> ort.InferenceSession: ...
+    def load(self, path: Path, ops: bool = False) -> ort.InferenceSession: ...
 
 
 class OrtCpuProvider(Provider):
@@ -172,17 +173,27 @@ class OrtCpuProvider(Provider):
         # the level-ALL optimized model may hold CPU-specific kernels: key it to the machine
         return {"lane": self.name, "opt": "all", **isa.machine()}  # "lane": kept, it is in every cache key
 
-    def _session(self, model: Path, **kw) -> ort.InferenceSession:
+    def _session(self, model: Path, ops: bool, **kw) -> ort.InferenceSession:
         # no per-session arena: one per graph (a model has ~100) would each keep its high-water mark of
         # activations; plain allocations return it (peak RSS: bench/results/prefill.json)
         return cpu_session(model, self.intra_op_threads, self.pool, arena=False,
-                           inter_op_threads=self.inter_op_threads, **kw)
+                           inter_op_threads=self.inter_op_threads, custom_ops=_ops_library() if ops else None, **kw)
 
-    def compile(self, model_path: Path, out_path: Path) -> ort.InferenceSession:
-        return self._session(model_path, optimize="all", save_optimized=out_path)
+    def compile(self, model_path: Path, out_path: Path, ops: bool = False) -> ort.InferenceSession:
+        return self._session(model_path, ops, optimize="all", save_optimized=out_path)
 
-    def load(self, path: Path) -> ort.InferenceSession:
-        return self._session(path, optimize="none")  # already optimized
+    def load(self, path: Path, ops: bool = False) -> ort.InferenceSession:
+        return self._session(path, ops, optimize="none")  # already optimized
+
+
+def _ops_library() -> str:
+    """hetero's op library (`native.ort_ops`) for a graph that holds its ops; ConfigError where it cannot run."""
+    from hetero.native import ort_ops
+
+    path = ort_ops.library_path()
+    if path is None:
+        raise ConfigError(f"this graph holds hetero's own ONNX Runtime ops, which cannot run here: {ort_ops.unavailable()}")
+    return path
 
 
 def qnn_devices() -> list:
@@ -255,7 +266,8 @@ class QnnHtpProvider(Provider):
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         return so
 
-    def compile(self, model_path: Path, out_path: Path) -> ort.InferenceSession:
+    def compile(self, model_path: Path, out_path: Path, ops: bool = False) -> ort.InferenceSession:
+        _no_ops(ops)
         # The context binary goes in its own file (embed mode 0, `QNN_CONTEXT_BIN` beside the model), not
         # into the ONNX protobuf: loading then skips parsing ~7 MB of protobuf per graph (2.1x faster
         # loads on the simulator, 24 graphs at C=128). The EP names the binary after the context model,
@@ -273,9 +285,15 @@ class QnnHtpProvider(Provider):
         ctx.replace(out_path)
         return sess
 
-    def load(self, path: Path) -> ort.InferenceSession:
+    def load(self, path: Path, ops: bool = False) -> ort.InferenceSession:
+        _no_ops(ops)
         with stdout_to_stderr():
             return ep_session(path, self._options())
+
+
+def _no_ops(ops: bool) -> None:
+    if ops:
+        raise ConfigError("hetero's own ONNX Runtime ops (`native.ort_ops`) run on the CPU EP only, not on QNN HTP")
 
 
 def make_provider(kind: str = "cpu", intra_op_threads: int = 2, pool: str | None = None, **options) -> Provider:
@@ -303,6 +321,10 @@ class PrepareInfo:
 
 def graph_key(spec: segments.SegmentSpec, layer_digest: str, model_fp: str, provider: Provider) -> str:
     layer = (segments.LAYER_VERSION, spec.attn, spec.shadows, spec.a_rotated) if spec.in_graph else ()  # (segments: as before)
+    if spec.native_ops:  # what hetero's ops compute (their source) is part of the graph
+        from hetero.native import ort_ops
+
+        layer = (*layer, "ort-ops", ort_ops.key())
     return entry_key("hetero-graph", FORMAT, segments.EXPORT_VERSION, spec.kind, spec.pieces, spec.chunk, spec.flavor,
                      spec.shape, spec.emit_x, spec.layer, layer_digest, model_fp, provider.options_key(),
                      library_versions(), *layer)
@@ -343,40 +365,41 @@ def compiled_entry(key: str, spec: object, provider: Provider, build: "Callable[
     that cannot be written gives a warning and an uncached build.
     """
     entry = CacheEntry.of(provider.name, key, graphs_root)
+    ops = bool(getattr(spec, "native_ops", False))  # the graph holds hetero's own ops (`native.ort_ops`)
     if use_cache:
-        found = _load_entry(entry, provider, repair=False)  # the common case: no lock taken
+        found = _load_entry(entry, provider, ops, repair=False)  # the common case: no lock taken
         if found is not None:
             return (*found, entry.compiled_path)
         try:
             with entry.lock():
-                found = _load_entry(entry, provider, repair=True)  # another process may have built it meanwhile
+                found = _load_entry(entry, provider, ops, repair=True)  # another process may have built it meanwhile
                 if found is not None:
                     return (*found, entry.compiled_path)
                 with entry.staging() as stage:
-                    sess = _compile(build, what, provider, stage)
+                    sess = _compile(build, what, provider, stage, ops)
                     stage.commit(spec, {"lane": provider.options_key()})
                     size = stage.size_bytes()
             return sess, False, size, entry.compiled_path
         except OSError as e:  # read-only, full or foreign cache: build without it
             cache_unwritable(entry.root.parent, e)
         except GraphCacheError as e:  # a compiler that hit a full disk says so in its own words: try
-            sess, size = _compile_uncached(build, what, provider, key)  # outside the cache; raises if not that
+            sess, size = _compile_uncached(build, what, provider, key, ops)  # outside the cache; raises if not that
             cache_unwritable(entry.root.parent, e)
             return sess, False, size, None
-    sess, size = _compile_uncached(build, what, provider, key)
+    sess, size = _compile_uncached(build, what, provider, key, ops)
     return sess, False, size, None
 
 
 def _compile_uncached(build: "Callable[[], onnx.ModelProto]", what: str, provider: Provider,
-                      key: str) -> tuple[ort.InferenceSession, int]:
+                      key: str, ops: bool = False) -> tuple[ort.InferenceSession, int]:
     """(session, bytes) of a graph built in a temporary folder, outside the cache."""
     with tempfile.TemporaryDirectory(prefix="hetero-graph-") as d:
         stage = CacheEntry(Path(d), key)
-        sess = _compile(build, what, provider, stage)
+        sess = _compile(build, what, provider, stage, ops)
         return sess, stage.size_bytes()
 
 
-def _load_entry(entry: CacheEntry, provider: Provider, repair: bool) -> tuple[ort.InferenceSession, bool, int] | None:
+def _load_entry(entry: CacheEntry, provider: Provider, ops: bool, repair: bool) -> tuple[ort.InferenceSession, bool, int] | None:
     """(session, True, bytes) of a cached entry that verifies and loads; else None. repair (under the
     entry's lock only): warn about a damaged entry and delete it."""
     try:
@@ -389,7 +412,7 @@ def _load_entry(entry: CacheEntry, provider: Provider, repair: bool) -> tuple[or
     if found is None:
         return None
     try:
-        return provider.load(found[0]), True, found[1]
+        return provider.load(found[0], ops), True, found[1]
     except Exception as e:  # a library that changed underneath, or damage the stat stamp hid
         if repair:
             warn_once(f"damaged:{entry.root.parent}", "graph cache entry %s fails to load (%s); rebuilding it",
@@ -399,14 +422,14 @@ def _load_entry(entry: CacheEntry, provider: Provider, repair: bool) -> tuple[or
 
 
 def _compile(build: "Callable[[], onnx.ModelProto]", what: str, provider: Provider,
-             stage: CacheEntry) -> ort.InferenceSession:
+             stage: CacheEntry, ops: bool = False) -> ort.InferenceSession:
     """Export the graph `build()` makes into `stage` and compile it there; GraphCacheError names what failed."""
     from hetero.npu import export  # onnx: only when a graph is built (a warm start loads them all)
 
     export.save_onnx(build(), stage.model_path)
     try:
         with atomic_path(stage.compiled_path) as tmp:
-            sess = provider.compile(stage.model_path, tmp)
+            sess = provider.compile(stage.model_path, tmp, ops)
             if not tmp.exists() or tmp.stat().st_size == 0:
                 raise GraphCacheError(f"{provider.name} wrote no compiled graph for {what}")
     except GraphCacheError:

@@ -120,7 +120,7 @@ def test_failed_compile_leaves_nothing_on_disk(tiny):
     from hetero.npu.providers import OrtCpuProvider, prepare_graph
 
     class Failing(OrtCpuProvider):
-        def compile(self, model_path, out_path):
+        def compile(self, model_path, out_path, ops=False):
             raise RuntimeError("QNN_COMMON_ERROR_MEM_ALLOC (test)")
 
     lq = segments.layer_q(tiny.config, tiny.arrays(), tiny_plan(tiny), 0)
