@@ -38,13 +38,14 @@ def compiler() -> str | None:
 class Kernel:
     """A C source of this package (`source`, a file name here), built with `flags` into `<name>.so`; `needs`: the
     /proc/cpuinfo flags its instructions need; `what`: its name in messages; `setup`: declares the library's
-    functions (argtypes, restype) once it is loaded."""
+    functions (argtypes, restype) once it is loaded; `headers`: the package's headers it includes (in its key)."""
 
     source: str
     flags: tuple[str, ...]
     needs: tuple[str, ...]
     what: str
     setup: Callable[[ctypes.CDLL], None] = field(compare=False, hash=False)
+    headers: tuple[str, ...] = ()
 
     @property
     def path(self) -> Path:
@@ -55,7 +56,8 @@ class Kernel:
         return Path(self.source).stem + ".so"
 
     def key(self) -> str:
-        return hashlib.sha256(self.path.read_bytes() + "\0".join(self.flags).encode()).hexdigest()[:24]
+        sources = b"".join((HERE / name).read_bytes() for name in (self.source, *self.headers))
+        return hashlib.sha256(sources + "\0".join(self.flags).encode()).hexdigest()[:24]
 
     def unavailable(self, load: Callable[[], object] | None = None) -> str | None:
         """None when the kernel can be loaded on this host (building it once), else why not (one line). load: the
@@ -65,8 +67,9 @@ class Kernel:
         missing = [f for f in self.needs if f not in cpu_flags()]
         if missing:
             return f"this CPU lacks {', '.join(missing)}"
-        if not self.path.is_file():
-            return f"its source {self.path} is not installed"
+        missing = [p for p in (self.path, *(HERE / h for h in self.headers)) if not p.is_file()]
+        if missing:
+            return f"its source {missing[0]} is not installed"
         if compiler() is None:
             return "no C compiler (gcc or cc, or $CC) to build the kernel with"
         try:

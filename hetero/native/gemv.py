@@ -45,7 +45,7 @@ def _setup(lib: ctypes.CDLL) -> None:
     lib.hetero_gemv_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
 
 
-KERNEL = Kernel("gemv_vnni.c", FLAGS, NEEDS, "the int8 GEMV kernel", _setup)
+KERNEL = Kernel("gemv_vnni.c", FLAGS, NEEDS, "the int8 GEMV kernel", _setup, ("simd_math.h",))
 
 
 @functools.cache

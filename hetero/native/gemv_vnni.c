@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "simd_math.h" /* exp512 */
+
 #define TILE 64
 #define QB 128 /* values of K sharing a weight scale (MatMulNBits' block) */
 #ifndef AB
@@ -63,25 +65,6 @@ static inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
    columns' weight scales w times the block's activation scale s (the order every tile function keeps, bit for bit) */
 static inline __m512 block_add(__m512i acc, __m512i corr, __m512 w, __m512 s, __m512 f) {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, corr)), _mm512_mul_ps(w, s), f);
-}
-
-/* exp(x) for x <= 88: 2^t with t = x·log2(e) = n + f, |f| <= 0.5, 2^f by its Taylor series to degree 7 (relative
-   error < 1e-7), times 2^n by vscalefps (which saturates to 0 for very negative x). */
-static inline __m512 exp512(__m512 x) {
-    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f));
-    t = _mm512_max_ps(t, _mm512_set1_ps(-200.f));
-    t = _mm512_min_ps(t, _mm512_set1_ps(200.f));
-    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.6931471805599453f));
-    __m512 p = _mm512_set1_ps(1.f / 5040.f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 720.f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120.f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24.f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6.f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(p, n);
 }
 
 /* In place x·H for each block of `size` values (H the orthonormal Sylvester Hadamard: `rotate.hadamard`). */

@@ -31,7 +31,7 @@ BLOCK = 64  # the online Hadamard's block the op computes (`rotate.ONLINE_BLOCK`
 FLAGS = ("-O3", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-fno-math-errno",
          "-fPIC", "-shared", "-pthread")
 NEEDS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
-KERNEL = Kernel("ort_ops.c", FLAGS, NEEDS, "hetero's ONNX Runtime ops", lambda lib: None)
+KERNEL = Kernel("ort_ops.c", FLAGS, NEEDS, "hetero's ONNX Runtime ops", lambda lib: None, ("simd_math.h",))
 
 
 @functools.cache
