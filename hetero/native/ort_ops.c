@@ -18,6 +18,9 @@
    residual after attention and ffn_in's input at a static scale (Add, SimplifiedLayerNormalization, QuantizeLinear):
      h1 = h + o, x = h1 / sqrt(mean(h1^2) + eps) * w, xq = clip(rint(x / scale), -128, 127) + 128
 
+   RmsNormQuant(h [T, H], w [H]) -> xq uint8 [T, H], attributes eps, scale: attn_in's input at a static scale in the
+   q|k|v graph (SimplifiedLayerNormalization, QuantizeLinear), as AddRmsNormQuant without the add.
+
    ScaleAdd(y [T, N], s [T, 1], h [T, N]) -> h + y * s: a per-row site's product at its rows' scales, plus the
    residual (Mul, Add).
 
@@ -227,8 +230,30 @@ typedef struct {
     float eps, scale;
 } Norm;
 
+/* per row t: v = h (+ o where given, kept in h1), x = v / sqrt(mean(v^2) + eps) * w, xq = clip(rint(x / scale)) + 128 */
+static void norm_quant_rows(const Norm *k, const float *h, const float *o, const float *w, int64_t T, int64_t H,
+                            float *h1, uint8_t *xq) {
+    float *x = (float *)__builtin_alloca((size_t)H * sizeof(float));
+    for (int64_t t = 0; t < T; t++) {
+        const float *v = h + t * H;
+        __m512 ss = _mm512_setzero_ps();
+        for (int64_t i = 0; i < H; i += 16) {
+            __m512 a = _mm512_loadu_ps(v + i);
+            if (o != NULL) {
+                a = _mm512_add_ps(a, _mm512_loadu_ps(o + t * H + i));
+                _mm512_storeu_ps(h1 + t * H + i, a);
+            }
+            ss = _mm512_fmadd_ps(a, a, ss);
+        }
+        if (o != NULL) v = h1 + t * H;
+        const __m512 r = _mm512_set1_ps(sqrtf(_mm512_reduce_add_ps(ss) / (float)H + k->eps));
+        for (int64_t i = 0; i < H; i += 16)
+            _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_div_ps(_mm512_loadu_ps(v + i), r), _mm512_loadu_ps(w + i)));
+        quantize_row(x, H, _mm512_set1_ps(k->scale), 1, xq + t * H);
+    }
+}
+
 static void norm_compute(void *kernel, void *ctx) {
-    const Norm *k = (const Norm *)kernel;
     const void *vh, *vo, *vw;
     int64_t dims[2], dims_o[2];
     dims2(ctx, 0, &vh, dims);
@@ -240,24 +265,23 @@ static void norm_compute(void *kernel, void *ctx) {
         output(ctx, 0, none), output(ctx, 1, none);
         return;
     }
-    const float *h = (const float *)input_data(vh), *o = (const float *)input_data(vo), *w = (const float *)input_data(vw);
     float *h1 = (float *)output(ctx, 0, dims);
-    uint8_t *xq = (uint8_t *)output(ctx, 1, dims);
-    float *x = (float *)__builtin_alloca((size_t)H * sizeof(float));
-    for (int64_t t = 0; t < T; t++) {
-        __m512 ss = _mm512_setzero_ps();
-        for (int64_t i = 0; i < H; i += 16) {
-            __m512 v = _mm512_add_ps(_mm512_loadu_ps(h + t * H + i), _mm512_loadu_ps(o + t * H + i));
-            _mm512_storeu_ps(h1 + t * H + i, v);
-            ss = _mm512_fmadd_ps(v, v, ss);
-        }
-        const float rms = sqrtf(_mm512_reduce_add_ps(ss) / (float)H + k->eps);
-        const __m512 r = _mm512_set1_ps(rms);
-        for (int64_t i = 0; i < H; i += 16)
-            _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_div_ps(_mm512_loadu_ps(h1 + t * H + i), r),
-                                                  _mm512_loadu_ps(w + i)));
-        quantize_row(x, H, _mm512_set1_ps(k->scale), 1, xq + t * H);
+    norm_quant_rows((const Norm *)kernel, (const float *)input_data(vh), (const float *)input_data(vo),
+                    (const float *)input_data(vw), T, H, h1, (uint8_t *)output(ctx, 1, dims));
+}
+
+static void rms_quant_compute(void *kernel, void *ctx) {
+    const void *vh, *vw;
+    int64_t dims[2];
+    dims2(ctx, 0, &vh, dims);
+    CALL(KERNEL_CONTEXT_GET_INPUT, Status (*)(void *, size_t, const void **), ctx, 1, &vw);
+    if (dims[1] % 16 != 0) { /* (as glue_compute) */
+        const int64_t none[2] = {0, 0};
+        output(ctx, 0, none);
+        return;
     }
+    norm_quant_rows((const Norm *)kernel, (const float *)input_data(vh), NULL, (const float *)input_data(vw), dims[0],
+                    dims[1], NULL, (uint8_t *)output(ctx, 0, dims));
 }
 
 static void scale_add_compute(void *kernel, void *ctx) {
@@ -304,14 +328,19 @@ static void *no_state(const OrtCustomOp *op, const void *api, const void *info) 
 
 static const char *norm_name(const OrtCustomOp *op) { return (void)op, "AddRmsNormQuant"; }
 static const char *scale_add_name(const OrtCustomOp *op) { return (void)op, "ScaleAdd"; }
+static const char *rms_quant_name(const OrtCustomOp *op) { return (void)op, "RmsNormQuant"; }
 static size_t three(const OrtCustomOp *op) { return (void)op, 3; }
 static size_t one_output(const OrtCustomOp *op) { return (void)op, 1; }
 static int norm_output(const OrtCustomOp *op, size_t i) { return (void)op, i == 0 ? TYPE_FLOAT : TYPE_UINT8; }
 static int float_output(const OrtCustomOp *op, size_t i) { return (void)op, (void)i, TYPE_FLOAT; }
+static int uint8_output(const OrtCustomOp *op, size_t i) { return (void)op, (void)i, TYPE_UINT8; }
 
 static OrtCustomOp NORM = {API_VERSION, norm_create, norm_name, cpu_ep, float_input, three, norm_output, two,
                            norm_compute, glue_destroy, required, required, required, one_, one_, one_, one_,
                            NULL, NULL, NULL, one_, latest};
+static OrtCustomOp RMS_QUANT = {API_VERSION, norm_create, rms_quant_name, cpu_ep, float_input, two, uint8_output,
+                                one_output, rms_quant_compute, glue_destroy, required, required, required, one_, one_,
+                                one_, one_, NULL, NULL, NULL, one_, latest};
 static OrtCustomOp SCALE_ADD = {API_VERSION, no_state, scale_add_name, cpu_ep, float_input, three, float_output,
                                 one_output, scale_add_compute, glue_destroy, required, required, required, one_, one_,
                                 one_, one_, NULL, NULL, NULL, one_, latest};
@@ -322,8 +351,8 @@ static pthread_once_t DOMAIN_ONCE = PTHREAD_ONCE_INIT;
 
 static void make_domain(void) {
     DOMAIN_STATUS = CALL(CREATE_CUSTOM_OP_DOMAIN, Status (*)(const char *, void **), "ai.hetero", &DOMAIN);
-    const OrtCustomOp *ops[3] = {&GLUE, &NORM, &SCALE_ADD};
-    for (int i = 0; i < 3 && DOMAIN_STATUS == NULL; i++)
+    const OrtCustomOp *ops[4] = {&GLUE, &NORM, &RMS_QUANT, &SCALE_ADD};
+    for (int i = 0; i < 4 && DOMAIN_STATUS == NULL; i++)
         DOMAIN_STATUS = CALL(CUSTOM_OP_DOMAIN_ADD, Status (*)(void *, const OrtCustomOp *), DOMAIN, ops[i]);
 }
 

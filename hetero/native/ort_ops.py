@@ -7,7 +7,8 @@ model's online 64-block Hadamard, a scale per row, the u8 quantization) was 12 n
 graph's time, the Hadamard alone a [T·F/64, 64] × [64, 64] float matmul (docs/journal.md, issue 24). Three ops
 compute an o→FFN graph's float glue in one pass over each row each: `SiluHadamardQuant` (down_in's input, the
 Hadamard as a fast Walsh–Hadamard transform), `AddRmsNormQuant` (the residual, RMSNorm and ffn_in's quantization)
-and `ScaleAdd` (down's rows at their scales plus the residual); the INT8 GEMMs stay ONNX Runtime's.
+and `ScaleAdd` (down's rows at their scales plus the residual); a fourth, `RmsNormQuant`, is the q|k|v graph's
+RMSNorm and quantization. The INT8 GEMMs stay ONNX Runtime's.
 
 The library is compiled once per host (`build.Kernel`: AVX-512, the host's C compiler, a content-checked cache) and
 registered in every CPU EP session hetero makes of its graphs (`sessions.session_options`), so a cached graph that
@@ -26,6 +27,7 @@ from hetero.native.build import Kernel
 DOMAIN = "ai.hetero"
 SILU_HADAMARD_QUANT = "SiluHadamardQuant"  # down_in's input: SiLU·up, the online Hadamard, u8 quantization
 ADD_RMS_NORM_QUANT = "AddRmsNormQuant"  # the residual after attention and ffn_in's u8 input at a static scale
+RMS_NORM_QUANT = "RmsNormQuant"  # attn_in's u8 input at a static scale (the q|k|v graph)
 SCALE_ADD = "ScaleAdd"  # a per-row site's product at its rows' scales plus the residual
 BLOCK = 64  # the online Hadamard's block the op computes (`rotate.ONLINE_BLOCK`)
 FLAGS = ("-O3", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-fno-math-errno",

@@ -329,6 +329,16 @@ def _down_input(g: GraphBuilder, gate: str, up: str, lq: LayerQ, block: int | No
     return xq, row_s
 
 
+def _attn_input(g: GraphBuilder, h: str, lq: LayerQ) -> str | None:
+    """attn_in's u8 input RMSNorm(h) at its static scale as one of hetero's ops (`native.ort_ops`), where the layer's
+    attn_in is that (8 bits, no scale per row, online transform); else None (the nodes). Shadows: the caller's."""
+    x = lq.qkv[0]
+    if x.x_bits != 8 or x.x_per_row or "attn_in" in dict(lq.online) or lq.hidden % 16:
+        return None
+    return g.op(ort_ops.RMS_NORM_QUANT, [h, g.const(lq.attn_norm.astype(np.float32), "norm_w")], "xq",
+                domain=ort_ops.DOMAIN, eps=float(lq.eps), scale=float(np.float32(x.x_scale)))
+
+
 def _ffn_input(g: GraphBuilder, h: str, o: str, lq: LayerQ) -> tuple[str, str] | None:
     """(h1, xq): the residual h + o and ffn_in's u8 input RMSNorm(h1) at its static scale as one of hetero's ops
     (`native.ort_ops`), where the layer's ffn_in is that (8 bits, no shadow, scale per row, online transform or
@@ -378,7 +388,9 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
 
     B = Buffer
     for piece in spec.pieces:
-        if piece == "qkv":
+        if piece == "qkv" and spec.native_ops and "attn_in" not in sh and (xq := _attn_input(g, env[B.H], lq)):
+            env[B.QKV] = _linears(g, None, list(lq.qkv), f, kernel=k, quantized=(xq, None))
+        elif piece == "qkv":
             env[B.X] = rms_norm(g, env[B.H], lq.attn_norm, lq.eps, f)
             env[B.QKV] = _linears(g, online("attn_in", env[B.X], lq.hidden), list(lq.qkv), f, conv=conv, kernel=k,
                                   shadow="attn_in" in sh)

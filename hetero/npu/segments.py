@@ -89,8 +89,8 @@ class SegmentSpec:
     shadows: tuple[str, ...] = ()  # IN_GRAPH_KINDS: the sites whose shadow correction (Eq. 1) the graph computes
     # kind "layer_o_ffn": its input `a` comes with o_in's online Hadamard applied (by `native.attention`, on V's rows)
     a_rotated: bool = False
-    # kind "layer_o_ffn": down_in's input (SiLU·up, its online Hadamard, its u8 quantization) as one of hetero's own
-    # ONNX Runtime ops (`native.ort_ops`) instead of a dozen nodes
+    # a layer's halves: their float glue as hetero's own ONNX Runtime ops (`native.ort_ops`) instead of nodes (o→FFN:
+    # down_in's input, SiLU·up, its online Hadamard and u8 quantization, a dozen nodes; q|k|v: RMSNorm and attn_in's)
     native_ops: bool = False
 
     def __post_init__(self) -> None:
@@ -101,8 +101,8 @@ class SegmentSpec:
                               f"halves {tuple(HALVES)} in-graph shadows, got kind {self.kind!r}")
         if self.a_rotated and self.kind != "layer_o_ffn":
             raise ConfigError(f"only a layer_o_ffn half takes a rotated attention output, got kind {self.kind!r}")
-        if self.native_ops and self.kind != "layer_o_ffn":
-            raise ConfigError(f"only a layer_o_ffn half holds hetero's own ops, got kind {self.kind!r}")
+        if self.native_ops and self.kind not in HALVES:
+            raise ConfigError(f"only a layer's halves {tuple(HALVES)} hold hetero's own ops, got kind {self.kind!r}")
         pieces = LAYER_PIECES if self.kind == "layer" else HALVES.get(self.kind)
         if self.in_graph and (self.flavor != "cpu" or self.shape != "2d" or self.pieces != pieces):
             raise ConfigError(f"a whole-layer graph or half runs on the CPU EP (flavor 'cpu', shape '2d', its pieces "
@@ -189,14 +189,14 @@ class LayerQ:
 
 
 def layer_halves(layer: int, shadow_sites: set[str], a_rotated: bool = False,
-                 native_ops: bool = False) -> list[SegmentSpec]:
+                 native_ops: tuple[str, ...] = ()) -> list[SegmentSpec]:
     """A whole layer as two graphs, qkv (RMSNorm, q|k|v) and o → FFN, each with its shadow corrections inside: the
     whole-layer graph (`layer_graph`) less its attention node, for an attention kernel outside ONNX Runtime
     (`native.attention`: BF16 dot products, issue 24). a_rotated: that kernel applies o_in's online Hadamard;
-    native_ops: the o → FFN graph computes down_in's input with hetero's own op (`native.ort_ops`)."""
+    native_ops: the kinds whose float glue is hetero's own ops (`native.ort_ops`)."""
     return [SegmentSpec(layer, kind, pieces, DYNAMIC_ROWS, "cpu", "2d", False, None,
                         tuple(s for s in SITES if s in shadow_sites and (s == "attn_in") == (kind == "layer_qkv")),
-                        a_rotated and kind == "layer_o_ffn", native_ops and kind == "layer_o_ffn")
+                        a_rotated and kind == "layer_o_ffn", kind in native_ops)
             for kind, pieces in HALVES.items()]
 
 
