@@ -331,7 +331,8 @@ def _down_input(g: GraphBuilder, gate: str, up: str, lq: LayerQ, block: int | No
 
 def _attn_input(g: GraphBuilder, h: str, lq: LayerQ) -> str | None:
     """attn_in's u8 input RMSNorm(h) at its static scale as one of hetero's ops (`native.ort_ops`), where the layer's
-    attn_in is that (8 bits, no scale per row, online transform); else None (the nodes). Shadows: the caller's."""
+    attn_in is 8-bit at a static scale with no online transform; else None (the nodes). A shadow: the caller keeps
+    the nodes."""
     x = lq.qkv[0]
     if x.x_bits != 8 or x.x_per_row or "attn_in" in dict(lq.online) or lq.hidden % 16:
         return None
@@ -341,8 +342,8 @@ def _attn_input(g: GraphBuilder, h: str, lq: LayerQ) -> str | None:
 
 def _ffn_input(g: GraphBuilder, h: str, o: str, lq: LayerQ) -> tuple[str, str] | None:
     """(h1, xq): the residual h + o and ffn_in's u8 input RMSNorm(h1) at its static scale as one of hetero's ops
-    (`native.ort_ops`), where the layer's ffn_in is that (8 bits, no shadow, scale per row, online transform or
-    post-attention norm); else None (the nodes)."""
+    (`native.ort_ops`), where the layer's ffn_in is 8-bit at a static scale with no online transform and the layer
+    has no post-attention norm; else None (the nodes). A shadow: the caller keeps the nodes."""
     x = lq.gate_up[0]
     if x.x_bits != 8 or x.x_per_row or lq.post_attn_norm is not None or "ffn_in" in dict(lq.online) or lq.hidden % 16:
         return None
