@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
+from hetero.errors import ConfigError
 from hetero.native.build import Kernel
 
 DOMAIN = "ai.hetero"
@@ -48,9 +49,12 @@ def unavailable() -> str | None:
     return KERNEL.unavailable(_library)
 
 
-def library_path() -> str | None:
-    """The library's file for `SessionOptions.register_custom_ops_library`, or None where it cannot run here."""
-    return None if unavailable() is not None else _library()[1]
+def library_path() -> str:
+    """The library's file for `SessionOptions.register_custom_ops_library`; ConfigError where it cannot run here."""
+    why = unavailable()
+    if why is not None:
+        raise ConfigError(f"hetero's own ONNX Runtime ops cannot run here: {why}")
+    return _library()[1]
 
 
 def key() -> str:

@@ -122,16 +122,16 @@ inside), run by `NpuBackend.layer` on the sessions' threads: where the NPU lane 
     # a fused backend's attention: "auto" (the BF16 kernel where this host and model allow it, `native.attention`,
     # else the graph's GroupQueryAttention node), "bf16" (the kernel or a ConfigError) or "gqa" (the node)
     attention: str = "auto"
-    # a fused backend with the BF16 attention: down_in's input (SiLU·up, the online Hadamard, u8 quantization) as
-    # hetero's own op (`native.ort_ops`) where it runs on this host and computes the plan (None), never (False), or
-    # wherever the plan allows it (True: a ConfigError where the op cannot run here)
+    # a fused backend with the BF16 attention: its halves' float glue (RMSNorm and quantization, SiLU·up, down_in's
+    # online Hadamard, the residual adds) as hetero's own ops (`native.ort_ops`) where they run on this host and the
+    # plan allows them (None), never (False), or a ConfigError where they cannot (True)
     native_ops: bool | None = None
 
 
 def native_ops_why(cfg, online: dict[str, int], attention, mode: bool | None) -> tuple[bool, str]:
-    """(whether a fused backend's o → FFN graphs compute their float glue with hetero's ops, why): `GraphOptions.native_ops`
-    resolved on this host and a plan with these online transforms (a layer whose down_in has a shadow or 16 bits keeps
-    the nodes)."""
+    """(whether a fused backend's halves compute their float glue with hetero's ops, why): `GraphOptions.native_ops`
+    resolved on this host and a plan with these online transforms (a site with a shadow, 16 bits or an online transform
+    of its own keeps the nodes: `export`)."""
     if mode is False:
         return False, "ONNX Runtime nodes, as asked"
     from hetero.native import ort_ops

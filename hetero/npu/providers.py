@@ -175,9 +175,12 @@ class OrtCpuProvider(Provider):
 
     def _session(self, model: Path, ops: bool, **kw) -> ort.InferenceSession:
         # no per-session arena: one per graph (a model has ~100) would each keep its high-water mark of
-        # activations; plain allocations return it (peak RSS: bench/results/prefill.json)
-        return cpu_session(model, self.intra_op_threads, self.pool, arena=False,
-                           inter_op_threads=self.inter_op_threads, custom_ops=_ops_library() if ops else None, **kw)
+        # activations; plain allocations return it (peak RSS: bench/results/prefill.json). ops: the graph holds
+        # hetero's own ops, whose library the session registers (a ConfigError where it cannot run here)
+        from hetero.native import ort_ops  # (only its small module: a graph without the ops never builds it)
+
+        return cpu_session(model, self.intra_op_threads, self.pool, arena=False, inter_op_threads=self.inter_op_threads,
+                           custom_ops=ort_ops.library_path() if ops else None, **kw)
 
     def compile(self, model_path: Path, out_path: Path, ops: bool = False) -> ort.InferenceSession:
         return self._session(model_path, ops, optimize="all", save_optimized=out_path)
@@ -185,15 +188,6 @@ class OrtCpuProvider(Provider):
     def load(self, path: Path, ops: bool = False) -> ort.InferenceSession:
         return self._session(path, ops, optimize="none")  # already optimized
 
-
-def _ops_library() -> str:
-    """hetero's op library (`native.ort_ops`) for a graph that holds its ops; ConfigError where it cannot run."""
-    from hetero.native import ort_ops
-
-    path = ort_ops.library_path()
-    if path is None:
-        raise ConfigError(f"this graph holds hetero's own ONNX Runtime ops, which cannot run here: {ort_ops.unavailable()}")
-    return path
 
 
 def qnn_devices() -> list:

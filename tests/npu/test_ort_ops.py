@@ -123,3 +123,21 @@ def test_the_op_is_refused_where_the_plan_has_no_down_in_hadamard():
         NpuBackend(m, plan, 32, options=GraphOptions(fused=True, attention="bf16", native_ops=True))
     auto = NpuBackend(m, plan, 32, options=GraphOptions(fused=True, attention="bf16"))
     assert not auto.native_ops and "online Hadamard" in auto.native_ops_why
+
+
+def test_a_host_where_the_ops_cannot_run_keeps_the_nodes(monkeypatch):
+    """What a host without AVX-512 DQ or a compiler does: the nodes, saying why; asked for the ops, one clear error."""
+    from hetero.native.attention import unavailable
+
+    m = make_tiny_model(head_dim=32)
+    if unavailable(m.config) is not None:
+        pytest.skip(f"the BF16 attention kernel cannot run here: {unavailable(m.config)}")
+    monkeypatch.setattr(ort_ops, "unavailable", lambda: "this CPU lacks avx512dq")
+    plan = _rotated(m)
+    be = NpuBackend(m, plan, 32, options=GraphOptions(fused=True, attention="bf16"))
+    assert not be.native_ops and "this CPU lacks avx512dq" in be.native_ops_why
+    assert not any(run.graph.spec.native_ops for layer in range(2) for run in be.program(layer).runs)
+    with pytest.raises(ConfigError, match="cannot run here: this CPU lacks avx512dq"):
+        ort_ops.library_path()
+    with pytest.raises(ConfigError, match="this CPU lacks avx512dq"):
+        NpuBackend(m, plan, 32, options=GraphOptions(fused=True, attention="bf16", native_ops=True))
