@@ -128,12 +128,14 @@ class Model:
 
 def weights_of(cfg: ModelConfig, arrays: dict[str, np.ndarray]) -> Weights:
     """The float weights (torch views, no copy) of named arrays (`Model.arrays`'s names); a tied head is the
-    embedding's tensor."""
+    embedding's tensor. Never inference tensors, though a model's weights are often first used inside
+    `torch.inference_mode` (calibration): autograd must be able to run through them later (`outliers.search`)."""
     import torch
 
-    t = {k: torch.from_numpy(v) for k, v in arrays.items() if k != "lm_head"}
-    lm_head = t["tok_emb"] if arrays.get("lm_head", arrays["tok_emb"]) is arrays["tok_emb"] else \
-        torch.from_numpy(arrays["lm_head"])
+    with torch.inference_mode(False):
+        t = {k: torch.from_numpy(v) for k, v in arrays.items() if k != "lm_head"}
+        lm_head = t["tok_emb"] if arrays.get("lm_head", arrays["tok_emb"]) is arrays["tok_emb"] else \
+            torch.from_numpy(arrays["lm_head"])
     layers = [LayerWeights(**{f: t.get(f"layers.{i}.{f}") for f in _LAYER_FIELDS}) for i in range(cfg.n_layers)]
     return Weights(t["tok_emb"], layers, t["norm"], lm_head, cfg.embed_scale)
 

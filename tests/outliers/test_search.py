@@ -69,6 +69,21 @@ def test_damage_orders_options_as_their_quantization_error(setup):
         assert d[idx[("a8s", 99.9)]] <= d[idx[("a8", 99.999)]] or d[idx[("a8", 99.999)]] == 0
 
 
+def test_damage_runs_on_weights_first_used_in_inference_mode(setup):
+    """A cached model's weights are mapped at their first use, which is calibration's, inside inference mode;
+    the search's backward pass must still run through them (`hetero calibrate --budget` crashed with
+    "Inference tensors cannot be saved for backward", issue 40)."""
+    from hetero.loader import weights_of
+    from hetero.weights import weight_arrays
+
+    model, stats, windows = setup
+    arrays = {k: v.copy() for k, v in weight_arrays(model.weights).items()}
+    lazy = model.with_weights(lambda: weights_of(model.config, arrays), lambda: arrays)
+    calibrate(lazy, TEXT, n_tokens=128, window=64, corpus="fox", progress=False)  # first use: in inference mode
+    assert not lazy.weights.tok_emb.is_inference()
+    assert site_damage(lazy, stats, windows[:1]) == site_damage(model, stats, windows[:1])
+
+
 def test_search_meets_the_budget_with_the_measured_perplexity(setup):
     model, stats, windows = setup
     fp = perplexity(model, windows)
