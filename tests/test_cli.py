@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from hetero.cli import main
 from tests.conftest import make_tiny_model
@@ -17,6 +18,19 @@ def test_info_json_lists_model_and_platform(tmp_path, monkeypatch, capsys) -> No
     assert out["config"]["n_layers"] == 2 and out["config"]["arch"] == "llama"
     assert {"torch", "onnxruntime", "qnn_htp", "ort_providers"} <= set(out["platform"])
     assert out["placement"]["prefill"].startswith("prefill as layers: the NPU lane is this CPU's cores")
+    assert out["calibration"]["in use"].startswith("computed at first use")  # no calibration ships for it
+    assert "HETERO_CALIBRATION=user runs it" in out["calibration"]["user"]
+
+
+def test_info_text_separates_every_name_from_its_value(tmp_path, monkeypatch, capsys) -> None:
+    """`local_rope_theta`, longer than the others, ran into its value ("local_rope_theta0.0", issue 40)."""
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    path = write_gguf(make_tiny_model(), tmp_path / "tiny.gguf")
+    assert main(["info", "--model", str(path)]) == 0
+    text = capsys.readouterr().out
+    for key in make_tiny_model().config.to_dict():
+        assert re.search(rf"^  {key} +\S", text, flags=re.M), f"{key} runs into its value"
+    assert re.search(r"^calibration\n  in use +computed at first use", text, flags=re.M)
 
 
 def test_run_json_answers_paris_on_the_float_path(default_model, capsys) -> None:

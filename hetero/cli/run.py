@@ -250,20 +250,30 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     model = load_model(args.model)
     out = {"model": model.name, "path": str(model.path), "fingerprint": model.fingerprint,
-           "config": model.config.to_dict(), "platform": platform_info(), "placement": placement_info(model)}
+           "config": model.config.to_dict(), "platform": platform_info(), "placement": placement_info(model),
+           "calibration": calibration_info(model)}
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
     print(f"model        {out['model']}  ({out['path']}, fingerprint {out['fingerprint']})")
-    for k, v in out["config"].items():
-        print(f"  {k:<15}{v}")
-    print("platform")
-    for k, v in out["platform"].items():
-        print(f"  {k:<15}{v}")
-    print("placement")
-    for k, v in out["placement"].items():
-        print(f"  {k:<15}{v}")
+    for section in ("config", "platform", "placement", "calibration"):
+        if section != "config":
+            print(section)
+        width = max(15, *(len(k) + 1 for k in out[section]))  # a space after the longest name ("local_rope_theta")
+        for k, v in out[section].items():
+            print(f"  {k:<{width}}{v}")
     return 0
+
+
+def calibration_info(model) -> dict[str, str]:
+    """Which calibration the default method runs (the shipped one unless HETERO_CALIBRATION=user) and where the
+    user's is (`outliers.calibration.calibration_in_use`)."""
+    from hetero.methods import DEFAULT_METHOD, METHODS, quant_model
+    from hetero.outliers.calibration import calibration_in_use
+
+    if model.config.quantized_unsupported() is not None:
+        return {"in use": "none (the default runs this model in float)"}
+    return calibration_in_use(quant_model(model, METHODS[DEFAULT_METHOD].recipe))
 
 
 def placement_info(model) -> dict[str, str]:

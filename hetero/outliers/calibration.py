@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import io
 import json
 import logging
+import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +26,7 @@ from hetero.errors import ConfigError, ModelFormatError
 from hetero.outliers.corpus import DEFAULT_CALIBRATION, corpus_id, load_corpus
 from hetero.outliers.rotate import block_hadamard
 from hetero import shipped
-from hetero.paths import atomic_path, cache_dir, cached
+from hetero.paths import atomic_path, cache_dir, cache_unwritable, cached, entry_lock, forget, read_record, write_record
 
 if TYPE_CHECKING:
     import torch
@@ -38,6 +40,10 @@ PERCENTILES = (99.0, 99.5, 99.9, 99.99, 99.999, 100.0)  # candidate clipping poi
 DEFAULT_TOKENS = 4096
 DEFAULT_WINDOW = 512
 _LOG2_LO, _LOG2_HI, _BINS_PER_OCTAVE = -24.0, 16.0, 64
+# The user's calibration (`hetero calibrate`) is kept beside the default one (the package's, or computed at first
+# use), never over it; a run uses it only when asked to: HETERO_CALIBRATION=user (issue 40).
+CALIBRATION_ENV = "HETERO_CALIBRATION"
+DEFAULT_FILE, USER_FILE = "calibration.npz", "calibration-user.npz"
 _NBINS = int((_LOG2_HI - _LOG2_LO) * _BINS_PER_OCTAVE)
 
 
@@ -198,9 +204,69 @@ class CalibrationStats:
         return stats
 
 
-def calibration_path(model) -> Path:
-    """Default location: next to the model's cache entry."""
-    return cache_dir() / "models" / model.fingerprint / "calibration.npz"
+def user_calibration_chosen() -> bool:
+    """Whether runs use the user's calibration (HETERO_CALIBRATION=user) rather than the default one
+    (unset, or "default")."""
+    value = os.environ.get(CALIBRATION_ENV, "")
+    if value not in ("", "default", "user"):
+        raise ConfigError(f"{CALIBRATION_ENV} must be 'user' (run the calibration `hetero calibrate` wrote) or "
+                          f"'default' (the shipped one, or the one computed at first use), got {value!r}")
+    return value == "user"
+
+
+def calibration_path(model, user: bool | None = None) -> Path:
+    """The calibration file of `model` beside its cache entry: the user's (`hetero calibrate`) when `user`, else the
+    default one (seeded from the package when it ships one); None: the one in use (`user_calibration_chosen`)."""
+    if user is None:
+        user = user_calibration_chosen()
+    return cache_dir() / "models" / model.fingerprint / (USER_FILE if user else DEFAULT_FILE)
+
+
+def calibration_in_use(model) -> dict[str, str]:
+    """Which calibration runs for `model` and where it is, for `hetero info`: {"in use": ..., "user": ...}."""
+    user, default = calibration_path(model, user=True), calibration_path(model, user=False)
+    entry = shipped.manifest("calibration").get(model.fingerprint)
+    base = (f"shipped with the package (hetero/data/calibration/{entry['file']})" if entry is not None
+            else f"computed at first use ({default})")
+    if user_calibration_chosen():
+        return {"in use": f"the user's, {user} ({CALIBRATION_ENV}=user; unset it to run the default one: {base})"}
+    made = f"{user}, not used ({CALIBRATION_ENV}=user runs it)" if user.is_file() else \
+        f"none (`hetero calibrate` writes one to {user}; {CALIBRATION_ENV}=user runs it)"
+    return {"in use": base, "user": made}
+
+
+def restore_shipped(model) -> None:
+    """Keep the default calibration slot the package's: a file there with other content (an older `hetero calibrate`
+    wrote over it) moves to the user slot (is removed if that is taken), with a warning; the default slot is then
+    seeded from the package again (`ensure_calibration`). Cheap when nothing is wrong: the record's hash only."""
+    entry = shipped.manifest("calibration").get(model.fingerprint)
+    path = calibration_path(model, user=False)
+    if entry is None or (entry.get("corpus"), entry.get("n_tokens"), entry.get("window")) != \
+            (DEFAULT_CALIBRATION, DEFAULT_TOKENS, DEFAULT_WINDOW) or not path.is_file():
+        return
+    try:
+        rec = read_record(path.parent).get(path.name)
+    except ValueError:  # an unreadable record: the entry's own check rebuilds it
+        return
+    if not isinstance(rec, dict) or rec.get("xxh3") == entry.get("xxh3") or shipped.verified("calibration", entry) is None:
+        return
+    user = calibration_path(model, user=True)
+    try:
+        with entry_lock(path.parent):
+            if not path.is_file():  # another process moved it meanwhile
+                return
+            moved = not user.exists()
+            if moved:
+                os.replace(path, user)
+                write_record(path.parent, [user.name])
+            forget(path.parent, [path.name])
+    except OSError as e:
+        cache_unwritable(path.parent, e)
+        return
+    log.warning("the calibration at %s was not the one shipped with the package (an older `hetero calibrate` wrote "
+                "it there): %s; the default runs the shipped one again", path,
+                f"kept as the user calibration {user} ({CALIBRATION_ENV}=user runs it)" if moved else
+                f"removed (a user calibration {user} exists already)")
 
 
 # ----------------------------------------------------------------------------------- the runs
@@ -350,16 +416,29 @@ def ensure_calibration(model, path: str | Path | None = None, corpus: str = DEFA
                        progress: bool = False, online: dict[str, int] | None = None) -> CalibrationStats:
     """The cached calibration of `model` (validated), computing and saving it first if there is none.
 
+    path None: the calibration in use (`calibration_path`): the default one, seeded from the package's file when
+    it ships one for these settings (`shipped_calibration_file`), else computed; or, with HETERO_CALIBRATION=user,
+    the user's (`hetero calibrate`), never computed here (a ConfigError when there is none).
     A cache entry (`paths.cached`): its content record is checked at first use; a damaged, truncated or
     older-format file is recalibrated with a warning; processes starting together calibrate once (the
     entry's lock covers the run); an unwritable cache calibrates for this run only.
     online (`calibrate`): part of the model's identity, so a rotated model's fingerprint must name it."""
-    path = Path(path) if path is not None else calibration_path(model)
+    if path is None:
+        user = user_calibration_chosen()
+        path = calibration_path(model, user)
+        if user:
+            return cached(path.parent, path.name, lambda p: CalibrationStats.load(p, model),
+                          lambda: _no_user_calibration(model, path), lambda stats, tmp: None, "user calibration")
+        restore_shipped(model)
+    path = Path(path)
+    package: list[Path] = []  # the package's file, when the build took it
 
     def build() -> CalibrationStats:
-        shipped = shipped_calibration(model, corpus, n_tokens, window)
-        if shipped is not None:
-            return shipped
+        got = shipped_calibration_file(model, corpus, n_tokens, window)
+        if got is not None:
+            log.info("calibration of %s from the package (%s)", model.name, got.name)
+            package.append(got)
+            return CalibrationStats.load(got, model)
         log.info("no calibration at %s: calibrating %s on %s (%d tokens)", path, model.name, corpus, n_tokens)
         if progress:
             print(f"hetero: calibrating {model.name} on {corpus} ({n_tokens} tokens, once; mllm-NPU §3.3 offline "
@@ -367,13 +446,23 @@ def ensure_calibration(model, path: str | Path | None = None, corpus: str = DEFA
         text = load_corpus(corpus)
         return calibrate(model, text, n_tokens, window, corpus_id(corpus, text), progress=progress, online=online)
 
-    return cached(path.parent, path.name, lambda p: CalibrationStats.load(p, model), build,
-                  lambda stats, tmp: tmp.write_bytes(stats.to_bytes()), "calibration")
+    def save(stats: CalibrationStats, tmp: Path) -> None:  # the package's file byte for byte (its hash names its plans)
+        if package:
+            shutil.copyfile(package[0], tmp)
+        else:
+            tmp.write_bytes(stats.to_bytes())
+
+    return cached(path.parent, path.name, lambda p: CalibrationStats.load(p, model), build, save, "calibration")
 
 
-def shipped_calibration(model, corpus: str = DEFAULT_CALIBRATION, n_tokens: int = DEFAULT_TOKENS,
-                        window: int = DEFAULT_WINDOW) -> CalibrationStats | None:
-    """The calibration shipped with the package for this model and these settings, or None.
+def _no_user_calibration(model, path: Path) -> CalibrationStats:
+    raise ConfigError(f"{CALIBRATION_ENV}=user, but there is no usable user calibration of {model.name} at {path}: "
+                      f"run `hetero calibrate` to make one, or unset {CALIBRATION_ENV} to run the default one")
+
+
+def shipped_calibration_file(model, corpus: str = DEFAULT_CALIBRATION, n_tokens: int = DEFAULT_TOKENS,
+                             window: int = DEFAULT_WINDOW) -> Path | None:
+    """The package's calibration file of this model and these settings (its content hash checked), or None.
 
     The default model's calibration (of its rotated copy, what the default method quantizes) is the same on every
     machine, so it ships as package data (`hetero/data/calibration/`, keyed by model fingerprint in its manifest,
@@ -382,11 +471,15 @@ def shipped_calibration(model, corpus: str = DEFAULT_CALIBRATION, n_tokens: int 
     entry = shipped.manifest("calibration").get(model.fingerprint)
     if entry is None or (entry["corpus"], entry["n_tokens"], entry["window"]) != (corpus, n_tokens, window):
         return None
-    path = shipped.verified("calibration", entry)
-    if path is None:
-        return None
-    log.info("calibration of %s from the package (%s)", model.name, path.name)
-    return CalibrationStats.load(path, model)
+    return shipped.verified("calibration", entry)
+
+
+def shipped_calibration(model, corpus: str = DEFAULT_CALIBRATION, n_tokens: int = DEFAULT_TOKENS,
+                        window: int = DEFAULT_WINDOW) -> CalibrationStats | None:
+    """The calibration shipped with the package for this model and these settings (`shipped_calibration_file`),
+    or None."""
+    path = shipped_calibration_file(model, corpus, n_tokens, window)
+    return None if path is None else CalibrationStats.load(path, model)
 
 
 def load_calibration(model, path: str | Path | None = None) -> CalibrationStats:

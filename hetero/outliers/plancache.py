@@ -102,5 +102,8 @@ def cached_plan(model, options: PlanOptions, progress: bool = False) -> QuantPla
 def plan_file(model, options: PlanOptions) -> Path | None:
     """The cache file that holds `options`' plan of `model` for its current calibration (None before the
     calibration is cached); what `hetero.methods.ship_default_plans` copies into the package."""
-    calib_hash = _recorded_hash(calibration_path(model))
-    return None if calib_hash is None else calibration_path(model).parent / _plan_name(model, options, calib_hash)
+    path = calibration_path(model)
+    if path.name == calibration.DEFAULT_FILE:
+        calibration.restore_shipped(model)  # never a plan of a calibration written over the package's
+    calib_hash = _recorded_hash(path)
+    return None if calib_hash is None else path.parent / _plan_name(model, options, calib_hash)

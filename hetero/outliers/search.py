@@ -30,7 +30,7 @@ from hetero.errors import ConfigError
 from hetero.model import FloatLinear, observed
 from hetero.weights import SITE_LINEARS
 from hetero.outliers.a16 import A16_QMAX, A16_QMIN
-from hetero.outliers.calibration import CalibrationStats, SiteStats, calibration_path, token_windows
+from hetero.outliers.calibration import USER_FILE, CalibrationStats, SiteStats, calibration_path, token_windows
 from hetero.outliers.corpus import DEFAULT_CALIBRATION, corpus_id, load_corpus
 from hetero.outliers.plan import QuantPlan
 from hetero.outliers.pruning import PlanOptions, SiteChoice, plan_from_choices
@@ -315,10 +315,13 @@ def search_precision(model, calibration: CalibrationStats, costs: SiteCosts, bud
 
 
 def precision_path(model, weight_form: str) -> Path:
-    """Cache entry of the model's chosen precision plan, beside its calibration. One per weight range: the
-    8-bit forms (u8·s8, u8·u8) hold the same weights (`quantize.WEIGHT_FORMS`), so they share a plan."""
+    """Cache entry of the model's chosen precision plan, beside the calibration in use (the user's has its own,
+    `calibration.calibration_path`). One per weight range: the 8-bit forms (u8·s8, u8·u8) hold the same weights
+    (`quantize.WEIGHT_FORMS`), so they share a plan."""
     bits = 8 if WEIGHT_FORMS[check_weight_form(weight_form)].qmax == W_QMAX else 7
-    return calibration_path(model).parent / f"precision-w{bits}-v{SEARCH_VERSION}.json"
+    calibration = calibration_path(model)
+    user = "user-" if calibration.name == USER_FILE else ""
+    return calibration.parent / f"precision-{user}w{bits}-v{SEARCH_VERSION}.json"
 
 
 def load_precision(path: Path) -> PrecisionPlan:
