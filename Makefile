@@ -46,13 +46,14 @@ $(ORT_BUILDER)/bin/python:
 	$(ORT_BUILDER)/bin/pip install --quiet "$(TORCH_SPEC)" "onnxruntime-genai==0.13.2" "transformers>=4.57,<5" \
 		accelerate gguf onnx onnx-ir sentencepiece
 
-# The committed speed benchmarks of prefill and decode (~25 min on 2 cores; a quiet machine): bench/results/.
+# The committed speed benchmarks of prefill and decode (~25 min on 2 cores; a quiet machine): bench/results/
+# (a benchmark writes there only when --out bench/results asks; by default into ~/.cache/hetero/bench/).
 bench: setup $(OV_EXPORT)/bin/optimum-cli $(ORT_BUILDER)/bin/python
 	$(BIN)/pip install --quiet -e ".[test,hub,serve,bench]"
 	HETERO_OPTIMUM_CLI=$(abspath $(OV_EXPORT))/bin/optimum-cli HETERO_ORT_GENAI_PYTHON=$(abspath $(ORT_BUILDER))/bin/python \
-		$(BIN)/python bench/prefill.py
+		$(BIN)/python bench/prefill.py --out bench/results
 	$(BIN)/python bench/prefill_parts.py --out bench/results
-	$(BIN)/python bench/decode.py
+	$(BIN)/python bench/decode.py --out bench/results
 	$(BIN)/python bench/decode_step.py --out bench/results
 	$(BIN)/python bench/fused_step.py --out bench/results
 

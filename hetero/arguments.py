@@ -1,4 +1,4 @@
-"""Command-line arguments shared by the `hetero` command (`hetero.cli`) and the benchmarks' entries (`hetero.bench`):
+"""Command-line arguments shared by the `hetero` command (`hetero.cli`) and the benchmarks' entries (the checkout's `bench/`):
 argparse types, `--model` and `--method`. Both are tools; neither imports the other for these."""
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hetero.bench.conditions import trust_warnings
-from hetero.bench.plots import engine_style, plot_ablation, plot_speed
-from hetero.bench.report import markdown
+from bench.conditions import trust_warnings
+from bench.plots import engine_style, plot_ablation, plot_speed
+from bench.report import markdown
 
 COMMITTED = Path(__file__).resolve().parents[1] / "bench" / "results" / "prefill.json"
 

@@ -1,4 +1,4 @@
-"""`hetero.bench.fused_step` builds a model's whole decode step as one ONNX graph that ONNX Runtime runs (K/V written in
+"""`bench.fused_step` builds a model's whole decode step as one ONNX graph that ONNX Runtime runs (K/V written in
 place, finite logits) and renders its table; no timing thresholds here (bench/)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from hetero.bench.fused_step import COLUMNS, markdown, step_graph, time_step
+from bench.fused_step import COLUMNS, markdown, step_graph, time_step
 from tests.conftest import make_tiny_model
 
 

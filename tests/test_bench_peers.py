@@ -12,13 +12,13 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from hetero.bench import peers
-from hetero.bench.engines import ENGINES, PEERS
-from hetero.bench.workers import EngineUnavailable
-from hetero.bench.harness import Row
-from hetero.bench.host import describe, host, microarchitecture
-from hetero.bench.peer_engines import LABELS, MODEL_KIND, check_installed
-from hetero.bench.report import best_peer_fraction, markdown, vs_best_peer
+from bench import peers
+from bench.engines import ENGINES, PEERS
+from bench.workers import EngineUnavailable
+from bench.harness import Row
+from bench.host import describe, host, microarchitecture
+from bench.peer_engines import LABELS, MODEL_KIND, check_installed
+from bench.report import best_peer_fraction, markdown, vs_best_peer
 
 
 def test_microarchitecture_from_cpuid() -> None:
@@ -38,7 +38,7 @@ def test_host_names_the_cpu_and_the_flags_that_matter() -> None:
 
 
 def test_engine_tables_agree() -> None:
-    from hetero.bench.prefill import REAL_ENGINES
+    from bench.prefill import REAL_ENGINES
 
     assert set(PEERS) == set(MODEL_KIND) == set(LABELS) and set(PEERS) <= set(ENGINES)
     assert set(PEERS) <= set(REAL_ENGINES)
@@ -173,7 +173,7 @@ def test_best_peer_is_the_fastest_peer_at_each_length() -> None:
 def test_llama_cpp_requantized_runs_the_same_ids(default_model, tmp_path, monkeypatch) -> None:
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python not installed (the optional extra 'bench')")
-    from hetero.bench.peer_engines import open_session
+    from bench.peer_engines import open_session
 
     monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
     gguf = str(default_model.path)
@@ -189,7 +189,8 @@ def test_llama_cpp_requantized_runs_the_same_ids(default_model, tmp_path, monkey
 
 @pytest.mark.slow
 def test_harness_interleaves_rounds_over_windows(default_model) -> None:
-    from hetero.bench.harness import prompt_ids, run_engines
+    from bench.harness import run_engines
+    from hetero.outliers.corpus import prompt_ids
 
     a, b = prompt_ids(None, 16, 1), prompt_ids(None, 16, 2)
     assert a.dtype == b.dtype == np.int64 and a.shape == b.shape == (16,) and not (a == b).all()
@@ -205,7 +206,7 @@ def test_ort_profile_sums_only_the_window(tmp_path, monkeypatch) -> None:
     import numpy as np
     from onnx import TensorProto, helper
 
-    from hetero.bench.ort_profile import collect
+    from bench.ort_profile import collect
     from hetero.sessions import cpu_session
     from hetero.threads import ORT_PROFILE
 
@@ -236,7 +237,7 @@ def test_ort_profile_keeps_every_session_made_in_one_second(tmp_path, monkeypatc
     import numpy as np
     from onnx import TensorProto, helper
 
-    from hetero.bench.ort_profile import collect
+    from bench.ort_profile import collect
     from hetero.sessions import cpu_session
     from hetero.threads import ORT_PROFILE
 
@@ -259,7 +260,7 @@ def test_ort_profile_keeps_every_session_made_in_one_second(tmp_path, monkeypatc
 def test_peer_process_decodes_as_the_session_in_this_process(default_model, tmp_path, monkeypatch) -> None:
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python not installed (the optional extra 'bench')")
-    from hetero.bench.peer_engines import LlamaCppSession, PeerProcess
+    from bench.peer_engines import LlamaCppSession, PeerProcess
 
     ids = list(range(200, 248))
     here = LlamaCppSession(default_model.path, threads=2, max_len=64, flash_attn=False).decode(ids, 5)[1]

@@ -1,11 +1,11 @@
-"""`hetero.bench.prefill_parts` splits real prefills by subgraph kind and lane and renders its table; no timing
+"""`bench.prefill_parts` splits real prefills by subgraph kind and lane and renders its table; no timing
 thresholds here (bench/)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from hetero.bench.prefill_parts import markdown, parts
+from bench.prefill_parts import markdown, parts
 from hetero.runtime import Runtime
 from hetero.sched.executor import OutOfOrderExecutor
 from tests.conftest import make_tiny_model
@@ -28,7 +28,7 @@ def test_parts_cover_every_kind_and_lane() -> None:
 
 
 def test_ops_table_names_lanes_inside_and_outside_ort() -> None:
-    from hetero.bench.prefill_parts import ops_markdown
+    from bench.prefill_parts import ops_markdown
 
     row = {"prompt_len": 64, "wall_ms": 180.3, "dispatch_ms": 0.4, "lanes_busy_ms": {"npu": 100.8, "cpu": 23.6},
            "npu": {"busy_ms": 100.8, "ort_run_ms": 65.6, "kernels_ms": 62.2, "runs": 78, "outside_ort_ms": 35.2},
@@ -45,8 +45,8 @@ def test_profile_splits_a_whole_layer_graph_into_its_parts(tmp_path, monkeypatch
     `npu.export`, kept through ONNX Runtime's fusions), and the parts add up to the op types' sum."""
     import time
 
-    from hetero.bench.ort_profile import collect
-    from hetero.dag import LAYER_PLACEMENT
+    from bench.ort_profile import collect
+    from hetero.npu.nodes import LAYER_PLACEMENT
     from hetero.npu.graph_backend import GraphOptions, NpuBackend
     from hetero.runtime import SerialExecutor
     from hetero.threads import ORT_PROFILE
@@ -69,7 +69,7 @@ def test_profile_splits_a_whole_layer_graph_into_its_parts(tmp_path, monkeypatch
 
 def test_ops_table_sums_lanes_that_share_whole_layer_graphs() -> None:
     """Whole-layer graphs on both lanes (`sched.wavefront`): one session serves both, so one row sums them."""
-    from hetero.bench.prefill_parts import ops_markdown
+    from bench.prefill_parts import ops_markdown
 
     row = {"prompt_len": 64, "wall_ms": 48.0, "dispatch_ms": 0.0, "lanes_busy_ms": {"npu": 42.8, "cpu": 40.9},
            "all lanes": {"busy_ms": 83.7, "ort_run_ms": 77.9, "kernels_ms": 72.0, "runs": 61, "outside_ort_ms": 5.8},

@@ -1,7 +1,7 @@
 """Every file, module, symbol and section that the docs name exists.
 
-Checked: README.md, docs/*.md and the package's READMEs, and every docstring in hetero/ (module, class,
-function). Not docs/journal.md: it is a dated record, and names what existed then. What counts as a name:
+Checked: README.md, docs/*.md and the package's READMEs, and every docstring in hetero/ and bench/ (module,
+class, function). Not docs/journal.md: it is a dated record, and names what existed then. What counts as a name:
 - a path in backticks or a Markdown link (`npu/graph_backend.py`, `bench/results/decode.md`,
   `tests/npu/test_export.py::test_name`), resolved from the text's folder, the repository or `hetero/`;
   a bare `name.py` or `name.md` anywhere in the text must be a file of the repository;
@@ -27,6 +27,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "hetero"
+BENCH = ROOT / "bench"  # the benchmarks: the checkout's package `bench`, not part of hetero's wheel
 RECORDS = {ROOT / "docs" / "journal.md"}  # names as they were: not checked
 
 
@@ -56,16 +57,16 @@ def docstrings(path: Path) -> list[Text]:
 
 def texts() -> list[Text]:
     docs = [Text(str(p.relative_to(ROOT)), p.read_text(), p.parent) for p in doc_files()]
-    return docs + [t for p in sorted(PKG.rglob("*.py")) for t in docstrings(p)]
+    return docs + [t for p in sorted([*PKG.rglob("*.py"), *BENCH.glob("*.py")]) for t in docstrings(p)]
 
 
 # --- the package: modules, classes, attributes -----------------------------------------------------------
 
 @functools.cache
 def modules() -> dict[str, Path]:
-    """Dotted name → file of every module of hetero."""
+    """Dotted name → file of every module of hetero and of bench."""
     out = {}
-    for p in PKG.rglob("*.py"):
+    for p in [*PKG.rglob("*.py"), *BENCH.glob("*.py")]:
         parts = p.relative_to(ROOT).with_suffix("").parts
         out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
     return out
@@ -124,10 +125,10 @@ def resolve_module(module: str, chain: list[str]) -> bool:
 
 
 def dotted_exists(name: str) -> bool | None:
-    """Whether a dotted name of hetero exists; None when it names nothing of hetero's (`torch.sum`)."""
+    """Whether a dotted name of hetero (or bench) exists; None when it names nothing of ours (`torch.sum`)."""
     parts = name.split(".")
     mods = modules()
-    if parts[0] == "hetero":
+    if parts[0] in ("hetero", "bench"):
         for k in range(len(parts), 0, -1):
             if ".".join(parts[:k]) in mods:
                 return resolve_module(".".join(parts[:k]), parts[k:])

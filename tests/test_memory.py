@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hetero.bench.machine_bound import attention_flops, linear_ops_per_token, machine_bound
+from bench.machine_bound import attention_flops, linear_ops_per_token, machine_bound
 from hetero.loader import load_model, release_pages
 from hetero.weights import SITE_LINEARS
 from tests.conftest import make_tiny_model
@@ -58,7 +58,7 @@ def test_bound_counts_and_rates() -> None:
 
 @pytest.mark.slow
 def test_memory_worker_reports_stages_and_counts(default_model) -> None:
-    from hetero.bench.memory import markdown, run_worker
+    from bench.memory import markdown, run_worker
 
     r = run_worker("hetero", None, [16, 32], threads=1)
     assert [s["stage"] for s in r["stages"]] == ["libraries", "model (mapped)", "plan + runtime (ORT sessions)",

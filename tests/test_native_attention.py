@@ -156,7 +156,7 @@ def test_unavailable_says_why_and_the_layer_graphs_keep_their_attention(monkeypa
 
 def test_the_bench_times_both_kernels_on_the_same_rows(kernel):
     """`bench/attention_kernel.py`'s measurement: both kernels' outputs against its fp64 reference."""
-    from hetero.bench.attention_kernel import measure
+    from bench.attention_kernel import measure
 
     row = measure(_cfg(), 40, 24, repeats=1)
     assert row["gqa"]["rel_max_err"] < 1e-5 and row["bf16"]["rel_max_err"] < 1.5e-2

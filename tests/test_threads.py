@@ -45,7 +45,7 @@ def test_importing_hetero_leaves_the_environment_unchanged():
 
 def test_importing_hetero_loads_no_torch():
     """So that an entry point still chooses OpenMP's wait policy after `import hetero` (and `hetero.cli`)."""
-    code = "import sys, hetero, hetero.cli, hetero.bench.entry; print('torch' in sys.modules)"
+    code = "import sys, hetero, hetero.cli, bench.entry; print('torch' in sys.modules)"
     assert _child(code, _base_env()) == "False"
 
 

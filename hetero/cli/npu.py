@@ -64,7 +64,7 @@ def cmd_layout(args: argparse.Namespace) -> int:
     import os
     import statistics
 
-    from hetero.bench.harness import prompt_ids
+    from hetero.outliers.corpus import prompt_ids
     from hetero.methods import DEFAULT_METHOD, make_runtime
     from hetero.npu.placement import LAYOUTS, layout_key, record_layout
 

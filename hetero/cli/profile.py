@@ -118,7 +118,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         s = timeline_command(args.profile, args.prompt_len, args.chunk, args.policy, args.out)
         print(f"wrote {args.out}: {args.prompt_len} tokens, {summary_text(s)}")
         return 0
-    from hetero.bench.harness import prompt_ids
+    from hetero.outliers.corpus import prompt_ids
     from hetero.loader import load_model
     from hetero.methods import make_runtime
 

@@ -7,10 +7,13 @@ damaged install fails loudly instead of silently changing every perplexity.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+import numpy as np
 
 from hetero.errors import ConfigError, ModelFormatError
 
@@ -62,3 +65,20 @@ def load_corpus(name: str) -> str:
 def corpus_id(name: str, text: str) -> str:
     """A short content id of a corpus text (name + sha256 prefix), recorded with calibration results."""
     return f"{Path(name).name}:{hashlib.sha256(text.encode('utf-8')).hexdigest()[:12]}"
+
+
+@functools.cache
+def _evaluation_ids(model_path: str | None) -> tuple[int, ...]:
+    from hetero.loader import load_model
+
+    return tuple(load_model(model_path).tokenizer(load_corpus(DEFAULT_EVALUATION))["input_ids"])
+
+
+def prompt_ids(model_path: str | None, n: int, window: int = 0) -> np.ndarray:
+    """Tokens [window·n, (window+1)·n) of held-out real text (the evaluation corpus) as the model at `model_path`
+    (None: the default model) tokenizes it, 1-D int64: a real prompt of n tokens, a different one for each window
+    (the benchmarks, `hetero profile`, `hetero npu layout`)."""
+    ids = _evaluation_ids(model_path)
+    if len(ids) < (window + 1) * n:
+        raise ValueError(f"evaluation corpus too short for window {window} of {n} tokens")
+    return np.array(ids[window * n : (window + 1) * n], dtype=np.int64)

@@ -1,4 +1,4 @@
-"""`hetero.bench.decode_accuracy` scores the tokens a decode step predicts, one token a step, and renders its tables;
+"""`bench.decode_accuracy` scores the tokens a decode step predicts, one token a step, and renders its tables;
 no accuracy thresholds here (bench/)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from hetero.bench.decode_accuracy import _row, greedy, markdown, prefix_equal, teacher_forced
+from bench.decode_accuracy import _row, greedy, markdown, prefix_equal, teacher_forced
 from hetero.decode.step import DecodeStep
 from hetero.runtime import Runtime
 from tests.conftest import make_tiny_model

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from hetero.bench import decode as bench_decode
+from bench import decode as bench_decode
 from hetero.errors import ConfigError
 
 

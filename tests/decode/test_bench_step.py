@@ -1,11 +1,11 @@
-"""`hetero.bench.decode_step` attributes a profiled INT8 step to its parts (the functions it names exist and
+"""`bench.decode_step` attributes a profiled INT8 step to its parts (the functions it names exist and
 run) and renders its table; no timing thresholds here (bench/)."""
 
 from __future__ import annotations
 
 import pytest
 
-from hetero.bench.decode_step import chunk_costs, markdown, step_parts
+from bench.decode_step import chunk_costs, markdown, step_parts
 from hetero.npu.graph_backend import NpuBackend
 from hetero.runtime import Runtime
 from tests.conftest import make_tiny_model
@@ -45,7 +45,7 @@ def test_chunk_costs_time_every_static_chunk_size_and_render():
 
 
 def test_attention_threads_compares_one_and_two_threads_and_renders():
-    from hetero.bench.decode_step import attention_threads
+    from bench.decode_step import attention_threads
 
     m = make_tiny_model()
     rt = Runtime(m, chunk=16, backend=NpuBackend(m, tiny_plan(m, SHADOWS), 16, provider="cpu"))

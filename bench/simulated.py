@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetero.bench.harness import Row
+from bench.harness import Row
 from hetero.paths import PROFILES_DIR
 from hetero.sched.costs import build_dag, compile_dag, compiled_prefill_dag
 from hetero.sched.profile import Profile, load_profile

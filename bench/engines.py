@@ -3,7 +3,7 @@ peers a user would pick instead (OpenVINO GenAI, ONNX Runtime GenAI, llama.cpp: 
 
 An engine is a factory `(model_path, threads, max_len) -> prefill(ids)`; hetero's own rows are methods
 (`hetero.methods`). `ABLATION` lists mllm-NPU Fig. 17's steps as engines. Token ids come as a 1-D int64 numpy
-array (`harness.prompt_ids`); only the transformers engine imports torch (a hetero worker never does).
+array (`corpus.prompt_ids`); only the transformers engine imports torch (a hetero worker never does).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from hetero.bench.peer_engines import PEERS, open_session
-from hetero.bench.peer_engines import prepare as prepare_peer
+from bench.peer_engines import PEERS, open_session
+from bench.peer_engines import prepare as prepare_peer
 from hetero.methods import make_runtime, use_threads
 
 PrefillFn = Callable[[np.ndarray], None]

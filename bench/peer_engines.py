@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from hetero.bench.workers import EngineUnavailable, WorkerProcess, answer_pipe, worker_env
+from bench.workers import EngineUnavailable, WorkerProcess, answer_pipe, worker_env
 
 # The peers: the runtimes a user would pick instead, each at its fastest configurations on CPU (issue 24).
 # `llama_cpp` runs the GGUF as shipped; the others run models their own tools built from it (`bench.peers`).
@@ -177,7 +177,7 @@ def check_installed(engine: str, gguf: Path | None = None) -> None:
         dist = {"openvino_genai": "openvino-genai", "onnxruntime_genai": "onnxruntime-genai"}.get(module, "llama-cpp-python")
         raise EngineUnavailable(f"{dist} is not installed (pip install 'hetero[bench]')")
     if engine == "openvino_genai":
-        from hetero.bench.peers import cached, optimum_cli
+        from bench.peers import cached, optimum_cli
 
         if gguf is None or cached(gguf, MODEL_KIND[engine]) is None:
             optimum_cli()
@@ -185,7 +185,7 @@ def check_installed(engine: str, gguf: Path | None = None) -> None:
 
 def prepare(engine: str, model_path: str | None) -> Path:
     """Build (once, cached: `peers.build`) the model `engine` runs; its path."""
-    from hetero.bench import peers
+    from bench import peers
 
     gguf = source_gguf(model_path)
     check_installed(engine, gguf)
@@ -207,14 +207,14 @@ def open_session(engine: str, model_path: str | None, threads: int, max_len: int
 
 
 class PeerProcess:
-    """Peer `engine` in a process of its own (`python -m hetero.bench.peer_engines`), asked for decodes of given
+    """Peer `engine` in a process of its own (`python -m bench.peer_engines`), asked for decodes of given
     ids: the first request for a context length is preceded by an untimed warm-up of that length."""
 
     def __init__(self, engine: str, threads: int, max_len: int, model_path: str | None = None):
         import sys
 
         prepare(engine, model_path)  # built here, not in the timed process
-        cmd = [sys.executable, "-m", "hetero.bench.peer_engines", engine, "--threads", str(threads),
+        cmd = [sys.executable, "-m", "bench.peer_engines", engine, "--threads", str(threads),
                "--max-len", str(max_len)] + (["--model", model_path] if model_path else [])
         self.worker = WorkerProcess(engine, cmd, worker_env(threads, own=False))
         got = self.worker.ask()

@@ -1,6 +1,6 @@
 """Prefill timing harness: each engine in its own process, rounds interleaved, medians of the rounds.
 
-A worker process per engine (`python -m hetero.bench.harness --worker ENGINE`) keeps its peak RSS its own and
+A worker process per engine (`python -m bench.harness --worker ENGINE`) keeps its peak RSS its own and
 its thread settings from leaking into the next engine. All workers load first; then each round asks every
 engine, in turn, for a warm-up and a timed prefill of the same token ids: a slow stretch of a shared machine
 touches every engine alike. Round r times window r of the held-out text, a different prompt each round (the
@@ -11,7 +11,6 @@ per prompt length *is* its cost (mllm-NPU §2.3).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import resource
 import statistics
@@ -20,11 +19,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from hetero.bench.engines import ENGINES, PEERS, prepare
-from hetero.bench.workers import EngineUnavailable, WorkerProcess, answer_pipe, worker_env
+from bench.engines import ENGINES, PEERS, prepare
+from bench.workers import EngineUnavailable, WorkerProcess, answer_pipe, worker_env
 from hetero.methods import use_threads
+from hetero.outliers.corpus import prompt_ids
 
 
 BASELINES = ("torch_float", *PEERS)  # other engines (the rest are hetero's methods and its naive NPU path)
@@ -43,23 +41,6 @@ class Row:
     simulated: bool = False
     runs_ms: list[float] = field(default_factory=list)
     note: str = ""
-
-
-@functools.cache
-def _corpus_ids(model_path: str | None) -> tuple[int, ...]:
-    from hetero.loader import load_model
-    from hetero.outliers.corpus import DEFAULT_EVALUATION, load_corpus
-
-    return tuple(load_model(model_path).tokenizer(load_corpus(DEFAULT_EVALUATION))["input_ids"])
-
-
-def prompt_ids(model_path: str | None, n: int, window: int = 0) -> np.ndarray:
-    """Tokens [window·n, (window+1)·n) of held-out real text (the evaluation corpus), 1-D int64: the same for
-    every engine, a different prompt for each window."""
-    ids = _corpus_ids(model_path)
-    if len(ids) < (window + 1) * n:
-        raise ValueError(f"evaluation corpus too short for window {window} of {n} tokens")
-    return np.array(ids[window * n : (window + 1) * n], dtype=np.int64)
 
 
 def run_worker(engine: str, model_path: str | None, lens: list[int], threads: int,
@@ -100,7 +81,7 @@ def run_engines(engines: list[str], lens: list[int], repeats: int, threads: int,
             except EngineUnavailable as e:
                 skipped[engine] = str(e)
                 continue
-            cmd = [sys.executable, "-m", "hetero.bench.harness", "--worker", engine, "--lens", ",".join(map(str, lens)),
+            cmd = [sys.executable, "-m", "bench.harness", "--worker", engine, "--lens", ",".join(map(str, lens)),
                    "--threads", str(threads)] + (["--model", model_path] if model_path else [])
             w = WorkerProcess(engine, cmd, engine_env(engine, threads))
             got = w.ask()

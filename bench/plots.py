@@ -81,7 +81,7 @@ def plot_ablation(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hetero.bench.engines import ABLATION
+    from bench.engines import ABLATION
 
     step_engine = dict(ABLATION)  # the same colour for a step as for its engine elsewhere
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hetero.bench.entry import write_json_md
-from hetero.bench.harness import Row
-from hetero.bench.plots import plot_ablation, plot_speed
+from bench.entry import write_json_md
+from bench.harness import Row
+from bench.plots import plot_ablation, plot_speed
 
 
 def ratios(rows: list[Row]) -> list[dict[str, Any]]:
@@ -75,7 +75,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [f"| {r['prompt_len']} | {r['best_peer']} | {r['peer_tokens_per_s']:.1f} | {r['hetero_tokens_per_s']:.1f} | "
                   f"{r['hetero_over']:.2f} |" for r in result["vs_best_peer"]]
     if result.get("peers"):
-        lines += ["", "Peers, each built from the same GGUF by its own tools (`hetero.bench.peers`): "
+        lines += ["", "Peers, each built from the same GGUF by its own tools (`bench.peers`): "
                   + "; ".join(f"`{k}`: {v}" for k, v in result["peers"].items()) + "."]
     if result["ratios"]:
         lines += ["", "## hetero's speed over each engine (real, same run)", "", "| prompt | vs | × |", "|---:|---|---:|"]
@@ -85,7 +85,7 @@ def markdown(result: dict[str, Any]) -> str:
         frac = {f["prompt_len"]: f["fraction"] for f in b["hetero_fraction"]}
         peer = {f["prompt_len"]: f for f in b.get("best_peer_fraction", [])}
         best = ", ".join(f"{p} {r / 1e9:.0f}" for p, r in b["best_ops_per_s"].items())
-        lines += ["", f"## The machine's bound (same run, {b['threads']} threads; `hetero.bench.machine_bound`)", "",
+        lines += ["", f"## The machine's bound (same run, {b['threads']} threads; `bench.machine_bound`)", "",
                   f"Best measured GEMM rate per precision, G(FL)OP/s: {best}. Linears at the {b['linear_precision']} "
                   f"rate, attention at the {b['attention_precision']} rate.", "",
                   "| prompt | bound tokens/s | hetero / bound | fastest peer / bound |", "|---:|---:|---:|---:|"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hetero.bench.workers import EngineUnavailable
+from bench.workers import EngineUnavailable
 from hetero.methods import use_threads
 
 
@@ -103,7 +103,7 @@ def _e2e_one(engine, model, hf, ids, threads, n_new, make_runtime) -> tuple[floa
                                max_new_tokens=n_new - 1, do_sample=False, pad_token_id=hf.config.eos_token_id)
         return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3, full[0, ids.numel():].tolist()
     if engine == "llama_cpp":  # the GGUF as shipped, in this process (`peer_engines.LlamaCppSession`)
-        from hetero.bench.peer_engines import LlamaCppSession, source_gguf
+        from bench.peer_engines import LlamaCppSession, source_gguf
         from hetero.decode.generate import end_tokens
 
         session = LlamaCppSession(source_gguf(str(model.path)), threads, ids.numel() + n_new + 8, flash_attn=False)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from hetero.bench.workers import EngineUnavailable
+from bench.workers import EngineUnavailable
 from hetero.paths import cache_dir, file_fingerprint, file_record, verify_files
 
 OPTIMUM_CLI = "HETERO_OPTIMUM_CLI"

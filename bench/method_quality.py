@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from hetero import model as ref
-from hetero.bench.questions import QUESTIONS
+from bench.questions import QUESTIONS
 from hetero.methods import make_runtime
 from hetero.prompt import encode_prompt
 
@@ -92,7 +92,7 @@ def method_rows(model, methods: list[str], windows: list[torch.Tensor], speed_id
             f"{row.get('prefill_tok_s_1024', 0):.0f} tok/s")
         rows.append(row)
     if speed_ids is not None:
-        from hetero.bench.engines import ENGINES
+        from bench.engines import ENGINES
 
         hf = ENGINES["torch_float"](None, threads, len(speed_ids))
         rows.append({"method": "torch_float", "prefill_tok_s_1024": _speed(hf, speed_ids, repeats),

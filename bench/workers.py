@@ -11,6 +11,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 
+from bench.entry import child_env
 from hetero.threads import library_default_env, passive_env
 
 
@@ -19,9 +20,9 @@ class EngineUnavailable(Exception):
 
 
 def worker_env(threads: int, own: bool) -> dict[str, str]:
-    """The environment of an engine's process: OMP_NUM_THREADS, and OpenMP's wait policy as hetero runs its own
+    """The environment of an engine's process: the checkout on PYTHONPATH (`entry.child_env`), OMP_NUM_THREADS, and OpenMP's wait policy as hetero runs its own
     engines (`passive_env`) or, for another engine (`own` False), its default, as its users run it."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env = child_env({**os.environ, "OMP_NUM_THREADS": str(threads)})
     return passive_env(env) if own else library_default_env(env)
 
 
