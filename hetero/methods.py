@@ -100,7 +100,7 @@ def site_costs(model: Model, chunk: int = 256) -> "SiteCosts":
     from hetero.outliers.search import SiteCosts, measure_shadow_costs
     from hetero.sched.measure import host_profile
 
-    cfg, prof = model.config, host_profile()
+    cfg, prof = model.config, host_profile((("qkv", "npu"), ("o_ffn", "npu")))
     macs = chunk * (cfg.hidden * (cfg.q_dim + 2 * cfg.kv_dim) + cfg.q_dim * cfg.hidden + 3 * cfg.hidden * cfg.ffn)
     c = min(prof.chunk_lens, key=lambda n: abs(n - chunk))
     int8 = (prof.cost_us("qkv", "npu", c) + prof.cost_us("o_ffn", "npu", c)) * (chunk / c) / macs

@@ -10,7 +10,6 @@ from typing import Any
 from hetero.cli import add_command
 from hetero.arguments import add_method_arg, add_model_arg, int_list, positive_int
 from hetero.cli.npu import add_hub_profile_args, run_hub_profile
-from hetero.dag import SUBGRAPH_KINDS
 from hetero.errors import ConfigError
 from hetero.sched.policy import POLICIES
 
@@ -44,7 +43,8 @@ def register(sub: Any) -> None:
 
 def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, str, int, int], None]:
     """A `run_subgraph(kind, lane, C, kv_len)` timing the real subgraphs of one layer; `runtimes[C]` holds
-    the graphs prepared for chunk length C (static subgraphs have fixed shapes, mllm-NPU §3.2)."""
+    the graphs prepared for chunk length C (static subgraphs have fixed shapes, mllm-NPU §3.2): the generic
+    layer's (qkv, attn, o_ffn) or a fused backend's whole layer (layer, or its halves layer_attn, layer_ffn)."""
     import numpy as np
 
     from hetero.sched.measure import NotMeasured
@@ -64,8 +64,9 @@ def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, 
             g = np.random.default_rng(c)
             inputs[c] = tuple(g.standard_normal((c, n), dtype=np.float32)
                               for n in (cfg.hidden, cfg.q_dim, cfg.q_dim + 2 * cfg.kv_dim)) + (
-                np.empty((c, cfg.q_dim), np.float32),)
-        h, a, qkv, out = inputs[c]
+                np.empty((c, cfg.q_dim), np.float32), np.empty((c, cfg.hidden), np.float32))
+        h, a, qkv, out, h_out = inputs[c]
+        start = max(0, min(kv_len, cfg.context_length) - c)  # a chunk that ends at kv_len keys
         if kind in ("qkv", "o_ffn") and getattr(rt.backend, "tensors", "numpy") == "torch":
             import torch  # a torch backend (float methods): torch views of the same inputs
 
@@ -77,8 +78,13 @@ def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, 
         elif kind == "o_ffn":
             rt.backend.o_ffn(layer, a, h)
         elif kind == "attn":  # the runtime's own kernel (`hetero.attention`), as a prefill runs it
-            start = max(0, min(kv_len, cfg.context_length) - c)
             rt.attention(qkv, k_cache, v_cache, start, out, layer)
+        elif kind == "layer":  # a fused backend's whole layer (`NpuBackend.layer`), as `runtime.PrefillJob` runs it
+            rt.backend.layer(layer, h, k_cache, v_cache, start, (rt.attention.cos, rt.attention.sin), h_out)
+        elif kind == "layer_attn":
+            rt.backend.layer_attn(layer, h, k_cache, v_cache, start, (rt.attention.cos, rt.attention.sin), qkv, out)
+        elif kind == "layer_ffn":
+            rt.backend.layer_ffn(layer, a, h, h_out)
         else:
             raise NotMeasured
 
@@ -99,9 +105,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise ConfigError(f"--layer must be in [0, {model.config.n_layers}), got {args.layer}")
     runtimes = {c: make_runtime(model, args.method, chunk=c, threads=args.threads,
                                 weight_form=args.weight_form) for c in chunk_lens}
-    placement = runtimes[chunk_lens[0]].placement
+    placement = runtimes[chunk_lens[0]].placement  # the method's subgraphs (e.g. the default's whole-layer halves)
     profile_command(
-        args.out, subgraph_runner(runtimes, args.layer), kinds=SUBGRAPH_KINDS,
+        args.out, subgraph_runner(runtimes, args.layer), kinds=tuple(dict.fromkeys(kind for kind, _ in placement)),
         lanes=tuple(dict.fromkeys(lane for _, lane in placement)), chunk_lens=chunk_lens, kv_lens=kv_lens,
         repeats=args.repeats, n_layers=model.config.n_layers, layer_subgraphs=placement,
         metadata={"model": {"name": model.name, "fingerprint": model.fingerprint}, "method": args.method,

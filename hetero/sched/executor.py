@@ -281,10 +281,10 @@ class OutOfOrderExecutor:
         if policy not in POLICIES:
             raise ConfigError(f"policy must be one of {sorted(POLICIES)}, got {policy!r}")
         self.learner = None
-        if profile is None and learn_key is not None:
-            self.learner = CostLearner(host_profile(), chunk, learned_path(learn_key))
+        if profile is None and learn_key is not None:  # (a host profile that costs this placement's kinds)
+            self.learner = CostLearner(host_profile(placement), chunk, learned_path(learn_key))
             profile = self.learner.profile()
-        self.profile = profile or host_profile()
+        self.profile = profile or host_profile(placement)
         self.n_layers, self.chunk, self.policy, self.placement = n_layers, chunk, policy, tuple(placement)
         have = self.profile.chunk_lens
         self.cost_chunk = min(have, key=lambda c: (abs(c - chunk), c)) if have else chunk

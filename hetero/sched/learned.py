@@ -63,13 +63,15 @@ class CostLearner:
         # keys measured here: a prior's points (another host's, or an offline run) are dropped at the first
         # observation, so a stale point never bends the interpolation between learned ones
         self.learned: set[tuple[str, str]] = set()
-        have = base.chunk_lens
-        nearest = min(have, key=lambda c: (abs(c - chunk_len), c)) if have else None
-        for e in base.costs:
-            if e.chunk_len == nearest:
-                self.points[(e.kind, e.lane)] = dict(e.points)
-                if self.n_observed:
-                    self.learned.add((e.kind, e.lane))
+        nearest: dict[tuple[str, str], CostEntry] = {}  # per (kind, lane): its entry at the C nearest chunk_len
+        for e in base.costs:  # (a profile may cost one method's kinds at other C than another's, `measure.merged`)
+            best = nearest.get((e.kind, e.lane))
+            if best is None or (abs(e.chunk_len - chunk_len), e.chunk_len) < (abs(best.chunk_len - chunk_len), best.chunk_len):
+                nearest[(e.kind, e.lane)] = e
+        for (kind, lane), e in nearest.items():
+            self.points[(kind, lane)] = dict(e.points)
+            if self.n_observed:
+                self.learned.add((kind, lane))
 
     def observe(self, dag: CompiledDag, schedule: Schedule) -> None:
         """Fold the real durations of one prefill in: per (kind, lane) the median over the layers, per chunk

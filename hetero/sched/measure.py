@@ -7,10 +7,12 @@ the real prebuilt subgraphs.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import logging
 import platform
 import socket
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from hetero.dag import DEFAULT_PLACEMENT
@@ -23,7 +25,7 @@ log = logging.getLogger(__name__)
 
 CHUNK_LENS = (32, 64, 128, 256, 512)
 KV_LENS = (256, 512, 1024, 2048, 4096)
-KV_KINDS = ("attn",)  # kinds whose cost depends on the KV length
+KV_KINDS = ("attn", "layer", "layer_attn")  # kinds whose cost depends on the KV length: those holding the attention
 
 class NotMeasured(Exception):
     """Raised by a `run_subgraph` callable for a (kind, lane, C) it does not run: that entry is skipped."""
@@ -112,35 +114,82 @@ def profile_command(out_path: str | None, run_subgraph: RunSubgraph, *,
                     chunk_lens: Sequence[int] = CHUNK_LENS, kv_lens: Sequence[int] = KV_LENS, repeats: int = 5,
                     n_layers: int = 30, layer_subgraphs: Sequence[tuple[str, str]] = DEFAULT_PLACEMENT,
                     metadata: Mapping[str, Any] | None = None, log: Callable[[str], None] | None = print) -> Profile:
-    """`hetero profile`: measure and write ``<cache>/profiles/<host>.json`` (or `out_path`); returns the Profile."""
-    from pathlib import Path
-
+    """`hetero profile`: measure and write ``<cache>/profiles/<host>.json`` (or `out_path`), keeping the costs there
+    that it did not measure (`merged`); returns the Profile written."""
     from hetero.sched.profile import save_profile
 
     meta = dict(metadata or {})
     name = Path(out_path).stem if out_path else host_slug()
     prof = measure_profile(run_subgraph, kinds, lanes, chunk_lens, kv_lens, repeats, name=name, n_layers=n_layers,
                            layer_subgraphs=layer_subgraphs, metadata=meta, log=log)
+    if not prof.costs:  # nothing measured: the file there stays as it is
+        raise ConfigError(f"none of the subgraph kinds {list(kinds)} ran on the lanes {list(lanes)}: nothing to write")
     out = Path(out_path) if out_path else user_profiles_dir() / f"{name}.json"
+    prof = merged(prof, out, log)
     save_profile(prof, out)
     if log is not None:
         log(f"wrote {out}")
     return prof
 
 
-def host_profile() -> Profile:
+def merged(new: Profile, path: Path, log: Callable[[str], None] | None = None) -> Profile:
+    """`new` with the costs of the profile at `path` that it did not measure, when that file profiles the same model:
+    profiling one method keeps another method's costs (issue 40: profiling the default's whole-layer graphs left
+    no cost for `hetero-lanes`' qkv/attn/o_ffn). The placement it records stays a scheduler's (`KINDS`)."""
+    try:
+        old = load_profile(path) if path.is_file() else None
+    except ConfigError as e:
+        old = None
+        if log is not None:
+            log(f"replacing {path}: {e}")
+    model = new.metadata.get("model", {}).get("fingerprint")
+    if old is None or old.metadata.get("model", {}).get("fingerprint") != model or old.n_layers != new.n_layers:
+        return new
+    measured = {(e.kind, e.lane, e.chunk_len) for e in new.costs}
+    kept = tuple(e for e in old.costs if (e.kind, e.lane, e.chunk_len) not in measured)
+    if not kept:
+        return new
+    if log is not None:
+        log(f"kept {len(kept)} costs of {path} that this run did not measure "
+            f"({', '.join(sorted({e.kind for e in kept}))})")
+    placement = new.layer_subgraphs if all(k in KINDS for k, _ in new.layer_subgraphs) else old.layer_subgraphs
+    return dataclasses.replace(new, costs=new.costs + kept, layer_subgraphs=placement)
+
+
+def host_profile(placement: Sequence[tuple[str, str]] = ()) -> Profile:
     """This host's measured profile (`<host>.json`: the user's, else a shipped one), else any measured
-    profile (`paths.profile_search_path`)."""
+    profile (`paths.profile_search_path`), else a derived one. placement: the (kind, lane) pairs it must cost; a
+    profile without them (another method's subgraphs) is passed over with a warning, never run into (issue 40)."""
     folders = profile_search_path()
-    for own in (d / f"{host_slug()}.json" for d in folders):
-        if own.is_file():
-            return load_profile(own)
-    for path in (p for d in folders for p in sorted(d.glob("*.json"))):
-        try:
-            p = load_profile(path)
-        except Exception:  # not a sched profile (e.g. an equivalent-shapes table)
-            continue
-        if p.method == "measured":
-            log.info("no profile for this host; dispatching on the costs of %s", path.name)
+    own = [d / f"{host_slug()}.json" for d in folders]
+    mine = next((p for p in own if p.is_file()), None)
+    paths = ([mine] if mine is not None else []) + [p for d in folders for p in sorted(d.glob("*.json")) if p != mine]
+    loaded: dict[Path, Profile | None] = {}
+
+    def load(path: Path) -> Profile | None:
+        if path not in loaded:
+            try:
+                loaded[path] = load_profile(path)
+            except Exception:
+                if path == mine:
+                    raise
+                loaded[path] = None  # not a sched profile (e.g. an equivalent-shapes table)
+        return loaded[path]
+
+    passed: list[str] = []
+    for want in ("this host's", "measured", "derived"):
+        for path in paths:
+            p = load(path) if (path == mine) == (want == "this host's") else None
+            if p is None or (want != "this host's" and p.method != want):
+                continue
+            missing = sorted({(k, lane) for k, lane in placement if not any(p.has(k, lane, c) for c in p.chunk_lens)})
+            if missing:
+                passed.append(f"{path} has no cost for {missing}")
+                continue
+            if passed:
+                log.warning("%s: dispatching on the costs of %s (`hetero profile --method METHOD` measures a method's)",
+                            "; ".join(passed), path.name)
+            elif path != mine:
+                log.info("no profile for this host; dispatching on the costs of %s", path.name)
             return p
-    raise ConfigError(f"no measured profile in {' or '.join(map(str, folders))}: run `hetero profile` first")
+    raise ConfigError(f"no profile in {' or '.join(map(str, folders))} costs {list(placement)}: run `hetero profile` first")

@@ -45,3 +45,30 @@ def test_hetero_profile_times_the_runtimes_own_subgraphs():
                                                                    ("o_ffn", "npu", 16)}
     assert [kv for kv, _ in next(e for e in prof.costs if e.kind == "attn").points] == [16, 64]
     assert sorted(set(calls)) == [0, 48]  # kv_len 16 and 64 for a chunk of 16 rows
+
+
+def test_hetero_profile_times_a_fused_backends_whole_layers(tmp_path, monkeypatch):
+    """The default method's subgraphs are whole layers (`layer`, or the halves `layer_attn`, `layer_ffn` around the
+    BF16 kernel): `hetero profile` times those, over kv_len keys where they hold the attention (issue 40: it timed
+    qkv/attn/o_ffn, which the default does not run, and wrote no cost at all)."""
+    from hetero.cli.profile import subgraph_runner
+    from hetero.native.attention import unavailable
+    from hetero.npu.graph_backend import GraphOptions, NpuBackend
+    from hetero.runtime import Runtime, SerialExecutor
+    from tests.conftest import make_tiny_model
+    from tests.npu.conftest import tiny_plan
+
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path))
+    m = make_tiny_model(head_dim=32)
+    cases = [("gqa", (("layer", "npu"),))]
+    if unavailable(m.config) is None:
+        cases.append(("bf16", (("layer_attn", "npu"), ("layer_ffn", "npu"))))
+    for attention, placement in cases:
+        be = NpuBackend(m, tiny_plan(m), 16, options=GraphOptions(fused=True, attention=attention))
+        rt = Runtime(m, chunk=16, backend=be, executor=SerialExecutor(m.config.n_layers, placement))
+        kinds = [k for k, _ in placement]
+        prof = measure_profile(subgraph_runner({16: rt}), kinds, ["npu"], chunk_lens=[16], kv_lens=[64], repeats=1,
+                               warmup=0, name="t", n_layers=m.config.n_layers)
+        assert {e.kind: [kv for kv, _ in e.points] for e in prof.costs} == \
+            {k: [0] if k == "layer_ffn" else [16, 64] for k in kinds}
+        rt.close()
