@@ -62,6 +62,23 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_serve)
 
 
+def check_port(host: str, port: int) -> None:
+    """ConfigError (one line, exit 2) when the service could not listen on `host`:`port`: another server holds the
+    port, or the address is not this machine's. Bound as uvicorn binds (SO_REUSEADDR), then released."""
+    import socket
+
+    if port == 0:  # any free port: uvicorn picks one
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(address)
+    except OSError as e:
+        raise ConfigError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror or e}); another server may "
+                          f"hold it: pick another --port, or --port 0 for any free one") from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from hetero.loader import load_model
     from hetero.methods import make_service
@@ -72,6 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
+    check_port(args.host, args.port)  # before the model loads and the service warms up, not after
     keys = tuple(args.api_key or ([os.environ["HETERO_API_KEY"]] if os.environ.get("HETERO_API_KEY") else []))
     if any(not k.strip() or any(c.isspace() for c in k) for k in keys):
         raise ConfigError("--api-key must be a non-empty key without spaces")

@@ -33,6 +33,20 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture) -> None:
     assert main(["serve", "--port", "70000"]) == 2
 
 
+def test_a_busy_port_is_one_line_and_exit_2(capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    """Before the model loads: no "serving ... on http://..." line, then uvicorn's bind error and exit 3 (issue 40)."""
+    import socket
+
+    monkeypatch.setattr("hetero.loader.load_model", lambda *a: pytest.fail("loaded the model for a busy port"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and f"--port {port}: cannot listen on 127.0.0.1:{port}" in err
+
+
 def test_exposure_warning_names_the_risk() -> None:
     from hetero.serve.server import exposure_warning
 
