@@ -52,7 +52,7 @@ def session_options(threads: int | None = None, pool: str | None = None, *, spin
     if custom_ops is not None:
         so.register_custom_ops_library(custom_ops)
     profile = os.environ.get(ORT_PROFILE)
-    if profile:  # per-op kernel times of every run (`hetero.bench.ort_profile`); costs a clock read per op
+    if profile:  # per-op kernel times of every run (the checkout's `bench/ort_profile.py`); costs a clock read per op
         so.enable_profiling = True
         # ONNX Runtime names the file <prefix>_<date>_<h-m-s>.json: sessions made in the same second with one
         # prefix would share (and garble) one file, so each gets its own prefix
