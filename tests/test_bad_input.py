@@ -135,6 +135,19 @@ def test_cli_chunk_zero(capsys) -> None:
     assert e.value.code == 2 and "positive integer" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--chunk", "0"], "argument --chunk: expected a positive integer, got 0"),
+    (["--threads", "0"], "argument --threads: expected a positive integer, got 0"),
+    (["--method", "nope"], "argument --method: invalid choice: 'nope'"),
+])
+def test_cli_usage_errors_are_one_line(args, says, capsys) -> None:
+    """argparse's errors too: one line naming the argument and what it expected, not its usage block (issue 40)."""
+    with pytest.raises(SystemExit) as e:
+        main(["run", "hi", *args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in err and err.count("\n") == 1, err
+
+
 def test_cli_corrupt_gguf(tiny_gguf, capsys) -> None:
     tiny_gguf.write_bytes(tiny_gguf.read_bytes()[:100])
     code, err = run_cli(["info", "--model", str(tiny_gguf)], capsys)

@@ -33,6 +33,14 @@ def test_info_text_separates_every_name_from_its_value(tmp_path, monkeypatch, ca
     assert re.search(r"^calibration\n  in use +computed at first use", text, flags=re.M)
 
 
+def test_run_prints_the_answer_alone_on_stdout(default_model, capsys) -> None:
+    """`hetero run ... > answer.txt` holds the answer; the stats line goes to stderr (issue 40)."""
+    assert main(["run", "Say hi.", "--method", "float", "--chunk", "64", "-n", "3"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() and "tokens/s" not in out
+    assert "prompt tokens, first prefill" in err
+
+
 def test_run_json_answers_paris_on_the_float_path(default_model, capsys) -> None:
     assert main(["run", "What is the capital of France?", "--method", "float", "--max-new-tokens", "12", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

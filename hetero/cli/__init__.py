@@ -38,11 +38,19 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (its subcommands' too), whose usage errors are one line on stderr, which argument and what
+    it expected, and exit code 2, as every other bad input (`--help` shows the usage)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"hetero: error: {message} (`{self.prog} --help` shows the usage)\n")
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser of `argv`'s command (default sys.argv): only that command's module is imported (`hetero run`
     imports no benchmark); with no known command (`--help`, `--version`) every command is listed by its help
     line alone, so that these answer without importing torch, numba or ONNX Runtime (issue 28)."""
-    parser = argparse.ArgumentParser(prog="hetero", description="Fast LLM prefill on NPU + CPU/GPU (mllm-NPU).")
+    parser = _Parser(prog="hetero", description="Fast LLM prefill on NPU + CPU/GPU (mllm-NPU).")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what hetero decides (and, for run, where the time went)")
     parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -209,14 +209,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"hetero: time: {timing.line()}; {out['new_tokens']} new tokens", file=sys.stderr)
     if args.json:
         print(json.dumps(out))
-    else:
+    else:  # the stats on stderr: stdout is the answer alone (`hetero run ... > answer.txt`)
         spec = (f", speculate {out['speculate']}: {out['accepted']}/{out['drafted']} drafted tokens accepted "
                 f"({100 * out['acceptance_rate']:.0f}%)") if out.get("speculate", "off") != "off" else ""
         print(
             f"[{out['prompt_tokens']} prompt tokens, first prefill {out['prefill_ms']:.1f} ms "
             f"({out['prefill_tokens_per_s']:.0f} tokens/s, one-time set-up included; method {args.method}, "
             f"C={args.chunk}); "
-            f"decode {out['decode_tokens_per_s']:.1f} tokens/s ({args.decoder}{spec})]"
+            f"decode {out['decode_tokens_per_s']:.1f} tokens/s ({args.decoder}{spec})]", file=sys.stderr
         )
     return 0
 
