@@ -44,6 +44,11 @@ def _cache_root() -> str:
     return os.environ.get("HETERO_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hetero")
 
 
+def cache_location() -> Path:
+    """Where the user cache is (`cache_dir`), without creating it (`hetero cache verify` creates nothing)."""
+    return Path(_cache_root())
+
+
 def cache_dir() -> Path:
     """The user cache: `$HETERO_CACHE`, else `~/.cache/hetero`. ConfigError if it cannot be created."""
     root = _cache_root()

@@ -196,3 +196,16 @@ def test_cache_verify_reports_and_repairs_a_planted_flip(warm, tiny_gguf, tmp_pa
     assert not rotated.exists() and not graph.parent.exists()  # removed: the next run rebuilds them
     assert main(["cache", "verify"]) == 0 and "all intact" in capsys.readouterr().out
     assert np.array_equal(run_pipeline(tiny_gguf), ref)
+
+
+def test_cache_verify_creates_nothing_where_there_is_no_cache(tmp_path, monkeypatch, capsys):
+    """Issue 40: `hetero cache verify` created a missing cache folder; it says there is nothing to verify."""
+    from hetero.cli import main
+
+    missing = tmp_path / "no-cache"
+    monkeypatch.setenv("HETERO_CACHE", str(missing))
+    assert main(["cache", "verify"]) == 0
+    assert f"nothing to verify: there is no cache at {missing}" in capsys.readouterr().out
+    assert main(["cache", "verify", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checked"] == 0
+    assert not missing.exists()

@@ -33,9 +33,13 @@ class Finding:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from hetero.paths import cache_dir
+    from hetero.paths import cache_location
 
-    root = cache_dir()
+    root = cache_location()
+    if not root.is_dir():  # nothing to check, and nothing created
+        print(json.dumps({"root": str(root), "checked": 0, "seconds": 0.0, "damaged": []}, indent=1) if args.json else
+              f"nothing to verify: there is no cache at {root} (HETERO_CACHE, else ~/.cache/hetero)")
+        return 0
     t0 = time.perf_counter()
     checked, findings = verify_cache(root)
     seconds = time.perf_counter() - t0
