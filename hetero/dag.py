@@ -1,29 +1,24 @@
 """The prefill DAG G[i][j] (mllm-NPU §3.4, Eq. 2-3): chunk i, subgraph j of the chain of L layers × M kinds.
 
 Node G[i][j] has id ``i * (L*M) + j``, so ids are program order (chunk-major). Edges: Eq. 3 within a
-chunk, and attn of chunk i-1 → attn of chunk i (its K/V; docs/design.md, "Scheduler", says why this
-differs from Eq. 2 as printed). `prefill_dag` builds it straight into the integer tuples the dispatch loop reads
-(`CompiledDag`), so no decision walks graph objects and a prefill imports no graph library (networkx: 0.15 s of
-a start, issue 28); `build_dag` is its networkx view (analysis, tests), `compile_graph` flattens any such graph.
+chunk, and from chunk i-1's node to chunk i's node of each kind that reads the K/V earlier chunks wrote (the
+attention; docs/design.md, "Scheduler", says why this differs from Eq. 2 as printed). The kinds, and which of them
+read K/V, are the backend's (`nodes.NodeKind`): this module names none. `prefill_dag` builds it straight into the
+integer tuples the dispatch loop reads (`CompiledDag`), so no decision walks graph objects and a prefill imports no
+graph library (networkx: 0.15 s of a start, issue 28); `build_dag` is its networkx view (analysis, tests),
+`compile_graph` flattens any such graph.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Collection, Sequence
 
 from hetero.errors import ConfigError, ScheduleError
 
-SUBGRAPH_KINDS = ("qkv", "attn", "o_ffn")  # one decoder layer, in execution order (mllm-NPU §3.2)
 LANES = ("npu", "cpu", "gpu")  # scheduler lane ids; a lane runs one subgraph at a time (Eq. 4)
-DEFAULT_PLACEMENT = (("qkv", "npu"), ("attn", "cpu"), ("o_ffn", "npu"))  # (kind, lane) of one layer
-CROSS_CHUNK_KINDS = ("attn", "layer", "layer_attn")  # kinds that read the K/V of earlier chunks of their layer
-LAYER_PLACEMENT = (("layer", "npu"),)  # a whole layer as one subgraph (`npu.placement.prefill_layout`: fused)
-# a whole layer as two subgraphs around an attention kernel outside the graphs (`NpuBackend.layer_attn`, `layer_ffn`):
-# a later chunk's layer waits for the earlier chunk's attention only, not for its o→FFN graph too (mllm-NPU §3.4)
-HALF_PLACEMENT = (("layer_attn", "npu"), ("layer_ffn", "npu"))
-WHOLE_LAYER_KINDS = ("layer", "layer_attn", "layer_ffn")  # the kinds of LAYER_PLACEMENT and HALF_PLACEMENT
+KV_SOURCES = ("reader", "eq2")  # the cross-chunk edges: see `prefill_dag`
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -39,24 +34,26 @@ def _layer_key(layer_subgraphs: Sequence[Sequence[str]]) -> tuple[tuple[str, str
     return key
 
 
-def prefill_dag(n_chunks: int, layer_subgraphs: Sequence[Sequence[str]], n_layers: int, kv_source: str = "attn",
-                chunk_len: int = 0) -> CompiledDag:
+def prefill_dag(n_chunks: int, layer_subgraphs: Sequence[Sequence[str]], n_layers: int, kv_source: str = "reader",
+                chunk_len: int = 0, *, reads_kv: Collection[str]) -> CompiledDag:
     """The DAG of a prefill of `n_chunks` chunks (Eq. 2-3), flat (`CompiledDag`, costs 0); cached.
 
     Node id ``i * (n_layers * M) + j``. Every edge goes from a smaller id to a larger one, so it is acyclic and
-    ids are a topological order. kv_source "attn": attn of chunk i-1 → attn of chunk i (its K/V); "qkv": Eq. 2
-    as printed (G[i2][j-1] → G[i][j] for every earlier chunk i2).
+    ids are a topological order. `reads_kv`: the kinds of `layer_subgraphs` that read the K/V of earlier chunks
+    (`nodes.NodeKind.reads_kv`, as the backend defines them). kv_source "reader": such a node of chunk i-1 → the same
+    node of chunk i (chunk i-1's K/V, and transitively every earlier chunk's); "eq2": Eq. 2 as printed
+    (G[i2][j-1] → G[i][j] for every earlier chunk i2).
     """
     if n_chunks <= 0 or n_layers <= 0:
         raise ConfigError(f"n_chunks and n_layers must be > 0, got {n_chunks} and {n_layers}")
-    if kv_source not in ("attn", "qkv"):
-        raise ConfigError(f"kv_source must be 'attn' or 'qkv', got {kv_source!r}")
-    return _prefill_dag(n_chunks, _layer_key(layer_subgraphs), n_layers, kv_source, chunk_len)
+    if kv_source not in KV_SOURCES:
+        raise ConfigError(f"kv_source must be one of {KV_SOURCES}, got {kv_source!r}")
+    return _prefill_dag(n_chunks, _layer_key(layer_subgraphs), n_layers, kv_source, chunk_len, frozenset(reads_kv))
 
 
 @functools.lru_cache(maxsize=64)
 def _prefill_dag(n_chunks: int, layer: tuple[tuple[str, str], ...], n_layers: int, kv_source: str,
-                 chunk_len: int) -> CompiledDag:
+                 chunk_len: int, reads_kv: frozenset[str]) -> CompiledDag:
     m = len(layer)
     per_chunk = n_layers * m
     n = n_chunks * per_chunk
@@ -67,9 +64,9 @@ def _prefill_dag(n_chunks: int, layer: tuple[tuple[str, str], ...], n_layers: in
             v = base + j
             if j > 0:
                 preds[v].append(v - 1)  # Eq. 3
-            if i == 0 or layer[j % m][0] not in CROSS_CHUNK_KINDS:
+            if i == 0 or layer[j % m][0] not in reads_kv:
                 continue
-            if kv_source == "attn":
+            if kv_source == "reader":
                 preds[v].append(v - per_chunk)  # K/V of chunk i-1 (and, transitively, 0..i-2)
             elif j > 0:
                 preds[v].extend(i2 * per_chunk + j - 1 for i2 in range(i))  # Eq. 2 as printed
@@ -96,13 +93,13 @@ def _prefill_dag(n_chunks: int, layer: tuple[tuple[str, str], ...], n_layers: in
 
 
 def build_dag(n_chunks: int, layer_subgraphs: Sequence[Sequence[str]], n_layers: int,
-              kv_source: str = "attn") -> "nx.DiGraph":
+              kv_source: str = "reader", *, reads_kv: Collection[str]) -> "nx.DiGraph":
     """`prefill_dag` as a networkx graph, validated acyclic; cached, do not mutate.
 
     Node attributes ``chunk``, ``j``, ``layer``, ``kind``, ``lane``; graph attributes ``n_chunks``, ``n_layers``,
     ``layer_subgraphs``, ``kv_source``.
     """
-    return _build_dag(prefill_dag(n_chunks, layer_subgraphs, n_layers, kv_source), kv_source)
+    return _build_dag(prefill_dag(n_chunks, layer_subgraphs, n_layers, kv_source, reads_kv=reads_kv), kv_source)
 
 
 @functools.lru_cache(maxsize=64)

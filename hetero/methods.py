@@ -308,12 +308,15 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     executor = None
     backend = spec.make(model, chunk, plan, weight_form, fused)
     if fused and lanes > 1:  # chunk i on lane i mod 2 (`sched.wavefront`: no op split over cores, no pool wake-ups),
+        from hetero.npu.nodes import HALF_PLACEMENT, LAYER_PLACEMENT
         from hetero.sched.wavefront import ATTENTION_PER_KEY, WavefrontExecutor  # chunks of equal work
 
         kernel = "bf16" if getattr(backend, "attention", None) is not None else "gqa"
-        executor = WavefrontExecutor(model.config.n_layers, lanes, ATTENTION_PER_KEY[kernel], halves=kernel == "bf16")
+        # with the kernel, each layer as its two halves around it: the next chunk waits for this one's attention only
+        executor = WavefrontExecutor(model.config.n_layers, HALF_PLACEMENT if kernel == "bf16" else LAYER_PLACEMENT,
+                                     lanes, ATTENTION_PER_KEY[kernel])
     elif fused:  # one lane: a whole layer per subgraph, in program order on every core
-        from hetero.dag import LAYER_PLACEMENT
+        from hetero.npu.nodes import LAYER_PLACEMENT
         from hetero.runtime import SerialExecutor
 
         executor = SerialExecutor(model.config.n_layers, LAYER_PLACEMENT)

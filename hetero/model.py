@@ -8,8 +8,8 @@ so this file is the only place the layer's math is written. Shapes: batch 1; `h`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -18,6 +18,9 @@ import torch.nn.functional as F
 from hetero.config import ModelConfig
 from hetero.rope import RopeTable
 from hetero.weights import SITE_BIASES, SITE_LINEARS, LayerWeights, Weights
+
+if TYPE_CHECKING:
+    from hetero.nodes import BoundNodes, Job, NodeKind
 
 # linear(layer, site, x): x [T, in] at `site` of `layer` -> one [T, out] per name in SITE_LINEARS[site]
 SiteLinear = Callable[[int, str, torch.Tensor], Sequence[torch.Tensor]]
@@ -206,17 +209,30 @@ def logits(cfg: ModelConfig, w: Weights, h: torch.Tensor) -> torch.Tensor:
 
 
 class LayerBackend(Protocol):
-    """What runs the static subgraphs of a layer (float, INT8 reference, NPU graphs); attention stays
-    float on the CPU/GPU. `out`, when given, is a buffer of the result's shape: `qkv` writes its result
-    there packed (q|k|v per row, the returned arrays are views of it: the CPU lane's attention reads the
-    packed rows); `o_ffn` may write there; the returned arrays are the result either way.
+    """What runs a layer's subgraphs (float, INT8 reference, NPU graphs). `qkv` and `o_ffn` are the static ones;
+    the generic layer's attention is the runtime's, float on the CPU (`nodes.LayerNodes`). `out`, when given, is a
+    buffer of the result's shape: `qkv` writes its result there packed (q|k|v per row, the returned arrays are views
+    of it: the CPU lane's attention reads the packed rows); `o_ffn` may write there; the returned arrays are the result
+    either way.
+
+    In a prefill the backend owns its DAG nodes (`hetero.nodes`): `node_kinds` names the kinds it runs (and which of
+    them read earlier chunks' K/V), `default_placement` is the (kind, lane) of one layer where no executor says
+    otherwise, and `bind(job)` binds its nodes to one prefill in flight (`nodes.Job`), preparing what it keeps per
+    prompt; the runtime then calls `runs[kind](i, layer)` per node and `check()` before the commit.
 
     `tensors` says what it computes on: "numpy" (the NPU lane's graphs: numpy arrays in and out, the runtime's
     buffers) or "torch" (`torch_backends`: torch tensors, and the runtime's numpy buffers through views)."""
 
     name: str
     tensors: str  # "numpy" or "torch"
-    any_rows: bool  # takes chunks of any row count ≤ C (else exactly C rows: fixed-shape graphs)
+    any_rows: bool  # takes chunks of any row count (else exactly `chunk` rows: fixed-shape graphs)
+    chunk: int  # the rows its fixed-shape graphs take (read where any_rows is False: the runtime's C must equal it)
+    node_kinds: Mapping[str, NodeKind]  # the DAG node kinds it runs, by name
+    default_placement: tuple[tuple[str, str], ...]  # (kind, lane) of one layer's nodes when no executor says
+
+    def bind(self, job: Job) -> BoundNodes:
+        """Its nodes bound to the prefill `job`: runs[kind](i, layer) for every kind of `job.kinds`."""
+        ...
 
     def qkv(self, layer: int, h: np.ndarray, out: np.ndarray | None = None
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -24,18 +24,19 @@ import numpy as np
 
 from hetero import buffers
 from hetero.attention import ChunkAttention
-from hetero.buffers import f32_address
 from hetero.chunking import Chunk, check_chunk, padded_ids, plan_chunks, token_ids
-from hetero.dag import DEFAULT_PLACEMENT, CompiledDag, prefill_dag
+from hetero.dag import CompiledDag, prefill_dag
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache, check_cache
 from hetero.loader import Model
+from hetero.nodes import reads_kv
 from hetero.rope import RopeTable
 from hetero.schedule import Schedule
 from hetero.threads import ExecutionPlan, torch_threads
 
 if TYPE_CHECKING:
     from hetero.model import LayerBackend
+    from hetero.nodes import BoundNodes
 
 class Closeable(Protocol):
     def close(self) -> None: ...
@@ -69,8 +70,9 @@ class PrefillExecutor(Protocol):
 
     placement: tuple[tuple[str, str], ...]  # (kind, lane) of one layer's subgraphs
 
-    def compile(self, n_chunks: int) -> CompiledDag:
-        """The DAG of a prompt of `n_chunks` chunks (cached per count)."""
+    def compile(self, n_chunks: int, reads_kv: frozenset[str]) -> CompiledDag:
+        """The DAG of a prompt of `n_chunks` chunks, whose kinds `reads_kv` read the K/V of earlier chunks (the
+        backend's `NodeKind.reads_kv`; cached per count)."""
         ...
 
     def start(self, dag: CompiledDag, run: NodeFn) -> PlanRun:
@@ -122,14 +124,15 @@ class SerialRun:
 class SerialExecutor:
     """Every node in id order (program order) on the calling thread: the in-order prefill."""
 
-    def __init__(self, n_layers: int, placement: tuple[tuple[str, str], ...] = DEFAULT_PLACEMENT):
+    def __init__(self, n_layers: int, placement: tuple[tuple[str, str], ...]):
         self.n_layers, self.placement = n_layers, tuple(placement)
-        self._dags: dict[int, CompiledDag] = {}
+        self._dags: dict[tuple[int, frozenset[str]], CompiledDag] = {}
 
-    def compile(self, n_chunks: int) -> CompiledDag:
-        dag = self._dags.get(n_chunks)
+    def compile(self, n_chunks: int, reads_kv: frozenset[str]) -> CompiledDag:
+        dag = self._dags.get((n_chunks, reads_kv))
         if dag is None:
-            dag = self._dags[n_chunks] = prefill_dag(n_chunks, self.placement, self.n_layers)
+            dag = self._dags[n_chunks, reads_kv] = prefill_dag(n_chunks, self.placement, self.n_layers,
+                                                               reads_kv=reads_kv)
         return dag
 
     def start(self, dag: CompiledDag, run: NodeFn) -> SerialRun:
@@ -226,122 +229,35 @@ class ChunkBuffers:
 
 
 class PrefillJob:
-    """The state of one prefill in flight; `run(i, layer, kind)` executes subgraph G[i][layer·3 + kind]."""
+    """The state of one prefill in flight (`nodes.Job`): its chunks' residual streams and buffers, the cache, and the
+    backend's nodes bound to it (`LayerBackend.bind`), which run each node of the DAG (`runs[kind](i, layer)`)."""
 
     def __init__(self, runtime: "Runtime", plan: PrefillPlan, cache: KVCache, buffers: ChunkBuffers | None = None):
-        rt = self.runtime = runtime
+        rt = runtime
         self.plan, self.cache, self.bufs = plan, cache, buffers or rt.buffers
+        self.chunks, self.start, self.kinds = plan.chunks, plan.start, plan.dag.kinds
+        self.attention = rt.attention
         self.bufs.ensure(len(plan.chunks), max(c.rows for c in plan.chunks))
+        # per chunk: its two residual buffers at its rows (the stream alternates between them layer by layer)
+        self._pairs = [(self.bufs.h[c.index][0][: c.rows], self.bufs.h[c.index][1][: c.rows]) for c in plan.chunks]
         self.h: list[np.ndarray] = []  # per chunk: the current residual stream [C, hidden]
         emb, scale = rt.embedding, rt.cfg.embed_scale
-        for c in plan.chunks:
-            h = self.bufs.h[c.index][0][: c.rows]
+        for c, (h, _) in zip(plan.chunks, self._pairs):
             np.take(emb, padded_ids(plan.ids, c, plan.start), axis=0, out=h)
             if scale != 1.0:  # as `model.embed`
                 h *= np.float32(scale)
             self.h.append(h)
         self.attn: list[np.ndarray | None] = [None] * len(plan.chunks)
-        self._at = _HalvesAt.of(self) if "layer_attn" in plan.dag.kinds else None
+        self.nodes: BoundNodes = rt.backend.bind(self)
 
-    def check_arrays(self) -> None:
-        """The nodes wrote into the cache's own arrays (`_HalvesAt.check`); before the commit."""
-        if self._at is not None:
-            self._at.check(self.cache)
+    def check(self) -> None:
+        """What the nodes relied on still holds (`BoundNodes.check`); before the commit."""
+        self.nodes.check()
 
-    def _spare_h(self, i: int, c: Chunk) -> np.ndarray:
+    def spare_h(self, i: int) -> np.ndarray:
         """Chunk i's residual buffer that does not hold its current stream (the two alternate layer by layer)."""
-        a, b = (t[: c.rows] for t in self.bufs.h[i])
+        a, b = self._pairs[i]
         return b if self.h[i].ctypes.data == a.ctypes.data else a
-
-    def run(self, i: int, layer: int, kind: str) -> None:
-        rt, c = self.runtime, self.plan.chunks[i]
-        if kind == "qkv":
-            rt.backend.qkv(layer, self.h[i], out=self.bufs.qkv[i][: c.rows])  # packed q|k|v rows
-        elif kind == "attn":
-            # a windowed layer's rows hold its window from `base` on (`KVCache.place`); a layer's chunks run in order
-            base = self.cache.place(layer, c.start, c.n_valid)
-            k_cache, v_cache = self.cache.layer(layer)
-            rt.attention(self.bufs.qkv[i][: c.n_valid], k_cache, v_cache, c.start, self.bufs.attn[i][: c.n_valid], layer,
-                         base=base)
-            self.attn[i] = self.bufs.attn[i][: c.rows]
-        elif kind == "layer":  # the whole layer in one graph (a fused backend: `NpuBackend.layer`); real rows only
-            n, out = c.n_valid, self._spare_h(i, c)
-            base = self.cache.place(layer, c.start, n)
-            k_cache, v_cache = self.cache.layer(layer)
-            # from `base` on: the rows are positions - base, the RoPE table's rows start at base
-            rt.backend.layer(layer, self.h[i][:n], k_cache, v_cache, c.start - base,
-                             (rt.attention.cos[base:], rt.attention.sin[base:]), out[:n])
-            self.h[i] = out
-        elif kind == "layer_attn" and self._at is not None:  # on the addresses checked once (`_HalvesAt`)
-            at, n = self._at, c.n_valid
-            rt.backend.layer_attn_at(layer, n, at.h[i][at.cur[i]], at.qkv[i], at.attn[i], at.k + layer * at.layer_bytes,
-                                     at.v + layer * at.layer_bytes, at.capacity, c.start, at.cos, at.sin)
-        elif kind == "layer_ffn" and self._at is not None:
-            at, cur = self._at, self._at.cur[i]
-            rt.backend.layer_ffn_at(layer, c.n_valid, at.attn[i], at.h[i][cur], at.h[i][1 - cur])
-            at.cur[i] = 1 - cur
-            self.h[i] = self._spare_h(i, c)
-        elif kind == "layer_attn":  # a layer's q|k|v graph and the attention kernel (`NpuBackend.layer_attn`)
-            n = c.n_valid
-            base = self.cache.place(layer, c.start, n)
-            k_cache, v_cache = self.cache.layer(layer)
-            rt.backend.layer_attn(layer, self.h[i][:n], k_cache, v_cache, c.start - base,
-                                  (rt.attention.cos[base:], rt.attention.sin[base:]), self.bufs.qkv[i][:n],
-                                  self.bufs.attn[i][:n])
-        elif kind == "layer_ffn":  # its o→FFN graph (`NpuBackend.layer_ffn`)
-            n, out = c.n_valid, self._spare_h(i, c)
-            rt.backend.layer_ffn(layer, self.bufs.attn[i][:n], self.h[i][:n], out[:n])
-            self.h[i] = out
-        elif kind == "o_ffn":
-            self.h[i] = rt.backend.o_ffn(layer, self.attn[i], self.h[i], out=self._spare_h(i, c))
-        else:
-            raise ValueError(f"unknown subgraph kind {kind!r}")
-
-
-@dataclass(slots=True)
-class _HalvesAt:
-    """The addresses a prefill's `layer_attn` / `layer_ffn` nodes run on (`NpuBackend.layer_attn_at`), each buffer
-    checked once per prompt here instead of per layer and chunk. Per chunk: its two residual buffers and which holds
-    its stream (`cur`), its q|k|v and attention rows; the cache's K/V at layer 0 (a layer is `layer_bytes` on) and the
-    RoPE tables' row 0. Only for a cache whose layers keep every position (a windowed layer moves its rows)."""
-
-    h: list[tuple[int, int]]
-    cur: list[int]
-    qkv: list[int]
-    attn: list[int]
-    k: int
-    v: int
-    layer_bytes: int
-    capacity: int
-    cos: int
-    sin: int
-    kv: tuple[np.ndarray, np.ndarray]  # the cache's arrays at these addresses (`check`: still the cache's at commit)
-
-    @classmethod
-    def of(cls, job: "PrefillJob") -> "_HalvesAt | None":
-        rt, cache, bufs, plan = job.runtime, job.cache, job.bufs, job.plan
-        if not hasattr(rt.backend, "layer_attn_at") or any(cache.windows) or rt.backend.attention is None:
-            return None
-        end = plan.chunks[-1].start + plan.chunks[-1].n_valid
-        cos, sin = rt.attention.cos, rt.attention.sin
-        if end > cos.shape[0]:
-            raise ConfigError(f"chunk rows up to {end} exceed the RoPE table ({cos.shape[0]} positions)")
-        for layer in range(rt.cfg.n_layers):  # every chunk's rows at once (the cache checks its capacity)
-            cache.place(layer, plan.start, end - plan.start)
-        h = [tuple(f32_address(t, "a chunk's residual rows") for t in bufs.h[c.index]) for c in plan.chunks]
-        start = [f32_address(job.h[i], "a chunk's first residual rows") for i in range(len(plan.chunks))]
-        return cls(h, [pair.index(s) for pair, s in zip(h, start)],
-                   [f32_address(bufs.qkv[c.index], "a chunk's q|k|v rows") for c in plan.chunks],
-                   [f32_address(bufs.attn[c.index], "a chunk's attention rows") for c in plan.chunks],
-                   f32_address(cache.k, "the K cache"), f32_address(cache.v, "the V cache"), cache.k[0].nbytes,
-                   cache.capacity, f32_address(cos, "the RoPE cos table"), f32_address(sin, "the RoPE sin table"),
-                   (cache.k, cache.v))
-
-    def check(self, cache: KVCache) -> None:
-        """The nodes wrote into `cache`'s arrays: none replaced them (a `reserve` between two slices of the plan)."""
-        if cache.k is not self.kv[0] or cache.v is not self.kv[1]:
-            raise ConfigError("the KV cache was reallocated during its prefill: a cache must not grow while a prefill "
-                              "writes it")
 
 
 class Runtime:
@@ -363,8 +279,13 @@ class Runtime:
 
             backend = FloatBackend(self.cfg, model.weights)
         self.backend = backend  # takes the numpy buffers (a torch backend through views: `torch_backends`)
-        self.executor = executor or SerialExecutor(self.cfg.n_layers)
+        if not backend.any_rows and backend.chunk != self.chunk:  # fixed-shape graphs take exactly their C rows
+            raise ConfigError(f"the runtime's chunk length {self.chunk} differs from the {backend.chunk} rows its "
+                              f"backend's graphs take: make both with the same chunk")
+        self.executor = executor or SerialExecutor(self.cfg.n_layers, backend.default_placement)
         self.placement = self.executor.placement
+        # the placement's kinds as the backend defines them: which read earlier chunks' K/V (cross-chunk edges)
+        self.reads_kv = reads_kv(self.placement, backend.node_kinds)
         self.decode = decode  # None: decode steps run on the backend's own engines (`decode.step.DecodeStep`)
         self.layout = layout  # how the placement laid the prefill out (`npu.placement.PrefillLayout`); None: not asked
         # the last token's logits from its final hidden rows [n, hidden] → [n, vocab]: the float head by default; an
@@ -435,15 +356,22 @@ class Runtime:
         chunks_for = getattr(self.executor, "chunks_for", None)  # lanes that cut a prompt their way (`sched.wavefront`)
         chunks = tuple(chunks_for(ids.size, self.chunk, start) if chunks_for is not None
                        else plan_chunks(ids.size, self.chunk, start, getattr(self.backend, "any_rows", False)))
-        return PrefillPlan(ids, start, chunks, self.executor.compile(len(chunks)))
+        return PrefillPlan(ids, start, chunks, self.executor.compile(len(chunks), self.reads_kv))
 
     def start(self, plan: PrefillPlan, cache: KVCache, buffers: ChunkBuffers | None = None
               ) -> tuple[PrefillJob, PlanRun]:
         """The job of `plan` (its embeddings looked up) and its executor run, not yet stepped."""
         job = PrefillJob(self, plan, cache, buffers)
-        dag = plan.dag
-        info = [dag.node_info(v) for v in range(dag.n_nodes)]
-        return job, self.executor.start(dag, lambda v: job.run(*info[v]))
+        dag, runs = plan.dag, job.nodes.runs
+        by_kind = [runs[kind] for kind in dag.kinds]
+        m = len(dag.layer_subgraphs)
+        calls = [(by_kind[k], i, j // m) for k, i, j in zip(dag.kind, dag.chunk, dag.j)]  # node v: run(i, layer)
+
+        def run(v: int) -> None:
+            fn, i, layer = calls[v]
+            fn(i, layer)
+
+        return job, self.executor.start(dag, run)
 
     def execute(self, plan: PrefillPlan, cache: KVCache) -> tuple[PrefillJob, Schedule]:
         """Run every subgraph of `plan`, writing K/V into `cache` (whose length is not yet advanced)."""
@@ -454,7 +382,7 @@ class Runtime:
     def commit(self, job: PrefillJob, schedule: Schedule, t0: float) -> PrefillResult:
         """The last real token's logits; only now the cache's length grows (a failed prefill leaves it)."""
         plan, cache = job.plan, job.cache
-        job.check_arrays()
+        job.check()
         last = plan.chunks[-1]
         logits = self.head(job.h[-1][last.n_valid - 1 : last.n_valid])[0]
         n = plan.ids.size

@@ -1,10 +1,10 @@
 """Layer backends in torch: the layer of `hetero.model` with a given site linear.
 
-A backend runs the static subgraphs (`qkv`, `o_ffn`) of a layer (`model.LayerBackend`); attention is
-dynamic and always runs in float on the CPU/GPU (mllm-NPU §3.2). `FloatBackend` is the reference every
-other backend is checked against. A torch backend takes torch tensors (`model.layer_stack`, autograd
-included) or the runtime's numpy buffers, which it sees through `torch.from_numpy` views (no copy) and
-answers in numpy.
+A backend runs the static subgraphs (`qkv`, `o_ffn`) of a layer (`model.LayerBackend`): the generic layer's nodes
+(`nodes.LayerNodes`), whose attention is dynamic and runs in float on the CPU (the runtime's, mllm-NPU §3.2).
+`FloatBackend` is the reference every other backend is checked against. A torch backend takes torch tensors
+(`model.layer_stack`, autograd included) or the runtime's numpy buffers, which it sees through `torch.from_numpy`
+views (no copy) and answers in numpy.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from hetero import model as ref
+from hetero import nodes
 from hetero.config import ModelConfig
 from hetero.model import FloatLinear, LayerBackend, SiteLinear
 from hetero.weights import Weights
@@ -26,9 +27,15 @@ class TorchBackend:
     name = "torch"
     tensors = "torch"  # torch tensors in and out; numpy buffers (the runtime's) through views
     any_rows = True  # torch runs chunks of any row count: no padding to C
+    node_kinds = nodes.KINDS  # the generic layer: qkv and o_ffn here, the runtime's attention between
+    default_placement = nodes.DEFAULT_PLACEMENT
 
     def __init__(self, cfg: ModelConfig, weights: Weights, linear: SiteLinear):
         self.cfg, self.weights, self.linear = cfg, weights, linear
+
+    def bind(self, job: nodes.Job) -> nodes.LayerNodes:
+        """Its nodes bound to a prefill (`LayerBackend.bind`): the generic layer's, nothing kept per prompt."""
+        return nodes.LayerNodes(self, job)
 
     def qkv(self, layer: int, h: torch.Tensor | np.ndarray, out: torch.Tensor | np.ndarray | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | tuple[np.ndarray, np.ndarray, np.ndarray]:

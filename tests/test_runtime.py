@@ -76,6 +76,23 @@ def test_fixed_rows_backend_pads_to_c(tiny_model) -> None:
                                atol=1e-5, rtol=0)
 
 
+def test_the_backend_owns_its_node_kinds(tiny_model) -> None:
+    """The runtime takes the kinds from the backend: a placement naming a kind the backend does not run, or a chunk
+    length other than its fixed-shape graphs' rows, is refused when they meet."""
+    from hetero.errors import ConfigError
+    from hetero.npu.nodes import LAYER_PLACEMENT
+    from hetero.runtime import SerialExecutor
+    from hetero.torch_backends import FloatBackend
+
+    with pytest.raises(ConfigError, match="kinds \\['layer'\\]"):
+        Runtime(tiny_model, chunk=16, executor=SerialExecutor(tiny_model.config.n_layers, LAYER_PLACEMENT))
+    fixed = FloatBackend(tiny_model.config, tiny_model.weights)
+    fixed.any_rows, fixed.chunk = False, 32  # as fixed-shape graphs of 32 rows
+    with pytest.raises(ConfigError, match="chunk length 16 differs from the 32 rows"):
+        Runtime(tiny_model, chunk=16, backend=fixed)
+    assert Runtime(tiny_model, chunk=32, backend=fixed).reads_kv == {"attn"}
+
+
 def test_cache_grows_when_capacity_is_small(tiny_model) -> None:
     ids = torch.arange(40) % tiny_model.config.vocab
     rt = Runtime(tiny_model, chunk=16)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from hetero.nodes import DEFAULT_PLACEMENT, reads_kv
 from hetero.runtime import PrefillPlan, Runtime, SerialExecutor
 from hetero.schedule import Schedule, check_schedule
 
@@ -26,8 +27,8 @@ def test_result_and_plan_are_frozen_and_typed(tiny_model) -> None:
 
 
 def test_serial_executor_runs_program_order(tiny_model) -> None:
-    ex = SerialExecutor(tiny_model.config.n_layers)
-    dag = ex.compile(2)
+    ex = SerialExecutor(tiny_model.config.n_layers, DEFAULT_PLACEMENT)
+    dag = ex.compile(2, reads_kv(DEFAULT_PLACEMENT))
     seen: list[int] = []
     s = ex.execute(dag, seen.append)
     assert seen == list(range(dag.n_nodes))

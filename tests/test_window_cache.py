@@ -163,7 +163,7 @@ def test_whole_layer_graphs_keep_only_the_window(tmp_path, monkeypatch) -> None:
     """The whole-layer graphs (`GraphOptions.fused`: GroupQueryAttention inside, bound from `base` on with the RoPE
     table's rows from `base`) over a windowed model (Mistral, window 7, one row of headroom): the logits equal the
     segments' prefill to float rounding, and a full-history cache's."""
-    from hetero.dag import LAYER_PLACEMENT
+    from hetero.npu.nodes import LAYER_PLACEMENT
     from hetero.npu.graph_backend import GraphOptions, NpuBackend
     from hetero.runtime import SerialExecutor
     from hetero.sched.wavefront import WavefrontExecutor
@@ -182,6 +182,6 @@ def test_whole_layer_graphs_keep_only_the_window(tmp_path, monkeypatch) -> None:
     assert got.cache.base(0) > 0
     assert np.abs(got.logits - segments.prefill(prompt).logits).max() < 1e-4
     # the same chunks on two lanes (`sched.wavefront`): each layer's rows still move in chunk order, bit for bit
-    wave = Runtime(m, chunk=16, backend=fused.backend, executor=WavefrontExecutor(m.config.n_layers))
+    wave = Runtime(m, chunk=16, backend=fused.backend, executor=WavefrontExecutor(m.config.n_layers, LAYER_PLACEMENT))
     assert np.array_equal(wave.prefill(prompt).logits, got.logits)
     assert np.abs(got.logits - fused.prefill(prompt, fused.new_cache(full_history=True)).logits).max() < 1e-4

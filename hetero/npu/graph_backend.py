@@ -26,8 +26,9 @@ from hetero import buffers
 from hetero.chunking import check_chunk
 from hetero.errors import ConfigError
 from hetero.loader import Model
+from hetero.nodes import DEFAULT_PLACEMENT, Job
 from hetero.weights import SITES
-from hetero.npu import segments
+from hetero.npu import nodes, segments
 from hetero.npu.program import GraphRun, LayerProgram, layer_program
 from hetero.buffers import f32_address
 from hetero.npu.providers import OrtCpuProvider, Provider, make_provider, prepare_graph
@@ -163,6 +164,8 @@ class NpuBackend:
 
     name = "npu"
     tensors = "numpy"  # qkv / o_ffn / layer take and return float32 numpy arrays
+    node_kinds = nodes.KINDS  # the generic layer's three, and a whole layer as one node or two halves (`npu.nodes`)
+    default_placement = DEFAULT_PLACEMENT  # the generic layer's (a fused backend's qkv / o_ffn: its plan's segments)
 
     def __init__(self, model: Model, plan, chunk: int, provider: "str | Provider" = "cpu", *, layers=None, rows=None,
                  options: GraphOptions = GraphOptions()):
@@ -401,8 +404,8 @@ class NpuBackend:
 
     def layer_attn(self, layer: int, h: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
                    rope: tuple[np.ndarray, np.ndarray], qkv: np.ndarray, a: np.ndarray) -> np.ndarray:
-        """The first half of `layer` where the BF16 kernel runs (`dag.HALF_PLACEMENT`): the q|k|v graph into qkv
-        [n, q_dim + 2·kv_dim], then the attention, which writes the chunk's K/V into the cache and a [n, q_dim]."""
+        """The first half of `layer` where the BF16 kernel runs (`npu.nodes.HALF_PLACEMENT`): the q|k|v graph into
+        qkv [n, q_dim + 2·kv_dim], then the attention, which writes the chunk's K/V into the cache and a [n, q_dim]."""
         if self.attention is None:
             raise ConfigError(f"layer_attn() runs the attention kernel between two graphs; this backend has none "
                               f"({self.attention_why})")
@@ -422,7 +425,7 @@ class NpuBackend:
 
     def layer_attn_at(self, layer: int, n: int, h: int, qkv: int, a: int, k_cache: int, v_cache: int, capacity: int,
                       start: int, cos: int, sin: int) -> None:
-        """`layer_attn` on the addresses of buffers laid out as it checks them, unchecked (`runtime.PrefillJob` checks
+        """`layer_attn` on the addresses of buffers laid out as it checks them, unchecked (`npu.nodes.HalvesAt` checks
         a prompt's buffers once: per layer and chunk, checking and taking their addresses again cost ~20 µs, 4% of a
         64-token prefill; docs/journal.md, "Issue 24 (session 16)"). k_cache/v_cache: the layer's [n_kv, capacity,
         D]; cos/sin: row 0 of the RoPE table (rows are positions)."""
@@ -442,6 +445,11 @@ class NpuBackend:
         return s.qkv[:n], s.a[:n]
 
     # --------------------------------------------------------------------------- LayerBackend
+    def bind(self, job: Job) -> nodes.NpuNodes:
+        """Its nodes bound to a prefill (`LayerBackend.bind`); the halves on addresses checked once per prompt where
+        they can (`npu.nodes.HalvesAt`)."""
+        return nodes.NpuNodes(self, job)
+
     def qkv(self, layer: int, h: np.ndarray, out: np.ndarray | None = None
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self.fused:  # the same plan's segments (a layer-by-layer forward: `model.forward`, the accuracy bench)

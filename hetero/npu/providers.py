@@ -59,8 +59,8 @@ class Graph:
     @property
     def binding(self) -> ort.IOBinding:
         """This thread's IOBinding of the session, for a caller that binds it itself (`run` then binds anew): two
-        lanes may run one graph at once (a layer's o→FFN graph for two chunks, `dag.HALF_PLACEMENT`), and a binding
-        holds the buffers of one run."""
+        lanes may run one graph at once (a layer's o→FFN graph for two chunks, `npu.nodes.HALF_PLACEMENT`), and a
+        binding holds the buffers of one run."""
         self._local.key = None
         return self._thread_binding()
 

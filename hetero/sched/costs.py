@@ -1,7 +1,8 @@
 """Costs on the prefill DAG: `compile_dag` takes each node's latency from a `Profile` (mllm-NPU §3.4).
 
 The DAG itself (Eq. 2-3) and its flat form `CompiledDag` are core (`hetero.dag`), because every prefill
-runs one; this module adds what only the scheduler needs: profiled costs.
+runs one; this module adds what only the scheduler needs: profiled costs. A profile costs the generic layer's kinds
+and the shadow correction (`profile.NODE_KINDS`): the DAGs built here take which kinds read K/V from there.
 """
 
 from __future__ import annotations
@@ -10,15 +11,24 @@ import dataclasses
 import functools
 from typing import TYPE_CHECKING, Sequence
 
-from hetero.dag import CompiledDag, build_dag, compile_graph, prefill_dag, validate_dag
+from hetero import dag
+from hetero.dag import CompiledDag, compile_graph, prefill_dag, validate_dag
 from hetero.errors import ConfigError
-from hetero.sched.profile import Profile
+from hetero.nodes import reads_kv
+from hetero.sched.profile import NODE_KINDS, Profile
 
 if TYPE_CHECKING:
     import networkx as nx
 
 __all__ = ["CompiledDag", "build_dag", "compile_dag", "compiled_prefill_dag", "prefill_dag", "validate_dag",
            "with_costs"]
+
+
+def build_dag(n_chunks: int, layer_subgraphs: Sequence[Sequence[str]], n_layers: int,
+              kv_source: str = "reader") -> "nx.DiGraph":
+    """`dag.build_dag` of a placement of the kinds profiles cost (`profile.NODE_KINDS`)."""
+    return dag.build_dag(n_chunks, layer_subgraphs, n_layers, kv_source,
+                         reads_kv=reads_kv(layer_subgraphs, NODE_KINDS))
 
 
 def with_costs(dag: CompiledDag, profile: Profile, chunk_len: int) -> CompiledDag:
@@ -53,4 +63,5 @@ def compiled_prefill_dag(profile: Profile, n_tokens: int, chunk_len: int,
         raise ConfigError(f"n_tokens and chunk_len must be > 0, got {n_tokens} and {chunk_len}")
     n_chunks = -(-n_tokens // chunk_len)
     layer = layer_subgraphs or profile.layer_subgraphs
-    return with_costs(prefill_dag(n_chunks, layer, n_layers or profile.n_layers), profile, chunk_len)
+    flat = prefill_dag(n_chunks, layer, n_layers or profile.n_layers, reads_kv=reads_kv(layer, NODE_KINDS))
+    return with_costs(flat, profile, chunk_len)

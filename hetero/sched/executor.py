@@ -16,8 +16,9 @@ import threading
 import time
 from typing import Callable, Mapping, Sequence
 
-from hetero.dag import DEFAULT_PLACEMENT, LANES
+from hetero.dag import LANES
 from hetero.errors import ConfigError, ScheduleError
+from hetero.nodes import DEFAULT_PLACEMENT
 from hetero.sched.costs import CompiledDag, prefill_dag, with_costs
 from hetero.sched.policy import POLICIES, Dispatcher, PolicyFactory
 from hetero.sched.learned import CostLearner, learned_path
@@ -288,16 +289,16 @@ class OutOfOrderExecutor:
         self.n_layers, self.chunk, self.policy, self.placement = n_layers, chunk, policy, tuple(placement)
         have = self.profile.chunk_lens
         self.cost_chunk = min(have, key=lambda c: (abs(c - chunk), c)) if have else chunk
-        self._dags: dict[int, CompiledDag] = {}
+        self._dags: dict[tuple[int, frozenset[str]], CompiledDag] = {}
         self.torch_threads = torch_threads
         lanes = tuple(dict.fromkeys(lane for _, lane in self.placement))
         self.workers = LaneWorkers(lanes, torch_threads=dict.fromkeys(lanes, torch_threads) if torch_threads else None)
 
-    def compile(self, n_chunks: int) -> CompiledDag:
-        dag = self._dags.get(n_chunks)
+    def compile(self, n_chunks: int, reads_kv: frozenset[str]) -> CompiledDag:
+        dag = self._dags.get((n_chunks, reads_kv))
         if dag is None:
-            dag = self._dags[n_chunks] = with_costs(prefill_dag(n_chunks, self.placement, self.n_layers),
-                                                    self.profile, self.cost_chunk)
+            dag = self._dags[n_chunks, reads_kv] = with_costs(
+                prefill_dag(n_chunks, self.placement, self.n_layers, reads_kv=reads_kv), self.profile, self.cost_chunk)
         return dag
 
     def start(self, dag: CompiledDag, run: NodeFn) -> "LaneRun | ChainRun":

@@ -15,8 +15,8 @@ import socket
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from hetero.dag import DEFAULT_PLACEMENT
 from hetero.errors import ConfigError
+from hetero.nodes import DEFAULT_PLACEMENT
 from hetero.paths import profile_search_path, user_profiles_dir
 from hetero.sched.profile import KINDS, CostEntry, Profile, load_profile
 from hetero.timing import median_seconds

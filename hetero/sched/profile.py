@@ -15,11 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from hetero.dag import DEFAULT_PLACEMENT, LANES, SUBGRAPH_KINDS
+from hetero.dag import LANES
 from hetero.errors import ConfigError
+from hetero.nodes import DEFAULT_PLACEMENT, SUBGRAPH_KINDS, NodeKind
+from hetero.nodes import KINDS as LAYER_KINDS  # (this module's KINDS: what a profile may cost)
 
 PROFILE_VERSION = 1
 KINDS = (*SUBGRAPH_KINDS, "shadow")  # kinds a profile may cost: a layer's, and the CPU side of Eq. 1
+# the DAG node kinds of a profiled placement: the generic layer's, and the shadow correction as a node of its own
+NODE_KINDS = {**LAYER_KINDS, "shadow": NodeKind("shadow")}
 METHODS = ("measured", "derived")
 
 

@@ -1,6 +1,6 @@
 """Whole-layer graphs of a prefill on several single-threaded lanes, chunk by chunk as a wavefront (issue 24).
 
-Where the "NPU" is the CPU itself, a chunk's layer runs as one ONNX Runtime graph (`dag.LAYER_PLACEMENT`). Run on
+Where the "NPU" is the CPU itself, a chunk's layer runs as one ONNX Runtime graph (`npu.nodes.LAYER_PLACEMENT`). Run on
 one 2-thread intra-op pool, every op of that graph splits over both cores and each split wakes a sleeping pool
 thread: on this project's 2-core VM the second thread often arrives after a 64-row op is done (a [256, 1536]
 QuickGelu: 113 µs on 1 thread, 123 µs on 2 threads without spinning, 64 µs with), and spinning pools lose 1.6–1.9×
@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from hetero.chunking import Chunk, plan_chunks
-from hetero.dag import HALF_PLACEMENT, LANES, LAYER_PLACEMENT, CompiledDag, prefill_dag
+from hetero.dag import LANES, CompiledDag, prefill_dag
 from hetero.errors import ConfigError
 from hetero.schedule import Schedule
 
@@ -165,33 +165,36 @@ class WavefrontRun:
 
 
 class WavefrontExecutor:
-    """Whole-layer graphs (`LAYER_PLACEMENT`) on `lanes` single-threaded lanes (`runtime.PrefillExecutor`); the
-    runtime cuts each prompt into `chunk_for` rows so that every lane has a chunk. The second lane is named "cpu" in
-    the schedule (`dag.LANES`): it is the second core, running the same kind of graph as the first."""
+    """Whole layers on `lanes` single-threaded lanes (`runtime.PrefillExecutor`); the runtime cuts each prompt into
+    `chunks_for` rows so that every lane has a chunk. The second lane is named "cpu" in the schedule (`dag.LANES`): it
+    is the second core, running the same kind of graph as the first.
 
-    def __init__(self, n_layers: int, lanes: int = 2, attention_per_key: float = 0.0, halves: bool = False):
+    placement: the (kind, lane) of one layer's nodes, every one of a chunk on its lane whatever lane it names: a whole
+    layer as one node (`npu.nodes.LAYER_PLACEMENT`), or as its two halves around an attention kernel between two graphs
+    (`npu.nodes.HALF_PLACEMENT`): then the next chunk's lane starts a layer after the attention of this one, not after
+    its FFN."""
+
+    def __init__(self, n_layers: int, placement: tuple[tuple[str, str], ...], lanes: int = 2,
+                 attention_per_key: float = 0.0):
         if lanes not in (1, 2):
             raise ConfigError(f"lanes must be 1 or 2, got {lanes}")
         if attention_per_key < 0:
             raise ConfigError(f"attention_per_key must be >= 0, got {attention_per_key}")
-        # halves: each layer as its two subgraphs (`dag.HALF_PLACEMENT`), for a backend whose attention runs between
-        # two graphs: the next chunk's lane starts a layer after the attention of this one, not after its FFN
-        self.n_layers, self.lanes = n_layers, lanes
-        self.placement = HALF_PLACEMENT if halves else LAYER_PLACEMENT
+        self.n_layers, self.lanes, self.placement = n_layers, lanes, tuple(placement)
         self.attention_per_key = attention_per_key  # `ATTENTION_PER_KEY` of the backend's attention (0: equal chunks)
-        self._dags: dict[int, CompiledDag] = {}
+        self._dags: dict[tuple[int, frozenset[str]], CompiledDag] = {}
         self._pool: ThreadPoolExecutor | None = None  # the lanes after the first, made at the first start
 
     def chunks_for(self, n_tokens: int, chunk: int, start: int) -> list[Chunk]:
         """The chunks of a prompt (`balanced_chunks`): a multiple of the lanes, equal work, at most `OVERSIZE`·C rows."""
         return balanced_chunks(n_tokens, chunk, self.lanes, start, self.attention_per_key)
 
-    def compile(self, n_chunks: int) -> CompiledDag:
-        dag = self._dags.get(n_chunks)
+    def compile(self, n_chunks: int, reads_kv: frozenset[str]) -> CompiledDag:
+        dag = self._dags.get((n_chunks, reads_kv))
         if dag is None:  # the lanes named as the scheduler's (`dag.LANES`): chunk i's layers on lane i mod k
-            dag = prefill_dag(n_chunks, self.placement, self.n_layers)
-            dag = self._dags[n_chunks] = dataclasses.replace(dag, lanes=LANES[: self.lanes],
-                                                             lane=tuple(c % self.lanes for c in dag.chunk))
+            dag = prefill_dag(n_chunks, self.placement, self.n_layers, reads_kv=reads_kv)
+            dag = self._dags[n_chunks, reads_kv] = dataclasses.replace(dag, lanes=LANES[: self.lanes],
+                                                                       lane=tuple(c % self.lanes for c in dag.chunk))
         return dag
 
     def start(self, dag: CompiledDag, run: Callable[[int], None]) -> WavefrontRun:

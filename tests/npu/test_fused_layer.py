@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hetero.dag import LAYER_PLACEMENT
+from hetero.npu.nodes import LAYER_PLACEMENT
 from hetero.errors import ConfigError
 from hetero.weights import SITES
 from hetero.npu.graph_backend import GraphOptions, NpuBackend
@@ -141,12 +141,12 @@ def test_attention_option_is_checked():
 
 
 def test_halves_on_addresses_equal_the_checked_calls(monkeypatch):
-    """A prefill's halves on the addresses checked once per prompt (`runtime._HalvesAt`) write the same cache rows and
+    """A prefill's halves on the addresses checked once per prompt (`npu.nodes.HalvesAt`) write the same cache rows and
     logits, bit for bit, as the calls that check every buffer; a cache reallocated under them is refused at commit."""
     import time
 
-    from hetero import runtime as runtime_module
-    from hetero.dag import HALF_PLACEMENT
+    from hetero.npu import nodes
+    from hetero.npu.nodes import HALF_PLACEMENT
     from hetero.native.attention import unavailable
 
     m = make_tiny_model(head_dim=32)
@@ -165,7 +165,7 @@ def test_halves_on_addresses_equal_the_checked_calls(monkeypatch):
     fast = two_turns()
     assert rt.plan(ids[:40]).dag.kinds == ("layer_attn", "layer_ffn")
     with monkeypatch.context() as mp:
-        mp.setattr(runtime_module._HalvesAt, "of", classmethod(lambda cls, job: None))
+        mp.setattr(nodes.HalvesAt, "of", classmethod(lambda cls, backend, job: None))
         slow = two_turns()
     np.testing.assert_array_equal(fast.logits, slow.logits)
     for t in ("k", "v"):

@@ -84,7 +84,7 @@ def _rotated(m):
 
 
 def _runtime(model, plan, native_ops: bool) -> Runtime:
-    from hetero.dag import LAYER_PLACEMENT
+    from hetero.npu.nodes import LAYER_PLACEMENT
 
     be = NpuBackend(model, plan, 32, options=GraphOptions(fused=True, attention="bf16", native_ops=native_ops))
     return Runtime(model, chunk=32, backend=be, executor=SerialExecutor(model.config.n_layers, LAYER_PLACEMENT))

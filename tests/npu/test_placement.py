@@ -52,7 +52,7 @@ def test_prefill_layout_per_host(tiny, tmp_path):
 def test_make_runtime_lays_out_the_prefill(tiny, monkeypatch):
     """The default method on the CPU EP: whole-layer graphs in program order; a policy or "hetero-lanes": lanes."""
     import hetero.methods as methods
-    from hetero.dag import LAYER_PLACEMENT
+    from hetero.npu.nodes import LAYER_PLACEMENT
 
     monkeypatch.setattr(methods, "quant_plan", lambda model, *a, **k: tiny_plan(model, scale=0.03))
     monkeypatch.setattr(methods, "quant_model", lambda model, recipe: model)

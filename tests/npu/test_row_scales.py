@@ -76,7 +76,7 @@ def test_per_row_whole_layer_graphs_equal_the_segments():
     plan = per_row_plan(m)
     ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(0))
     be = NpuBackend(m, plan, 32, options=GraphOptions(fused=True))
-    from hetero.dag import LAYER_PLACEMENT
+    from hetero.npu.nodes import LAYER_PLACEMENT
     from hetero.runtime import SerialExecutor
 
     got = Runtime(m, chunk=32, backend=be, executor=SerialExecutor(m.config.n_layers, LAYER_PLACEMENT)).prefill(ids)

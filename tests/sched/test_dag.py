@@ -22,7 +22,7 @@ def test_edges_follow_eq3_and_kv_dependency(layer):
 
 
 def test_literal_eq2_edges(layer):
-    g = build_dag(3, layer, 1, kv_source="qkv")
+    g = build_dag(3, layer, 1, kv_source="eq2")
     # Eq. 2: G[2][attn] <- G[0][qkv], G[1][qkv], G[2][qkv]
     assert {u for u in g.predecessors(7)} == {0, 3, 6}
 
@@ -70,10 +70,11 @@ def test_lower_bound_is_valid_and_at_least_lane_work_and_critical_path(make_dag)
     assert d.lower_bound_us() >= cpu - 1e-9
 
 
-@pytest.mark.parametrize("kv_source", ["attn", "qkv"])
+@pytest.mark.parametrize("kv_source", ["reader", "eq2"])
 def test_flat_prefill_dag_is_its_graph_flattened(layer, kv_source):
     """The runtime's DAG (`prefill_dag`, built flat without networkx) is what `compile_graph` makes of its graph."""
     from hetero.dag import compile_graph, prefill_dag
 
     for n_chunks in (1, 3):
-        assert prefill_dag(n_chunks, layer, 2, kv_source) == compile_graph(build_dag(n_chunks, layer, 2, kv_source), 0)
+        assert prefill_dag(n_chunks, layer, 2, kv_source, reads_kv={"attn"}) == compile_graph(
+            build_dag(n_chunks, layer, 2, kv_source), 0)

@@ -10,8 +10,12 @@ import torch
 
 from hetero.chunking import plan_chunks
 from hetero.errors import ConfigError
+from hetero.nodes import reads_kv
+from hetero.npu.nodes import HALF_PLACEMENT, KINDS, LAYER_PLACEMENT
 from hetero.schedule import check_schedule
 from hetero.sched.wavefront import OVERSIZE, WavefrontExecutor, balanced_chunks, lane_chunk
+
+LAYER_READS_KV = reads_kv(LAYER_PLACEMENT, KINDS)  # the whole layer reads the K/V earlier chunks wrote
 
 
 @pytest.mark.parametrize("n,want", [(1, 8), (40, 20), (64, 32), (256, 128), (300, 150), (600, 150), (1024, 256),
@@ -46,12 +50,12 @@ def test_lane_chunk_refuses_bad_arguments() -> None:
     with pytest.raises(ConfigError):
         lane_chunk(0, 256, 2)
     with pytest.raises(ConfigError):
-        WavefrontExecutor(30, lanes=3)
+        WavefrontExecutor(30, LAYER_PLACEMENT, lanes=3)
 
 
 def test_chunks_alternate_lanes_and_run_after_their_predecessors() -> None:
-    ex = WavefrontExecutor(n_layers=3)
-    dag = ex.compile(4)
+    ex = WavefrontExecutor(3, LAYER_PLACEMENT)
+    dag = ex.compile(4, LAYER_READS_KV)
     assert dag.lanes == ("npu", "cpu") and [dag.lane_of(v) for v in range(0, 12, 3)] == ["npu", "cpu", "npu", "cpu"]
     seen, threads, lock = [], {}, threading.Lock()
 
@@ -70,16 +74,16 @@ def test_chunks_alternate_lanes_and_run_after_their_predecessors() -> None:
 def test_the_two_lanes_run_at_once() -> None:
     """Chunk 0's layer 1 and chunk 1's layer 0 are both ready once chunk 0's layer 0 is done: they meet at a barrier,
     which only two lanes running at the same time can pass."""
-    ex = WavefrontExecutor(n_layers=2)
-    dag = ex.compile(2)
+    ex = WavefrontExecutor(2, LAYER_PLACEMENT)
+    dag = ex.compile(2, LAYER_READS_KV)
     meet = threading.Barrier(2, timeout=30)
     both = {dag.node_id(0, 1), dag.node_id(1, 0)}
     ex.execute(dag, lambda v: meet.wait() if v in both else None)
 
 
 def test_steps_pause_and_resume() -> None:
-    ex = WavefrontExecutor(n_layers=3)
-    dag = ex.compile(4)
+    ex = WavefrontExecutor(3, LAYER_PLACEMENT)
+    dag = ex.compile(4, LAYER_READS_KV)
     ran: list[int] = []
     r = ex.start(dag, ran.append)
     steps = 0
@@ -93,8 +97,8 @@ def test_steps_pause_and_resume() -> None:
 
 
 def test_an_error_in_a_lane_reaches_the_caller() -> None:
-    ex = WavefrontExecutor(n_layers=2)
-    dag = ex.compile(2)
+    ex = WavefrontExecutor(2, LAYER_PLACEMENT)
+    dag = ex.compile(2, LAYER_READS_KV)
     bad = dag.node_id(1, 1)  # on the helper lane
 
     def run(v: int) -> None:
@@ -107,7 +111,6 @@ def test_an_error_in_a_lane_reaches_the_caller() -> None:
 
 def test_a_fused_prefill_on_two_lanes_equals_the_one_in_program_order() -> None:
     """The same whole-layer graphs and chunks: the lanes change which thread runs a node, not its result."""
-    from hetero.dag import LAYER_PLACEMENT
     from hetero.npu.graph_backend import GraphOptions, NpuBackend
     from hetero.runtime import Runtime, SerialExecutor
     from tests.conftest import make_tiny_model
@@ -117,7 +120,7 @@ def test_a_fused_prefill_on_two_lanes_equals_the_one_in_program_order() -> None:
     plan = tiny_plan(tiny, SHADOWS, scale=0.03)
     be = NpuBackend(tiny, plan, 32, options=GraphOptions(fused=True, intra_op_threads=1))
     ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(0))
-    lanes = Runtime(tiny, chunk=32, backend=be, executor=WavefrontExecutor(tiny.config.n_layers))
+    lanes = Runtime(tiny, chunk=32, backend=be, executor=WavefrontExecutor(tiny.config.n_layers, LAYER_PLACEMENT))
     got = lanes.prefill(ids)
     assert got.schedule.policy == "wavefront" and got.schedule.dag.n_chunks == 4  # 70 tokens at C <= 32: 18 + 18 + 18 + 16
     check_schedule(got.schedule)
@@ -130,7 +133,7 @@ def test_a_fused_prefill_on_two_lanes_equals_the_one_in_program_order() -> None:
     more = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1))  # the next turn, on the cache
     assert np.array_equal(lanes.prefill(more, got.cache).logits, order.prefill(more, want.cache).logits)
     # chunks of equal work, the first longer than C (the runtime's buffers grow to it): the same answer, other sums
-    balanced = Runtime(tiny, chunk=16, backend=be, executor=WavefrontExecutor(tiny.config.n_layers,
+    balanced = Runtime(tiny, chunk=16, backend=be, executor=WavefrontExecutor(tiny.config.n_layers, LAYER_PLACEMENT,
                                                                               attention_per_key=0.02))
     got = balanced.prefill(ids)
     sizes = [c.n_valid for c in balanced.plan(ids).chunks]
@@ -139,10 +142,10 @@ def test_a_fused_prefill_on_two_lanes_equals_the_one_in_program_order() -> None:
 
 
 def test_halves_wait_for_the_earlier_chunks_attention_only() -> None:
-    """`dag.HALF_PLACEMENT`: chunk i's q|k|v + attention of layer l after its own layer l - 1 and chunk i - 1's
+    """`npu.nodes.HALF_PLACEMENT`: chunk i's q|k|v + attention of layer l after its own layer l - 1 and chunk i - 1's
     attention of layer l; its o→FFN after its own attention, never after another chunk's FFN."""
-    ex = WavefrontExecutor(n_layers=3, halves=True)
-    dag = ex.compile(2)
+    ex = WavefrontExecutor(3, HALF_PLACEMENT)
+    dag = ex.compile(2, reads_kv(HALF_PLACEMENT, KINDS))
     assert dag.kinds == ("layer_attn", "layer_ffn") and dag.n_nodes == 12
     preds = lambda v: set(dag.pred_idx[dag.pred_ptr[v]: dag.pred_ptr[v + 1]])  # noqa: E731
     node = lambda i, layer, half: dag.node_id(i, 2 * layer + half)  # noqa: E731
@@ -156,7 +159,6 @@ def test_halves_wait_for_the_earlier_chunks_attention_only() -> None:
 def test_a_prefill_in_halves_equals_the_whole_layers() -> None:
     """The BF16 kernel between each layer's two graphs: the halves as nodes of their own change when a node runs,
     not its result (bit for bit against whole layers on one lane, and against them on two lanes)."""
-    from hetero.dag import LAYER_PLACEMENT
     from hetero.native.attention import unavailable
     from hetero.npu.graph_backend import GraphOptions, NpuBackend
     from hetero.runtime import Runtime, SerialExecutor
@@ -169,8 +171,8 @@ def test_a_prefill_in_halves_equals_the_whole_layers() -> None:
     be = NpuBackend(tiny, tiny_plan(tiny, None, scale=0.03), 32,
                     options=GraphOptions(fused=True, intra_op_threads=1, attention="bf16"))
     ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(0))
-    halves = Runtime(tiny, chunk=32, backend=be, executor=WavefrontExecutor(tiny.config.n_layers, halves=True))
-    whole = Runtime(tiny, chunk=32, backend=be, executor=WavefrontExecutor(tiny.config.n_layers)).prefill(ids)
+    halves = Runtime(tiny, chunk=32, backend=be, executor=WavefrontExecutor(tiny.config.n_layers, HALF_PLACEMENT))
+    whole = Runtime(tiny, chunk=32, backend=be, executor=WavefrontExecutor(tiny.config.n_layers, LAYER_PLACEMENT)).prefill(ids)
     serial = Runtime(tiny, chunk=lane_chunk(70, 32, 2), backend=be,
                      executor=SerialExecutor(tiny.config.n_layers, LAYER_PLACEMENT)).prefill(ids)
     for _ in range(8):  # two chunks' o→FFN of one layer may run at once, each on its lane's binding (`Graph.binding`)
