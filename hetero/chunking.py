@@ -28,15 +28,18 @@ class Chunk:
 
 
 def token_ids(ids: object, vocab: int) -> np.ndarray:
-    """Token ids at the API edge as a 1-D int64 numpy array: a list/tuple/range of ints, or a numpy or torch
-    integer array of any width (uint16 included), 1-D or [1, n]; each in [0, vocab). Anything else (None,
-    text, floats, bools, generators, ids past the vocabulary) is a ConfigError saying what was expected."""
+    """Token ids at the API edge as a 1-D int64 numpy array: a list/tuple/range of ints, or a 1-D numpy or torch
+    integer array of any width (uint16 included); each in [0, vocab). Anything else (None, text, floats, bools,
+    generators, a 2-D batch even of one row, ids past the vocabulary) is a ConfigError saying what was expected."""
     what = "ids must be token ids (a list of ints, or a 1-D numpy/torch integer array)"
     if isinstance(ids, (str, bytes)):
         raise ConfigError(f"{what}, got {type(ids).__name__}: tokenize the text first, e.g. model.tokenizer(text)['input_ids']")
     torch = sys.modules.get("torch")  # a torch tensor can only come from a process that imported torch
     if isinstance(ids, (list, tuple, range)):
-        flat = ids[0] if len(ids) == 1 and isinstance(ids[0], (list, tuple)) else ids
+        flat = ids
+        if len(ids) and isinstance(ids[0], (list, tuple)):  # a batch: one prompt is ids[0]
+            raise ConfigError(f"ids must be 1-D token ids [n], got a list of {len(ids)} list(s): pass one prompt's ids"
+                              f"{', ids[0]' if len(ids) == 1 else ''}")
         for j, v in enumerate(flat):
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
                 raise ConfigError(f"{what}; element {j} is {type(v).__name__} {v!r}")
@@ -51,10 +54,9 @@ def token_ids(ids: object, vocab: int) -> np.ndarray:
     else:
         raise ConfigError(f"{what}, got {type(ids).__name__}" + (" (materialize it: list(ids))"
                                                                  if hasattr(ids, "__next__") else ""))
-    if a.ndim == 2 and a.shape[0] == 1:
-        a = a[0]
     if a.ndim != 1:
-        raise ConfigError(f"ids must be a 1-D sequence of token ids, got shape {tuple(a.shape)}")
+        raise ConfigError(f"ids must be 1-D token ids [n], got shape {tuple(a.shape)}"
+                          + (": pass one prompt's ids, ids[0]" if a.ndim == 2 and a.shape[0] == 1 else ""))
     if a.size == 0:
         raise ConfigError("ids is empty: the prompt must contain at least one token")
     bad = np.flatnonzero((a < 0) | (a >= vocab))

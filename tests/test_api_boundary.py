@@ -22,12 +22,11 @@ IDS = [5, 17, 200, 3, 9, 44, 101]
 
 
 @pytest.mark.parametrize("ids", [np.array(IDS, dtype=np.uint16), np.array(IDS, dtype=np.int32),
-                                 np.array([IDS], dtype=np.uint8), torch.tensor(IDS, dtype=torch.int16),
+                                 np.array(IDS, dtype=np.uint8), torch.tensor(IDS, dtype=torch.int16),
                                  torch.tensor(IDS, dtype=torch.uint16), tuple(IDS), range(5, 12),
                                  [np.int64(i) for i in IDS]])
 def test_sensible_ids_are_accepted(rt, ids):
-    ref = rt.prefill(torch.tensor(list(ids) if not isinstance(ids, np.ndarray) or ids.ndim == 1
-                                  else ids[0].tolist())).logits
+    ref = rt.prefill(torch.tensor(list(ids))).logits
     assert np.array_equal(rt.prefill(ids).logits, ref)
 
 
@@ -45,8 +44,12 @@ def test_sensible_ids_are_accepted(rt, ids):
     (np.array([1.0, 2.0]), "dtype float64"),
     (torch.tensor([True, False]), "dtype torch.bool"),
     ([], "ids is empty"),
-    ([[1, 2], [3, 4]], "element 0 is list"),
-    (np.zeros((2, 3), dtype=np.int64), r"1-D sequence of token ids, got shape \(2, 3\)"),
+    ([[1, 2], [3, 4]], r"ids must be 1-D token ids \[n\], got a list of 2 list\(s\)"),
+    (np.zeros((2, 3), dtype=np.int64), r"ids must be 1-D token ids \[n\], got shape \(2, 3\)"),
+    # a batch of one too (issue 40: the doc says 1-D), with what to pass instead
+    (np.array([IDS]), r"ids must be 1-D token ids \[n\], got shape \(1, 7\): pass one prompt's ids, ids\[0\]"),
+    (torch.tensor([IDS]), r"got shape \(1, 7\)"),
+    ([IDS], r"got a list of 1 list\(s\): pass one prompt's ids, ids\[0\]"),
 ])
 def test_bad_ids_are_config_errors(rt, ids, message):
     with pytest.raises(ConfigError, match=message):
