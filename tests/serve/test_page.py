@@ -69,6 +69,10 @@ def test_page_streams_a_chat_and_shows_the_prefill(server: RunningServer, browse
     wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#timeline rect.node")))
     nodes = browser.find_elements(By.CSS_SELECTOR, "#timeline rect.node")
     assert len(nodes) >= 3 and "tokens from position" in browser.find_element(By.ID, "timeline-info").text
+    legend = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#legend span")]
+    kinds = {n.find_element(By.TAG_NAME, "title").get_attribute("textContent").split(", ")[2].split(" on ")[0]
+             for n in nodes}
+    assert legend and set(legend) == kinds  # the kinds the method reported (the default's: layer_attn, layer_ffn)
     shot = os.environ.get("HETERO_PAGE_SCREENSHOT")
     if shot:
         Path(shot).parent.mkdir(parents=True, exist_ok=True)
