@@ -28,3 +28,19 @@ def test_dynamic_cache_holds_exactly_the_valid_positions(tiny_model) -> None:
     assert dc.get_seq_length() == 21
     k0, _ = r.cache.keys_values(0)
     torch.testing.assert_close(dc.layers[0].keys[0], torch.from_numpy(k0))
+
+
+def test_importing_the_adapter_loads_no_torch(default_model) -> None:
+    """The README's snippet imports the adapter before it makes its runtime: torch loaded then (at the adapter's
+    import, before any entry point chose OpenMP's wait policy) made make_runtime warn that torch's OpenMP threads
+    spin (issue 40). The adapter loads torch and transformers when its functions run."""
+    import subprocess
+    import sys
+
+    code = ("import logging, sys; logging.basicConfig(level=logging.WARNING)\n"
+            "import hetero\nfrom hetero.adapters.hf import generate, to_hf_model\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
+            "hetero.make_runtime(hetero.load_model()).close()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "OpenMP" not in done.stderr, done.stderr

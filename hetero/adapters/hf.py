@@ -2,20 +2,30 @@
 
 The prefill already produced the last prompt token's logits, so the first new token is chosen from
 them; `generate()` then continues with that token appended and only runs decode steps over our cache.
+
+Importing this module loads neither torch nor transformers (its functions do): a program that imports it first
+still lets `hetero.make_runtime` see torch unloaded, or an entry point choose OpenMP's wait policy before torch
+loads (`hetero.threads`); torch imported here at the top made `ExecutionPlan.for_host` warn that torch's OpenMP
+threads spin in the README's own snippet (issue 40).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from hetero.kv_cache import KVCache
 from hetero.loader import Model
 from hetero.runtime import PrefillResult
 
+if TYPE_CHECKING:
+    import torch
+
 
 def to_hf_model(model: Model) -> "torch.nn.Module":
     """A transformers `*ForCausalLM` sharing hetero's float weights (no copy, no random init)."""
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = model.config
@@ -48,6 +58,7 @@ def to_hf_model(model: Model) -> "torch.nn.Module":
 
 def to_dynamic_cache(cache: KVCache, hf_config: object | None = None) -> "object":
     """A `DynamicCache` holding copies of the cache's valid positions ([1, n_kv, length, D] per layer)."""
+    import torch
     from transformers import DynamicCache
 
     dc = DynamicCache(config=hf_config) if hf_config is not None else DynamicCache()
@@ -57,10 +68,11 @@ def to_dynamic_cache(cache: KVCache, hf_config: object | None = None) -> "object
     return dc
 
 
-@torch.inference_mode()
-def generate(hf_model: "torch.nn.Module", prompt_ids: np.ndarray | torch.Tensor, result: PrefillResult,
+def generate(hf_model: "torch.nn.Module", prompt_ids: "np.ndarray | torch.Tensor", result: PrefillResult,
              max_new_tokens: int) -> list[int]:
     """Greedy continuation of a prefill with `hf_model.generate`; returns the new token ids."""
+    import torch
+
     if max_new_tokens <= 0:
         return []
     first = int(np.argmax(result.logits))
@@ -69,12 +81,13 @@ def generate(hf_model: "torch.nn.Module", prompt_ids: np.ndarray | torch.Tensor,
         return [first]
     prompt_ids = torch.as_tensor(np.asarray(prompt_ids), dtype=torch.long)
     ids = torch.cat([prompt_ids.view(1, -1), torch.tensor([[first]])], dim=1)
-    out = hf_model.generate(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        past_key_values=to_dynamic_cache(result.cache, hf_model.config),
-        max_new_tokens=max_new_tokens - 1,
-        do_sample=False,
-        pad_token_id=eos,
-    )
+    with torch.inference_mode():
+        out = hf_model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            past_key_values=to_dynamic_cache(result.cache, hf_model.config),
+            max_new_tokens=max_new_tokens - 1,
+            do_sample=False,
+            pad_token_id=eos,
+        )
     return out[0, prompt_ids.numel():].tolist()
