@@ -2,8 +2,9 @@
 
 No greedy answer of the quantized path is asserted where float itself hesitates (the README demo's first
 token is a near-tie in float: 'The' 0.152 vs 'L' 0.140). Instead: on chat prompts with a float-like
-answer, the quantized top-1 must equal float's wherever float's top-1 leads its runner-up by > 0.1;
-perplexity on a short real text stays within a bound. Each weight form is forced (`isa`): this CPU's
+answer, wherever float's top-1 leads its runner-up by > MARGIN, the quantized top-1 must equal float's and
+lead every other token by >= SLACK, so that a pass here is not one float rounding away from a failure on
+another CPU; perplexity on a short real text stays within a bound. Each weight form is forced (`isa`): this CPU's
 default and the AVX2 one; the VNNI form is only exact with VNNI (`tests/npu/test_export.py`).
 """
 
@@ -29,7 +30,12 @@ QA = [  # (question, an answer; only the positions where float is sure are check
     ("What is 7 times 8?", "7 * 8 is 56."),
     ("What is the largest planet in the solar system?", "The largest planet in the solar system is Jupiter."),
 ]
-MARGIN = 0.1  # float's top-1 probability minus its runner-up's
+# float's top-1 probability minus its runner-up's. At 0.1 the check passed by luck: after "7 * 8 is" float leads
+# ' ' over ' equal' by 0.142, INT8 by 0.028 here (AMD EPYC Zen 4), and another CI machine's float kernels flipped it
+MARGIN = 0.2
+# the quantized top-1's least lead where checked. Measured here: 0.11 ('6' over '4' after "7 * 8 is 5"); torch's
+# scalar kernels instead of AVX-512 (ATEN_CPU_CAPABILITY=default) move these leads by up to 0.045
+SLACK = 0.05
 PPL_BOUND = 1.03  # quantized / float perplexity on 4 x 64 tokens of Austen (measured 1.0095, rotated default)
 
 FORMS = sorted({isa.default_weight_form(), isa.FORM_AVX2})
@@ -71,10 +77,13 @@ def test_quantized_top1_equals_float_where_float_is_sure(default_model, form, qu
     n_prompt, ids = _chat(m, question, answer)
     top2 = ref.forward(m.config, m.weights, ids)[0].double().softmax(-1).topk(2, -1)
     sure = (top2.values[:, 0] - top2.values[:, 1] > MARGIN)[n_prompt - 1:]  # the answer's positions
-    got = _onnx_logits(m, form, ids).argmax(-1)[n_prompt - 1:]
+    probs = _onnx_logits(m, form, ids).double().softmax(-1)[n_prompt - 1:]
+    got = probs.argmax(-1)
     want = top2.indices[n_prompt - 1:, 0]
     assert int(sure.sum()) >= 4  # most answer tokens are sure in float ("Paris", "Tokyo", "56" among them)
     assert torch.equal(got[sure], want[sure]), (form, m.tokenizer.decode(got))
+    lead = probs.topk(2, -1).values.diff(dim=-1).neg()[:, 0]  # the quantized top-1 minus its runner-up
+    assert float(lead[sure].min()) >= SLACK, (form, lead[sure].tolist())
 
 
 @pytest.mark.slow
