@@ -42,15 +42,27 @@ def cache_dir() -> str:
 DIGEST = digest()
 
 
-def njit(**options: Any) -> Callable:
-    """`numba.njit(cache=True, **options)` whose cache lives in `cache_dir()`: numba picks a kernel's cache
-    folder when it decorates, so the setting is held only for that moment (other numba users keep theirs)."""
+def _cached(decorator: Callable[[Callable], Callable]) -> Callable[[Callable], Callable]:
+    """`decorator` applied with its cache in `cache_dir()`: numba picks a kernel's cache folder when it decorates,
+    so the setting is held only for that moment (other numba users keep theirs)."""
     def decorate(fn: Callable) -> Callable:
         before = numba.config.CACHE_DIR
         numba.config.CACHE_DIR = cache_dir()
         try:
-            return numba.njit(cache=True, **options)(fn)
+            return decorator(fn)
         finally:
             numba.config.CACHE_DIR = before
 
     return decorate
+
+
+def njit(**options: Any) -> Callable:
+    """`numba.njit(cache=True, **options)` cached in `cache_dir()`."""
+    return _cached(numba.njit(cache=True, **options))
+
+
+def cfunc(signature: Any, **options: Any) -> Callable:
+    """`numba.cfunc(signature, cache=True, **options)` cached in `cache_dir()`: a kernel compiled once, as one C
+    function, whose address every caller calls (numba inlines an njit kernel into each caller and optimizes each
+    copy on its own, so with fastmath two callers' copies can round differently: `decode.rowattn.attend`)."""
+    return _cached(numba.cfunc(signature, cache=True, **options))

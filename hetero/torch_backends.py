@@ -62,6 +62,7 @@ class FloatBackend(TorchBackend):
     """The float reference, subgraph by subgraph."""
 
     name = "float"
+    cut_invariant = True  # its prefill's K/V and logits do not depend on where a prompt is cut (`serve.store`)
 
     def __init__(self, cfg: ModelConfig, weights: Weights):
         super().__init__(cfg, weights, FloatLinear(weights))

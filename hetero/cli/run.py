@@ -77,9 +77,10 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--decoder", choices=("hetero", "hf"), default="hetero",
                    help="hetero: decode on hetero's cache (default); hf: hand the cache to transformers generate()")
-    p.add_argument("--speculate", choices=SPECULATE, default="lookup",
-                   help="token-tree drafter (LLMCad): lookup = n-grams of the context (default), draft = "
-                        "--draft-model, self = the model's first layers, off")
+    p.add_argument("--speculate", choices=SPECULATE, default="auto",
+                   help="token-tree drafter (LLMCad): auto = lookup where verifying a tree is exactly one-row steps "
+                        "(default), lookup = n-grams of the context, draft = --draft-model, self = the model's first "
+                        "layers, off")
     p.add_argument("--draft-model", help="draft model for --speculate draft (GGUF or HF directory, same tokenizer)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -125,7 +126,7 @@ def _decode_hetero(args: argparse.Namespace, model: Any, runtime: Any, prompt: A
             sys.stdout.write("\n")
     g = d.result()
     return {"text": g.text.strip(), "new_tokens": len(g.tokens), "decode_tokens_per_s": round(g.tokens_per_s, 1),
-            "finish_reason": g.finish_reason, "speculate": args.speculate, "accepted": g.accepted,
+            "finish_reason": g.finish_reason, "speculate": d.speculate, "accepted": g.accepted,
             "drafted": g.drafted, "acceptance_rate": round(g.acceptance_rate, 3), "target_steps": g.steps}
 
 

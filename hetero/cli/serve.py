@@ -54,6 +54,10 @@ def register(sub: Any) -> None:
                    help="disk for swapped K/V, e.g. 2G; beyond it blocks are dropped and recomputed (default auto: "
                         "a quarter of the free space in --kv-dir, at most 16G)")
     p.add_argument("--kv-dir", type=Path, default=None, help="where the private swap directory goes (default: temp)")
+    p.add_argument("--reuse", choices=("exact", "any"), default="exact",
+                   help="exact: reuse only cached K/V that a cold prefill computes bit for bit, so replies do not "
+                        "depend on the cache (default); any: every cached token (fewer tokens prefilled, an INT8 "
+                        "method's replies may differ from a cold run's)")
     p.add_argument("--kv-restore", choices=("auto", "swap", "recompute"), default="auto",
                    help="restoring a swapped block: the cheaper per block, pipelined (auto), or always one way")
     p.add_argument("--max-contexts-per-client", type=positive_int, default=8)
@@ -97,7 +101,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                    else parse_bytes(args.kv_disk_budget, "--kv-disk-budget"))
     store = StoreConfig(block=args.kv_block, budget_bytes=parse_bytes(args.kv_budget), reserve=args.kv_reserve,
                         compress=args.kv_compress, tolerance=args.kv_tolerance, disk=args.kv_disk,
-                        disk_budget_bytes=disk_budget, kv_dir=args.kv_dir, restore=args.kv_restore)
+                        disk_budget_bytes=disk_budget, kv_dir=args.kv_dir, restore=args.kv_restore,
+                        exact=args.reuse == "exact")
     model = load_model(args.model)
     state_key = {"model": model.fingerprint, "method": args.method}
     state_dir = None if (args.state_dir or "").lower() == "none" else \

@@ -3,7 +3,8 @@
 Each target step feeds the last emitted token (the root) plus, with speculation, a drafted token tree
 as one chunk (LLMCad §3.2): every row's K/V is written in place, the longest accepted path stays (moved
 to the front if needed), the rest is forgotten. Greedy speculation emits exactly plain greedy's tokens;
-sampling uses the speculative acceptance rule (`sampling.accept_or_resample`). The cache invariant
+seeded sampling draws each output position's token with that position's uniform, so it emits the same tokens
+with or without speculation (`sampling.accept_or_resample`). The cache invariant
 (docs/design.md, "Invariants"): after a decode, `cache.length` = prompt + all generated tokens but the last.
 """
 
@@ -23,7 +24,8 @@ from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
 from hetero.runtime import PrefillResult, Runtime
 
-SPECULATE = ("off", "lookup", "draft", "self")
+# "auto": lookup where a tree's rows are one-row steps bit for bit (`DecodeStep.row_unexact`), else off
+SPECULATE = ("auto", "off", "lookup", "draft", "self")
 
 
 _END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>")
@@ -49,9 +51,20 @@ def end_tokens(tok: object) -> frozenset[int]:
     return out
 
 
-def make_drafter(speculate: str, runtime: Runtime, cache, draft_runtime: Runtime | None) -> Drafter | None:
+def speculation(step: DecodeStep, speculate: str) -> str:
+    """The speculation a decode runs: "auto" is "lookup" where verifying a tree computes each row as a one-row step
+    does, else "off"; a drafter asked for where it is not is refused, since it would change greedy output (issue 40)."""
     if speculate not in SPECULATE:
         raise ConfigError(f"speculate must be one of {', '.join(SPECULATE)}, got {speculate!r}")
+    why = step.row_unexact()
+    if speculate == "auto":
+        return "off" if why else "lookup"
+    if speculate != "off" and why:
+        raise ConfigError(f"speculate={speculate!r} would change the greedy output here: {why}; use 'auto' or 'off'")
+    return speculate
+
+
+def make_drafter(speculate: str, runtime: Runtime, cache, draft_runtime: Runtime | None) -> Drafter | None:
     if speculate == "off":
         return None
     if speculate == "lookup":
@@ -77,8 +90,8 @@ class Decoding:
         self.runtime, self.params, self.cache = runtime, params, prefill.cache
         self.logits0 = prefill.logits
         self.step = DecodeStep.of(runtime)
-        self.drafter = make_drafter(speculate, runtime, self.cache, draft_runtime)
-        self.speculate = speculate
+        self.speculate = speculation(self.step, speculate)
+        self.drafter = make_drafter(self.speculate, runtime, self.cache, draft_runtime)
         self.context = list(context_ids) if context_ids is not None else []
         if context_ids is not None and len(self.context) != self.cache.length:
             raise ConfigError(f"context_ids has {len(self.context)} ids but the cache holds {self.cache.length}")
@@ -115,7 +128,7 @@ class Decoding:
             if self.params.max_new_tokens == 0:
                 return
             gen = make_generator(self.params)
-            yield self._emit(choose(self.logits0, self.params, gen))
+            yield self._emit(choose(self.logits0, self.params, gen, 0))
             while not self._done:
                 for tok in self._one_step(gen):
                     yield self._emit(tok)
@@ -157,7 +170,8 @@ class Decoding:
         path, node = [0], 0
         while True:
             kids = tree.children(node)
-            tok, idx = accept_or_resample(logits[node], [tree.tokens[k] for k in kids], self.params, gen)
+            tok, idx = accept_or_resample(logits[node], [tree.tokens[k] for k in kids], self.params, gen,
+                                          len(self.tokens) + len(path) - 1)
             if idx is None:
                 break
             node = kids[idx]

@@ -40,7 +40,8 @@ def _rows(h: np.ndarray, hidden: int) -> np.ndarray:
 
 
 class FloatHead:
-    """final RMSNorm + the float LM head (the reference)."""
+    """final RMSNorm + the float LM head (the reference), a row at a time: torch's GEMM over a tree's rows sums in
+    another order than its GEMV over one row, so a tree row's logits were not the one-row step's (issue 40)."""
 
     name = "float"
 
@@ -52,9 +53,9 @@ class FloatHead:
 
         from hetero import model as ref
 
-        x = _rows(h, self.cfg.hidden)
+        x = torch.from_numpy(_rows(h, self.cfg.hidden))
         with torch.inference_mode():
-            out = ref.logits(self.cfg, self.weights, torch.from_numpy(x)).numpy()
+            out = torch.cat([ref.logits(self.cfg, self.weights, x[i : i + 1]) for i in range(x.shape[0])]).numpy()
         return out.reshape(*np.shape(h)[:-1], -1)
 
 

@@ -20,9 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numba
 import numpy as np
+from numba.core import types
 
 from hetero import jitcache
+from hetero.decode.twocore import native
 from hetero.config import ModelConfig
 from hetero.rope import RopeTable
 
@@ -198,6 +201,52 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
                     out[r, h, j, i] = o[r, j, i]
 
 
+# `attend`'s argument record (int64): where `_attend_entry` finds `_attend_rows`' arrays and numbers
+(_Q, _ROWS, _NKV, _G, _D, _K, _V, _CAP, _PREFIX, _EXTRA, _WIDTH, _NEXTRA, _SCALE, _OUT, _H0, _H1, _WINDOW,
+ _OFF) = range(18)
+_RECORD = 18
+
+
+@jitcache.cfunc(types.int64(types.int64, types.int64, types.int64), fastmath=True, nogil=True)
+def _attend_entry(record: int, unused_a: int, unused_b: int) -> int:  # pragma: no cover - compiled
+    """`_attend_rows` on the arrays an argument record names (`attend`): the one compiled copy of the kernel that
+    every caller runs. Each njit caller inlines the kernel and LLVM optimizes every copy on its own under fastmath,
+    so two callers' copies rounded differently: a step with the helper thread (`twocore.attnpool`) gave other logits
+    than one without it, and greedy output changed with the machine's load (issue 40)."""
+    r = numba.carray(native.pointer(record, np.int64), _RECORD)
+    rows, n_kv, g, d, cap = r[_ROWS], r[_NKV], r[_G], r[_D], r[_CAP]
+    f32 = np.float32
+    q = numba.carray(native.pointer(r[_Q], f32), (rows, n_kv, g, d))
+    k = numba.carray(native.pointer(r[_K], f32), (n_kv, cap, d))
+    v = numba.carray(native.pointer(r[_V], f32), (n_kv, cap, d))
+    extra = numba.carray(native.pointer(r[_EXTRA], np.int64), (rows, r[_WIDTH]))
+    n_extra = numba.carray(native.pointer(r[_NEXTRA], np.int64), rows)
+    out = numba.carray(native.pointer(r[_OUT], f32), (rows, n_kv, g, d))
+    _attend_rows(q, k, v, r[_PREFIX], extra, n_extra, native.float_of_bits(r[_SCALE]), out, r[_H0], r[_H1],
+                 r[_WINDOW], r[_OFF])
+    return 0
+
+
+ENTRY = _attend_entry.address  # passed to compiled callers as an argument: a frozen address would be cached
+
+
+@jitcache.njit(nogil=True)
+def attend(entry: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra: np.ndarray,
+           n_extra: np.ndarray, scale: float, out: np.ndarray, h0: int, h1: int, window: int,
+           off: int) -> None:  # pragma: no cover - compiled
+    """`_attend_rows` (same arguments; all C-contiguous, k/v one layer's [n_kv, capacity, D]) through the C entry
+    at `entry` (`ENTRY`): the one compiled kernel whether the caller is Python or a compiled loop, so a row's
+    result does not depend on which thread or path computed it."""
+    rec = np.empty(_RECORD, np.int64)
+    rec[_Q], rec[_ROWS], rec[_NKV], rec[_G], rec[_D] = q.ctypes.data, q.shape[0], q.shape[1], q.shape[2], q.shape[3]
+    rec[_K], rec[_V], rec[_CAP], rec[_PREFIX] = k.ctypes.data, v.ctypes.data, k.shape[1], prefix
+    rec[_EXTRA], rec[_WIDTH], rec[_NEXTRA] = extra.ctypes.data, extra.shape[1], n_extra.ctypes.data
+    rec[_SCALE] = np.array([scale], np.float64).view(np.int64)[0]
+    rec[_OUT], rec[_H0], rec[_H1], rec[_WINDOW], rec[_OFF] = out.ctypes.data, h0, h1, window, off
+    native.call3(entry, rec.ctypes.data, 0, 0)
+    rec[0] = 0  # rec is used after the call, so it is freed only after it
+
+
 _NO_EXTRA = np.zeros((1, 0), np.int64)
 _ZERO = np.zeros(1, np.int64)
 
@@ -218,7 +267,7 @@ def row_attention(cfg: ModelConfig, q: "torch.Tensor", k_cache: "torch.Tensor", 
     qg = q.reshape(cfg.n_kv_heads, g, cfg.head_dim).contiguous()
     if out is None:
         out = torch.empty(cfg.n_heads, 1, cfg.head_dim)
-    _attend_rows(qg.numpy()[None], k_cache.numpy(), v_cache.numpy(), length, _NO_EXTRA, _ZERO, cfg.scale,
+    attend(ENTRY, qg.numpy()[None], k_cache.numpy(), v_cache.numpy(), length, _NO_EXTRA, _ZERO, cfg.scale,
                  out.view(1, cfg.n_kv_heads, g, cfg.head_dim).numpy(), 0, cfg.n_kv_heads, window, 0)
     return out.view(cfg.n_heads, 1, cfg.head_dim)
 
@@ -342,5 +391,5 @@ def decode_rows(cfg: ModelConfig, qkv: np.ndarray, k_cache: np.ndarray, v_cache:
     n, g, d = len(layout), cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
     q = np.empty((n, cfg.n_kv_heads, g, d), np.float32)
     rope_rows(cfg, qkv, k_cache, v_cache, layout, q, layer, base)
-    _attend_rows(q, k_cache, v_cache, layout.slot - base, layout.extra, layout.n_extra, cfg.scale,
+    attend(ENTRY, q, k_cache, v_cache, layout.slot - base, layout.extra, layout.n_extra, cfg.scale,
                  out[:n].reshape(n, cfg.n_kv_heads, g, d), 0, cfg.n_kv_heads, cfg.window(layer), base)

@@ -1,13 +1,15 @@
 """Choosing tokens from logits: greedy, or temperature / top-k / top-p sampling with a seeded generator.
 
-`accept_or_resample` is the speculative acceptance rule for deterministic proposals (Leviathan et al.
-2023 with a one-hot draft distribution; SpecInfer's multi-candidate form for siblings): a proposal x is
-kept with probability p(x), otherwise x is removed from p and the next sibling (or a fresh sample from
-the renormalised rest) is tried, so every emitted token is distributed exactly as p.
+Sampling is keyed by position: the token at output position i is drawn from p by inverse CDF with the i-th
+uniform of numpy's PCG64 stream seeded with `SamplingParams.seed` (`Draws`), whatever was drafted. Verifying
+deterministic proposals (lookup, self and model drafts: one-hot draft distributions) then draws that token and
+keeps the proposal that equals it (`accept_or_resample`): a proposal x is kept with probability p(x), as in
+Leviathan et al. 2023, every emitted token is distributed exactly as p, and a seed gives the same tokens with
+speculation on or off and for any tree shape (issue 40). The rule it replaced (drop a rejected proposal, draw
+again from the renormalised rest) drew a varying number of uniforms per token, so the tokens after the first
+rejection followed the tree shapes, which follow the machine's load.
 
-numpy throughout (a decode imports no torch, issue 28): greedy is the first maximal logit (as torch.argmax);
-sampling draws from numpy's PCG64 generator seeded with `SamplingParams.seed`: a seed gives the same tokens on
-every run, but not those it gave when decoding drew from torch's generator (before issue 28).
+numpy throughout (a decode imports no torch, issue 28): greedy is the first maximal logit (as torch.argmax).
 """
 
 from __future__ import annotations
@@ -17,11 +19,25 @@ import numpy as np
 from hetero.decode.params import SamplingParams
 
 
-def make_generator(params: SamplingParams) -> np.random.Generator | None:
-    """The decode's generator: PCG64 from `params.seed` (fresh OS entropy when None); None when greedy."""
+class Draws:
+    """The uniforms of one decode, one per output position, from PCG64 seeded with `seed` (fresh OS entropy when
+    None): `draws[i]` is the i-th value of the stream whatever order positions are asked in."""
+
+    def __init__(self, seed: int | None):
+        self._gen = np.random.Generator(np.random.PCG64(seed))
+        self._u: list[float] = []
+
+    def __getitem__(self, position: int) -> float:
+        while len(self._u) <= position:
+            self._u.extend(self._gen.random(64).tolist())
+        return self._u[position]
+
+
+def make_generator(params: SamplingParams) -> Draws | None:
+    """The decode's uniforms (`Draws`) from `params.seed`; None when greedy."""
     if params.greedy:
         return None
-    return np.random.Generator(np.random.PCG64(params.seed))
+    return Draws(params.seed)
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -61,37 +77,23 @@ def _nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
     return out / out.sum()
 
 
-def _draw(p: np.ndarray, gen: np.random.Generator) -> int:
-    """One index drawn with probability p[i] / sum(p) (never one of zero mass)."""
+def _draw(p: np.ndarray, u: float) -> int:
+    """The index whose cumulative mass first exceeds u·sum(p) (probability p[i] / sum(p); never one of zero mass)."""
     c = np.cumsum(p)
-    i = int(np.searchsorted(c, gen.random() * c[-1], side="right"))
+    i = int(np.searchsorted(c, u * c[-1], side="right"))
     return i if i < len(p) else int(np.flatnonzero(p)[-1])  # u·total rounded up to total: the last with mass
 
 
-def choose(logits: np.ndarray, params: SamplingParams, gen: np.random.Generator | None) -> int:
-    """One token from logits [vocab]."""
+def choose(logits: np.ndarray, params: SamplingParams, draws: Draws | None, position: int = 0) -> int:
+    """The token at output position `position` from logits [vocab]."""
     if params.greedy:
         return int(np.argmax(logits))
-    return _draw(probabilities(logits, params), gen)
+    return _draw(probabilities(logits, params), draws[position])
 
 
 def accept_or_resample(logits: np.ndarray, candidates: list[int], params: SamplingParams,
-                       gen: np.random.Generator | None) -> tuple[int, int | None]:
-    """Verify proposed children of one node: (the emitted token, index of the accepted candidate or None).
-
-    Greedy: the argmax; accepted if it is one of the candidates. Sampling: the rule above.
-    """
-    if params.greedy:
-        tok = int(np.argmax(logits))
-        return tok, candidates.index(tok) if tok in candidates else None
-    p = probabilities(logits, params)
-    for i, c in enumerate(candidates):
-        pc = float(p[c])
-        if pc > 0 and gen.random() < pc:
-            return c, i
-        p[c] = 0.0
-        total = float(p.sum())
-        if total <= 0:  # every token with mass was proposed and rejected: cannot happen unless p is one-hot
-            break
-        p /= total
-    return _draw(p, gen), None
+                       draws: Draws | None, position: int = 0) -> tuple[int, int | None]:
+    """Verify proposed children of one node whose token goes to output position `position`: (the emitted token,
+    index of the candidate equal to it or None). Greedy: the argmax. Sampling: the position's draw (`choose`)."""
+    tok = choose(logits, params, draws, position)
+    return tok, candidates.index(tok) if tok in candidates else None

@@ -63,7 +63,11 @@ class Layers(Protocol):
 
 class FloatLayers:
     """The float layer (`hetero.model`) over a tree's rows, with the per-row attention of decode (`rowattn`): torch's
-    float math on views of the numpy cache, the hidden rows handed back as numpy."""
+    float math on views of the numpy cache, the hidden rows handed back as numpy.
+
+    The linears run one row at a time: torch's GEMM over n rows takes other kernels (and sums in another order) than
+    its GEMV over one, which moved a tree row's logits by ~1.5e-5 from the one-row step of its token, enough to flip
+    a near-tie; a row at a time, a tree's rows are the one-row steps bit for bit (issue 40)."""
 
     def __init__(self, runtime: Runtime, backend: LayerBackend):
         self.runtime, self.backend, self.cfg = runtime, backend, runtime.cfg
@@ -80,12 +84,12 @@ class FloatLayers:
             positions = torch.from_numpy(tree.positions(slot))
             mask = None if tree.is_chain() else torch.from_numpy(tree.mask())
             for layer in range(self.cfg.n_layers if layers is None else layers):
-                q, k, v = backend.qkv(layer, h)
+                q, k, v = (torch.cat(parts) for parts in zip(*(backend.qkv(layer, h[i : i + 1]) for i in range(n))))
                 base = cache.place(layer, slot, n)  # a windowed layer keeps its window (`KVCache.place`)
                 kc, vc = (torch.from_numpy(x) for x in cache.layer(layer))
                 a = ref.attention(self.cfg, q, k, v, self.runtime.rope, kc, vc, slot, n, positions, mask,
                                   row_attention, layer=layer, lw=self.runtime.model.weights.layers[layer], base=base)
-                h = backend.o_ffn(layer, a, h)
+                h = torch.cat([backend.o_ffn(layer, a[i : i + 1], h[i : i + 1]) for i in range(n)])
             return h.contiguous().numpy()
 
 
@@ -154,6 +158,16 @@ class DecodeStep:
                                  runtime.execution.ort_pool)
         else:
             self.head = FloatHead(self.cfg, self.model.weights)
+
+    def row_unexact(self) -> str | None:
+        """Why a token tree's rows are not computed exactly as one-row steps of their tokens here, or None when they
+        are (so verifying a drafted tree emits plain greedy's tokens, bit for bit: `generate.speculation`). Measured
+        exact: the INT8 graphs, hetero's int8 GEMVs, the INT8 head, the float layer and head a row at a time, the
+        attention kernel (`rowattn`, one compiled copy on either thread); tests/decode/test_determinism.py."""
+        if self.static and ((self.small_rows > 1 and self.kernel == "nbits") or isinstance(self.head, NbitsHead)):
+            return ("ONNX Runtime's MatMulNBits kernels compute a row of a multi-row step otherwise than a one-row "
+                    "step (tree rows were up to 0.5 off in logits)")
+        return None
 
     def _kernel(self, kernel: str, placed: str) -> str:
         """What runs the small steps (`__init__`'s kernel): "gemv" or "nbits"."""

@@ -39,6 +39,7 @@ class Node:
     qv: "QTensor | None" = None
     disk: Path | None = None  # a complete (clean) copy on disk
     writing: "Future | None" = None  # ahead-of-time write in flight
+    lossy: bool = False  # compressed once (`ChunkStore._demote`): its K/V are no longer what was computed
     refs: int = 0  # contexts whose path holds this node
     pins: int = 0  # requests reading or writing it now (never evicted while > 0)
     last_used: float = 0.0

@@ -3,8 +3,10 @@
 A context (`create_context` → `chat` … → `delete_context`) keeps its messages and its K/V across calls;
 a per-client limit bounds how many are active. Every request (a context's turn, a stateless chat or a
 completion) first looks its token ids up in the prefix index (Pensieve §4.1), restores the matched K/V
-and prefills only the rest; decoded tokens are written into the same cache, and the whole sequence is
-committed back as blocks, so the next turn re-prefills nothing of this one. The HTTP layer
+and prefills only the rest; decoded tokens are written into the same cache, and the sequence is committed
+back as blocks. By default (`StoreConfig.exact`) only K/V that a cold prefill computes bit for bit are reused,
+so a reply does not depend on the cache's state: whole prefill segments of the prompts (`store.SEGMENT`); with
+exact=False every cached token is, and the next turn re-prefills nothing of this one. The HTTP layer
 (`hetero.serve.http`) is a thin shell over this class.
 
 A request's prefill is one plan (`Runtime.prefill_steps`), stepped in slices by the engine. Context ids
@@ -37,7 +39,7 @@ from hetero.serve.engine import Engine, Job, Sink
 from hetero.serve.metrics import ServeMetrics
 from hetero.serve.quant import dequantize
 from hetero.serve.restore import CostModel, RestoreReport, restore
-from hetero.serve.store import ChunkStore, StoreConfig
+from hetero.serve.store import SEGMENT, ChunkStore, StoreConfig, cut_invariant, exact_end, exact_match, segment_cuts
 
 if TYPE_CHECKING:
     from hetero.decode import SamplingParams, TokenEvent
@@ -108,6 +110,8 @@ class Service:
         self.tokenizer = runtime.model.tokenizer
         self.model_name = model_name or runtime.model.name
         self.store = ChunkStore(store or StoreConfig())
+        # exact reuse: the prefill segments of a runtime whose numbers depend on where a prompt is cut (`store.SEGMENT`)
+        self.segment = SEGMENT if self.store.config.exact and not cut_invariant(runtime) else None
         self.cost = CostModel()
         self.max_contexts_per_client = max_contexts_per_client
         self.engine = Engine(max_active=max_active, max_queue=max_queue)
@@ -307,6 +311,8 @@ class Service:
         budget = rt.max_context - len(ids)
         max_new = min(params.max_new_tokens, budget)
         match = store.match(ids, limit=len(ids) - 1)  # at least one token is prefilled: it gives the logits
+        if store.config.exact:
+            match = exact_match(match, self.segment)
         pinned = [n for n, _ in match.nodes()]
         store.pin(pinned)
         new = ids[match.n_tokens:]
@@ -317,15 +323,20 @@ class Service:
             cache = rt.new_cache(min(rt.max_context, len(ids) + max_new + 1), full_history=True)
             report: RestoreReport = yield from restore(store, rt, match, cache, self.cost, store.config.restore)
             t0 = time.perf_counter()
-            steps = rt.prefill_steps(new, cache=cache,  # pauses only when someone waits (or this job is cancelled)
-                                     contended=lambda: self.engine.contended() or job.cancelled.is_set())
-            while True:  # one plan, stepped: the engine runs other requests between its slices
-                try:
-                    job.remaining = next(steps)
-                except StopIteration as done:
-                    result: PrefillResult = done.value
-                    break
-                yield
+            # exact reuse: the prefill in segments at multiples of `store.SEGMENT`, as a cold prefill runs them
+            cuts = segment_cuts(cache.length, len(new), self.segment)
+            done_to = 0
+            for cut in cuts:
+                steps = rt.prefill_steps(new[done_to:cut], cache=cache,  # pauses only when someone waits (or this
+                                         contended=lambda: self.engine.contended() or job.cancelled.is_set())  # job ends)
+                while True:  # one plan, stepped: the engine runs other requests between its slices
+                    try:
+                        job.remaining = next(steps) + len(new) - cut
+                    except StopIteration as done:
+                        result: PrefillResult = done.value
+                        break
+                    yield
+                done_to = cut
             job.remaining = 0
             prefill_ms = (time.perf_counter() - t0) * 1e3
             self.last_prefill = timeline_json(result, prefill_ms)
@@ -351,7 +362,7 @@ class Service:
                 finally:
                     events.close()
             t_first = t_first or time.perf_counter()
-            path = store.commit(ids + tokens, cache)
+            path = store.commit(ids + tokens, cache, exact_end(len(ids), self.segment) if store.config.exact else None)
             store.hold(path)
             if ctx is not None:
                 store.release(ctx.path)

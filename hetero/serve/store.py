@@ -39,6 +39,9 @@ class StoreConfig:
     kv_dir: Path | None = None  # parent of the private swap directory (default: the system temp dir)
     restore: str = "auto"  # "auto": per-block cheaper of swap-in / recompute, pipelined; "swap"; "recompute"
     reuse: bool = True  # False: never match a cached prefix (the stateless baseline that re-prefills everything)
+    # True: a reply does not depend on what the cache holds (`exact_match`); False: every cached token is reused
+    # (fewer tokens prefilled; the INT8 methods' replies may then differ from a cold run's, docs/journal.md)
+    exact: bool = True
 
     def __post_init__(self) -> None:
         if self.block <= 0:
@@ -51,6 +54,49 @@ class StoreConfig:
             raise ConfigError(f"compress must be 'auto' or 'off', got {self.compress!r}")
         if self.restore not in ("auto", "swap", "recompute"):
             raise ConfigError(f"restore must be 'auto', 'swap' or 'recompute', got {self.restore!r}")
+
+
+# Exact reuse (issue 40). The INT8 prefill's numbers depend on how a prompt is cut into chunks (each chunk's shadow
+# outlier channels, its attention blocks, the wavefront's balanced chunk lengths): K/V of a prompt cut at P and
+# continued differ from a cold prefill's from row 0 on (bench/results/determinism.md), while the float reference's
+# do not (`cut_invariant`). With `StoreConfig.exact` the service prefills such a runtime in segments of SEGMENT
+# tokens at multiples of SEGMENT (`segment_cuts`), so a whole segment's rows are a function of the tokens up to its
+# end, whatever was cached; a request reuses only such rows (`exact_match`) and commits only its prompt's whole
+# segments (`exact_end`): a prompt's last partial segment and the decoded reply (a decode step's math, not a
+# prefill's) are prefilled again by the next turn. Compressed blocks are never reused exactly.
+SEGMENT = 512
+
+
+def cut_invariant(runtime: object) -> bool:
+    """Whether a runtime's prefill gives the same K/V and logits bit for bit however a prompt is cut (its backend
+    says so: the float reference; tests/serve/test_exact_reuse.py)."""
+    return bool(getattr(getattr(runtime, "backend", None), "cut_invariant", False))
+
+
+def exact_end(n_prompt: int, segment: int | None) -> int:
+    """The rows of a prompt of n_prompt tokens that a later request may reuse exactly: its whole segments (all of
+    them where there are no segments)."""
+    return n_prompt if segment is None else n_prompt // segment * segment
+
+
+def segment_cuts(start: int, n_new: int, segment: int | None) -> list[int]:
+    """Ends (offsets into the n_new tokens after position start) of the prefill's segments: one at each multiple of
+    `segment` (none where it is None), and at n_new."""
+    return ([] if segment is None else list(range(segment - start % segment, n_new, segment))) + [n_new]
+
+
+def exact_match(match: Match, segment: int | None) -> Match:
+    """The part of `match` a cold prefill reproduces bit for bit: up to the first compressed block (`Node.lossy`);
+    with segments, also up to the first dropped one (recomputing it would cut other chunks), whole segments only."""
+    end = 0
+    for node, used in match.nodes():
+        if node.lossy or (segment is not None and node.tier == "dropped"):
+            break
+        end = node.start + used
+    end = exact_end(end, segment)
+    path = tuple(n for n in match.path if n.end <= end)
+    partial = next((n for n, _ in match.nodes() if n.start < end < n.end), None)
+    return Match(path, partial, end - partial.start if partial is not None else 0)
 
 
 class ChunkStore:
@@ -82,9 +128,9 @@ class ChunkStore:
             n.refs += delta
 
     # --- commit: the request's cache → blocks --------------------------------------------------
-    def commit(self, ids: list[int], cache: KVCache) -> list[Node]:
-        """Blocks for positions [0, cache.length) of `ids`: existing ones are kept, new ones copied in."""
-        n, b = cache.length, self.config.block
+    def commit(self, ids: list[int], cache: KVCache, end: int | None = None) -> list[Node]:
+        """Blocks for positions [0, end) (default cache.length) of `ids`: existing ones are kept, new ones copied in."""
+        n, b = min(cache.length, cache.length if end is None else end), self.config.block
         now, node, path = time.monotonic(), self.index.root, []
         for a in range(0, n, b):
             blk = tuple(ids[a : min(a + b, n)])
@@ -187,7 +233,7 @@ class ChunkStore:
             before = node.ram_bytes()
             self.ram -= before
             node.k = node.v = None
-            node.qk, node.qv = qk, qv
+            node.qk, node.qv, node.lossy = qk, qv, True
             self.ram += node.ram_bytes()
             self.errors.append(err)
             self.counts[f"compressed_{qk.level}"] += 1

@@ -41,10 +41,10 @@ def test_speculative_acceptance_samples_exactly_the_target_distribution() -> Non
     params = SamplingParams(temperature=1.0, seed=0)
     gen = make_generator(params)
     n = 20000
-    for candidates in ([3], [1, 3], [0, 1, 2, 3], []):
+    for j, candidates in enumerate(([3], [1, 3], [0, 1, 2, 3], [])):
         counts = np.zeros(4)
-        for _ in range(n):
-            tok, idx = accept_or_resample(logits, candidates, params, gen)
+        for i in range(n):
+            tok, idx = accept_or_resample(logits, candidates, params, gen, j * n + i)
             assert idx is None or candidates[idx] == tok
             counts[tok] += 1
         # 4 standard deviations of a binomial proportion at n = 20000 is < 0.015
@@ -62,7 +62,22 @@ def test_seeded_sampling_repeats_and_draws_only_tokens_with_mass() -> None:
     """A seed gives the same tokens every time (numpy's PCG64); top-k's cut tokens are never drawn."""
     logits = np.log(np.array([0.3, 0.05, 0.3, 0.05, 0.3], np.float32))
     params = SamplingParams(temperature=1.0, top_k=3, seed=7)
-    draws = [[choose(logits, params, gen) for _ in range(200)] for gen in (make_generator(params),
-                                                                          make_generator(params))]
+    draws = [[choose(logits, params, gen, i) for i in range(200)] for gen in (make_generator(params),
+                                                                             make_generator(params))]
     assert draws[0] == draws[1] and set(draws[0]) == {0, 2, 4}
     assert make_generator(SamplingParams()) is None  # greedy needs none
+
+
+def test_a_positions_token_does_not_depend_on_what_was_proposed_or_on_draw_order() -> None:
+    """Seeded sampling emits at each position the token plain sampling emits there, whatever the draft proposed
+    (a tree's candidates only say whether the draw is accepted), and asking positions out of order changes nothing."""
+    logits = np.log(np.array([0.4, 0.3, 0.2, 0.1], np.float32))
+    params = SamplingParams(temperature=1.0, seed=3)
+    plain = [choose(logits, params, make_generator(params), i) for i in range(50)]
+    backwards = make_generator(params)
+    assert [choose(logits, params, backwards, i) for i in reversed(range(50))][::-1] == plain
+    spec = make_generator(params)
+    for i, want in enumerate(plain):
+        for candidates in ([want], [(want + 1) % 4], [(want + 1) % 4, want], []):
+            tok, idx = accept_or_resample(logits, candidates, params, spec, i)
+            assert tok == want and (idx is None) == (want not in candidates)

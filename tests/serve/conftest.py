@@ -31,8 +31,9 @@ class RunningServer(BackgroundServer):
 
 @pytest.fixture(scope="module")
 def server(default_model: hetero.Model) -> Iterator[RunningServer]:
-    """The float runtime (exact reference) with small chunks: short test prompts pay for little padding."""
-    service = Service(hetero.Runtime(default_model, chunk=32), StoreConfig(block=16), max_active=2, max_queue=2,
+    """The float runtime (exact reference) with small chunks: short test prompts pay for little padding; every cached
+    token reused (`exact=False`: these tests count what earlier turns leave for later ones)."""
+    service = Service(hetero.Runtime(default_model, chunk=32), StoreConfig(block=16, exact=False), max_active=2, max_queue=2,
                       max_contexts_per_client=2)
     running = RunningServer(service)
     yield running

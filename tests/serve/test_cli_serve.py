@@ -68,7 +68,7 @@ class ServeProcess:
         self.port = free_port()
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen([sys.executable, "-m", "hetero", "serve", "--method", "float", "--chunk", "32",
-                                      "--port", str(self.port), *args], env=env, stdout=subprocess.PIPE,
+                                      "--reuse", "any", "--port", str(self.port), *args], env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60)
         deadline = time.monotonic() + 120

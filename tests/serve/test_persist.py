@@ -16,7 +16,7 @@ KEY = {"model": "test", "method": "float"}
 
 
 def service(model: hetero.Model, folder: Path, key: dict = KEY) -> Service:
-    return Service(hetero.Runtime(model, chunk=32), StoreConfig(block=16), state_dir=folder, state_key=key)
+    return Service(hetero.Runtime(model, chunk=32), StoreConfig(block=16, exact=False), state_dir=folder, state_key=key)
 
 
 def test_a_context_survives_a_restart(default_model: hetero.Model, tmp_path: Path) -> None:

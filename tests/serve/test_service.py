@@ -25,7 +25,8 @@ def converse(service: hetero.Service, n_contexts: int = 2) -> list[list[str]]:
 
 
 def test_contexts_and_limits(default_model: hetero.Model) -> None:
-    with hetero.Service(hetero.Runtime(default_model, chunk=32), max_contexts_per_client=1) as service:
+    with hetero.Service(hetero.Runtime(default_model, chunk=32), StoreConfig(exact=False),
+                        max_contexts_per_client=1) as service:
         cid = service.create_context(system="Be brief.")
         with pytest.raises(ContextLimit, match="limit 1"):
             service.create_context()

@@ -11,8 +11,8 @@ pool pays a wake-up on every run (`step.DECODE_THREADS`). Here a helper thread i
 `native.call3`) while the main thread runs the other; so is a column half of hetero's own GEMVs (`native.gemv`),
 whose C entry has RunWithBinding's signature: the stage names the function the helper calls.
 
-A head's output is computed by the same compiled kernel, `rowattn._attend_rows` over [h, h + 1), whichever
-thread claims it, with the same argument types as the one-thread call, and a split graph's outputs are the
+A head's output is computed by the same machine code, the C entry `rowattn.attend` calls over [h, h + 1),
+whichever thread claims it and as the one-thread step does (an inlined copy of the kernel rounded differently), and a split graph's outputs are the
 whole graph's: the result is bit for bit the one-thread step's (tested), so plain and speculative decoding
 stay equal. If the helper is late (it has not woken yet, or the OS preempted it) the main thread claims the
 heads and takes the graph halves back itself: nothing waits on the helper but work it is already running.
@@ -32,7 +32,7 @@ import numpy as np
 from hetero import jitcache
 from hetero.config import ModelConfig
 from hetero.decode.twocore import atomics, native
-from hetero.decode.rowattn import RowLayout, _attend_rows, _rope_rows
+from hetero.decode.rowattn import ENTRY, RowLayout, _rope_rows, attend
 
 # Control fields (int64), each on its own 64-byte cache line. SEQ is even when a job is published and odd
 # while the main thread writes one (a seqlock); CLAIM and DONE count heads over all jobs and never go back,
@@ -74,16 +74,16 @@ class StageTable:
 @jitcache.njit(nogil=True)
 def _claim_heads(ctrl: np.ndarray, limit: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int,
                  extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray,
-                 helper: bool, window: int, off: int) -> None:  # pragma: no cover - compiled
-    """Claim the job's heads (head numbers limit - n_kv .. limit - 1) one at a time and attend each; the helper
-    counts its heads (`AttentionPool.helped`)."""
+                 helper: bool, window: int, off: int, entry: int) -> None:  # pragma: no cover - compiled
+    """Claim the job's heads (head numbers limit - n_kv .. limit - 1) one at a time and attend each through the
+    one compiled kernel at `entry` (`rowattn.attend`); the helper counts its heads (`AttentionPool.helped`)."""
     base = limit - k.shape[0]
     while True:
         c = atomics.load(ctrl, _CLAIM)
         if c >= limit:
             return
         if atomics.cas(ctrl, _CLAIM, c, c + 1):
-            _attend_rows(q, k, v, prefix, extra, n_extra, scale, out, c - base, c - base + 1, window, off)
+            attend(entry, q, k, v, prefix, extra, n_extra, scale, out, c - base, c - base + 1, window, off)
             if helper:
                 atomics.add(ctrl, _HELPED, 1)
             atomics.add(ctrl, _DONE, 1)
@@ -93,7 +93,7 @@ def _claim_heads(ctrl: np.ndarray, limit: int, q: np.ndarray, k: np.ndarray, v: 
 def _attend_shared(ctrl: np.ndarray, layer: int, qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int,
                    k_all: np.ndarray, v_all: np.ndarray, q: np.ndarray, prefix: int, extra: np.ndarray,
                    n_extra: np.ndarray, scale: float, out: np.ndarray, window: int,
-                   off: int) -> int:  # pragma: no cover
+                   off: int, entry: int) -> int:  # pragma: no cover
     """The main thread's side of one layer: RoPE of the rows (`rowattn.rope_rows`, their K/V into cache rows
     prefix..), publish the job (the layer's sliding window and the position its row 0 holds with it), claim heads,
     wait until all are done; returns the spins it waited for the helper's last head."""
@@ -109,7 +109,8 @@ def _attend_shared(ctrl: np.ndarray, layer: int, qkv: np.ndarray, cos: np.ndarra
     atomics.store(ctrl, _WINDOW, window)
     atomics.store(ctrl, _OFF, off)
     atomics.store(ctrl, _SEQ, seq + 2)
-    _claim_heads(ctrl, limit, q, k_all[layer], v_all[layer], prefix, extra, n_extra, scale, out, False, window, off)
+    _claim_heads(ctrl, limit, q, k_all[layer], v_all[layer], prefix, extra, n_extra, scale, out, False, window, off,
+                 entry)
     spins = 0
     while atomics.load(ctrl, _DONE) < limit:
         atomics.pause()
@@ -119,7 +120,8 @@ def _attend_shared(ctrl: np.ndarray, layer: int, qkv: np.ndarray, cos: np.ndarra
 
 @jitcache.njit(nogil=True)
 def _helper_loop(ctrl: np.ndarray, seen: int, k_all: np.ndarray, v_all: np.ndarray, q: np.ndarray,
-                 extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray) -> None:  # pragma: no cover
+                 extra: np.ndarray, n_extra: np.ndarray, scale: float, out: np.ndarray,
+                 entry: int) -> None:  # pragma: no cover
     """The helper's side of a step, until STOP is set: run the graph halves published to it (`_run_stages`,
     through the C function it names) and claim heads of every attention job published after `seen`."""
     while atomics.load(ctrl, _STOP) == 0:
@@ -141,7 +143,8 @@ def _helper_loop(ctrl: np.ndarray, seen: int, k_all: np.ndarray, v_all: np.ndarr
         if atomics.load(ctrl, _SEQ) != seq:  # a newer job was written meanwhile: read that one
             continue
         seen = seq
-        _claim_heads(ctrl, limit, q, k_all[layer], v_all[layer], prefix, extra, n_extra, scale, out, True, window, off)
+        _claim_heads(ctrl, limit, q, k_all[layer], v_all[layer], prefix, extra, n_extra, scale, out, True, window, off,
+                     entry)
 
 
 @jitcache.njit(nogil=True)
@@ -265,7 +268,7 @@ class AttentionPool:
         _set(self.ctrl, _STOP, 0)
         self._step = (k_all, v_all, q, extra, n_extra, float(scale), out)
         self._helped_before = self.helped
-        self._args = (int(self.ctrl[_SEQ]),) + self._step
+        self._args = (int(self.ctrl[_SEQ]),) + self._step + (ENTRY,)
         self._go.set()
         return True
 
@@ -282,7 +285,7 @@ class AttentionPool:
         cos, sin = layout.rope(cfg, layer)
         self._wait_spins += _attend_shared(self.ctrl, layer, qkv[:n], cos, sin, cfg.n_heads,
                                            k_all, v_all, q, layout.slot - base, extra, n_extra, scale, out,
-                                           cfg.window(layer), base)
+                                           cfg.window(layer), base, ENTRY)
         self._attend_s += time.perf_counter() - t0
         self._heads += k_all.shape[1]
 

@@ -29,3 +29,31 @@ def call3(typingctx, fn, a, b, c):
         return builder.ptrtoint(res, ir.IntType(64))
 
     return types.int64(fn, a, b, c), codegen
+
+
+@intrinsic
+def pointer(typingctx, addr, dtype):
+    """The address addr (int64) as a pointer to `dtype` (a numpy scalar type: `np.float32`), for
+    `numba.carray`: how a compiled C entry (`rowattn.attend`) sees the arrays its argument record names."""
+    if not isinstance(addr, types.Integer) or not isinstance(dtype, types.DType | types.NumberClass):
+        return None
+    target = dtype.dtype if isinstance(dtype, types.DType) else dtype.instance_type
+    ptr_type = types.CPointer(target)
+
+    def codegen(context, builder, sig, args):
+        as_int = context.cast(builder, args[0], sig.args[0], types.int64)
+        return builder.inttoptr(as_int, context.get_value_type(ptr_type))
+
+    return ptr_type(addr, dtype), codegen
+
+
+@intrinsic
+def float_of_bits(typingctx, bits):
+    """The float64 whose bit pattern is the int64 bits (`np.float64(x).view(np.int64)` undone)."""
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(context.cast(builder, args[0], sig.args[0], types.int64), ir.DoubleType())
+
+    return types.float64(bits), codegen
