@@ -150,6 +150,21 @@ class ChunkAttention:
             self._torch_rows(qkv, k_cache, v_cache, start, out, layer, base)
             return out
         cos, sin = self.local if cfg.local_rope(layer) else (self.cos, self.sin)
+        if n == 1 and start - base + 2 <= cap and start + 2 <= cos.shape[0]:
+            # GroupQueryAttention takes its token-generation path for one row, which sums in another order than its
+            # prompt path: a prompt whose last piece was one token differed from the same prompt cold (issue 40).
+            # The row twice (the copy's K/V land in the scratch row after it, as a chunk's padding would) keeps a
+            # row's numbers the same whatever chunk it is in.
+            two = np.empty((2, cfg.q_dim), np.float32)
+            self._gqa(np.ascontiguousarray(np.repeat(qkv, 2, axis=0)), k_cache, v_cache, start, two, layer, base, cos, sin)
+            out[0] = two[0]
+            return out
+        return self._gqa(qkv, k_cache, v_cache, start, out, layer, base, cos, sin)
+
+    def _gqa(self, qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int, out: np.ndarray, layer: int,
+             base: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """The GroupQueryAttention node on the rows (`__call__`'s arguments; cos/sin the layer's table)."""
+        cfg, n = self.cfg, qkv.shape[0]
         # GroupQueryAttention ropes the new rows at positions past + i (past: the rows before them): from `base`
         # on, the rows hold positions - base and the table is read from its row `base`
         cos, sin, start = cos[base:], sin[base:], start - base

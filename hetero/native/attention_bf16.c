@@ -17,7 +17,6 @@
 #define RB 16 /* query rows per block: the lanes of a vector */
 #define KB 32 /* keys per block */
 #define MAXD 256
-#define KVMAX 64 /* KV heads */
 
 static inline uint16_t bf16_of(float x) {
     uint32_t u;
@@ -136,35 +135,34 @@ static inline __attribute__((always_inline)) int attend(
     }
     uint32_t *kt = grow(0, (size_t)KV * P2 * Tpad * 4);       /* [KV][Tpad/16][D/2][16]: pairs of dims, key-minor */
     uint32_t *vp = grow(1, (size_t)KV * (Tpad / 2) * D * 4);  /* [KV][Tpad/2][D]: (V[2j][d], V[2j+1][d]) */
-    uint32_t *qp = grow(2, (size_t)H * nrb * P2 * RB * 4 + (size_t)(KB * RB + KB / 2 * RB + MAXD * RB) * 4);
+    uint32_t *qp = grow(2, (size_t)H * nrb * P2 * RB * 4 + (size_t)(KB * RB + KB / 2 * RB + MAXD * RB + KV * MAXD) * 4);
     if (!kt || !vp || !qp) return 1;
     float *S = (float *)(qp + (size_t)H * nrb * P2 * RB); /* [KB][RB] scores of a block */
     uint32_t *pp = (uint32_t *)(S + KB * RB);             /* [KB/2][RB] probability pairs */
     float *ot = (float *)(pp + KB / 2 * RB);              /* [D][RB] the output, transposed */
+    float *vref_all = ot + MAXD * RB;                     /* [KV][MAXD] each group's V reference, added back */
 
-    /* K and V less their mean over the keys, then rounded to bf16 (SageAttention's smoothing of K: the rounding
-     * error is relative to |k - mean|, not |k|). Exact in fp32: a query's scores all move by q·mean(K), which the
-     * softmax ignores, and sum_j p_j (v_j - mean(V)) + mean(V) = sum_j p_j v_j as the p_j sum to 1. */
-    /* (rotate: o·H = sum_j p_j (v_j - mean)·H + mean·H, o_in's online Hadamard done here, on V's rows) */
-    float kmean[KVMAX * MAXD], vmean[KVMAX * MAXD], vmean_rot[KVMAX * MAXD] __attribute__((aligned(64)));
+    /* K and V less a reference row before rounding to bf16 (SageAttention's smoothing of K: the rounding error is
+     * relative to |k - ref|, not |k|, and the channels all keys share cancel). Exact in fp32: a query's scores all
+     * move by q·ref, which the softmax ignores, and sum_j p_j (v_j - ref) + ref = sum_j p_j v_j as the p_j sum to
+     * one (rotate: o·H = sum_j p_j (v_j - ref)·H + ref·H, o_in's online Hadamard done here, on V's rows). The
+     * reference is position 0's K and V, which every chunk of a prompt sees, so a row's numbers do not depend on
+     * where its chunk ends and the prefill is the same however a prompt is cut (issue 40); the mean over the
+     * chunk's keys, used before, tied every row to the chunk's end. Measured the same perplexity through the prefill
+     * (docs/journal.md, "Issue 40"). A windowed layer's cache drops position 0 as its window slides: no reference. */
+    const int smooth = window == 0 && base == 0;
+    float kref[MAXD], vref[MAXD], vref_rot[MAXD] __attribute__((aligned(64)));
     for (int64_t g = 0; g < KV; g++) {
-        float *km = kmean + g * D, *vm = vmean + g * D;
-        for (int64_t d = 0; d < D; d++) km[d] = vm[d] = 0.0f;
-        for (int64_t r = 0; r < T; r++) {
-            const float *k = kc + (g * cap + r) * D, *v = vc + (g * cap + r) * D;
-            for (int64_t d = 0; d < D; d++) {
-                km[d] += k[d];
-                vm[d] += v[d];
-            }
-        }
+        const float *k0 = kc + (g * cap) * D, *v0 = vc + (g * cap) * D;
         for (int64_t d = 0; d < D; d++) {
-            km[d] /= (float)T;
-            vm[d] /= (float)T;
+            kref[d] = smooth ? k0[d] : 0.0f;
+            vref[d] = smooth ? v0[d] : 0.0f;
         }
         if (rotate) {
-            memcpy(vmean_rot + g * D, vm, D * sizeof(float));
-            hadamard_row(vmean_rot + g * D, D);
+            memcpy(vref_rot, vref, D * sizeof(float));
+            hadamard_row(vref_rot, D);
         }
+        memcpy(vref_all + g * MAXD, rotate ? vref_rot : vref, D * sizeof(float));
         /* K in blocks of 16 keys, pair-major in a block: kt[g][key/16][p][key%16] = (k[2p], k[2p+1]) of the key, so the
          * score loop reads a block's 2 KB in order (rows of Tpad keys put a block's 32 pair rows in one L1 set: 1.12x the
          * kernel's time at 256 rows over 2048 keys; docs/journal.md, "Issue 24 (session 16)") */
@@ -173,8 +171,8 @@ static inline __attribute__((always_inline)) int attend(
             if (r < T) {
                 const float *src = kc + (g * cap + r) * D;
                 for (int64_t d = 0; d < D; d += 32) {
-                    __m512 lo = _mm512_sub_ps(_mm512_loadu_ps(src + d), _mm512_loadu_ps(km + d));
-                    __m512 hi = _mm512_sub_ps(_mm512_loadu_ps(src + d + 16), _mm512_loadu_ps(km + d + 16));
+                    __m512 lo = _mm512_sub_ps(_mm512_loadu_ps(src + d), _mm512_loadu_ps(kref + d));
+                    __m512 hi = _mm512_sub_ps(_mm512_loadu_ps(src + d + 16), _mm512_loadu_ps(kref + d + 16));
                     _mm512_store_si512(row + d / 2, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
                 }
             } else {
@@ -183,13 +181,13 @@ static inline __attribute__((always_inline)) int attend(
             uint32_t *dst = kt + g * P2 * Tpad + (r / 16) * P2 * 16 + r % 16;
             for (int64_t p = 0; p < P2; p++) dst[p * 16] = row[p];
         }
-        float rows[2][MAXD] __attribute__((aligned(64)));  /* a pair of V rows less the mean (rotated: ·H) */
+        float rows[2][MAXD] __attribute__((aligned(64)));  /* a pair of V rows less the reference (rotated: ·H) */
         for (int64_t j = 0; j < Tpad / 2; j++) {  /* V: the pair (row 2j, row 2j+1) of each dim */
             uint32_t *dst = vp + (g * (Tpad / 2) + j) * D;
             for (int t = 0; t < 2; t++) {
                 const float *v = vc + (g * cap + 2 * j + t) * D;
                 for (int64_t d = 0; d < D; d += 16)
-                    _mm512_store_ps(rows[t] + d, 2 * j + t < T ? _mm512_sub_ps(_mm512_loadu_ps(v + d), _mm512_loadu_ps(vm + d))
+                    _mm512_store_ps(rows[t] + d, 2 * j + t < T ? _mm512_sub_ps(_mm512_loadu_ps(v + d), _mm512_loadu_ps(vref + d))
                                                                : _mm512_setzero_ps());
                 if (rotate && 2 * j + t < T) hadamard_row(rows[t], D);
             }
@@ -298,7 +296,7 @@ static inline __attribute__((always_inline)) int attend(
             }
             __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), l);
             for (int64_t d = 0; d < D; d++) _mm512_store_ps(ot + d * RB, _mm512_mul_ps(_mm512_load_ps(ot + d * RB), inv));
-            const float *vm = (rotate ? vmean_rot : vmean) + g * D;
+            const float *vm = vref_all + g * MAXD;
             for (int64_t i = i0; i <= ilast; i++) {
                 float *o = out + i * out_stride + h * D;
                 for (int64_t d = 0; d < D; d++) o[d] = ot[d * RB + (i - i0)] + vm[d];
@@ -313,7 +311,7 @@ int hetero_attention_bf16(const float *qkv, int64_t n, int64_t qkv_stride, float
                           int64_t start, int64_t base, const float *cosv, const float *sinv, int64_t rope_stride,
                           float *out, int64_t out_stride, int64_t H, int64_t KV, int64_t D, float scale,
                           int64_t window, int64_t rotate) {
-    if (D % 32 || D > MAXD || KV > KVMAX || (rotate && (D & (D - 1)))) return 2;
+    if (D % 32 || D > MAXD || (rotate && (D & (D - 1)))) return 2;
 #define CALL(d) attend(qkv, n, qkv_stride, kc, vc, cap, start, base, cosv, sinv, rope_stride, out, out_stride, H, KV, d, \
                        scale, window, rotate)
     switch (D) {

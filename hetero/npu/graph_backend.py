@@ -185,6 +185,9 @@ class NpuBackend:
         if o.dynamic_rows and not can:
             raise ConfigError("dynamic_rows needs the CPU EP provider, no placement and shape 'auto' or '2d'")
         self.any_rows = can if o.dynamic_rows is None else o.dynamic_rows
+        # a prompt's K/V and logits do not depend on where it was cut (`serve.store.cut_invariant`): measured on the
+        # CPU EP for every method (tests/test_cut_invariance.py, bench/results/determinism.md); an NPU's kernels unknown
+        self.cut_invariant = isinstance(self.provider, OrtCpuProvider)
         self.fused = o.fused
         # a fused backend's attention kernel outside ONNX Runtime (`native.attention`), between each layer's two
         # graphs (`segments.layer_halves`); None: the GroupQueryAttention node inside one graph per layer
@@ -387,6 +390,13 @@ class NpuBackend:
         if start + n > min(k_cache.shape[1], rope[0].shape[0]):
             raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({k_cache.shape[1]}) or RoPE table "
                               f"({rope[0].shape[0]}) positions")
+        if n == 1 and start + 2 <= min(k_cache.shape[1], rope[0].shape[0]):
+            # one row takes GroupQueryAttention's token-generation path, which sums in another order: the row twice
+            # (`attention.ChunkAttention` does the same), so a row's numbers do not depend on its chunk (issue 40)
+            two = np.empty((2, self.cfg.hidden), np.float32)
+            self.layer(layer, np.ascontiguousarray(np.repeat(h, 2, axis=0)), k_cache, v_cache, start, rope, two)
+            out[0] = two[0]
+            return out
         graph = self.program(layer).runs[0].graph
         f32, b = np.float32, graph.binding
         b.bind_input(Buffer.H, "cpu", 0, f32, (n, self.cfg.hidden), f32_address(h, "layer(): h"))

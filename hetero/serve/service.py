@@ -5,8 +5,9 @@ a per-client limit bounds how many are active. Every request (a context's turn, 
 completion) first looks its token ids up in the prefix index (Pensieve §4.1), restores the matched K/V
 and prefills only the rest; decoded tokens are written into the same cache, and the sequence is committed
 back as blocks. By default (`StoreConfig.exact`) only K/V that a cold prefill computes bit for bit are reused,
-so a reply does not depend on the cache's state: whole prefill segments of the prompts (`store.SEGMENT`); with
-exact=False every cached token is, and the next turn re-prefills nothing of this one. The HTTP layer
+so a reply does not depend on the cache's state: earlier prompts' rows, uncompressed (whole segments where the
+prefill depends on the cut, `store.SEGMENT`); with exact=False every cached token is, and the next turn
+re-prefills nothing of this one. The HTTP layer
 (`hetero.serve.http`) is a thin shell over this class.
 
 A request's prefill is one plan (`Runtime.prefill_steps`), stepped in slices by the engine. Context ids

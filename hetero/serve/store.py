@@ -39,8 +39,8 @@ class StoreConfig:
     kv_dir: Path | None = None  # parent of the private swap directory (default: the system temp dir)
     restore: str = "auto"  # "auto": per-block cheaper of swap-in / recompute, pipelined; "swap"; "recompute"
     reuse: bool = True  # False: never match a cached prefix (the stateless baseline that re-prefills everything)
-    # True: a reply does not depend on what the cache holds (`exact_match`); False: every cached token is reused
-    # (fewer tokens prefilled; the INT8 methods' replies may then differ from a cold run's, docs/journal.md)
+    # True: a reply does not depend on what the cache holds (`exact_match`); False: every cached token is reused,
+    # replies' rows and compressed blocks too (fewer tokens prefilled; replies may differ from a cold run's)
     exact: bool = True
 
     def __post_init__(self) -> None:
@@ -56,20 +56,19 @@ class StoreConfig:
             raise ConfigError(f"restore must be 'auto', 'swap' or 'recompute', got {self.restore!r}")
 
 
-# Exact reuse (issue 40). The INT8 prefill's numbers depend on how a prompt is cut into chunks (each chunk's shadow
-# outlier channels, its attention blocks, the wavefront's balanced chunk lengths): K/V of a prompt cut at P and
-# continued differ from a cold prefill's from row 0 on (bench/results/determinism.md), while the float reference's
-# do not (`cut_invariant`). With `StoreConfig.exact` the service prefills such a runtime in segments of SEGMENT
-# tokens at multiples of SEGMENT (`segment_cuts`), so a whole segment's rows are a function of the tokens up to its
-# end, whatever was cached; a request reuses only such rows (`exact_match`) and commits only its prompt's whole
-# segments (`exact_end`): a prompt's last partial segment and the decoded reply (a decode step's math, not a
-# prefill's) are prefilled again by the next turn. Compressed blocks are never reused exactly.
+# Exact reuse (issue 40). A runtime whose prefill gives the same K/V and logits however a prompt is cut
+# (`cut_invariant`: every method on the CPU, tests/test_cut_invariance.py) reuses any cached prompt token exactly.
+# One that does not say so (an NPU's kernels, unmeasured) is prefilled by the service in segments of SEGMENT tokens
+# at multiples of SEGMENT (`segment_cuts`), so a whole segment's rows are a function of the tokens up to its end,
+# whatever was cached, and a request reuses only such rows. Either way (`StoreConfig.exact`) a request reuses no
+# compressed block (`exact_match`) and commits only its prompt's rows (`exact_end`): the decoded reply's rows are a
+# decode step's math, not a prefill's, and the next turn prefills them again.
 SEGMENT = 512
 
 
 def cut_invariant(runtime: object) -> bool:
     """Whether a runtime's prefill gives the same K/V and logits bit for bit however a prompt is cut (its backend
-    says so: the float reference; tests/serve/test_exact_reuse.py)."""
+    says so: every backend on the CPU; tests/test_cut_invariance.py)."""
     return bool(getattr(getattr(runtime, "backend", None), "cut_invariant", False))
 
 

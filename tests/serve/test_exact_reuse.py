@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import hetero
@@ -28,34 +27,28 @@ def test_segments_fall_on_multiples_of_the_segment() -> None:
     assert exact_end(37, None) == 37
 
 
-def test_the_float_prefill_is_the_same_wherever_a_prompt_is_cut(default_model) -> None:
-    """What lets the float reference reuse any cached prompt token exactly (`store.cut_invariant`)."""
-    rt = hetero.Runtime(default_model, chunk=32)
-    ids = _book(default_model, 300)
-    cold = rt.prefill(ids)
-    for cut in (1, 31, 77, 256):
-        part = rt.prefill(ids[:cut])
-        rest = rt.prefill(ids[cut:], cache=part.cache)
-        assert np.array_equal(rest.logits, cold.logits), cut
-        assert np.array_equal(rest.cache.k[:, :, :300], cold.cache.k[:, :, :300]), cut
-
-
 @pytest.mark.slow
-def test_default_method_replies_are_the_same_cold_from_a_partial_prefix_and_after_a_flush(default_model) -> None:
-    """The default (INT8) method, whose prefill depends on where a prompt is cut: the same prompt cold, again (its
-    whole segments cached), after another prompt sharing a partial prefix, after a flush, and as a context's second
-    turn against the same conversation sent cold: the same greedy tokens every time."""
+@pytest.mark.parametrize("segmented", [False, True])
+def test_replies_are_the_same_cold_from_a_partial_prefix_and_after_a_flush(default_model, segmented, monkeypatch) -> None:
+    """The default (INT8) method: the same prompt cold, again (all but its last token cached), after another prompt
+    sharing a partial prefix, after a flush, and as a context's second turn against the same conversation sent cold:
+    the same greedy tokens every time. Its prefill does not depend on the cut, so any cached prompt token is reused;
+    `segmented`: the same runtime declared cut-dependent (as an NPU's kernels are until measured), so the service
+    prefills in segments and reuses whole ones only."""
     from hetero.methods import make_runtime
 
     rt = make_runtime(default_model)
+    if segmented:
+        monkeypatch.setattr(rt.backend, "cut_invariant", False)
     book = _book(default_model, SEGMENT + 300)
     a, b = book[: SEGMENT + 120], book[: SEGMENT + 40] + book[SEGMENT + 200 :]  # share SEGMENT + 40 tokens
     with hetero.Service(rt, StoreConfig()) as service:
-        assert service.segment == SEGMENT
+        assert service.segment == (SEGMENT if segmented else None)
         cold_a = service.complete(a, GREEDY)
-        cold_b_first = service.complete(b, GREEDY)  # a partial hit: a's first segment
-        assert cold_b_first.usage.cached_tokens == SEGMENT
+        cold_b_first = service.complete(b, GREEDY)  # a partial hit: a's first SEGMENT + 40 tokens
+        assert cold_b_first.usage.cached_tokens == (SEGMENT if segmented else SEGMENT + 40)
         again_a = service.complete(a, GREEDY)
+        assert again_a.usage.cached_tokens == (SEGMENT if segmented else len(a) - 1)
         service.flush()
         flushed_a = service.complete(a, GREEDY)
         assert cold_a.tokens == again_a.tokens == flushed_a.tokens
@@ -67,7 +60,7 @@ def test_default_method_replies_are_the_same_cold_from_a_partial_prefix_and_afte
         cid = service.create_context()
         first = service.chat(turns, GREEDY, cid)
         second = service.chat([{"role": "user", "content": "Shorter, please."}], GREEDY, cid)
-        assert second.usage.cached_tokens >= SEGMENT
+        assert second.usage.cached_tokens >= SEGMENT  # the first turn's prompt; its reply's rows are prefilled again
     history = turns + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Shorter, please."}]
     with hetero.Service(rt, StoreConfig()) as cold:
         assert cold.chat(history, GREEDY).tokens == second.tokens
