@@ -152,11 +152,14 @@ class ChunkAttention:
         cos, sin = self.local if cfg.local_rope(layer) else (self.cos, self.sin)
         if n == 1 and start - base + 2 <= cap and start + 2 <= cos.shape[0]:
             # GroupQueryAttention takes its token-generation path for one row, which sums in another order than its
-            # prompt path: a prompt whose last piece was one token differed from the same prompt cold (issue 40).
-            # The row twice (the copy's K/V land in the scratch row after it, as a chunk's padding would) keeps a
-            # row's numbers the same whatever chunk it is in.
+            # prompt path: a prompt whose last piece was one token differed from the same prompt cold.
+            # The row twice keeps a row's numbers the same whatever chunk it is in; the copy's K/V, written into the
+            # cache row after it, are put back as they were (padding never reaches the cache).
+            row = start - base + 1
+            kept = k_cache[:, row].copy(), v_cache[:, row].copy()
             two = np.empty((2, cfg.q_dim), np.float32)
             self._gqa(np.ascontiguousarray(np.repeat(qkv, 2, axis=0)), k_cache, v_cache, start, two, layer, base, cos, sin)
+            k_cache[:, row], v_cache[:, row] = kept
             out[0] = two[0]
             return out
         return self._gqa(qkv, k_cache, v_cache, start, out, layer, base, cos, sin)

@@ -53,7 +53,7 @@ def end_tokens(tok: object) -> frozenset[int]:
 
 def speculation(step: DecodeStep, speculate: str) -> str:
     """The speculation a decode runs: "auto" is "lookup" where verifying a tree computes each row as a one-row step
-    does, else "off"; a drafter asked for where it is not is refused, since it would change greedy output (issue 40)."""
+    does, else "off"; a drafter asked for where it is not is refused, since it would change greedy output."""
     if speculate not in SPECULATE:
         raise ConfigError(f"speculate must be one of {', '.join(SPECULATE)}, got {speculate!r}")
     why = step.row_unexact()

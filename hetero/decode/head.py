@@ -41,7 +41,7 @@ def _rows(h: np.ndarray, hidden: int) -> np.ndarray:
 
 class FloatHead:
     """final RMSNorm + the float LM head (the reference), a row at a time: torch's GEMM over a tree's rows sums in
-    another order than its GEMV over one row, so a tree row's logits were not the one-row step's (issue 40)."""
+    another order than its GEMV over one row, so a tree row's logits were not the one-row step's."""
 
     name = "float"
 

@@ -212,7 +212,7 @@ def _attend_entry(record: int, unused_a: int, unused_b: int) -> int:  # pragma: 
     """`_attend_rows` on the arrays an argument record names (`attend`): the one compiled copy of the kernel that
     every caller runs. Each njit caller inlines the kernel and LLVM optimizes every copy on its own under fastmath,
     so two callers' copies rounded differently: a step with the helper thread (`twocore.attnpool`) gave other logits
-    than one without it, and greedy output changed with the machine's load (issue 40)."""
+    than one without it, and greedy output changed with the machine's load."""
     r = numba.carray(native.pointer(record, np.int64), _RECORD)
     rows, n_kv, g, d, cap = r[_ROWS], r[_NKV], r[_G], r[_D], r[_CAP]
     f32 = np.float32

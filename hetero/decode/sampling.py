@@ -5,7 +5,7 @@ uniform of numpy's PCG64 stream seeded with `SamplingParams.seed` (`Draws`), wha
 deterministic proposals (lookup, self and model drafts: one-hot draft distributions) then draws that token and
 keeps the proposal that equals it (`accept_or_resample`): a proposal x is kept with probability p(x), as in
 Leviathan et al. 2023, every emitted token is distributed exactly as p, and a seed gives the same tokens with
-speculation on or off and for any tree shape (issue 40). The rule it replaced (drop a rejected proposal, draw
+speculation on or off and for any tree shape. The rule it replaced (drop a rejected proposal, draw
 again from the renormalised rest) drew a varying number of uniforms per token, so the tokens after the first
 rejection followed the tree shapes, which follow the machine's load.
 

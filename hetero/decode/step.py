@@ -67,7 +67,7 @@ class FloatLayers:
 
     The linears run one row at a time: torch's GEMM over n rows takes other kernels (and sums in another order) than
     its GEMV over one, which moved a tree row's logits by ~1.5e-5 from the one-row step of its token, enough to flip
-    a near-tie; a row at a time, a tree's rows are the one-row steps bit for bit (issue 40)."""
+    a near-tie; a row at a time, a tree's rows are the one-row steps bit for bit."""
 
     def __init__(self, runtime: Runtime, backend: LayerBackend):
         self.runtime, self.backend, self.cfg = runtime, backend, runtime.cfg

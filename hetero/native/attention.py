@@ -19,7 +19,7 @@ of K; softmax ignores a score shift common to a query's keys, and the probabilit
 is added back exactly), and the softmax's row sums add the probabilities as rounded, the ones PV multiplies (the
 output stays a convex combination of V's rows). The reference is position 0's K and V, which every chunk of a
 prompt sees: a query's result depends only on its keys, not on where its chunk ends, so the prefill is the same
-however a prompt is cut (issue 40; the mean over the chunk's keys, used before, was not). The default's perplexity
+however a prompt is cut (the mean over the chunk's keys, used before, was not). The default's perplexity
 through the prefill: +0.19% of float's (fp32 GroupQueryAttention: -0.05%; budget +0.5%; docs/journal.md). And a rotated model's online Hadamard of o_in (QuaRot), one head's size,
 is applied to V's rows here (`rotate`) instead of to the output in the graph: o·H = Σ p (v·H).
 

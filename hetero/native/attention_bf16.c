@@ -147,7 +147,7 @@ static inline __attribute__((always_inline)) int attend(
      * move by q·ref, which the softmax ignores, and sum_j p_j (v_j - ref) + ref = sum_j p_j v_j as the p_j sum to
      * one (rotate: o·H = sum_j p_j (v_j - ref)·H + ref·H, o_in's online Hadamard done here, on V's rows). The
      * reference is position 0's K and V, which every chunk of a prompt sees, so a row's numbers do not depend on
-     * where its chunk ends and the prefill is the same however a prompt is cut (issue 40); the mean over the
+     * where its chunk ends and the prefill is the same however a prompt is cut; the mean over the
      * chunk's keys, used before, tied every row to the chunk's end. Measured the same perplexity through the prefill
      * (docs/journal.md, "Issue 40"). A windowed layer's cache drops position 0 as its window slides: no reference. */
     const int smooth = window == 0 && base == 0;

@@ -392,9 +392,12 @@ class NpuBackend:
                               f"({rope[0].shape[0]}) positions")
         if n == 1 and start + 2 <= min(k_cache.shape[1], rope[0].shape[0]):
             # one row takes GroupQueryAttention's token-generation path, which sums in another order: the row twice
-            # (`attention.ChunkAttention` does the same), so a row's numbers do not depend on its chunk (issue 40)
+            # (`attention.ChunkAttention` does the same), so a row's numbers do not depend on its chunk; the copy's
+            # K/V row is put back as it was
+            kept = k_cache[:, start + 1].copy(), v_cache[:, start + 1].copy()
             two = np.empty((2, self.cfg.hidden), np.float32)
             self.layer(layer, np.ascontiguousarray(np.repeat(h, 2, axis=0)), k_cache, v_cache, start, rope, two)
+            k_cache[:, start + 1], v_cache[:, start + 1] = kept
             out[0] = two[0]
             return out
         graph = self.program(layer).runs[0].graph

@@ -56,7 +56,7 @@ class StoreConfig:
             raise ConfigError(f"restore must be 'auto', 'swap' or 'recompute', got {self.restore!r}")
 
 
-# Exact reuse (issue 40). A runtime whose prefill gives the same K/V and logits however a prompt is cut
+# Exact reuse. A runtime whose prefill gives the same K/V and logits however a prompt is cut
 # (`cut_invariant`: every method on the CPU, tests/test_cut_invariance.py) reuses any cached prompt token exactly.
 # One that does not say so (an NPU's kernels, unmeasured) is prefilled by the service in segments of SEGMENT tokens
 # at multiples of SEGMENT (`segment_cuts`), so a whole segment's rows are a function of the tokens up to its end,
