@@ -121,6 +121,9 @@ class ChunkAttention:
         self._torch = None
         if (cfg.rotary_dim // 2) % 8:
             self._torch = (dataclasses.replace(cfg, qk_norm=False), RopeTable(cfg, self.cos.shape[0]))
+        # a row's numbers do not depend on its chunk (`serve.store.cut_invariant`); torch's attention picks its blocks
+        # by the chunk's and the cache's lengths (a tiny partial-rotary model: ~1e-6 between cuts)
+        self.cut_invariant = self._torch is None
 
     def session(self, threads: int, window: int = 0) -> ort.InferenceSession:
         """The session running on `threads` intra-op threads for layers of this window (made once; no weights)."""
@@ -146,22 +149,28 @@ class ChunkAttention:
                               f"table ({self.cos.shape[0]}) positions")
         if self.qk_norms is not None:
             qk_norm_(cfg, qkv, *self.qk_norms[layer])
-        if self._torch is not None:
-            self._torch_rows(qkv, k_cache, v_cache, start, out, layer, base)
-            return out
-        cos, sin = self.local if cfg.local_rope(layer) else (self.cos, self.sin)
-        if n == 1 and start - base + 2 <= cap and start + 2 <= cos.shape[0]:
-            # GroupQueryAttention takes its token-generation path for one row, which sums in another order than its
-            # prompt path: a prompt whose last piece was one token differed from the same prompt cold.
-            # The row twice keeps a row's numbers the same whatever chunk it is in; the copy's K/V, written into the
-            # cache row after it, are put back as they were (padding never reaches the cache).
+        if n == 1 and start - base + 2 <= cap and start + 2 <= self.cos.shape[0]:
+            # One row takes other kernels (GroupQueryAttention's token-generation path, torch's one-query attention)
+            # which sum in another order: a prompt whose last piece was one token differed from the same prompt
+            # cold. The row twice keeps a row's numbers the same whatever chunk it is in; the copy's K/V, written
+            # into the cache row after it, are put back as they were (padding never reaches the cache).
             row = start - base + 1
             kept = k_cache[:, row].copy(), v_cache[:, row].copy()
             two = np.empty((2, cfg.q_dim), np.float32)
-            self._gqa(np.ascontiguousarray(np.repeat(qkv, 2, axis=0)), k_cache, v_cache, start, two, layer, base, cos, sin)
+            self._rows(np.ascontiguousarray(np.repeat(qkv, 2, axis=0)), k_cache, v_cache, start, two, layer, base)
             k_cache[:, row], v_cache[:, row] = kept
             out[0] = two[0]
             return out
+        return self._rows(qkv, k_cache, v_cache, start, out, layer, base)
+
+    def _rows(self, qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int, out: np.ndarray, layer: int,
+              base: int) -> np.ndarray:
+        """The attention of the rows (QK-normed already): torch's for heads GroupQueryAttention cannot rotate, else
+        the GroupQueryAttention node."""
+        if self._torch is not None:
+            self._torch_rows(qkv, k_cache, v_cache, start, out, layer, base)
+            return out
+        cos, sin = self.local if self.cfg.local_rope(layer) else (self.cos, self.sin)
         return self._gqa(qkv, k_cache, v_cache, start, out, layer, base, cos, sin)
 
     def _gqa(self, qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int, out: np.ndarray, layer: int,

@@ -40,3 +40,17 @@ def test_a_prefill_does_not_depend_on_where_the_prompt_was_cut(default_model, me
         assert _same(other.prefill(ids), cold, len(ids))
         other.close()
     rt.close()
+
+
+def test_a_runtime_whose_attention_runs_in_torch_is_not_declared_cut_invariant() -> None:
+    """torch's attention (heads ONNX Runtime's kernel cannot rotate: a partial rotary width of 8) picks its blocks by
+    the sequence lengths, so serve prefills such a runtime in segments (`serve.store.SEGMENT`)."""
+    import dataclasses
+
+    from hetero.runtime import Runtime
+    from tests.conftest import make_tiny_model
+
+    model = make_tiny_model()
+    assert cut_invariant(Runtime(model, chunk=16))
+    partial = dataclasses.replace(model, config=dataclasses.replace(model.config, rotary_dim=8))
+    assert not cut_invariant(Runtime(partial, chunk=16))

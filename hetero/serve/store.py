@@ -67,9 +67,11 @@ SEGMENT = 512
 
 
 def cut_invariant(runtime: object) -> bool:
-    """Whether a runtime's prefill gives the same K/V and logits bit for bit however a prompt is cut (its backend
-    says so: every backend on the CPU; tests/test_cut_invariance.py)."""
-    return bool(getattr(getattr(runtime, "backend", None), "cut_invariant", False))
+    """Whether a runtime's prefill gives the same K/V and logits bit for bit however a prompt is cut: its backend
+    and its CPU lane's attention say so (every backend on the CPU, and the attention where ONNX Runtime's kernel
+    runs it; tests/test_cut_invariance.py)."""
+    parts = (getattr(runtime, "backend", None), getattr(runtime, "attention", None))
+    return all(bool(getattr(p, "cut_invariant", False)) for p in parts)
 
 
 def exact_end(n_prompt: int, segment: int | None) -> int:
