@@ -46,7 +46,7 @@ def gqa_node(n_heads: int, n_kv_heads: int, scale: float, window: int, qkv: str,
     """The one `GroupQueryAttention` node of a chunk's attention (this module's graph, and the whole-layer graphs of
     `npu.export`): packed q|k|v [1, S, ·] → `out` [1, S, q_dim], RoPE from cos/sin, K/V written into the cache the
     graph inputs `GQA_INPUTS` name and its outputs `GQA_OUTPUTS` return (the same buffers: in place)."""
-    from onnx import helper  # onnx only where a graph is built: a warm `hetero run` builds none (issue 28)
+    from onnx import helper  # onnx only where a graph is built: a warm `hetero run` builds none
 
     return helper.make_node(
         "GroupQueryAttention", [qkv, "", "", *GQA_INPUTS], [out, *GQA_OUTPUTS], name=name,
@@ -113,7 +113,7 @@ class ChunkAttention:
         self.local = None if local is None else (np.ascontiguousarray(local[0]), np.ascontiguousarray(local[1]))
         self.qk_norms = qk_norms
         # every layer alike: one graph (built at a session's first use: a runtime whose layers are whole-layer graphs
-        # never runs this one, and a warm start imports no onnx, issue 28)
+        # never runs this one, and a warm start imports no onnx)
         self._uniform = len(set(cfg.windows)) == 1 and local is None and qk_norms is None
         self._sessions: dict[tuple[int, int], ort.InferenceSession] = {}
         # GroupQueryAttention rotates a multiple of 16 dims (its cos cache: columns a multiple of 8): other

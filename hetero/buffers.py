@@ -4,7 +4,7 @@ pages.
 numpy aligns an allocation to 16 bytes only (torch: 64), and advises the kernel to back one of 4 MB or more with
 transparent huge pages (`MADV_HUGEPAGE`). A KV cache is sized for the whole context and written a few rows per
 layer and head: on huge pages each first write zeroes 2 MB, 180 of them a prefill of SmolLM2-135M, and a 42-token
-prefill took 85-95 ms instead of 55 (issue 28, this machine's THP mode "madvise"). So a large buffer is an
+prefill took 85-95 ms instead of 55 (this machine's THP mode "madvise"). So a large buffer is an
 anonymous mapping of its own (page-aligned, pages committed at their first write, 4 KB each), a small one an
 aligned slice of a numpy allocation.
 

@@ -154,7 +154,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
         """From `to_dict`'s dict; one without every field was written by a reader that may have dropped a
-        variant (before issue 25 a GGUF's o/FFN biases were not read): refused, so a cache entry is rebuilt."""
+        variant (an older reader did not read a GGUF's o/FFN biases): refused, so a cache entry is rebuilt."""
         names = [f.name for f in dataclasses.fields(cls)]
         missing = [n for n in names if n not in d]
         if missing:

@@ -5,7 +5,7 @@ chunk, and from chunk i-1's node to chunk i's node of each kind that reads the K
 attention; docs/design.md, "Scheduler", says why this differs from Eq. 2 as printed). The kinds, and which of them
 read K/V, are the backend's (`nodes.NodeKind`): this module names none. `prefill_dag` builds it straight into the
 integer tuples the dispatch loop reads (`CompiledDag`), so no decision walks graph objects and a prefill imports no
-graph library (networkx: 0.15 s of a start, issue 28); `build_dag` is its networkx view (analysis, tests),
+graph library (networkx: 0.15 s of a start); `build_dag` is its networkx view (analysis, tests),
 `compile_graph` flattens any such graph.
 """
 

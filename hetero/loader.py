@@ -110,7 +110,7 @@ class Model:
     def arrays(self) -> dict[str, np.ndarray]:
         """The float weights as numpy arrays by their cache names ("tok_emb", "norm", "lm_head",
         "layers.{i}.{field}"), without torch: a cached model's map its file (checked at first use), so an INT8
-        runtime reads its embedding rows and norms from them and a warm start never imports torch (issue 28)."""
+        runtime reads its embedding rows and norms from them and a warm start never imports torch."""
         if self._arrays is None or isinstance(self._weights, Weights):
             return weight_arrays(self.weights)
         if not isinstance(self._arrays, dict):
@@ -215,7 +215,7 @@ GEMMA3_LOCAL_ROPE_BASE = 10000.0
 def _reader(gguf: Any, p: Path) -> Any:
     """`gguf.GGUFReader` of `p` over a plain ndarray view of its memory map: the same fields and tensors (no copy),
     but its ~500,000 slices of the tokenizer's metadata skip np.memmap's Python `__getitem__`/`__array_finalize__`:
-    0.8 s instead of 2.2 s for SmolLM2-135M (issue 28, a cold start)."""
+    0.8 s instead of 2.2 s for SmolLM2-135M (a cold start)."""
 
     class PlainReader(gguf.GGUFReader):
         @property
@@ -393,8 +393,8 @@ def _gguf_tokenizer(p: Path, arch: str, name: str) -> Any:
 def _auto_picks_backend(p: Path, arch: str, name: str) -> bool:
     """AutoTokenizer would hand a Llama GGUF to `TokenizersBackend`: its model type maps to no tokenizer class and
     no tokenizer_config.json beside the file names one. AutoTokenizer finds that type by parsing the whole GGUF
-    again with transformers' legacy reader (`load_gguf_checkpoint`, ~2.5 s of a cold start for SmolLM2-135M,
-    issue 28); the tokenizer saved is the same byte for byte. Any other case (Mistral, which transformers
+    again with transformers' legacy reader (`load_gguf_checkpoint`, ~2.5 s of a cold start for SmolLM2-135M);
+    the tokenizer saved is the same byte for byte. Any other case (Mistral, which transformers
     names from `general.name`; a tokenizer class named for Llama) goes through AutoTokenizer. The model type is
     looked up by name: importing `LlamaConfig` to look it up by class costs 2.4 s of imports."""
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES

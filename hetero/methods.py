@@ -51,7 +51,7 @@ def use_threads(threads: int | None) -> int:
 @dataclass(frozen=True, slots=True)
 class Recipe:
     """How a quantized method builds its plan: offline rotation, W8A16 sites, shadow pruning, or the
-    per-site precision search (issue 10)."""
+    per-site precision search."""
 
     rotate: bool = False  # `outliers.rotate`: rotated residual stream + online Hadamards on o_in / down_in
     a16: tuple[str, ...] = ()  # sites that run W8A16 in every layer (`outliers.a16`)
@@ -138,7 +138,7 @@ def quant_plan(model: Model, provider: str = "cpu", prune_fraction: float | None
         precision = ensure_precision(model, calib, lambda: site_costs(model), form, online, budget,
                                      progress=True)
         return plan_of(model, calib, precision, form, online)
-    # derived once per calibration and options, then read (`outliers.plancache`: ~0.1 s of a warm start, issue 28)
+    # derived once per calibration and options, then read (`outliers.plancache`: ~0.1 s of a warm start)
     return cached_plan(model, plan_options(model, recipe, form, prune_fraction), progress=True)
 
 
@@ -157,7 +157,7 @@ def plan_options(model: Model, recipe: Recipe, weight_form: str, prune_fraction:
 def ship_default_plans() -> list[str]:
     """Write the default method's plans of the default model into the package (`hetero/data/plans/`, replacing
     the shipped ones), one per weight form the default runs (`SHIPPED_FORMS`), so that a first run reads its
-    plan instead of deriving it (issue 28). `make ship` runs it after an edit to the code a plan is derived
+    plan instead of deriving it. `make ship` runs it after an edit to the code a plan is derived
     with: the plans' names digest that code (`outliers.plancache`), so a stale shipped plan is never read, and
     `tests/outliers/test_plancache.py` fails until the plans are shipped again."""
     from hetero import shipped
@@ -330,11 +330,11 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     # a pool on every core beside attention's preempts it (docs/journal.md, "Measured facts": thread split)
     from hetero.npu.placement import decode_placement
 
-    decode = decode_placement(backend)  # where decode steps run (the CPU, as mllm-NPU; issue 28)
+    decode = decode_placement(backend)  # where decode steps run (the CPU, as mllm-NPU)
     log.info("placement | %s", decode.describe())
     head = None
     if placed is not None:  # an INT8 runtime: the last token's logits through its decode step's INT8 head, the one
-        # head of the runtime (its quantized graphs loaded and its sessions made once: ~0.1 s of a start, issue 28)
+        # head of the runtime (its quantized graphs loaded and its sessions made once: ~0.1 s of a start)
         from hetero.decode.step import DecodeStep
 
         def head(h: "np.ndarray") -> "np.ndarray":

@@ -6,7 +6,7 @@ after the file is in place, under the entry's lock). A process checks a file in 
 uses it (never trusting stat stamps: bit rot and `cp -p` keep them); later checks in the same process
 reuse that hash while the file's stat identity (inode, size, mtime, ctime) is unchanged. A check that
 fails rebuilds the entry with one warning; a cache that cannot be written (read-only, full disk) runs
-uncached with one warning. Cost: docs/journal.md, "Cache integrity (issue 27, 2026-11-26)".
+uncached with one warning. Cost: docs/journal.md, "Cache integrity".
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
 
 RECORD = "record.json"  # an entry folder's content record: {"version": 1, "files": {name: record}}
 RECORD_VERSION = 1
-_BLOCK = 4 << 20  # read size of `content_hash` (measured: docs/journal.md, "Cache integrity (issue 27, 2026-11-26)")
+_BLOCK = 4 << 20  # read size of `content_hash` (measured: docs/journal.md, "Cache integrity")
 _RACY_NS = 2_000_000_000  # a hash is remembered only for a file unchanged this long before it was read
 _HASHED: dict[tuple[int, ...], str] = {}  # stat identity -> content hash, of files hashed in this process
 _HASHED_LOCK = threading.Lock()
@@ -172,7 +172,7 @@ def content_hash(path: str | os.PathLike) -> str:
 
 def _hash_open_file(f: "io.FileIO", size: int) -> str:
     """xxh3-128 of an open file: hashed in place in a populated read-only mapping of its page cache (4x faster
-    than reading it into a buffer: 25 vs 107 ms for 513 MB, issue 28), in blocks where it cannot be mapped."""
+    than reading it into a buffer: 25 vs 107 ms for 513 MB), in blocks where it cannot be mapped."""
     h = xxhash.xxh3_128()
     try:
         with mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),

@@ -1,7 +1,7 @@
 """RoPE's cos/sin tables, as numpy arrays: the runtime binds them to its attention graphs and decode kernels,
 and the float reference (`model`) rotates torch rows with views of the same tables (`RopeTable.apply`).
 
-Computed without torch so that a warm INT8 start never imports it (issue 28): the angles are float32 products
+Computed without torch so that a warm INT8 start never imports it: the angles are float32 products
 pos·inv_freq (as HF Llama computes them), their cos/sin evaluated in float64 and rounded once to float32.
 """
 

@@ -179,7 +179,7 @@ class DecodePlacement:
     """Where a runtime's decode steps run, decided with its prefill placement (`methods.make_runtime`).
 
     A decode step is a few rows against every weight: bound by memory bandwidth, where an NPU gains little,
-    and the QNN HTP simulator decoded 0.9 tokens/s where the CPU EP decodes 36 (issue 28). mllm-NPU prefills
+    and the QNN HTP simulator decoded 0.9 tokens/s where the CPU EP decodes 36. mllm-NPU prefills
     on the NPU and "relies on a CPU backend for decoding" (§5, end-to-end latency); so does hetero.
     """
 

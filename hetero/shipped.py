@@ -1,5 +1,5 @@
 """Package data that a first run reads instead of computing: the default model's calibration and quantization
-plans, which are the same on every machine (issue 28: a cold start should not spend ~30-40 s calibrating).
+plans, which are the same on every machine (a cold start should not spend ~30-40 s calibrating).
 
 Each kind of data is a folder of `hetero/data/` with a `manifest.json`, {key: {"file": name, "xxh3": hash, ...}}.
 A shipped file is used only when its content hash matches the manifest's (an installation damaged on disk

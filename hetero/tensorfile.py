@@ -2,7 +2,7 @@
 
 safetensors' own numpy API copies every tensor out of its mapping (85 ms for the 135 MB of INT8 weights, and
 651 MB for a rotated model's float weights); its torch API maps them, but importing torch is most of a warm
-start's time (issue 28). The format is an 8-byte header length, a JSON header naming each tensor's dtype,
+start's time. The format is an 8-byte header length, a JSON header naming each tensor's dtype,
 shape and byte span, then the bytes (https://huggingface.co/docs/safetensors): this reads that header and
 views the spans. Files are written with `safetensors.numpy.save_file` (or its torch twin); tests check this
 reader against the library's.

@@ -94,7 +94,7 @@ _LANE = threading.local()  # the calling thread's share of the cores (`set_torch
 def set_torch_threads(n: int) -> None:
     """The calling thread's share of the cores (the one place hetero sets it): what its ONNX Runtime calls use
     (`lane_threads`) and, once torch is loaded, torch's intra-op thread count for its OpenMP team (a process
-    whose INT8 path never imports torch sets only the first: issue 28)."""
+    whose INT8 path never imports torch sets only the first)."""
     _LANE.n = n
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_num_threads() != n:
@@ -150,7 +150,7 @@ class ExecutionPlan:
         pool = "shared" if shared_ort_pool() else "session"
         lane = max(1, n // 2) if overlapped else n
         alone = n
-        # torch's OpenMP threads spin (only a loaded torch has them: a warm INT8 start imports none, issue 28): keep
+        # torch's OpenMP threads spin (only a loaded torch has them: a warm INT8 start imports none): keep
         # them to a lane's share
         if lane != n and "torch" in sys.modules and not passive_in_effect():
             alone = lane

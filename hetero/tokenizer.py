@@ -1,5 +1,5 @@
 """A model's tokenizer and chat template, read with `tokenizers` and `jinja2` (what transformers' fast tokenizers
-run underneath), so that `hetero run` does not import transformers (~1 s, issue 28).
+run underneath), so that `hetero run` does not import transformers (~1 s).
 
 `Tokenizer` reads a tokenizer folder as transformers saves it (`tokenizer.json`, `tokenizer_config.json`, and
 `chat_template.jinja` or the config's `chat_template`) and gives the same token ids, text and chat prompt as

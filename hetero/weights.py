@@ -1,7 +1,7 @@
 """A model's float weights: the decoder layer's linears by activation site, and the tensors of every layer.
 
 Torch-free, so that a warm INT8 start can name the sites and read a cached model's weights as mapped numpy
-arrays (`weight_arrays`, `loader.Model.arrays`) without importing torch (issue 28); the float math on these
+arrays (`weight_arrays`, `loader.Model.arrays`) without importing torch; the float math on these
 tensors is `model`'s.
 """
 

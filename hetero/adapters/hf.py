@@ -6,7 +6,7 @@ them; `generate()` then continues with that token appended and only runs decode 
 Importing this module loads neither torch nor transformers (its functions do): a program that imports it first
 still lets `hetero.make_runtime` see torch unloaded, or an entry point choose OpenMP's wait policy before torch
 loads (`hetero.threads`); torch imported here at the top made `ExecutionPlan.for_host` warn that torch's OpenMP
-threads spin in the README's own snippet (issue 40).
+threads spin in the README's own snippet.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser of `argv`'s command (default sys.argv): only that command's module is imported (`hetero run`
     imports no benchmark); with no known command (`--help`, `--version`) every command is listed by its help
-    line alone, so that these answer without importing torch, numba or ONNX Runtime (issue 28)."""
+    line alone, so that these answer without importing torch, numba or ONNX Runtime."""
     parser = _Parser(prog="hetero", description="Fast LLM prefill on NPU + CPU/GPU (mllm-NPU).")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what hetero decides (and, for run, where the time went)")
     parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
 def start_up_done() -> None:
     """End a command process's start-up: the cyclic garbage collector, off since `main` began, runs again, and
     what start-up made (modules, weights, sessions: ~10⁶ objects, which live until exit) is frozen out of its
-    scans. A collector running during start-up walked them again and again: 0.4-0.5 s of a warm `hetero run`
-    (issue 28). Does nothing where the collector was left on (`main(argv)` inside another program)."""
+    scans. A collector running during start-up walked them again and again: 0.4-0.5 s of a warm `hetero run`.
+    Does nothing where the collector was left on (`main(argv)` inside another program)."""
     if not gc.isenabled():
         gc.freeze()
         gc.enable()
@@ -132,8 +132,8 @@ def quiet_transformers() -> None:
 def _end_process(rc: int) -> None:
     """End this command's process now: its results are printed and its cache files written (atomically), and
     the exit handlers run (logging, temp folders, the decode helper's stop); what is skipped is the teardown of
-    every object, ~100 ONNX Runtime sessions, torch's and numba's state: 0.8-0.9 s of a warm `hetero run`
-    (issue 28), for nothing."""
+    every object, ~100 ONNX Runtime sessions, torch's and numba's state: 0.8-0.9 s of a warm `hetero run`,
+    for nothing."""
     import atexit
     import os
 

@@ -9,7 +9,7 @@ so a run is one call. The graphs and the shadow corrections are the layer's prog
 which the prefill interprets too; the attention of all the chunk's rows is one compiled pass over the cache
 (`rowattn.decode_rows`), whose rows equal `model.attention` with the row kernel `rowattn.row_attention`: logits
 and K/V equal the unbound path's bit for bit (tested), and a tree row equals the plain step of its token, so
-greedy speculation emits plain greedy's tokens. Buffers are numpy (no torch on the default path, issue 28).
+greedy speculation emits plain greedy's tokens. Buffers are numpy (no torch on the default path).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class BoundStep:
             return True
         if self.rows != 1 or self.pool is None or not split_available(self.backend):
             return False
-        import onnx  # only when splitting (a long decode): `hetero run` never imports it (issue 28)
+        import onnx  # only when splitting (a long decode): `hetero run` never imports it
 
         stages = Stages()
         for runs in self.runs:

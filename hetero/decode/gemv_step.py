@@ -7,7 +7,7 @@ front) and one for o → FFN (o_in's online Hadamard, o, the residual, RMSNorm, 
 Hadamard, down, the residual), attention between them as in `bound_step` (`rowattn.decode_rows`, or both threads
 through `twocore.attnpool`). Every weight lies in one arena in the order a step reads it, so the step streams one
 run of memory on huge pages (separate arrays of ~1 MB each streamed at ~13-20 GB/s on AMD EPYC Zen 4, the arena
-~26 GB/s from one thread: docs/journal.md, issue 24 item 3).
+~26 GB/s from one thread: docs/journal.md, "Issue 24 item 3 (session 15)").
 
 Beside the helper thread (`attnpool.AttentionPool`) the step shares each layer's attention heads with it. Its linears
 can run on both cores too (`split`: each linear one stage of the pool's stage runner, both threads claiming column

@@ -7,7 +7,7 @@ as much memory traffic as a third of the layers; on an INT8 runtime it runs as o
 logits do not depend on the other rows of a token tree: speculation stays exact), rescaled in one compiled pass.
 
 Heads take numpy hidden rows and return numpy logits; the INT8 heads read the weights at rest (`Model.arrays`) and
-import no torch (issue 28), the float reference's (`FloatHead`) runs torch's ops, imported when it runs.
+import no torch, the float reference's (`FloatHead`) runs torch's ops, imported when it runs.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class Int8Head:
 
         def quantize() -> dict[str, np.ndarray]:
             """The scales and the two halves' graphs, serialized: what a warm start loads (building the graphs
-            from the weights took ~90 ms of every start, issue 28)."""
+            from the weights took ~90 ms of every start)."""
             wq, scale = quantize_head(weights["lm_head"])
             graphs = [head_graph(np.ascontiguousarray(wq[:, lo:hi])).SerializeToString() for lo, hi in self.parts]
             return {"scale": scale, **{f"graph{i}": np.frombuffer(g, np.uint8) for i, g in enumerate(graphs)}}
@@ -178,7 +178,8 @@ class Int8Head:
 class NbitsHead:
     """final RMSNorm + the LM head as one MatMulNBits graph (`npu.nbits.head_graph`: 8-bit weights in blocks of 128,
     int8 activations per block at run time), cached and verified like the layers' graphs; on the default model
-    ~0.6× the INT8 head's time on one thread and a third of its largest error vs float (docs/journal.md, issue 24).
+    ~0.6× the INT8 head's time on one thread and a third of its largest error vs float (docs/journal.md,
+    "Issue 24 item 3: decode on ONNX Runtime's MatMulNBits").
     Once its step splits (`split`, with the layers' graphs: `DecodeStep`), a one-row head beside the helper thread
     runs as two vocabulary halves on two cores (`twocore.halves`: bit for bit the whole graph)."""
 
@@ -203,7 +204,7 @@ class NbitsHead:
         bound = self._bound.get(1)
         if bound is not None and bound[3]:
             return True
-        import onnx  # only when a long decode splits (`hetero run` imports no onnx, issue 28)
+        import onnx  # only when a long decode splits (`hetero run` imports no onnx)
 
         h, out, whole, _ = self._bind(1)
         stages = Stages()

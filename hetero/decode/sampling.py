@@ -9,7 +9,7 @@ speculation on or off and for any tree shape. The rule it replaced (drop a rejec
 again from the renormalised rest) drew a varying number of uniforms per token, so the tokens after the first
 rejection followed the tree shapes, which follow the machine's load.
 
-numpy throughout (a decode imports no torch, issue 28): greedy is the first maximal logit (as torch.argmax).
+numpy throughout (a decode imports no torch): greedy is the first maximal logit (as torch.argmax).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ rebuilt at the small decode sizes (C = 1 and the tree sizes) from the same quant
 same graph cache. Attention runs on the CPU lane with per-row positions and the tree mask. K/V of the
 rows are written in place at cache rows `length .. length+n-1`; the caller decides what stays.
 
-Hidden rows and logits are numpy. The INT8 lane (`bound_step.BoundStep`, the heads of `head`) imports no torch
-(issue 28); the float lane (`FloatLayers`, `head.FloatHead`) runs torch's float math, imported when it runs.
+Hidden rows and logits are numpy. The INT8 lane (`bound_step.BoundStep`, the heads of `head`) imports no torch;
+the float lane (`FloatLayers`, `head.FloatHead`) runs torch's float math, imported when it runs.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class DecodeStep:
         self.static = isinstance(runtime.backend, NpuBackend)  # prebuilt graphs of fixed chunk sizes
         self.threads = threads  # the INT8 lane's (the float lane keeps the runtime's: its step is a few big GEMVs)
         self._backends: dict[int, LayerBackend] = {}
-        # the decode placement (issue 28): an INT8 lane's graphs on the engine the runtime chose (the CPU EP
+        # the decode placement: an INT8 lane's graphs on the engine the runtime chose (the CPU EP
         # for a prefill on an NPU); None: the prefill backend's own provider
         placed = runtime.decode if self.static else None
         own = placed is None or placed.engine == runtime.backend.provider.name

@@ -1,7 +1,7 @@
 """Measured decode step costs, kept per host, model and backend so that a warm start does not measure again.
 
 The tree controller (LLMCad §3.3, `adapt`) needs what a step of each chunk size costs on this machine:
-measuring them took 28 steps and ~1.3 s at every `hetero run` (issue 28). They are a property of the
+measuring them took 28 steps and ~1.3 s at every `hetero run`. They are a property of the
 host, the model and its prepared graphs, like the prefill's learned costs (`sched.learned`), so they are
 written once (atomically, under a lock) beside them and read at the next start; running decodes keep
 refining them (`Decoding` folds the steps it timed back in).

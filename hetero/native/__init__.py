@@ -1,1 +1,1 @@
-"""Kernels hetero compiles on the host (C, with the host's compiler) where no library gives one (issue 24)."""
+"""Kernels hetero compiles on the host (C, with the host's compiler) where no library gives one."""

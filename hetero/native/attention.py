@@ -1,4 +1,4 @@
-"""A chunk's causal attention in BF16 dot products on the CPU (AVX-512 BF16), compiled here from C (issue 24).
+"""A chunk's causal attention in BF16 dot products on the CPU (AVX-512 BF16), compiled here from C.
 
 mllm-NPU §3.1 keeps attention in float on the CPU; on a long prompt it is most of a prefill (ONNX Runtime's fp32
 GroupQueryAttention: 41% of 1024 tokens, 52% of 2048, docs/journal.md). A CPU with AVX-512 BF16 multiplies bf16

@@ -1,5 +1,5 @@
 /* One prefill chunk's causal attention with BF16 dot products (AVX-512 BF16), one thread. Built and loaded by
- * hetero/native/attention.py, which documents what it computes and why (issue 24: the fp32 GroupQueryAttention of
+ * hetero/native/attention.py, which documents what it computes and why (the fp32 GroupQueryAttention of
  * ONNX Runtime was 41-52% of a long prefill on a CPU whose BF16 dot product does twice the fp32 FMA's work).
  *
  * Layout: queries sit in the 16 lanes of a vector. S^T = K Q^T is a row of scores per key whose lanes are 16

@@ -1,15 +1,15 @@
-"""A decode step's linears as hetero's own int8 GEMVs on AVX-512 VNNI (`gemv_vnni.c`, issue 24 item 3).
+"""A decode step's linears as hetero's own int8 GEMVs on AVX-512 VNNI (`gemv_vnni.c`).
 
 A plain decode step streams every weight once per token. ONNX Runtime's `MatMulNBits` (8-bit weights in blocks of
 128, int8 activations per block: `npu.nbits`) ran the default model's 30 layers' one-row graphs at ~18 GB/s on this
-host (AMD EPYC Zen 4), which streams ~30 GB/s from one thread (docs/journal.md, issue 24 item 3). These kernels
-compute the same product in the same form, the weights quantized by ONNX Runtime's own kernel to the very bytes
-MatMulNBits reads (`npu.nbits.quantize_weight`, called by `decode.gemv_step`), repacked for `vpdpbusd` (64 output columns a tile, 4 weights along K
-per column a lane), the activations quantized to int8 per block of 32 at run time (amax / 127: a quarter of
-MatMulNBits' activation block, which the memory-bound kernel gets for free and which brings the decode's perplexity
-back to the graphs'; with blocks of 128 it was 0.14 points worse, docs/journal.md), and fold the
-elementwise work around each linear (RMSNorm, the residual adds, SiLU·up, the online block Hadamards of a rotated
-model, QuaRot) into the same call: one call per linear, no graph, no shadow corrections (as `npu.nbits`).
+host (AMD EPYC Zen 4), which streams ~30 GB/s from one thread (docs/journal.md, "Issue 24 item 3 (session 15)"). These
+kernels compute the same product in the same form, the weights quantized by ONNX Runtime's own kernel to the very bytes
+MatMulNBits reads (`npu.nbits.quantize_weight`, called by `decode.gemv_step`), repacked for `vpdpbusd` (64 output
+columns a tile, 4 weights along K per column a lane), the activations quantized to int8 per block of 32 at run time
+(amax / 127: a quarter of MatMulNBits' activation block, which the memory-bound kernel gets for free and which brings
+the decode's perplexity back to the graphs'; with blocks of 128 it was 0.14 points worse, docs/journal.md), and fold the
+elementwise work around each linear (RMSNorm, the residual adds, SiLU·up, the online block Hadamards of a rotated model,
+QuaRot) into the same call: one call per linear, no graph, no shadow corrections (as `npu.nbits`).
 
 A job is one linear with that work (`Job`); a part is its column range with its own scratch (`Part`): two threads
 can run a job's halves at once (`decode.twocore.attnpool`), each computing the prologue itself, and a column's

@@ -1,4 +1,4 @@
-/* A decode step's linears as int8 GEMVs on AVX-512 VNNI (issue 24 item 3); see hetero/native/gemv.py.
+/* A decode step's linears as int8 GEMVs on AVX-512 VNNI; see hetero/native/gemv.py.
 
    A job is one linear of a layer with the elementwise work around it: a prologue that builds its input rows x
    (x = in0 [+ in1], then RMSNorm, or silu(gate)·up, then a block Hadamard), x quantized to int8 per block of
@@ -10,7 +10,7 @@
    (block after block), so a row's outputs do not depend on the other rows of the job nor on the split.
 
    No software prefetch: over the weights' one arena on huge pages the hardware prefetcher streams 26 GB/s from one
-   thread (AMD EPYC Zen 4), prefetches 4 KB ahead 22 (docs/journal.md, issue 24 item 3).
+   thread (AMD EPYC Zen 4), prefetches 4 KB ahead 22 (docs/journal.md, "Issue 24 item 3 (session 15)").
 
    Weights: column tiles of TILE = 64 (4 vectors of 16), each tile a stream of K/4 quads of 256 bytes: for each
    of its 64 columns 4 consecutive weights along K (vpdpbusd's layout); scales [tiles][blocks][64]. */

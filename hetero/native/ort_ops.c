@@ -4,7 +4,7 @@
    SiluHadamardQuant(gate [T, F], up [T, F]) -> (xq uint8 [T, F], row_s float32 [T, 1]), attributes block (64),
    scale, qmax, tiny: down_in's input as the layer graphs quantize it, in one pass over each row instead of a dozen
    graph nodes (QuickGelu, Mul, Reshape, a [T·F/64, 64] x [64, 64] MatMul, Reshape, Abs, ReduceMax, Max, Div, Mul,
-   QuantizeLinear, Mul: a quarter of an o->FFN graph's time at 32-128 rows, docs/journal.md, issue 24):
+   QuantizeLinear, Mul: a quarter of an o->FFN graph's time at 32-128 rows, docs/journal.md, "Issue 24 (session 17)"):
      m = silu(gate) * up
      y = m . T, T = diag(H_64, ...) the online block Hadamard of a rotated model (QuaRot; `outliers.rotate`), here a
          fast Walsh-Hadamard transform (6 butterfly stages) instead of a 64-wide matmul

@@ -1,14 +1,14 @@
-"""hetero's own ONNX Runtime CPU ops (`hetero/native/ort_ops.c`, domain "ai.hetero"), for the layer graphs' float glue (issue 24).
+"""hetero's own ONNX Runtime CPU ops (`hetero/native/ort_ops.c`, domain "ai.hetero"), for the layer graphs' float glue.
 
 mllm-NPU §3.2 keeps the float ops between a layer's INT8 matmuls in the graph where the NPU can run them, and on
 the CPU where it cannot. On a host whose "NPU" is the CPU EP itself those ops are ONNX Runtime nodes, and at the
 row counts of a prefill chunk (32–256) a node costs more than its arithmetic: down_in's input (SiLU·up, the rotated
 model's online 64-block Hadamard, a scale per row, the u8 quantization) was 12 nodes and a quarter of an o→FFN
-graph's time, the Hadamard alone a [T·F/64, 64] × [64, 64] float matmul (docs/journal.md, issue 24). Three ops
-compute an o→FFN graph's float glue in one pass over each row each: `SiluHadamardQuant` (down_in's input, the
-Hadamard as a fast Walsh–Hadamard transform), `AddRmsNormQuant` (the residual, RMSNorm and ffn_in's quantization)
-and `ScaleAdd` (down's rows at their scales plus the residual); a fourth, `RmsNormQuant`, is the q|k|v graph's
-RMSNorm and quantization. The INT8 GEMMs stay ONNX Runtime's.
+graph's time, the Hadamard alone a [T·F/64, 64] × [64, 64] float matmul (docs/journal.md, "Issue 24 (session 17)").
+Three ops compute an o→FFN graph's float glue in one pass over each row each: `SiluHadamardQuant` (down_in's input, the
+Hadamard as a fast Walsh–Hadamard transform), `AddRmsNormQuant` (the residual, RMSNorm and ffn_in's quantization) and
+`ScaleAdd` (down's rows at their scales plus the residual); a fourth, `RmsNormQuant`, is the q|k|v graph's RMSNorm and
+quantization. The INT8 GEMMs stay ONNX Runtime's.
 
 The library is compiled once per host (`build.Kernel`: AVX-512, the host's C compiler, a content-checked cache) and
 registered in every CPU EP session hetero makes of its graphs (`sessions.session_options`), so a cached graph that

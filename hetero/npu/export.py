@@ -24,7 +24,7 @@ from hetero.npu.site_ops import a16_bytes, a16_combine, online_hadamard, row_sca
 from hetero.outliers.quantize import ACT_QMAX, ACT_QMIN, ACT_ZERO_POINT, WEIGHT_FORMS, check_weight_form
 
 # EXPORT_VERSION, LAYER_VERSION: what this module builds, in every graph's cache key; kept in `segments` (no onnx),
-# which a warm start reads without importing this module and onnx (issue 28).
+# which a warm start reads without importing this module and onnx.
 ACT_ZERO_POINT_U16 = 32768
 OPSET = 21
 # ---------------------------------------------------------------------------------------- builder

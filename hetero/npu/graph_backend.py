@@ -6,7 +6,7 @@ cut after that linear and `QuantizedBackend.shadow_delta` is added in place on t
 which graph comes from a `Placement` (NPU memory budget, §4); by default the given provider runs all.
 
 Its buffers are float32 numpy arrays (`tensors = "numpy"`): a warm start reads the model's norms and biases from
-`Model.arrays()` and never imports torch (issue 28); the shadow corrections' float math is torch's, imported when a
+`Model.arrays()` and never imports torch; the shadow corrections' float math is torch's, imported when a
 segmented backend first computes one.
 """
 
@@ -245,7 +245,7 @@ class NpuBackend:
         if self.any_rows and chunk <= self.chunk and same_provider and (threads == o.intra_op_threads or not cpu):
             return self  # one graph set serves every row count: the decode sizes share these sessions
         plan = QuantPlan.from_dict(self.plan.to_dict(), self.model) if self._weights_dropped else self.plan
-        if not same_provider:  # decode placement (issue 28): the CPU EP's graphs of the same plan
+        if not same_provider:  # decode placement: the CPU EP's graphs of the same plan
             if provider != OrtCpuProvider.name:
                 raise ConfigError(f"at_chunk: provider must be {self.provider.name!r} or {OrtCpuProvider.name!r}, "
                                   f"got {provider!r}")
@@ -301,7 +301,7 @@ class NpuBackend:
         """The `QuantizedBackend` whose float math (torch, on `Model.weights`) computes the shadow corrections, made
         once: at set-up by a backend whose graphs leave corrections to the CPU (segments with shadow sites), never by
         one whose graphs hold them (whole-layer graphs, their decode graphs apart), so a warm default start imports
-        no torch (issue 28)."""
+        no torch."""
         if self._reference is None:
             from hetero.outliers.shadow import QuantizedBackend
 
@@ -329,7 +329,7 @@ class NpuBackend:
     def _prepare_layers(self, layers: list[int], use_cache: bool) -> None:
         """Every layer's graphs loaded (or built) into `_programs`. On the CPU EP, layers after the first on a few
         threads: a session's creation (reading, checking and prepacking its weights) runs mostly without the GIL, and
-        at start-up the other cores are idle (30 layer graphs: 0.2 s on one core, issue 28). The first layer alone,
+        at start-up the other cores are idle (30 layer graphs: 0.2 s on one core). The first layer alone,
         so that what the process makes once (the shared ONNX Runtime pool, cached keys) is made before."""
         workers = min(PREPARE_THREADS, os.cpu_count() or 1) if isinstance(self.provider, OrtCpuProvider) else 1
         arrays = self.model.arrays()  # the float norms and biases at rest (numpy: no torch on a warm start)

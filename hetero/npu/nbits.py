@@ -7,9 +7,10 @@ the CPU for the values beyond it. ONNX Runtime's `MatMulNBits` at accuracy level
 activations to int8 per block of K at run time (one scale per block, MLAS's int8 kernel), so an outlier only
 coarsens its own block and no shadow is needed; its weights are quantized per block too. On the default model
 (AMD EPYC Zen 4, 1 thread) 8-bit weights in blocks of 128 run a one-row step's 30 layers' graphs in ~0.65×
-the INT8 graphs' time (docs/journal.md, issue 24 item 3). The kernel's cost grows with the rows faster than
-the INT8 GEMM's, but a whole step, with the INT8 graphs' shadow corrections per row, stays cheaper up to the
-largest token tree (8 rows): decode steps of up to `NBITS_ROWS` rows run it (`npu.placement.decode_placement`).
+the INT8 graphs' time (docs/journal.md, "Issue 24 item 3: decode on ONNX Runtime's MatMulNBits"). The kernel's cost
+grows with the rows faster than the INT8 GEMM's, but a whole step, with the INT8 graphs' shadow corrections per row,
+stays cheaper up to the largest token tree (8 rows): decode steps of up to `NBITS_ROWS` rows run it
+(`npu.placement.decode_placement`).
 
 A layer is two graphs with the segments' buffers (`segments.Buffer`): `qkv` (RMSNorm, q|k|v) and `o_ffn` (o, the
 residual, RMSNorm, gate|up, the activation, down, the residual), the plan's online Hadamards (`plan.online`) in
@@ -17,7 +18,7 @@ front of their sites as in the INT8 graphs, the weights the method's float ones 
 default), W·T on online sites. The weights are quantized by ONNX Runtime's own kernel (`quantize_matmul_8bits`
 / `_4bits`, what its `MatMulNBitsQuantizer` calls), in the layout MatMulNBits reads. Graphs are cached and
 verified like the segments (`providers.compiled_entry`). A graph is built from the float weights in torch (a cold
-build); a warm start only loads the cached graphs and never imports torch (issue 28). Buffers are float32 numpy.
+build); a warm start only loads the cached graphs and never imports torch. Buffers are float32 numpy.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ CPU adds a shadow correction (mllm-NPU §3.2-3.3).
 `NpuBackend.program(layer)` builds it once per layer; the prefill (`NpuBackend.qkv` / `o_ffn`) and the decode
 step (`decode.bound_step.BoundStep`) both interpret it, so neither reads the other's fields and a change of the
 graphs' cut (`segments.layer_segments`) reaches both. Buffer names: `segments.Buffer`. Buffers are float32 numpy
-arrays (a warm INT8 start never imports torch, issue 28).
+arrays (a warm INT8 start never imports torch).
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ def layer_halves(layer: int, shadow_sites: set[str], a_rotated: bool = False,
                  native_ops: tuple[str, ...] = ()) -> list[SegmentSpec]:
     """A whole layer as two graphs, qkv (RMSNorm, q|k|v) and o → FFN, each with its shadow corrections inside: the
     whole-layer graph (`layer_graph`) less its attention node, for an attention kernel outside ONNX Runtime
-    (`native.attention`: BF16 dot products, issue 24). a_rotated: that kernel applies o_in's online Hadamard;
+    (`native.attention`: BF16 dot products). a_rotated: that kernel applies o_in's online Hadamard;
     native_ops: the kinds whose float glue is hetero's own ops (`native.ort_ops`)."""
     return [SegmentSpec(layer, kind, pieces, DYNAMIC_ROWS, "cpu", "2d", False, None,
                         tuple(s for s in SITES if s in shadow_sites and (s == "attn_in") == (kind == "layer_qkv")),

@@ -2,7 +2,7 @@
 
 The QNN HTP simulator prints `LIBNATIVE: No alternate configuration present…` to file descriptor 1 from
 native code when the process creates its first QNN session, where Python's `sys.stdout` cannot catch it;
-`hetero run --json` and every pipe reading hetero's answers would get it (issue 28).
+`hetero run --json` and every pipe reading hetero's answers would get it.
 """
 
 from __future__ import annotations

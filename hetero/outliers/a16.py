@@ -1,6 +1,6 @@
 """W8A16 per tensor: 16-bit activations × the plan's INT8 weights, exact on integer-only INT8 kernels.
 
-A site whose per-tensor INT8 grid loses too much (issue 10: `down_in`) keeps 16-bit activations
+A site whose per-tensor INT8 grid loses too much (such as `down_in`) keeps 16-bit activations
 q = clip(rint(x/s), -32768, 32767) with s = absmax / 32767. QNN HTP runs W8A16 natively; the ONNX
 Runtime CPU EP has no 16-bit MatMulInteger, so q is split into bytes, q = 256·hi + lo with hi in
 [-128, 127] (stored u8, zero point 128) and lo in [0, 255] (u8, zero point 0), and runs as two u8

@@ -41,7 +41,8 @@ DEFAULT_TOKENS = 4096
 DEFAULT_WINDOW = 512
 _LOG2_LO, _LOG2_HI, _BINS_PER_OCTAVE = -24.0, 16.0, 64
 # The user's calibration (`hetero calibrate`) is kept beside the default one (the package's, or computed at first
-# use), never over it; a run uses it only when asked to: HETERO_CALIBRATION=user (issue 40).
+# use), never over it, so that the default answers stay the shipped calibration's, the same on every machine; a run
+# uses it only when asked to: HETERO_CALIBRATION=user.
 CALIBRATION_ENV = "HETERO_CALIBRATION"
 DEFAULT_FILE, USER_FILE = "calibration.npz", "calibration-user.npz"
 _NBINS = int((_LOG2_HI - _LOG2_LO) * _BINS_PER_OCTAVE)
@@ -466,7 +467,7 @@ def shipped_calibration_file(model, corpus: str = DEFAULT_CALIBRATION, n_tokens:
 
     The default model's calibration (of its rotated copy, what the default method quantizes) is the same on every
     machine, so it ships as package data (`hetero/data/calibration/`, keyed by model fingerprint in its manifest,
-    `hetero.shipped`) and a first run does not spend ~30-40 s computing it (issue 28). A file that fails its
+    `hetero.shipped`) and a first run does not spend ~30-40 s computing it. A file that fails its
     content hash is not used."""
     entry = shipped.manifest("calibration").get(model.fingerprint)
     if entry is None or (entry["corpus"], entry["n_tokens"], entry["window"]) != (corpus, n_tokens, window):

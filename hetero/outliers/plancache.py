@@ -1,5 +1,5 @@
 """The quantization plan derived from a model's calibration, kept beside it: a warm start reads the plan's site
-table instead of loading the calibration (361 compressed arrays, ~70 ms) and deriving it (~40 ms) (issue 28).
+table instead of loading the calibration (361 compressed arrays, ~70 ms) and deriving it (~40 ms).
 
 The plan is a pure function of the calibration's content, the `PlanOptions` and the code that derives it, so its
 file is named by a digest of all three: the calibration's content hash as its entry's record holds it, the options,

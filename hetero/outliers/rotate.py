@@ -186,7 +186,7 @@ def rotate_model(model, seed: int = 0, cache: bool = True):
 
 def _kept(model) -> dict[str, np.ndarray]:
     """The model's arrays that rotation keeps (its QK norms, gate/up biases); read only if it has any (the default
-    model has none: issue 28)."""
+    model has none)."""
     from hetero.loader import fields_used
 
     if all(f in _FIELDS for f in fields_used(model.config)):

@@ -1,4 +1,4 @@
-"""Per-site precision search (issue 10): every activation site runs W8A8 clipped, W8A8 + shadow outliers
+"""Per-site precision search: every activation site runs W8A8 clipped, W8A8 + shadow outliers
 (mllm-NPU §3.3, Eq. 1) or W8A16, chosen to meet a perplexity budget at the least predicted time.
 
 Damage is measured on a validation split of the calibration corpus (after the calibrated tokens, disjoint
@@ -44,7 +44,7 @@ from hetero.timing import median_seconds
 log = logging.getLogger(__name__)
 
 SEARCH_VERSION = 1
-DEFAULT_BUDGET_PCT = 1.0  # issue 10: <= +1% validation perplexity
+DEFAULT_BUDGET_PCT = 1.0  # validation perplexity at most float's + 1%
 VALIDATION_TOKENS = 2048
 VALIDATION_WINDOW = 256
 # Candidate options of every site: three clipping points for clipped INT8 (same cost, damage decides),

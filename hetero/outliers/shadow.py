@@ -117,7 +117,7 @@ class DenseRows:
 def site_rows(plan: QuantPlan, layer: int, site: str) -> torch.Tensor:
     """W_deqᵀ of all linears of a site, concatenated along outputs: float32 [in, Σ out]. Each value is its
     `dequantize()`'s (q·s_w in float32), transposed while still int8: a quarter of the bytes to move (a
-    process's first prefill builds the rows of every shadow site it meets, issue 28)."""
+    process's first prefill builds the rows of every shadow site it meets)."""
     ws = [plan.weights[(layer, n)] for n in SITE_LINEARS[site]]
     q_t = np.ascontiguousarray(np.concatenate([w.q for w in ws], axis=0).T)  # int8 [in, Σ out]
     scales = np.concatenate([w.scales.astype(np.float32) if isinstance(w, QuantWeightPerChannel)

@@ -2,7 +2,7 @@
 beside its cache entry.
 
 Quantizing every linear (and the online Hadamards of rotated sites) took 1.5-4 s a run, and every decode
-chunk size did it again (issue 28). The weights are a pure function of the float weights and the form
+chunk size did it again. The weights are a pure function of the float weights and the form
 (granularity, qmax, online transforms), so they are computed once, written atomically under the entry's
 lock with a content record (`paths.cached`), and a warm start only reads them: every plan of that
 form, every chunk size and every decode graph share them (mllm-NPU §3.2: weights prepared offline).
@@ -30,7 +30,7 @@ Weights = dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]
 def _float_guard(model) -> str:
     """A cheap digest of the float weights (head and tail of every linear): a model whose weights were edited in
     memory under the same fingerprint never gets another model's INT8 weights. Read through `Model.arrays`:
-    a cached model's mapped file, no torch (issue 28)."""
+    a cached model's mapped file, no torch."""
     arrays = model.arrays()
     h = hashlib.sha256()
     names = ["tok_emb", "lm_head"] + [f"layers.{i}.{name}" for i in range(model.config.n_layers)
@@ -81,7 +81,7 @@ def cached_arrays(model, kind: str, form: dict, compute: Callable[[], dict[str, 
     name = f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.safetensors"
 
     def load(path: Path) -> dict[str, np.ndarray]:
-        arrays, meta = map_tensors(path)  # mapped: safetensors' numpy API copies (85 vs 7 ms, issue 28)
+        arrays, meta = map_tensors(path)  # mapped: safetensors' numpy API copies (85 vs 7 ms)
         if meta.get("form") != text:
             raise ValueError("it was made for another form")
         return arrays

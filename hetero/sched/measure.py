@@ -134,7 +134,7 @@ def profile_command(out_path: str | None, run_subgraph: RunSubgraph, *,
 
 def merged(new: Profile, path: Path, log: Callable[[str], None] | None = None) -> Profile:
     """`new` with the costs of the profile at `path` that it did not measure, when that file profiles the same model:
-    profiling one method keeps another method's costs (issue 40: profiling the default's whole-layer graphs left
+    profiling one method keeps another method's costs (profiling the default's whole-layer graphs left
     no cost for `hetero-lanes`' qkv/attn/o_ffn). The placement it records stays a scheduler's (`KINDS`)."""
     try:
         old = load_profile(path) if path.is_file() else None
@@ -159,7 +159,7 @@ def merged(new: Profile, path: Path, log: Callable[[str], None] | None = None) -
 def host_profile(placement: Sequence[tuple[str, str]] = ()) -> Profile:
     """This host's measured profile (`<host>.json`: the user's, else a shipped one), else any measured
     profile (`paths.profile_search_path`), else a derived one. placement: the (kind, lane) pairs it must cost; a
-    profile without them (another method's subgraphs) is passed over with a warning, never run into (issue 40)."""
+    profile without them (another method's subgraphs) is passed over with a warning, never run into."""
     folders = profile_search_path()
     own = [d / f"{host_slug()}.json" for d in folders]
     mine = next((p for p in own if p.is_file()), None)

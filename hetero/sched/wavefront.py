@@ -1,4 +1,4 @@
-"""Whole-layer graphs of a prefill on several single-threaded lanes, chunk by chunk as a wavefront (issue 24).
+"""Whole-layer graphs of a prefill on several single-threaded lanes, chunk by chunk as a wavefront.
 
 Where the "NPU" is the CPU itself, a chunk's layer runs as one ONNX Runtime graph (`npu.nodes.LAYER_PLACEMENT`). Run on
 one 2-thread intra-op pool, every op of that graph splits over both cores and each split wakes a sleeping pool

@@ -1,4 +1,4 @@
-"""Who may talk to `hetero serve`: Host allow-list, JSON-only bodies and the API key (issue 27, D8).
+"""Who may talk to `hetero serve`: Host allow-list, JSON-only bodies and the API key.
 
 A plain ASGI middleware, in front of every route:
 - `Host` must name this server (127.0.0.1, localhost, ::1, the `--host` value, and for a wildcard --host

@@ -72,7 +72,7 @@ def free_bytes(folder: Path | None) -> int:
 
 def default_disk_budget(folder: Path | None, share: float = 0.25, cap: int = 16 << 30) -> int:
     """The swap folder's budget when none is given: a quarter of the free space there, at most 16 GiB, so a
-    busy server never fills the disk (issue 27: 793 MB in a minute under 16 clients)."""
+    busy server never fills the disk (it wrote 793 MB in a minute under 16 clients)."""
     return int(min(cap, share * free_bytes(folder)))
 
 

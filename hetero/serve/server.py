@@ -37,9 +37,9 @@ def bound_malloc(threshold: int = MMAP_THRESHOLD) -> None:
     """Fix glibc's mmap threshold at `threshold`: K/V buffers of finished requests go back to the OS at once.
 
     By default glibc raises the threshold after freeing large blocks, and later request buffers then
-    come from the heap, which is rarely trimmed: RSS creeps up under a steady load. At 1 MiB (before
-    issue 26) every prefill temporary of a MiB or more was a fresh mmap, page-faulted on first touch: in a
-    real `hetero serve` process a cold 1,024-token prompt's TTFT was 1.32x `hetero run`'s prefill (4 paired
+    come from the heap, which is rarely trimmed: RSS creeps up under a steady load. At 1 MiB (this
+    function's threshold before) every prefill temporary of a MiB or more was a fresh mmap, page-faulted on first touch:
+    in a real `hetero serve` process a cold 1,024-token prompt's TTFT was 1.32x `hetero run`'s prefill (4 paired
     repeats; 0.99x at 16 MiB), and alternating 1,024-token prefills in one process took a median 2,381 ms at 1 MiB vs
     2,154 ms at 16 MiB (4 each, a shared machine).
     """
