@@ -26,6 +26,7 @@ output rows are left as they are (finite; discarded after the last layer).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import onnxruntime as ort
@@ -90,6 +91,22 @@ def _graph(cfg: ModelConfig, window: int = 0) -> bytes:
     return model.SerializeToString()
 
 
+def row_twice(x: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, row: int, out: np.ndarray,
+              run: Callable[[np.ndarray, np.ndarray], object]) -> np.ndarray:
+    """out[0] = run's first output row on x's one row [1, ·] given twice, at cache row `row` of k_cache/v_cache
+    [n_kv, capacity, D] (row + 1 must lie in the cache). One row takes other kernels than a chunk's rows
+    (GroupQueryAttention's token-generation path, torch's one-query attention), which sum in another order: a prompt
+    whose last piece was one token differed from the same prompt cold. Twice, the row's numbers are those it has in
+    any chunk; the copy's K/V, written into cache row row + 1, are put back as they were (padding never reaches
+    the cache)."""
+    kept = k_cache[:, row + 1].copy(), v_cache[:, row + 1].copy()
+    two = np.empty((2, out.shape[-1]), np.float32)
+    run(np.ascontiguousarray(np.repeat(x, 2, axis=0)), two)
+    k_cache[:, row + 1], v_cache[:, row + 1] = kept
+    out[0] = two[0]
+    return out
+
+
 class ChunkAttention:
     """`attn(qkv, k_cache, v_cache, start, out)`: the `attn` subgraph of one prefill chunk (see the module doc).
 
@@ -150,17 +167,8 @@ class ChunkAttention:
         if self.qk_norms is not None:
             qk_norm_(cfg, qkv, *self.qk_norms[layer])
         if n == 1 and start - base + 2 <= cap and start + 2 <= self.cos.shape[0]:
-            # One row takes other kernels (GroupQueryAttention's token-generation path, torch's one-query attention)
-            # which sum in another order: a prompt whose last piece was one token differed from the same prompt
-            # cold. The row twice keeps a row's numbers the same whatever chunk it is in; the copy's K/V, written
-            # into the cache row after it, are put back as they were (padding never reaches the cache).
-            row = start - base + 1
-            kept = k_cache[:, row].copy(), v_cache[:, row].copy()
-            two = np.empty((2, cfg.q_dim), np.float32)
-            self._rows(np.ascontiguousarray(np.repeat(qkv, 2, axis=0)), k_cache, v_cache, start, two, layer, base)
-            k_cache[:, row], v_cache[:, row] = kept
-            out[0] = two[0]
-            return out
+            return row_twice(qkv, k_cache, v_cache, start - base, out,
+                             lambda x, y: self._rows(x, k_cache, v_cache, start, y, layer, base))
         return self._rows(qkv, k_cache, v_cache, start, out, layer, base)
 
     def _rows(self, qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int, out: np.ndarray, layer: int,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hetero import buffers
+from hetero.attention import row_twice
 from hetero.chunking import check_chunk
 from hetero.errors import ConfigError
 from hetero.loader import Model
@@ -390,16 +391,9 @@ class NpuBackend:
         if start + n > min(k_cache.shape[1], rope[0].shape[0]):
             raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({k_cache.shape[1]}) or RoPE table "
                               f"({rope[0].shape[0]}) positions")
-        if n == 1 and start + 2 <= min(k_cache.shape[1], rope[0].shape[0]):
-            # one row takes GroupQueryAttention's token-generation path, which sums in another order: the row twice
-            # (`attention.ChunkAttention` does the same), so a row's numbers do not depend on its chunk; the copy's
-            # K/V row is put back as it was
-            kept = k_cache[:, start + 1].copy(), v_cache[:, start + 1].copy()
-            two = np.empty((2, self.cfg.hidden), np.float32)
-            self.layer(layer, np.ascontiguousarray(np.repeat(h, 2, axis=0)), k_cache, v_cache, start, rope, two)
-            k_cache[:, start + 1], v_cache[:, start + 1] = kept
-            out[0] = two[0]
-            return out
+        if n == 1 and start + 2 <= min(k_cache.shape[1], rope[0].shape[0]):  # the graph's GroupQueryAttention
+            return row_twice(h, k_cache, v_cache, start, out,
+                             lambda x, y: self.layer(layer, x, k_cache, v_cache, start, rope, y))
         graph = self.program(layer).runs[0].graph
         f32, b = np.float32, graph.binding
         b.bind_input(Buffer.H, "cpu", 0, f32, (n, self.cfg.hidden), f32_address(h, "layer(): h"))
