@@ -42,7 +42,7 @@ def test_kernels_cache_under_the_digest_and_leave_numbas_setting_alone(monkeypat
     from hetero.decode import rowattn
     from hetero.decode.twocore import attnpool
 
-    for kernel in (rowattn._attend_rows, rowattn._attend_entry, attnpool._attend_shared):
+    for kernel in (rowattn._attend_rows, rowattn.attend_entry(), attnpool._attend_shared):
         assert kernel._cache._cache_path.startswith(jitcache.cache_dir())
     assert jitcache.DIGEST in jitcache.cache_dir()
     before = numba.config.CACHE_DIR

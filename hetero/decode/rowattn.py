@@ -17,8 +17,9 @@ matmuls' by rounding only. Measured: docs/journal.md, "Decoding".
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
@@ -201,14 +202,13 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
                     out[r, h, j, i] = o[r, j, i]
 
 
-# `attend`'s argument record (int64): where `_attend_entry` finds `_attend_rows`' arrays and numbers
+# `attend`'s argument record (int64): where `_attend_record` finds `_attend_rows`' arrays and numbers
 (_Q, _ROWS, _NKV, _G, _D, _K, _V, _CAP, _PREFIX, _EXTRA, _WIDTH, _NEXTRA, _SCALE, _OUT, _H0, _H1, _WINDOW,
  _OFF) = range(18)
 _RECORD = 18
 
 
-@jitcache.cfunc(types.int64(types.int64, types.int64, types.int64), fastmath=True, nogil=True)
-def _attend_entry(record: int, unused_a: int, unused_b: int) -> int:  # pragma: no cover - compiled
+def _attend_record(record: int, unused_a: int, unused_b: int) -> int:  # pragma: no cover - compiled
     """`_attend_rows` on the arrays an argument record names (`attend`): the one compiled copy of the kernel that
     every caller runs. Each njit caller inlines the kernel and LLVM optimizes every copy on its own under fastmath,
     so two callers' copies rounded differently: a step with the helper thread (`twocore.attnpool`) gave other logits
@@ -227,7 +227,16 @@ def _attend_entry(record: int, unused_a: int, unused_b: int) -> int:  # pragma: 
     return 0
 
 
-ENTRY = _attend_entry.address  # passed to compiled callers as an argument: a frozen address would be cached
+@functools.cache
+def attend_entry() -> Any:
+    """`_attend_record` as one C function (a numba cfunc, from numba's cache), made at the first decode step: loading
+    it starts LLVM's JIT (~46 MB), which a process should not hold through its prefill, whose peak it would raise."""
+    return jitcache.cfunc(types.int64(types.int64, types.int64, types.int64), fastmath=True, nogil=True)(_attend_record)
+
+
+def entry() -> int:
+    """The address of `attend_entry`: passed to compiled callers as an argument (a frozen address would be cached)."""
+    return attend_entry().address
 
 
 @jitcache.njit(nogil=True)
@@ -235,7 +244,7 @@ def attend(entry: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int,
            n_extra: np.ndarray, scale: float, out: np.ndarray, h0: int, h1: int, window: int,
            off: int) -> None:  # pragma: no cover - compiled
     """`_attend_rows` (same arguments; all C-contiguous, k/v one layer's [n_kv, capacity, D]) through the C entry
-    at `entry` (`ENTRY`): the one compiled kernel whether the caller is Python or a compiled loop, so a row's
+    at `entry` (`entry()`): the one compiled kernel whether the caller is Python or a compiled loop, so a row's
     result does not depend on which thread or path computed it."""
     rec = np.empty(_RECORD, np.int64)
     rec[_Q], rec[_ROWS], rec[_NKV], rec[_G], rec[_D] = q.ctypes.data, q.shape[0], q.shape[1], q.shape[2], q.shape[3]
@@ -267,7 +276,7 @@ def row_attention(cfg: ModelConfig, q: "torch.Tensor", k_cache: "torch.Tensor", 
     qg = q.reshape(cfg.n_kv_heads, g, cfg.head_dim).contiguous()
     if out is None:
         out = torch.empty(cfg.n_heads, 1, cfg.head_dim)
-    attend(ENTRY, qg.numpy()[None], k_cache.numpy(), v_cache.numpy(), length, _NO_EXTRA, _ZERO, cfg.scale,
+    attend(entry(), qg.numpy()[None], k_cache.numpy(), v_cache.numpy(), length, _NO_EXTRA, _ZERO, cfg.scale,
                  out.view(1, cfg.n_kv_heads, g, cfg.head_dim).numpy(), 0, cfg.n_kv_heads, window, 0)
     return out.view(cfg.n_heads, 1, cfg.head_dim)
 
@@ -391,5 +400,5 @@ def decode_rows(cfg: ModelConfig, qkv: np.ndarray, k_cache: np.ndarray, v_cache:
     n, g, d = len(layout), cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
     q = np.empty((n, cfg.n_kv_heads, g, d), np.float32)
     rope_rows(cfg, qkv, k_cache, v_cache, layout, q, layer, base)
-    attend(ENTRY, q, k_cache, v_cache, layout.slot - base, layout.extra, layout.n_extra, cfg.scale,
+    attend(entry(), q, k_cache, v_cache, layout.slot - base, layout.extra, layout.n_extra, cfg.scale,
                  out[:n].reshape(n, cfg.n_kv_heads, g, d), 0, cfg.n_kv_heads, cfg.window(layer), base)

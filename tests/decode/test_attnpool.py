@@ -12,7 +12,7 @@ import pytest
 
 from hetero.rope import RopeTable
 from hetero.decode.twocore.attnpool import AttentionPool, _claim_heads
-from hetero.decode.rowattn import ENTRY, decode_rows, rope_rows, tree_layout
+from hetero.decode.rowattn import decode_rows, entry, rope_rows, tree_layout
 from hetero.decode.tree import TokenTree
 from tests.conftest import make_tiny_model
 
@@ -187,5 +187,5 @@ def test_the_helpers_claims_compute_the_one_thread_kernels_heads():
     rope_rows(cfg, qkv, k[0], v[0], layout, q)
     out = np.zeros((n, cfg.q_dim), np.float32)
     _claim_heads(pool.ctrl, cfg.n_kv_heads, q, k[0], v[0], slot, layout.extra, layout.n_extra,
-                 cfg.head_dim**-0.5, out.reshape(q.shape), True, 0, 0, ENTRY)
+                 cfg.head_dim**-0.5, out.reshape(q.shape), True, 0, 0, entry())
     assert np.array_equal(out, want) and pool.helped == cfg.n_kv_heads

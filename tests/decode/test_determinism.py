@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from hetero.decode.rowattn import ENTRY, decode_rows, rope_rows, tree_layout
+from hetero.decode.rowattn import decode_rows, entry, rope_rows, tree_layout
 from hetero.decode.step import DecodeStep
 from hetero.decode.tree import TokenTree
 from hetero.decode.twocore.attnpool import AttentionPool, _claim_heads
@@ -55,7 +55,7 @@ def test_the_helpers_heads_are_the_one_thread_steps_at_the_default_models_shapes
         out = np.zeros((n, cfg.q_dim), np.float32)
         pool = AttentionPool()
         _claim_heads(pool.ctrl, cfg.n_kv_heads, q, k, v, slot, layout.extra, layout.n_extra, cfg.scale,
-                     out.reshape(q.shape), True, 0, 0, ENTRY)
+                     out.reshape(q.shape), True, 0, 0, entry())
         assert pool.helped == cfg.n_kv_heads and np.array_equal(out, want), n
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from hetero import jitcache
 from hetero.config import ModelConfig
 from hetero.decode.twocore import atomics, native
-from hetero.decode.rowattn import ENTRY, RowLayout, _rope_rows, attend
+from hetero.decode.rowattn import RowLayout, _rope_rows, attend, entry
 
 # Control fields (int64), each on its own 64-byte cache line. SEQ is even when a job is published and odd
 # while the main thread writes one (a seqlock); CLAIM and DONE count heads over all jobs and never go back,
@@ -268,7 +268,7 @@ class AttentionPool:
         _set(self.ctrl, _STOP, 0)
         self._step = (k_all, v_all, q, extra, n_extra, float(scale), out)
         self._helped_before = self.helped
-        self._args = (int(self.ctrl[_SEQ]),) + self._step + (ENTRY,)
+        self._args = (int(self.ctrl[_SEQ]),) + self._step + (entry(),)
         self._go.set()
         return True
 
@@ -285,7 +285,7 @@ class AttentionPool:
         cos, sin = layout.rope(cfg, layer)
         self._wait_spins += _attend_shared(self.ctrl, layer, qkv[:n], cos, sin, cfg.n_heads,
                                            k_all, v_all, q, layout.slot - base, extra, n_extra, scale, out,
-                                           cfg.window(layer), base, ENTRY)
+                                           cfg.window(layer), base, entry())
         self._attend_s += time.perf_counter() - t0
         self._heads += k_all.shape[1]
 
