@@ -322,7 +322,9 @@ class Service:
             # every position of every layer: the prefix store may branch anywhere, and a branch at P needs a
             # windowed layer's positions P - W + 1..P - 1
             cache = rt.new_cache(min(rt.max_context, len(ids) + max_new + 1), full_history=True)
-            report: RestoreReport = yield from restore(store, rt, match, cache, self.cost, store.config.restore)
+            # segments: a swapped block is read back, never recomputed (a recomputed span would cut other chunks)
+            mode = "swap" if self.segment is not None else store.config.restore
+            report: RestoreReport = yield from restore(store, rt, match, cache, self.cost, mode)
             t0 = time.perf_counter()
             # exact reuse: the prefill in segments at multiples of `store.SEGMENT`, as a cold prefill runs them
             cuts = segment_cuts(cache.length, len(new), self.segment)
