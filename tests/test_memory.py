@@ -69,3 +69,33 @@ def test_memory_worker_reports_stages_and_counts(default_model) -> None:
     assert r["exact"]["kv_cache_32_mb"] == round(2 * cfg.n_layers * cfg.kv_dim * 32 * 4 / 2**20, 1)
     assert 0 < r["exact"]["int8_weights_kept_on_cpu_mb"] < 50
     assert "| prefill 32 |" in markdown({"engines": [r]})
+
+
+def test_kept_weights_hold_no_view_of_a_mapped_file(default_model) -> None:
+    """The shadows' INT8 weights and the decode GEMVs' scales and biases are copies: a view would keep the whole
+    cached weights file mapped, with every page the set-up read resident beside the graphs' and the arena's copies."""
+    import dataclasses
+
+    import numpy as np
+
+    from hetero.decode.gemv_step import GemvWeights
+    from hetero.methods import make_runtime
+    from hetero.native import gemv
+
+    def mapped(a: np.ndarray) -> bool:
+        while isinstance(a, np.ndarray):
+            if isinstance(a, np.memmap):
+                return True
+            a = a.base
+        return False
+
+    model = load_model()
+    rt = make_runtime(model)
+    try:
+        kept = [getattr(w, f.name) for w in rt.backend.plan.weights.values() for f in dataclasses.fields(w)]
+        assert kept and not any(mapped(a) for a in kept)
+        if gemv.unavailable(model.config) is None:
+            g = GemvWeights(model, rt.backend.plan.online)
+            assert not any(mapped(p.ws) for p in g.linears.values()) and not any(mapped(b) for b in g.biases.values())
+    finally:
+        rt.close()

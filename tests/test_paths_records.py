@@ -106,3 +106,17 @@ def test_verify_reports_only_the_damaged_file(tmp_path, bad):
     (e / bad).write_bytes(b"z" * st.st_size)
     os.utime(e / bad, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert [d.name for d in verify(e)] == [bad]
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, 3 * 4096 + 5])
+def test_content_hash_maps_a_window_at_a_time_and_hashes_the_whole_file(tmp_path, monkeypatch, size) -> None:
+    """A window of the file is mapped at a time (a whole mapped file counts in resident memory while mapped):
+    windows much smaller than the file give the hash of every byte, in order."""
+    import mmap
+
+    import xxhash
+
+    monkeypatch.setattr(paths, "_MAP_WINDOW", mmap.ALLOCATIONGRANULARITY)
+    data = os.urandom(size)
+    p = _write(tmp_path, "f.bin", data)
+    assert content_hash(p) == xxhash.xxh3_128(data).hexdigest()

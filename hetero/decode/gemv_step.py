@@ -97,9 +97,10 @@ class GemvWeights:
             off += size
             site = name.split(".")[1] if name != "head" else "head"
             k, n = (cfg.hidden, cfg.vocab) if site == "head" else (k_of[site], n_of[site])
-            self.linears[name] = gemv.Packed(view, np.ascontiguousarray(found[f"{name}.ws"], np.float32), k, n)
+            # copies, not views: a view would keep the whole mapped file resident beside the arena
+            self.linears[name] = gemv.Packed(view, np.array(found[f"{name}.ws"], np.float32), k, n)
             if f"{name}.bias" in found:
-                self.biases[name] = np.ascontiguousarray(found[f"{name}.bias"], np.float32)
+                self.biases[name] = np.array(found[f"{name}.bias"], np.float32)
         self.norms = {name: np.ascontiguousarray(arrays[name], np.float32)
                       for name in ["norm"] + [f"layers.{i}.{f}" for i in range(cfg.n_layers)
                                               for f in ("attn_norm", "ffn_norm")]}

@@ -62,7 +62,13 @@ def _shadow_only(plan):
     from hetero.weights import SITE_LINEARS
 
     keep = {(layer, n) for (layer, site), sq in plan.sites.items() if sq.shadow for n in SITE_LINEARS[site]}
-    return dataclasses.replace(plan, weights={k: w for k, w in plan.weights.items() if k in keep})
+    # copies, not views: a view of the cached weights file keeps its mapping, and every page the graphs' build read,
+    # resident (~100 MB on the default model) beside ONNX Runtime's own copy
+    def copied(w):
+        return dataclasses.replace(w, **{f.name: np.array(getattr(w, f.name)) for f in dataclasses.fields(w)
+                                         if isinstance(getattr(w, f.name), np.ndarray)})
+
+    return dataclasses.replace(plan, weights={k: copied(w) for k, w in plan.weights.items() if k in keep})
 
 
 def attention_kernel(cfg, mode: str):
