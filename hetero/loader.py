@@ -96,6 +96,8 @@ class Model:
     # a cached model's weights at rest: its file mapped as numpy arrays (or what maps and verifies it at first use);
     # None: the weights are in memory (`arrays` views them)
     _arrays: dict[str, np.ndarray] | Callable[[], dict[str, np.ndarray]] | None = None
+    # "<shape>, seed N" of a model of synthetic weights (`bench/synth_model.py`): it measures speed and memory only
+    synthetic: str | None = None
 
     @property
     def weights(self) -> Weights:
@@ -124,6 +126,28 @@ class Model:
         """A copy of this model with other float weights (and, when they map a file, its `arrays`) and other
         `changes` of its fields."""
         return dataclasses.replace(self, _weights=weights, _arrays=arrays, **changes)
+
+
+def synthetic_of(marker: Any, source: object) -> str | None:
+    """"<shape>, seed N" of a synthetic model's marker (config.json `hetero_synthetic`, GGUF `hetero.synthetic`);
+    None where there is none. A marker hetero cannot read is refused: such a model must never pass for a real one."""
+    if marker is None:
+        return None
+    if isinstance(marker, str):
+        try:
+            marker = json.loads(marker)
+        except ValueError:
+            marker = None
+    if not isinstance(marker, dict) or "shape" not in marker or "seed" not in marker:
+        raise ModelFormatError(f"{source}: unreadable synthetic-weights marker {marker!r} (needs shape and seed)")
+    return f"{marker['shape']}, seed {marker['seed']}"
+
+
+def synthetic_line(model: Model) -> str | None:
+    """What `hetero run` and `hetero info` say of a synthetic model (None for a real one)."""
+    if model.synthetic is None:
+        return None
+    return f"synthetic weights ({model.synthetic}): measures speed and memory, never accuracy"
 
 
 def weights_of(cfg: ModelConfig, arrays: dict[str, np.ndarray]) -> Weights:
@@ -176,8 +200,8 @@ def _load_gguf(p: Path, damaged: bool = False) -> Model:
     # processes may both read it; only one writes the entry)
     t0 = time.perf_counter()
     print(f"hetero: reading {p.name} once (dequantizing, building the tokenizer); cached in {entry}", file=sys.stderr)
-    cfg, weights, hf_tokenizer = _read_gguf(p)
-    model = Model(cfg, weights, _wrap(hf_tokenizer), p, fp, p.stem)
+    cfg, weights, hf_tokenizer, synthetic = _read_gguf(p)
+    model = Model(cfg, weights, _wrap(hf_tokenizer), p, fp, p.stem, synthetic=synthetic)
     try:
         lock = entry_lock(entry)
         lock.acquire(timeout=900)
@@ -190,7 +214,7 @@ def _load_gguf(p: Path, damaged: bool = False) -> Model:
             return cached
         remove_stale_temps(entry)  # of writers killed mid-way
         try:
-            _save_cache(entry, cfg, weights, hf_tokenizer)
+            _save_cache(entry, cfg, weights, hf_tokenizer, synthetic)
         except OSError as e:  # full disk: no partial entry stays
             discard_entry(entry)
             cache_unwritable(entry.parent, e)
@@ -229,7 +253,7 @@ def _reader(gguf: Any, p: Path) -> Any:
     return PlainReader(str(p))
 
 
-def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
+def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any, str | None]:
     import gguf
 
     try:
@@ -361,7 +385,14 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any]:
     lm_head = tok_emb if cfg.tie_embeddings else tensor("output.weight")
     weights = Weights(tok_emb, layers, tensor("output_norm.weight"), lm_head, cfg.embed_scale)
     _check_shapes(cfg, weights, p)
-    return cfg, weights, _gguf_tokenizer(p, arch, get("general.name", "")) if tokens is not None else None
+    return (cfg, weights, _gguf_tokenizer(p, arch, get("general.name", "")) if tokens is not None else None,
+            synthetic_of(get("hetero.synthetic"), p))
+
+
+def permute(w: Any, n_head: int) -> Any:
+    """llama.cpp's converter permutation of Llama's Q/K rows (rotate-half halves → interleaved rotary pairs), of a
+    numpy array or torch tensor: what a writer of Llama GGUF files applies and `_unpermute` undoes."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -454,7 +485,7 @@ def _load_hf_dir(p: Path) -> Model:
 
         tokenizer = _wrap(AutoTokenizer.from_pretrained(str(p)))
     fp = _dir_fingerprint(shards + [cfg_file])
-    return Model(cfg, weights, tokenizer, p, fp, p.name)
+    return Model(cfg, weights, tokenizer, p, fp, p.name, synthetic=synthetic_of(hf.get("hetero_synthetic"), cfg_file))
 
 
 def _hf_layer(cfg: ModelConfig, i: int, tensor: Any) -> dict[str, torch.Tensor]:
@@ -527,9 +558,10 @@ def _config_sha(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
-def _save_cache(entry: Path, cfg: ModelConfig, w: Weights, tokenizer: Any) -> None:
+def _save_cache(entry: Path, cfg: ModelConfig, w: Weights, tokenizer: Any, synthetic: str | None = None) -> None:
     """Write the entry (hold its lock): meta.json goes first away and comes back last, with a record of
-    every file, so a reader sees a complete entry or none. `tokenizer`: transformers' (None: the model has none)."""
+    every file, so a reader sees a complete entry or none. `tokenizer`: transformers' (None: the model has none);
+    `synthetic`: the GGUF's synthetic-weights marker (`Model.synthetic`), kept for warm loads."""
     from safetensors.torch import save_file
 
     state = {"tok_emb": w.tok_emb, "norm": w.norm}
@@ -555,6 +587,8 @@ def _save_cache(entry: Path, cfg: ModelConfig, w: Weights, tokenizer: Any) -> No
     config = cfg.to_dict()
     meta = {"version": CACHE_VERSION, "config": config, "config_sha256": _config_sha(config),
             "files": {n: file_record(entry / n) for n in names}}
+    if synthetic is not None:
+        meta["synthetic"] = synthetic
     with atomic_path(entry / "meta.json") as tmp:  # written last: its presence marks a complete entry
         tmp.write_text(json.dumps(meta, indent=1))
 
@@ -631,7 +665,8 @@ def _load_cached(entry: Path, p: Path, fp: str, repair: bool) -> Model | None:
             log.warning("model cache entry %s is damaged (%s); rebuilding it from %s", entry, e, p.name)
             discard_entry(entry)
         return None
-    model = Model(cfg, lambda: weights_of(cfg, model.arrays()), tokenizer, p, fp, p.stem, _arrays=arrays)
+    model = Model(cfg, lambda: weights_of(cfg, model.arrays()), tokenizer, p, fp, p.stem, _arrays=arrays,
+                  synthetic=meta.get("synthetic"))
     return model
 
 

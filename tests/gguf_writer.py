@@ -8,12 +8,7 @@ import gguf
 import numpy as np
 import torch
 
-from hetero.loader import _GGUF_NAMES, Model
-
-
-def permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's converter permutation of Q/K rows (what `hetero.loader._unpermute` undoes)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+from hetero.loader import _GGUF_NAMES, Model, permute
 
 
 def write_gguf(model: Model, path: Path, qtypes: dict[str, str] | None = None, arch: str | None = None,

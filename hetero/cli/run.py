@@ -185,7 +185,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         "chunk": args.chunk,
         "model": model.name,
         "decoder": args.decoder,
+        "synthetic": model.synthetic,  # "<shape>, seed N" of generated weights, else None
     }
+    if model.synthetic is not None:  # every output of such a model says what it cannot measure
+        from hetero.loader import synthetic_line
+
+        print(f"hetero: {synthetic_line(model)}", file=sys.stderr)
     verbose = getattr(args, "verbose", False)
     if args.decoder == "hetero":
         out["decode_on"] = dataclasses.asdict(runtime.decode)  # -v logs it (`methods.make_runtime`)
@@ -247,10 +252,13 @@ def platform_info() -> dict[str, Any]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from hetero.loader import load_model
+    from hetero.loader import load_model, synthetic_line
 
     model = load_model(args.model)
+    if model.synthetic is not None:
+        print(f"hetero: {synthetic_line(model)}", file=sys.stderr)
     out = {"model": model.name, "path": str(model.path), "fingerprint": model.fingerprint,
+           "synthetic": model.synthetic,
            "config": model.config.to_dict(), "platform": platform_info(), "placement": placement_info(model),
            "calibration": calibration_info(model)}
     if args.json:
