@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numba
 import numpy as np
 from numba.core import types
+from numba.cpython.unsafe.tuple import tuple_setitem
 
 from hetero import jitcache
 from hetero.decode.twocore import native
@@ -35,59 +36,32 @@ if TYPE_CHECKING:
 
 
 @jitcache.njit(fastmath=True, inline="always")
-def _dot4(q0: np.ndarray, q1: np.ndarray, q2: np.ndarray, q3: np.ndarray, kv: np.ndarray):  # pragma: no cover
-    """Four query heads' dot products with one K row (each row loaded once for the four)."""
-    a0 = np.float32(0.0)
-    a1 = np.float32(0.0)
-    a2 = np.float32(0.0)
-    a3 = np.float32(0.0)
+def _dots(q: np.ndarray, jg: int, kv: np.ndarray, group: tuple) -> tuple:  # pragma: no cover
+    """q[jg + j]·kv for each query head j of a group, the K row loaded once for all of them. The group's size is
+    len(group) (float32s), a constant of its type, so the loop over the heads unrolls and the sums stay in registers."""
+    acc = group
+    for j in range(len(acc)):  # zeros the compiler sees (the caller's are values it passes)
+        acc = tuple_setitem(acc, j, np.float32(0.0))
     for i in range(kv.shape[0]):
         x = kv[i]
-        a0 += q0[i] * x
-        a1 += q1[i] * x
-        a2 += q2[i] * x
-        a3 += q3[i] * x
-    return a0, a1, a2, a3
+        for j in range(len(acc)):
+            acc = tuple_setitem(acc, j, acc[j] + q[jg + j, i] * x)
+    return acc
+
 
 @jitcache.njit(fastmath=True, inline="always")
-def _dot3(q0: np.ndarray, q1: np.ndarray, q2: np.ndarray, kv: np.ndarray):  # pragma: no cover
-    """`_dot4` of three query heads."""
-    a0 = np.float32(0.0)
-    a1 = np.float32(0.0)
-    a2 = np.float32(0.0)
-    for i in range(kv.shape[0]):
-        x = kv[i]
-        a0 += q0[i] * x
-        a1 += q1[i] * x
-        a2 += q2[i] * x
-    return a0, a1, a2
-
-@jitcache.njit(fastmath=True, inline="always")
-def _axpy4(o0: np.ndarray, o1: np.ndarray, o2: np.ndarray, o3: np.ndarray, w0: float, w1: float, w2: float, w3: float,
-           vv: np.ndarray) -> None:  # pragma: no cover
-    """o_j += w_j·vv for four query heads (one V row loaded once for the four)."""
+def _axpys(o: np.ndarray, jg: int, w: tuple, vv: np.ndarray) -> None:  # pragma: no cover
+    """o[jg + j] += w[j]·vv for each query head j of a group (`_dots`' form): the V row is loaded once for all."""
     for i in range(vv.shape[0]):
         x = vv[i]
-        o0[i] += w0 * x
-        o1[i] += w1 * x
-        o2[i] += w2 * x
-        o3[i] += w3 * x
-
-@jitcache.njit(fastmath=True, inline="always")
-def _axpy3(o0: np.ndarray, o1: np.ndarray, o2: np.ndarray, w0: float, w1: float, w2: float,
-           vv: np.ndarray) -> None:  # pragma: no cover
-    """`_axpy4` of three query heads."""
-    for i in range(vv.shape[0]):
-        x = vv[i]
-        o0[i] += w0 * x
-        o1[i] += w1 * x
-        o2[i] += w2 * x
+        for j in range(len(w)):
+            o[jg + j, i] += w[j] * x
 
 
 @jitcache.njit(fastmath=True, nogil=True)
 def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra: np.ndarray, n_extra: np.ndarray,
-                 scale: float, out: np.ndarray, h0: int, h1: int, window: int,
-                 off: int) -> None:  # pragma: no cover - compiled
+                 scale: float, out: np.ndarray, h0: int, h1: int, window: int, off: int,
+                 group: tuple) -> None:  # pragma: no cover - compiled
     """q [R, n_kv, g, D] (query heads grouped by KV head), k/v [n_kv, capacity, D]. Row r sees cache rows
     [0, prefix) and then extra[r, :n_extra[r]] - off (rows of a layer whose row 0 holds position `off`, a windowed
     layer keeping its window), in that order, of which only the last `window` when window > 0
@@ -95,12 +69,13 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
     heads [h0, h1) (out [R, n_kv, g, D]). The heads are independent: two threads may share them (`AttentionPool`).
     A windowed layer reads only the rows some row's window covers.
 
-    The query heads of a KV head go in groups of three (g a multiple of 3) or four (zero rows padding the last):
-    a group's dot products with a K row (`_dot3`/`_dot4`) and its updates with a V row (`_axpy3`/`_axpy4`) load the
-    row once for all of them, and the rows go in blocks of 64 positions that stay in L1 while each tree row takes
-    its share. Every score, softmax and output sum of a row is computed by the same statement whichever rows come
-    with it and whether a cache row is in the prefix or an extra: a row's result depends only on its query and the
-    sequence of cache rows it sees, so a tree row equals the plain step of its token bit for bit."""
+    The query heads of a KV head go in groups of len(group) (float32 zeros: three where g is a multiple of 3, else
+    four, zero rows padding the last): a group's dot products with a K row (`_dots`) and its updates with a V row
+    (`_axpys`) load the row once for all of them, and the rows go in blocks of 64 positions (`sweep`) that stay in L1
+    while each tree row takes its share. Every score, softmax and output sum of a row is computed by the same
+    statement whichever rows come with it and whether a cache row is in the prefix or an extra: a row's result depends
+    only on its query and the sequence of cache rows it sees, so a tree row equals the plain step of its token bit for
+    bit."""
     rows, n_kv, g, d = q.shape
     span = prefix + extra.shape[1]
     lo = np.zeros(rows, np.int64)
@@ -111,7 +86,7 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
         if window > 0:
             lo[r] = max(0, hi[r] - window)
         first = min(first, lo[r])
-    G = 3 if g % 3 == 0 else 4
+    G = len(group)
     gp = (g + G - 1) // G * G
     B = 64
     s = np.empty((rows, gp, span), np.float32)
@@ -120,35 +95,31 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
     qp = np.zeros((rows, gp, d), np.float32)
     o = np.empty((rows, gp, d), np.float32)
     sc = np.float32(scale)
+
+    def sweep(h: int, values: bool) -> None:
+        """Every row's cache rows of KV head h, block by block: its scores s = q·k·scale, or (values) o += s·v."""
+        for tb in range(first, span, B):
+            te = min(tb + B, span)
+            for r in range(rows):
+                for jg in range(0, gp, G):
+                    for t in range(max(tb, lo[r]), min(te, hi[r])):
+                        row, tt = t if t < prefix else extra[r, t - prefix] - off, t - lo[r]
+                        if values:
+                            w = group
+                            for j in range(G):
+                                w = tuple_setitem(w, j, s[r, jg + j, tt])
+                            _axpys(o[r], jg, w, v[h, row])
+                        else:
+                            a = _dots(qp[r], jg, k[h, row], group)
+                            for j in range(G):
+                                s[r, jg + j, tt] = a[j] * sc
+
     for h in range(h0, h1):
         for r in range(rows):
             for j in range(g):
                 for i in range(d):
                     qp[r, j, i] = q[r, h, j, i]
-        for tb in range(first, span, B):
-            te = min(tb + B, span)
-            for r in range(rows):
-                t0, t1 = max(tb, lo[r]), min(te, hi[r])
-                for jg in range(0, gp, G):
-                    if G == 3:
-                        q0, q1, q2 = qp[r, jg], qp[r, jg + 1], qp[r, jg + 2]
-                        for t in range(t0, t1):
-                            kr = t if t < prefix else extra[r, t - prefix] - off
-                            a0, a1, a2 = _dot3(q0, q1, q2, k[h, kr])
-                            tt = t - lo[r]
-                            s[r, jg, tt] = a0 * sc
-                            s[r, jg + 1, tt] = a1 * sc
-                            s[r, jg + 2, tt] = a2 * sc
-                    else:
-                        q0, q1, q2, q3 = qp[r, jg], qp[r, jg + 1], qp[r, jg + 2], qp[r, jg + 3]
-                        for t in range(t0, t1):
-                            kr = t if t < prefix else extra[r, t - prefix] - off
-                            a0, a1, a2, a3 = _dot4(q0, q1, q2, q3, k[h, kr])
-                            tt = t - lo[r]
-                            s[r, jg, tt] = a0 * sc
-                            s[r, jg + 1, tt] = a1 * sc
-                            s[r, jg + 2, tt] = a2 * sc
-                            s[r, jg + 3, tt] = a3 * sc
+        sweep(h, False)
         for r in range(rows):
             length = hi[r] - lo[r]
             for j in range(g):
@@ -178,24 +149,7 @@ def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra
             for j in range(g, gp):  # padding heads: zero weights
                 for t in range(length):
                     s[r, j, t] = 0.0
-        for tb in range(first, span, B):
-            te = min(tb + B, span)
-            for r in range(rows):
-                t0, t1 = max(tb, lo[r]), min(te, hi[r])
-                for jg in range(0, gp, G):
-                    if G == 3:
-                        o0, o1, o2 = o[r, jg], o[r, jg + 1], o[r, jg + 2]
-                        for t in range(t0, t1):
-                            vr = t if t < prefix else extra[r, t - prefix] - off
-                            tt = t - lo[r]
-                            _axpy3(o0, o1, o2, s[r, jg, tt], s[r, jg + 1, tt], s[r, jg + 2, tt], v[h, vr])
-                    else:
-                        o0, o1, o2, o3 = o[r, jg], o[r, jg + 1], o[r, jg + 2], o[r, jg + 3]
-                        for t in range(t0, t1):
-                            vr = t if t < prefix else extra[r, t - prefix] - off
-                            tt = t - lo[r]
-                            _axpy4(o0, o1, o2, o3, s[r, jg, tt], s[r, jg + 1, tt], s[r, jg + 2, tt], s[r, jg + 3, tt],
-                                   v[h, vr])
+        sweep(h, True)
         for r in range(rows):
             for j in range(g):
                 for i in range(d):
@@ -222,8 +176,12 @@ def _attend_record(record: int, unused_a: int, unused_b: int) -> int:  # pragma:
     extra = numba.carray(native.pointer(r[_EXTRA], np.int64), (rows, r[_WIDTH]))
     n_extra = numba.carray(native.pointer(r[_NEXTRA], np.int64), rows)
     out = numba.carray(native.pointer(r[_OUT], f32), (rows, n_kv, g, d))
-    _attend_rows(q, k, v, r[_PREFIX], extra, n_extra, native.float_of_bits(r[_SCALE]), out, r[_H0], r[_H1],
-                 r[_WINDOW], r[_OFF])
+    scale, z = native.float_of_bits(r[_SCALE]), f32(0.0)
+    if g % 3 == 0:  # the kernel is compiled once per group size (a tuple's length is part of its type: `_dots`)
+        _attend_rows(q, k, v, r[_PREFIX], extra, n_extra, scale, out, r[_H0], r[_H1], r[_WINDOW], r[_OFF], (z, z, z))
+    else:
+        _attend_rows(q, k, v, r[_PREFIX], extra, n_extra, scale, out, r[_H0], r[_H1], r[_WINDOW], r[_OFF],
+                     (z, z, z, z))
     return 0
 
 

@@ -137,91 +137,48 @@ static void quantize(const float *x, int64_t k, int64_t nb, int8_t *xq, float *s
     }
 }
 
-/* One tile (64 columns) of one row: y[c] = Σ_b ws[b][c]·Σ_{a ⊂ b} sa[a]·(Σ_{k∈a} (w_u8 − 128)·xq), over weight blocks b
-   and their activation blocks a. */
-static void tile_row(const uint8_t *wt, const float *wst, int64_t quads, int64_t nb, const int8_t *xq,
-                     const float *sa, const int32_t *xsum, float *y) {
-    __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
-    const int32_t *x4 = (const int32_t *)xq;
+/* One tile (64 columns) of each of R rows: y_r[c] = Σ_b ws[b][c]·Σ_{a ⊂ b} sa_r[a]·(Σ_{k∈a} (w_u8 − 128)·xq_r),
+   over weight blocks b and their activation blocks a; row r's xq at xq + r·kp, its sa and xsum at + r·na, its y at
+   y + r·TILE. Each weight vector is loaded once for the R rows (a token tree's, two at a time), and every operation
+   of a row is the same, in the same order, whatever R is, so a row's bits do not depend on its neighbour. Inlined
+   where R is a constant (1 or 2), so the loops over the rows and the tile's 4 vectors unroll and the sums stay in
+   registers. */
+#define MAX_ROWS 2
+static inline __attribute__((always_inline)) void tile_rows(const int R, const uint8_t *wt, const float *wst,
+                                                            int64_t quads, int64_t nb, const int8_t *xq, int64_t kp,
+                                                            const float *sa, const int32_t *xsum, int64_t na,
+                                                            float *y) {
+    __m512 f[MAX_ROWS][4];
+    for (int r = 0; r < R; r++)
+        for (int u = 0; u < 4; u++) f[r][u] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const float *ws = wst + b * TILE;
-        const __m512 w0 = _mm512_loadu_ps(ws), w1 = _mm512_loadu_ps(ws + 16), w2 = _mm512_loadu_ps(ws + 32),
-                     w3 = _mm512_loadu_ps(ws + 48);
+        __m512 w[4];
+        for (int u = 0; u < 4; u++) w[u] = _mm512_loadu_ps(ws + 16 * u);
         for (int64_t a = b * SUB; a < (b + 1) * SUB; a++) {
             const int64_t q0 = a * (AB / 4), q1 = q0 + AB / 4 < quads ? q0 + AB / 4 : quads;
             if (q0 >= q1) break;
-            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+            __m512i acc[MAX_ROWS][4];
+            for (int r = 0; r < R; r++)
+                for (int u = 0; u < 4; u++) acc[r][u] = _mm512_setzero_si512();
             for (int64_t j = q0; j < q1; j++) {
-                const __m512i x = _mm512_set1_epi32(x4[j]);
                 const __m512i *p = (const __m512i *)(wt + j * 256);
-                a0 = _mm512_dpbusd_epi32(a0, _mm512_loadu_si512(p), x);
-                a1 = _mm512_dpbusd_epi32(a1, _mm512_loadu_si512(p + 1), x);
-                a2 = _mm512_dpbusd_epi32(a2, _mm512_loadu_si512(p + 2), x);
-                a3 = _mm512_dpbusd_epi32(a3, _mm512_loadu_si512(p + 3), x);
+                __m512i v[4];
+                for (int u = 0; u < 4; u++) v[u] = _mm512_loadu_si512(p + u);
+                for (int r = 0; r < R; r++) {
+                    const __m512i x = _mm512_set1_epi32(((const int32_t *)(xq + r * kp))[j]);
+                    for (int u = 0; u < 4; u++) acc[r][u] = _mm512_dpbusd_epi32(acc[r][u], v[u], x);
+                }
             }
-            const __m512i corr = _mm512_set1_epi32(xsum[a]);
-            const __m512 s = _mm512_set1_ps(sa[a]);
-            f0 = block_add(a0, corr, w0, s, f0);
-            f1 = block_add(a1, corr, w1, s, f1);
-            f2 = block_add(a2, corr, w2, s, f2);
-            f3 = block_add(a3, corr, w3, s, f3);
+            for (int r = 0; r < R; r++) {
+                const __m512i corr = _mm512_set1_epi32(xsum[r * na + a]);
+                const __m512 s = _mm512_set1_ps(sa[r * na + a]);
+                for (int u = 0; u < 4; u++) f[r][u] = block_add(acc[r][u], corr, w[u], s, f[r][u]);
+            }
         }
     }
-    _mm512_storeu_ps(y, f0);
-    _mm512_storeu_ps(y + 16, f1);
-    _mm512_storeu_ps(y + 32, f2);
-    _mm512_storeu_ps(y + 48, f3);
-}
-
-/* `tile_row` of two rows at once: each weight vector loaded once for both (a token tree's rows), every operation of
-   a row the one `tile_row` does, in the same order, so a row's bits do not depend on its neighbour. */
-static void tile_rows2(const uint8_t *wt, const float *wst, int64_t quads, int64_t nb, const int8_t *xq0,
-                       const int8_t *xq1, const float *sa0, const float *sa1, const int32_t *xs0, const int32_t *xs1,
-                       float *y0, float *y1) {
-    __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0, g0 = f0, g1 = f0, g2 = f0, g3 = f0;
-    const int32_t *x4 = (const int32_t *)xq0, *z4 = (const int32_t *)xq1;
-    for (int64_t b = 0; b < nb; b++) {
-        const float *ws = wst + b * TILE;
-        const __m512 w0 = _mm512_loadu_ps(ws), w1 = _mm512_loadu_ps(ws + 16), w2 = _mm512_loadu_ps(ws + 32),
-                     w3 = _mm512_loadu_ps(ws + 48);
-        for (int64_t a = b * SUB; a < (b + 1) * SUB; a++) {
-            const int64_t q0 = a * (AB / 4), q1 = q0 + AB / 4 < quads ? q0 + AB / 4 : quads;
-            if (q0 >= q1) break;
-            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
-            for (int64_t j = q0; j < q1; j++) {
-                const __m512i x = _mm512_set1_epi32(x4[j]), z = _mm512_set1_epi32(z4[j]);
-                const __m512i *p = (const __m512i *)(wt + j * 256);
-                const __m512i v0 = _mm512_loadu_si512(p), v1 = _mm512_loadu_si512(p + 1),
-                              v2 = _mm512_loadu_si512(p + 2), v3 = _mm512_loadu_si512(p + 3);
-                a0 = _mm512_dpbusd_epi32(a0, v0, x);
-                a1 = _mm512_dpbusd_epi32(a1, v1, x);
-                a2 = _mm512_dpbusd_epi32(a2, v2, x);
-                a3 = _mm512_dpbusd_epi32(a3, v3, x);
-                c0 = _mm512_dpbusd_epi32(c0, v0, z);
-                c1 = _mm512_dpbusd_epi32(c1, v1, z);
-                c2 = _mm512_dpbusd_epi32(c2, v2, z);
-                c3 = _mm512_dpbusd_epi32(c3, v3, z);
-            }
-            const __m512i corr = _mm512_set1_epi32(xs0[a]), corz = _mm512_set1_epi32(xs1[a]);
-            const __m512 s = _mm512_set1_ps(sa0[a]), t = _mm512_set1_ps(sa1[a]);
-            f0 = block_add(a0, corr, w0, s, f0);
-            f1 = block_add(a1, corr, w1, s, f1);
-            f2 = block_add(a2, corr, w2, s, f2);
-            f3 = block_add(a3, corr, w3, s, f3);
-            g0 = block_add(c0, corz, w0, t, g0);
-            g1 = block_add(c1, corz, w1, t, g1);
-            g2 = block_add(c2, corz, w2, t, g2);
-            g3 = block_add(c3, corz, w3, t, g3);
-        }
-    }
-    _mm512_storeu_ps(y0, f0);
-    _mm512_storeu_ps(y0 + 16, f1);
-    _mm512_storeu_ps(y0 + 32, f2);
-    _mm512_storeu_ps(y0 + 48, f3);
-    _mm512_storeu_ps(y1, g0);
-    _mm512_storeu_ps(y1 + 16, g1);
-    _mm512_storeu_ps(y1 + 32, g2);
-    _mm512_storeu_ps(y1 + 48, g3);
+    for (int r = 0; r < R; r++)
+        for (int u = 0; u < 4; u++) _mm512_storeu_ps(y + r * TILE + 16 * u, f[r][u]);
 }
 
 /* The epilogue of one row's tile: out = [res0 (+ res1) +] (y [+ bias]). */
@@ -252,7 +209,7 @@ void *hetero_gemv_part(void *job, void *unused, void *part) {
         prologue(J, r, P->xs + r * k);
         quantize(P->xs + r * k, k, nb, P->xq + r * kp, P->sa + r * na, P->xsum + r * na);
     }
-    float y[TILE], y1[TILE];
+    float y[MAX_ROWS * TILE];
     const int64_t t0 = P->lo / TILE, t1 = P->hi / TILE;
     for (int64_t t = t0;; t++) {
         if (P->next != NULL) t = t0 + __atomic_fetch_add(P->next, 1, __ATOMIC_RELAXED);
@@ -262,13 +219,12 @@ void *hetero_gemv_part(void *job, void *unused, void *part) {
         const float *wst = J->ws + (c / TILE) * (nb * TILE);
         int64_t r = 0;
         for (; r + 1 < J->rows; r += 2) {  /* a tree's rows in pairs: one load of each weight vector for two rows */
-            tile_rows2(wt, wst, quads, nb, P->xq + r * kp, P->xq + (r + 1) * kp, P->sa + r * na, P->sa + (r + 1) * na,
-                       P->xsum + r * na, P->xsum + (r + 1) * na, y, y1);
+            tile_rows(2, wt, wst, quads, nb, P->xq + r * kp, kp, P->sa + r * na, P->xsum + r * na, na, y);
             store_row(J, r, c, y);
-            store_row(J, r + 1, c, y1);
+            store_row(J, r + 1, c, y + TILE);
         }
         if (r < J->rows) {
-            tile_row(wt, wst, quads, nb, P->xq + r * kp, P->sa + r * na, P->xsum + r * na, y);
+            tile_rows(1, wt, wst, quads, nb, P->xq + r * kp, kp, P->sa + r * na, P->xsum + r * na, na, y);
             store_row(J, r, c, y);
         }
     }
