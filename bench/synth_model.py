@@ -3,7 +3,7 @@
 No 1–8B trained weights can be fetched here, so this writes, for a named shape (`SHAPES`: Llama-3.2-1B/3B,
 Llama-3.1-8B, Qwen2.5-1.5B, Qwen3-1.7B, Gemma-3-1B, each with its real checkpoint's config.json), weights that
 measure speed and memory, never accuracy (vLLM's `--load-format dummy` is the precedent). Every model written
-says so: `hetero_synthetic` in config.json, `hetero.synthetic` and `general.description` in the GGUF; hetero
+says so: "hetero.synthetic" in config.json, "hetero.synthetic" and "general.description" in the GGUF; hetero
 prints one line about it (`hetero.loader.synthetic_line`).
 
     python bench/synth_model.py llama-3.2-1b [--seed 0] [--out DIR] [--layers N] [--no-gguf]
@@ -31,11 +31,12 @@ and the model is generated and written a layer at a time (one layer's float32 in
 The tokenizer: no real one can be downloaded. It is the default model's (byte-level BPE, 49,152 tokens, read
 from its GGUF), extended with filler tokens `<filler_N>` (unreachable by the merges) up to the shape's vocab, so
 the embeddings have the real shape; bos/eos/pad ids in config.json are that tokenizer's (the one field that
-differs from the real config). The folder holds tokenizer.json and a PreTrainedTokenizerFast config
-(transformers, optimum-cli and ORT GenAI's builder read it); the GGUF carries llama.cpp's `tokenizer.ggml.*`
-fields copied from the default GGUF, extended the same way. Weights: bf16 as the real checkpoints ship; the GGUF
-holds the same bf16 bits (BF16; 1-D norms F32 as llama.cpp's converter writes them; Llama's Q/K rows permuted
-and Gemma's norms stored as 1 + w, as that converter does; Llama 3's RoPE scaling as `rope_freqs`).
+differs from the real config). The folder holds tokenizer.json and a PreTrainedTokenizerFast config (what
+transformers' AutoTokenizer, and the exporters built on it, read); the GGUF carries llama.cpp's "tokenizer.ggml.*"
+fields copied from the default GGUF, extended the same way (llama.cpp reads them). Weights: bf16 as the real
+checkpoints ship; the GGUF holds the same bf16 bits (BF16; 1-D norms F32 as llama.cpp's converter writes them;
+Llama's Q/K rows permuted and Gemma's norms stored as 1 + w, as that converter does; Llama 3's RoPE scaling as
+`rope_freqs`).
 """
 
 from __future__ import annotations
