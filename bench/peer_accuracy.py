@@ -209,7 +209,11 @@ def frontier_sentence(result: dict[str, Any]) -> str:
     if h is None:
         verdict = "hetero's default was not timed."
     elif not h["dominated_by"]:
-        verdict = "hetero's default lies on it: no engine is both faster and more accurate."
+        better = [r for e, r in rows.items() if e != "hetero" and r["delta_ppl_pct"] < h["delta_ppl_pct"]]
+        verdict = ("hetero's default lies on it: no engine is both faster and more accurate"
+                   + ("; the more accurate ones run " + ", ".join(f"`{r['engine']}` {r['tokens_per_s']:.0f}"
+                                                                  for r in better)
+                      + f" tokens/s to its {h['tokens_per_s']:.0f}." if better else "."))
     else:
         verdict = ("hetero's default does not: " + ", ".join(f"`{e}`" for e in h["dominated_by"])
                    + " is both at least as fast and at least as accurate.")
@@ -251,16 +255,17 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bench.plots import engine_style
+    from bench.plots import _error_bar, engine_style
 
-    rows = [r for r in result["rows"] if "tokens_per_s" in r]
+    rows = sorted((r for r in result["rows"] if "tokens_per_s" in r), key=lambda r: r["delta_ppl_pct"])
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    for r in rows:
+    for i, r in enumerate(rows):
         colour, _ = engine_style(r["engine"])
-        ax.scatter(r["delta_ppl_pct"], r["tokens_per_s"], color=colour, s=60, zorder=3,
-                   marker="*" if r["engine"] == "hetero" else "o")
-        ax.annotate(r["engine"], (r["delta_ppl_pct"], r["tokens_per_s"]), textcoords="offset points", xytext=(6, 4),
-                    fontsize=8)
+        err = [[v] for v in _error_bar({**r, "prompt_len": SPEED_LEN})]  # the slowest and fastest repeat
+        ax.errorbar(r["delta_ppl_pct"], r["tokens_per_s"], yerr=err, color=colour, ms=9 if r["engine"] == "hetero"
+                    else 7, marker="*" if r["engine"] == "hetero" else "o", capsize=3, zorder=3)
+        ax.annotate(r["engine"], (r["delta_ppl_pct"], r["tokens_per_s"]), textcoords="offset points",
+                    xytext=(6, 4 if i % 2 else -11), fontsize=8)  # neighbours alternate above and below
     front = sorted((r for r in rows if not r["dominated_by"]), key=lambda r: r["delta_ppl_pct"])
     ax.plot([r["delta_ppl_pct"] for r in front], [r["tokens_per_s"] for r in front], color="gray", ls="--",
             zorder=2, label="frontier")

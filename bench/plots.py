@@ -16,6 +16,7 @@ ENGINE_STYLE: dict[str, tuple[str, str]] = {
     "hetero_eq6": ("tab:pink", "hetero, Eq. 6 policy"),
     "naive_npu": ("tab:gray", "naive NPU (graphs built per prompt)"),
     "torch_float": ("tab:blue", "torch float (transformers)"),
+    "hetero_float": ("black", "hetero float (its float32 layer ops)"),
     "llama_cpp": ("tab:green", "llama.cpp, the GGUF as shipped"),
     "llama_cpp_q4_0": ("limegreen", "llama.cpp Q4_0"),
     "llama_cpp_q4_0_fa": ("darkgreen", "llama.cpp Q4_0, flash attention"),
