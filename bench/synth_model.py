@@ -3,13 +3,13 @@
 No 1–8B trained weights can be fetched here, so this writes, for a named shape (`SHAPES`: Llama-3.2-1B/3B,
 Llama-3.1-8B, Qwen2.5-1.5B, Qwen3-1.7B, Gemma-3-1B, each with its real checkpoint's config.json), weights that
 measure speed and memory, never accuracy (vLLM's `--load-format dummy` is the precedent). Every model written
-says so: "hetero.synthetic" in config.json, "hetero.synthetic" and "general.description" in the GGUF; hetero
+says so: `hetero_synthetic` in config.json, "hetero.synthetic" and "general.description" in the GGUF; hetero
 prints one line about it (`hetero.loader.synthetic_line`).
 
     python bench/synth_model.py llama-3.2-1b [--seed 0] [--out DIR] [--layers N] [--no-gguf]
     -> DIR/llama-3.2-1b-s0/ (config.json, model-*.safetensors + index, tokenizer files) and DIR/llama-3.2-1b-s0.gguf
 
-The recipe (`reference_stats`, `_layer`): the statistics of a trained model, the embedded default
+The recipe (`reference_stats`, `Plan`): the statistics of a trained model, the embedded default
 (SmolLM2-135M, `hetero.default_model`), measured when this runs, scaled to the new shape:
 - each linear kind (q, k, v, o, gate, up, down): its std at each depth of the default model, interpolated to the
   new layer's relative depth (so each layer has its own scale), times sqrt(reference fan-in / new fan-in);
@@ -24,7 +24,8 @@ The recipe (`reference_stats`, `_layer`): the statistics of a trained model, the
   constant (20–40 embedding stds, seeded sign) in every token's embedding, the down_proj rows writing them in
   the first two layers are 16× larger, and every RMSNorm weight on them is near zero (|N(0, 0.003)|, as the
   default model's layer-1 norm has them), so the residual stream has a few channels far above the rest (unlike
-  the trained ones, in every token, not only the first).
+  the trained ones, in every token, not only the first): at llama-3.2-1b's width, after its second layer, a mean
+  |x| of 63–116 on them against 5.7 for the median channel.
 Every tensor is drawn from its own generator, seeded by (seed, tensor name): the same seed gives the same bytes,
 and the model is generated and written a layer at a time (one layer's float32 in memory, besides the embedding).
 

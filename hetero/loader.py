@@ -129,7 +129,7 @@ class Model:
 
 
 def synthetic_of(marker: Any, source: object) -> str | None:
-    """"<shape>, seed N" of a synthetic model's marker (config.json "hetero.synthetic", GGUF "hetero.synthetic");
+    """"<shape>, seed N" of a synthetic model's marker (config.json `hetero_synthetic`, GGUF "hetero.synthetic");
     None where there is none. A marker hetero cannot read is refused: such a model must never pass for a real one."""
     if marker is None:
         return None
