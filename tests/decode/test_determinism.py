@@ -111,3 +111,34 @@ def test_a_tree_verification_is_one_row_steps_bit_for_bit_under_a_busy_core(defa
             assert np.array_equal(got, want), (threads, np.abs(got - want).max())
         step.close()
     one.close()
+
+
+_ATTEND_ONCE = """
+import sys
+import numpy as np
+from hetero.decode import rowattn
+rng = np.random.default_rng(0)
+g, n_kv, d, prefix, rows = 3, 3, 64, 300, 2
+k, v = (rng.standard_normal((n_kv, 400, d), dtype=np.float32) for _ in range(2))
+q = 3 * rng.standard_normal((rows, n_kv, g, d), dtype=np.float32)
+extra, n_extra = np.zeros((rows, 1), np.int64), np.array([0, 1], np.int64)
+extra[1, 0] = prefix
+out = np.empty((rows, n_kv, g, d), np.float32)
+rowattn.attend(rowattn.entry(), q, k, v, prefix, extra, n_extra, 0.125, out, 0, n_kv, 0, 0)
+np.save(sys.argv[1], out)
+"""
+
+
+@pytest.mark.slow
+def test_a_cold_compile_and_a_cached_load_of_the_kernel_give_the_same_bits(tmp_path) -> None:
+    """The first process after an install (numba compiles the kernel) and every later one (numba loads its cached
+    object code) decode the same logits: with reassociation allowed the two rounded differently (`rowattn.FASTMATH`)."""
+    import os
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    outs = []
+    for run in ("cold", "cached"):
+        subprocess.run([sys.executable, "-c", _ATTEND_ONCE, str(tmp_path / f"{run}.npy")], env=env, check=True,
+                       timeout=600)
+        outs.append(np.load(tmp_path / f"{run}.npy"))
+    assert np.isfinite(outs[0]).all() and np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
