@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hetero.errors import ConfigError
+from hetero.layerspec import FLOAT, INT8, ROTATION, LayerSpec, refusal
 from hetero.loader import Model
 from hetero.runtime import Runtime
 from hetero.threads import ExecutionPlan, set_torch_threads
@@ -78,7 +79,8 @@ class Recipe:
 W8A8 = Recipe()  # mllm-NPU's plan: W8A8 per tensor, shadow outliers on the 15% most important sites
 ROTATED = Recipe(rotate=True)  # the same plan on the rotated model (bench/results/accuracy.md)
 # the default on the CPU EP: the rotated plan, its kept down_in sites with a scale per row, its kept o_in sites with
-# shadows (per row there too moved a sure answer of tests/test_accuracy.py: docs/design.md, "Outliers")
+# shadows (per row there too moved a sure answer of tests/test_accuracy.py: docs/journal.md, "Issue 39 item 2: moved
+# from docs/design.md")
 ROTATED_ROWS = Recipe(rotate=True, row_scales=("down_in",))
 ROT_A16_DOWN = Recipe(rotate=True, a16=("down_in",))
 SITE_ROTATED = Recipe(rotate=True, a16=("attn_in", "down_in"))  # the default of a site-rotated model (`for_config`)
@@ -218,6 +220,14 @@ class Method:
     provider: str | None = None  # the static graphs' provider ("cpu": the CPU EP; "qnn"); None: torch
     layout: str = "lanes"  # "auto": the host's placement picks "layers" or "lanes" (`prefill_layout`); "lanes"
 
+    @property
+    def writings(self) -> tuple[str, ...]:
+        """The writings of the layer's math this method runs (`hetero.layerspec`), from its kind: what it refuses
+        for a model derives from what they register."""
+        if self.recipe is None:
+            return FLOAT
+        return (*INT8, ROTATION) if self.recipe.rotate else INT8
+
 
 def _hetero(provider: str, policy: str, doc: str, recipe: Recipe = DEFAULT_RECIPE, chunk: int = 256,
             layout: str = "lanes", attention: str = "auto") -> Method:
@@ -290,11 +300,16 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     spec = METHODS.get(method)
     if spec is None:
         raise ConfigError(f"method must be one of {sorted(METHODS)}, got {method!r}")
-    bad = model.config.quantized_unsupported()
+    layer = LayerSpec.of(model.config)
+    bad = refusal(layer, spec.writings)
     if method == DEFAULT_METHOD and bad is not None:  # the default runs what computes this model: float
         print(f"hetero: the INT8 path does not implement {bad} of this {model.config.arch} model yet; "
               f"running --method float", file=sys.stderr)
         spec = METHODS["float"]
+        bad = refusal(layer, spec.writings)
+    if bad is not None:
+        hint = ": run it with --method float" if spec.recipe is not None and refusal(layer, FLOAT) is None else ""
+        raise ConfigError(f"method {method!r} does not implement {bad} of this {model.config.arch} model{hint}")
     if spec.recipe is not None:
         model = quant_model(model, spec.recipe)  # the rotated copy: its embedding and lm_head run the prefill
     n = threads or os.cpu_count() or 1
