@@ -364,7 +364,8 @@ def _graphs(cfg: "ModelConfig", spec: Method, execution: ExecutionPlan,
     elif provider.device == "cpu":
         npu = Choice("ort-cpu", "the method's provider: the ONNX Runtime CPU EP stands in for the NPU")
     else:
-        npu = Choice(provider.name.split("-soc")[0], f"the method's provider: {provider.name} (on x86-64 its simulator)")
+        npu = Choice(provider.name.split("-soc")[0], f"the method's provider: {provider.name} (on x86-64 its simulator), "
+                     f"every static graph on it (no NPU memory budget given: `npu.placement.place`)")
     form = resolve_weight_form(weight_form, spec.provider)
     weights = Choice(form, "as asked" if weight_form not in (None, "auto") else
                      "this CPU's exact and fast form (`npu.isa`)" if spec.provider == "cpu" else
