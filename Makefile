@@ -46,7 +46,8 @@ $(ORT_BUILDER)/bin/python:
 	$(ORT_BUILDER)/bin/pip install --quiet "$(TORCH_SPEC)" "onnxruntime-genai==0.13.2" "transformers>=4.57,<5" \
 		accelerate gguf onnx onnx-ir sentencepiece
 
-# The committed speed benchmarks of prefill and decode (~25 min on 2 cores; a quiet machine): bench/results/
+# The committed speed benchmarks of prefill and decode, and each engine's accuracy beside its speed (~30 min on 2
+# cores; a quiet machine): bench/results/
 # (a benchmark writes there only when --out bench/results asks; by default into ~/.cache/hetero/bench/).
 bench: setup $(OV_EXPORT)/bin/optimum-cli $(ORT_BUILDER)/bin/python
 	$(BIN)/pip install --quiet -e ".[test,hub,serve,bench]"
@@ -56,6 +57,7 @@ bench: setup $(OV_EXPORT)/bin/optimum-cli $(ORT_BUILDER)/bin/python
 	$(BIN)/python bench/decode.py --out bench/results
 	$(BIN)/python bench/decode_step.py --out bench/results
 	$(BIN)/python bench/fused_step.py --out bench/results
+	$(BIN)/python bench/peer_accuracy.py --out bench/results
 
 # The default model's quantization plans as package data (hetero/data/plans/), after an edit to the code a plan is
 # derived with: tests/outliers/test_plancache.py says when.

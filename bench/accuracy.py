@@ -57,6 +57,20 @@ def perplexity(model, windows, backend=None) -> tuple[float, float]:
     return search_perplexity(model, windows, backend), time.perf_counter() - t0
 
 
+def eval_text(path: str | None) -> tuple[str, str]:
+    """(name, text) of the evaluation text: the file at `path`, else the shipped held-out text."""
+    if path is None:
+        return DEFAULT_EVALUATION, load_corpus(DEFAULT_EVALUATION)
+    return Path(path).stem, Path(path).read_text()
+
+
+def method_windows(tokenizer, text: str, n_win: int, window: int) -> list[torch.Tensor]:
+    """The windows the methods' rows are scored on: the same tokens as `n_win` windows of `window`, cut into
+    windows of one chunk (256) so that every position's logits come out, >= 2,000 positions."""
+    n256 = max(8, (n_win * window) // 256)
+    return token_windows(tokenizer, text, n256 * 256, 256)[:n256]
+
+
 def outlier_stats(calib, percentile: float) -> dict:
     """Fig. 10-11 on the calibration text: outlier channels per layer, skew of occurrences."""
     per_layer, top3 = [], []
@@ -109,8 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
     model = load_model(args.model)
     calib = ensure_calibration(model, progress=not args.json)
-    text_name = Path(args.text).stem if args.text else DEFAULT_EVALUATION
-    text = Path(args.text).read_text() if args.text else load_corpus(DEFAULT_EVALUATION)
+    text_name, text = eval_text(args.text)
     windows = token_windows(model.tokenizer, text, n_win * args.window, args.window)[:n_win]
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
     log(f"eval: {len(windows)} windows x {args.window} tokens of {text_name}; calibration {calib.corpus}")
@@ -118,9 +131,8 @@ def run(args: argparse.Namespace) -> int:
     cfg, w = model.config, model.weights
     rows, store_info = [], {}
     methods = [m for m in args.methods.split(",") if m]
-    if methods:  # one chunk (256) per window, >= 2,000 positions
-        n256 = max(8, (n_win * args.window) // 256)
-        mwin = token_windows(model.tokenizer, text, n256 * 256, 256)[:n256]
+    if methods:
+        mwin = method_windows(model.tokenizer, text, n_win, args.window)
         # another model's speed: `bench/prefill.py --model` (its torch reference here is the default model's)
         speed_ids = None if args.no_speed or args.model else prompt_ids(None, 1024)
         if "hetero-search" in methods and args.budget > 0:  # the plan it runs is searched for this budget

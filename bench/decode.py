@@ -7,8 +7,9 @@ hetero's engines in this process, each peer in a process of its own, on the same
 1. plain greedy decode tokens/s at context 256 / 1024 / 2048: hetero INT8 (`hetero` method: its decode
    placement's form at C = 1: hetero's int8 GEMVs for the layers and head where the CPU has AVX-512 VNNI
    (`native.gemv`), else MatMulNBits graphs (`npu.nbits`); attention on the CPU lane), hetero float, HF generate
-   (hetero's cache handed to transformers), and the peers (`bench.peer_engines`: OpenVINO GenAI,
-   ONNX Runtime GenAI, llama.cpp as shipped and at Q4_0 / Q8_0 with and without flash attention);
+   (hetero's cache handed to transformers), and the peers (`bench.peer_engines`: OpenVINO GenAI on its INT8
+   and INT4 exports, ONNX Runtime GenAI, llama.cpp as shipped and at Q4_0 / Q8_0 with and without flash
+   attention);
 2. speculative speedup and acceptance by drafter (lookup, self, draft) on copy-heavy tasks (edit a
    shipped text) and on open chat, INT8, 128 tokens. Every run generates exactly 128 tokens (end-of-turn
    tokens do not stop it): the 1,400-character text's answer is a copy for all of them; the 700-character

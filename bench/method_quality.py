@@ -40,13 +40,18 @@ def _speed(prefill, ids: np.ndarray, repeats: int) -> float:
     return len(ids) / statistics.median(times)
 
 
-def prefill_nll(rt, ids: torch.Tensor) -> float:
-    """The summed next-token negative log-likelihood of `ids` through `rt`'s own prefill (module doc)."""
+def prefill_logits(rt, ids: torch.Tensor) -> torch.Tensor:
+    """Every position's logits of `ids` through `rt`'s own prefill (module doc): [len(ids), vocab]."""
     plan = rt.plan(ids.numpy())
     job, _ = rt.execute(plan, rt.new_cache(plan.ids.size))
     h = np.concatenate([job.h[i][: c.n_valid] for i, c in enumerate(plan.chunks)])
     with torch.inference_mode():
-        lg = ref.logits(rt.model.config, rt.model.weights, torch.from_numpy(h))
+        return ref.logits(rt.model.config, rt.model.weights, torch.from_numpy(h))
+
+
+def prefill_nll(rt, ids: torch.Tensor) -> float:
+    """The summed next-token negative log-likelihood of `ids` through `rt`'s own prefill (module doc)."""
+    lg = prefill_logits(rt, ids)
     return -float(torch.log_softmax(lg[:-1].double(), -1).gather(1, ids[1:, None]).sum())
 
 

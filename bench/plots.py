@@ -22,6 +22,7 @@ ENGINE_STYLE: dict[str, tuple[str, str]] = {
     "llama_cpp_q8_0": ("yellowgreen", "llama.cpp Q8_0"),
     "llama_cpp_q8_0_fa": ("olivedrab", "llama.cpp Q8_0, flash attention"),
     "openvino_genai": ("tab:cyan", "OpenVINO GenAI, INT8 weights"),
+    "openvino_genai_int4": ("darkcyan", "OpenVINO GenAI, INT4 weights (sym, group 64)"),
     "ort_genai": ("navy", "ONNX Runtime GenAI, int4"),
     "chunk_sharing": ("tab:purple", "+ chunk sharing"),
     "chunk_shadow": ("tab:brown", "+ shadow outliers"),

@@ -4,9 +4,11 @@ end-to-end workloads in one run; real rows are measured here, simulated rows nam
     python bench/prefill.py [--quick] [--json] [--lens 64,256,1024,2048] [--repeats 3] [--threads 2]
     python bench/prefill.py --out bench/results     # the committed prefill.{json,md}, prefill_*.png
 
-The peers need the `bench` extra; OpenVINO's model is exported by optimum-intel's optimum-cli, named by
-$HETERO_OPTIMUM_CLI, ONNX Runtime GenAI's builder by the Python $HETERO_ORT_GENAI_PYTHON names (`make bench` makes
-both venvs). A missing peer is skipped with the reason in the results.
+The peers (`bench.peer_engines.PEERS`, OpenVINO GenAI on its INT8 and INT4 exports among them; a peer's best
+configuration is its fastest measured one, `report.vs_best_peer`) need the `bench` extra; OpenVINO's models are
+exported by optimum-intel's optimum-cli, named by $HETERO_OPTIMUM_CLI, ONNX Runtime GenAI's builder by the
+Python $HETERO_ORT_GENAI_PYTHON names (`make bench` makes both venvs). A missing peer is skipped with the reason
+in the results.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The quantized default answers like float, checked without luck (issue 10, for every weight form).
+"""The quantized default answers like float, checked without luck, for every weight form.
 
 No greedy answer of the quantized path is asserted where float itself hesitates (the README demo's first
 token is a near-tie in float: 'The' 0.152 vs 'L' 0.140). Instead: on chat prompts with a float-like

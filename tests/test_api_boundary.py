@@ -1,5 +1,5 @@
 """The Python API at its edge: token ids and caches validated with a ConfigError; cache ownership
-(`prefill(cache=c)` extends c in place, `KVCache.fork()` keeps a state) (issue 14, defect 6)."""
+(`prefill(cache=c)` extends c in place, `KVCache.fork()` keeps a state)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_sensible_ids_are_accepted(rt, ids):
     ([], "ids is empty"),
     ([[1, 2], [3, 4]], r"ids must be 1-D token ids \[n\], got a list of 2 list\(s\)"),
     (np.zeros((2, 3), dtype=np.int64), r"ids must be 1-D token ids \[n\], got shape \(2, 3\)"),
-    # a batch of one too (issue 40: the doc says 1-D), with what to pass instead
+    # a batch of one too (the API takes one prompt's 1-D ids), with what to pass instead
     (np.array([IDS]), r"ids must be 1-D token ids \[n\], got shape \(1, 7\): pass one prompt's ids, ids\[0\]"),
     (torch.tensor([IDS]), r"got shape \(1, 7\)"),
     ([IDS], r"got a list of 1 list\(s\): pass one prompt's ids, ids\[0\]"),

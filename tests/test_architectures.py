@@ -24,7 +24,7 @@ from hetero.model import forward
 from hetero.runtime import Runtime
 from tests.tiny_hf import build, greedy, logits
 
-# (id, arch, config fields): every variant the layer implements; the five silently-wrong cases of issue 25
+# (id, arch, config fields): every variant the layer implements; the five that once gave silently wrong logits
 # are llama-attention-bias, llama-mlp-bias, llama-gelu, mistral-window and qwen2-no-tie-key
 CASES = [
     ("llama", "llama", {}),

@@ -141,7 +141,7 @@ def test_cli_chunk_zero(capsys) -> None:
     (["--method", "nope"], "argument --method: invalid choice: 'nope'"),
 ])
 def test_cli_usage_errors_are_one_line(args, says, capsys) -> None:
-    """argparse's errors too: one line naming the argument and what it expected, not its usage block (issue 40)."""
+    """argparse's errors too: one line naming the argument and what it expected, not its usage block."""
     with pytest.raises(SystemExit) as e:
         main(["run", "hi", *args])
     err = capsys.readouterr().err

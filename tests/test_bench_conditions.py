@@ -1,4 +1,4 @@
-"""The benchmark says when its numbers cannot be trusted; its plots draw the repeats (issue 14, item 10)."""
+"""The benchmark says when its numbers cannot be trusted; its plots draw the repeats."""
 
 from __future__ import annotations
 

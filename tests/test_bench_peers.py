@@ -1,4 +1,4 @@
-"""The peers' plumbing (issue 24): the host's description, the peers' model cache, the engine tables, the
+"""The peers' plumbing: the host's description, the peers' model cache, the engine tables, the
 best-peer ratios and the interleaved harness. The peers themselves are an optional extra (`bench`): the tests
 that run one skip, naming it, where it is not installed. No timing thresholds here (bench/)."""
 

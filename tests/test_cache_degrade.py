@@ -1,7 +1,7 @@
-"""The whole cache of a (tiny) model under damage and on disks that refuse writes, as issue 27's probe did
-it: every file flipped with its mtime kept (D1, D4), a read-only bind mount in any state (D5), a full tmpfs
-(D6). The model, its rotated copy, calibration and graphs go through the real code paths
-(`load_model`, `methods.quant_setup`, `NpuBackend`); the answer must equal the cold run's every time."""
+"""The whole cache of a (tiny) model under damage and on disks that refuse writes: every file flipped with its
+mtime kept, a read-only bind mount in any state, a full tmpfs. The model, its rotated copy, calibration and graphs
+go through the real code paths (`load_model`, `methods.quant_setup`, `NpuBackend`); the answer must equal the cold
+run's every time."""
 
 from __future__ import annotations
 
@@ -199,7 +199,7 @@ def test_cache_verify_reports_and_repairs_a_planted_flip(warm, tiny_gguf, tmp_pa
 
 
 def test_cache_verify_creates_nothing_where_there_is_no_cache(tmp_path, monkeypatch, capsys):
-    """Issue 40: `hetero cache verify` created a missing cache folder; it says there is nothing to verify."""
+    """`hetero cache verify` once created a missing cache folder; it says there is nothing to verify."""
     from hetero.cli import main
 
     missing = tmp_path / "no-cache"

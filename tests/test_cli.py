@@ -23,7 +23,7 @@ def test_info_json_lists_model_and_platform(tmp_path, monkeypatch, capsys) -> No
 
 
 def test_info_text_separates_every_name_from_its_value(tmp_path, monkeypatch, capsys) -> None:
-    """`local_rope_theta`, longer than the others, ran into its value ("local_rope_theta0.0", issue 40)."""
+    """`local_rope_theta`, longer than the others, ran into its value ("local_rope_theta0.0")."""
     monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
     path = write_gguf(make_tiny_model(), tmp_path / "tiny.gguf")
     assert main(["info", "--model", str(path)]) == 0
@@ -34,7 +34,7 @@ def test_info_text_separates_every_name_from_its_value(tmp_path, monkeypatch, ca
 
 
 def test_run_prints_the_answer_alone_on_stdout(default_model, capsys) -> None:
-    """`hetero run ... > answer.txt` holds the answer; the stats line goes to stderr (issue 40)."""
+    """`hetero run ... > answer.txt` holds the answer alone: the stats line goes to stderr, not into the file."""
     assert main(["run", "Say hi.", "--method", "float", "--chunk", "64", "-n", "3"]) == 0
     out, err = capsys.readouterr()
     assert out.strip() and "tokens/s" not in out

@@ -1,5 +1,5 @@
 """`hetero run` as llama.cpp / transformers users expect: prompt from stdin (`-`) or a file (`-f`),
-`--system`, `-n`, `-v` timing, `--version`; `hetero timeline` prints a readable summary (issue 14, item 9)."""
+`--system`, `-n`, `-v` timing, `--version`; `hetero timeline` prints a readable summary."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The CLI imports only what its command uses (issue 28): `hetero run` pulls in no benchmark or server."""
+"""The CLI imports only what its command uses (each import is start time): `hetero run` pulls in no benchmark or
+server."""
 
 from __future__ import annotations
 

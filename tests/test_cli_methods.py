@@ -1,4 +1,4 @@
-"""Every method in `hetero.METHODS` answers from the command line (issue 28): `hetero run -n 2` as a user runs
+"""Every method in `hetero.METHODS` answers from the command line: `hetero run -n 2` as a user runs
 it, in its own process, on the real default model; stdout holds hetero's JSON and nothing else (no third-party
 banner).
 

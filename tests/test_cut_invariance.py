@@ -1,4 +1,4 @@
-"""A prompt's prefill is the same, bit for bit, however it was cut (issue 40): cold, continued from a cached prefix
+"""A prompt's prefill is the same, bit for bit, however it was cut: cold, continued from a cached prefix
 (one cut or two), or run with another chunk length. What lets serve reuse any cached prompt token exactly
 (`serve.store.cut_invariant`). The BF16 attention kernel once smoothed K/V by their mean over the chunk's keys, which
 tied every row to where its chunk ended: logits moved by up to ~1 between a cold and a continued prefill; and

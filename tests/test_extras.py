@@ -1,5 +1,5 @@
 """Optional dependencies: the core imports none of them, and a missing one is one clear error naming the
-extra (issue 14, packaging)."""
+extra to install."""
 
 from __future__ import annotations
 

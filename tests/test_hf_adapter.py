@@ -33,7 +33,7 @@ def test_dynamic_cache_holds_exactly_the_valid_positions(tiny_model) -> None:
 def test_importing_the_adapter_loads_no_torch(default_model) -> None:
     """The README's snippet imports the adapter before it makes its runtime: torch loaded then (at the adapter's
     import, before any entry point chose OpenMP's wait policy) made make_runtime warn that torch's OpenMP threads
-    spin (issue 40). The adapter loads torch and transformers when its functions run."""
+    spin. The adapter loads torch and transformers when its functions run."""
     import subprocess
     import sys
 

@@ -37,7 +37,7 @@ MAY_IMPORT = {
     "tools": {"core", "techniques", "composition", "api", "tools"},
 }
 
-# Violations still to be removed (issue 15, struct-core's modules). Each entry must still occur: remove an
+# Violations still to be removed. Each entry must still occur: remove an
 # entry when its import is gone (the test says so), never add one.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 KNOWN_CYCLES: dict[frozenset[str], str] = {}
@@ -150,7 +150,7 @@ def test_the_walk_sees_lazy_and_type_checking_imports() -> None:
 
 
 # A private attribute (one leading underscore) is its owner's: no module reads one of another object, so a rename
-# inside npu/ (or any package) cannot break a reader that no test or type checker sees (issue 23). The exception is
+# inside npu/ (or any package) cannot break a reader that no test or type checker sees. The exception is
 # a third-party object whose API offers nothing else.
 KNOWN_PRIVATE_READS = {
     ("hetero.adapters.llamacpp", "_ctx"),  # llama-cpp-python's Llama exposes its context so only

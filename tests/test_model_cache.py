@@ -1,6 +1,6 @@
 """The model cache (`models/<fingerprint>/`): verified on load, rebuilt from the GGUF when damaged or
-edited, stale temp files of killed writers removed, unwritable caches survived (issue 14, defects 2, 4, 5);
-damage behind a kept mtime, non-finite weights and failed loads (issue 27, D4 and D12)."""
+edited, stale temp files of killed writers removed, unwritable caches survived;
+damage behind a kept mtime, non-finite weights and failed loads: a damaged cache is never used."""
 
 from __future__ import annotations
 

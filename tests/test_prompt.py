@@ -1,4 +1,4 @@
-"""Prompt checks at the edge and bounds on C and new tokens (issue 14, defect 5)."""
+"""Prompt checks at the edge and bounds on C and new tokens."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_new_tokens_stop_at_the_context(caplog):
     assert "leaves room for 42 new tokens" in caplog.text
     assert new_token_budget(8192, 0, 8192) == 0  # a prefill alone fits
     with pytest.raises(ConfigError, match="fills the model's context of 8192: no room for a new token"):
-        new_token_budget(8192, 5, 8192)  # refused before the prefill, not after it (issue 27, D7)
+        new_token_budget(8192, 5, 8192)  # refused before the prefill, not after it
     with pytest.raises(ConfigError, match="max_new_tokens"):
         new_token_budget(1, -1, 10)
 
@@ -91,7 +91,7 @@ def test_encode_prompt_with_system_message():
 @pytest.mark.parametrize("room", [0, 1, 3])
 def test_a_prompt_at_the_context_edge_is_refused_before_the_prefill_or_answered(default_model, monkeypatch, capsys,
                                                                                  room):
-    # issue 27, D7: a prompt leaving no room for a new token used to fail after its whole prefill
+    # a prompt leaving no room for a new token used to fail only after its whole prefill
     import dataclasses
     import json
 

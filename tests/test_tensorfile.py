@@ -1,5 +1,5 @@
 """`hetero.tensorfile` maps safetensors files as the library reads them; `hetero.buffers` are aligned; a cached
-model's float weights at rest are its mapped file, reached without torch (issue 28)."""
+model's float weights at rest are its mapped file, reached without torch (its import is ~0.9 s)."""
 
 from __future__ import annotations
 

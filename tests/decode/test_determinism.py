@@ -1,4 +1,4 @@
-"""A token tree's verification computes each row exactly as a one-row step of its token does (issue 40).
+"""A token tree's verification computes each row exactly as a one-row step of its token does.
 
 Greedy output with speculation changed with the machine's load: the helper thread's heads (`twocore.attnpool`)
 ran another compiled copy of the attention kernel than the one-thread step, and under fastmath LLVM optimized the

@@ -1,5 +1,6 @@
 """The C API table is used only with the library of the Python module's own release; otherwise a decode step
-runs its graphs whole with one warning, never a crash (issues 23 and 27, D11)."""
+runs its graphs whole with one warning, never a crash (another release's table may
+lay out its functions otherwise)."""
 
 from __future__ import annotations
 

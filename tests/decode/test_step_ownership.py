@@ -1,4 +1,4 @@
-"""A runtime owns its decode step (closed with it), and threads that share a runtime decode in turn (issue 23)."""
+"""A runtime owns its decode step (closed with it), and threads that share a runtime decode in turn."""
 
 from __future__ import annotations
 

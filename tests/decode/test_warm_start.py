@@ -1,4 +1,4 @@
-"""A warm start does no decode set-up work it did before (issue 28): the decode sizes share the prefill's sessions,
+"""A warm start does no decode set-up work it did before: the decode sizes share the prefill's sessions,
 step costs are stored per host and read back, and the graphs split over both cores only once a decode is long."""
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def test_touched_entry_is_verified_by_content_and_kept(tiny, caplog):
 
 
 def test_damage_that_kept_the_stamp_is_caught(tiny, caplog):
-    # bit rot or a `cp -p` restore keeps the mtime: the content hash, not the stamp, decides (issue 27, D4)
+    # bit rot or a `cp -p` restore keeps the mtime: the content hash, not the stamp, decides
     plan = tiny_plan(tiny)
     NpuBackend(tiny, plan, 16, layers=[0])
     for entry in _entries():

@@ -1,4 +1,5 @@
-"""The graph cache shared by processes: one entry built concurrently stays intact (issue 14, defect 1)."""
+"""The graph cache shared by processes: one entry built concurrently stays intact (two builders once corrupted
+it for good, silently)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Decode placement (issue 28): decode steps run on the CPU, as in mllm-NPU (`placement.decode_placement`).
+"""Decode placement: decode steps run on the CPU, as in mllm-NPU (`placement.decode_placement`).
 
 A prefill on an NPU provider (QNN HTP, the simulator on x86) decodes on the ONNX Runtime CPU EP with the
 same plan's INT8 weights, in the form this CPU runs exactly (`isa.cpu_form_for`); bit for bit what a

@@ -1,5 +1,5 @@
 """hetero's own ONNX Runtime op (`native.ort_ops`): down_in's input in one op, against the nodes it replaces and the
-torch reference; the fused backend's o → FFN graphs with it, against the same graphs with the nodes (issue 24)."""
+torch reference; the fused backend's o → FFN graphs with it, against the same graphs with the nodes."""
 
 from __future__ import annotations
 

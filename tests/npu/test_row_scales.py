@@ -1,5 +1,5 @@
 """Sites with a scale per row (`outliers.rowscale`): the graphs equal the torch reference bit for bit, the plan
-marks the sites importance keeps, HTP's flavours refuse them (issue 24)."""
+marks the sites importance keeps, HTP's flavours refuse them (they run on the CPU EP only)."""
 
 from __future__ import annotations
 

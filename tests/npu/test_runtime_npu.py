@@ -70,7 +70,7 @@ def test_graphs_write_into_the_callers_buffers(tiny) -> None:
 
 
 def test_graphs_load_on_threads_as_on_one(monkeypatch):
-    """`NpuBackend` builds (cold cache) and loads (warm) a model's layers on a few threads (issue 28): the same
+    """`NpuBackend` builds (cold cache) and loads (warm) a model's layers on a few threads (a shorter start): the same
     prefill, bit for bit, as one thread building them, and its report in layer order."""
     from hetero.npu import graph_backend
     from tests.conftest import make_tiny_model

@@ -1,4 +1,4 @@
-"""W8A16 sites and online Hadamards in the graphs equal the torch reference (issue 10), every weight form."""
+"""W8A16 sites and online Hadamards in the graphs equal the torch reference, every weight form."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """A damaged calibration file is recalibrated with a warning, damage behind a kept mtime too; two processes
-starting cold calibrate once; bad corpus and output paths are ConfigErrors (issue 14, defects 3 and 5;
-issue 27, D4 and D10)."""
+starting cold calibrate once; bad corpus and output paths are ConfigErrors."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The plan derived from a calibration is kept beside it and read back equal, checked, and named by everything it
-depends on (`outliers.plancache`, issue 28)."""
+depends on (`outliers.plancache`)."""
 
 from __future__ import annotations
 

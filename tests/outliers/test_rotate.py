@@ -1,4 +1,4 @@
-"""The rotated float model equals the float model (issue 10, deliverable 2)."""
+"""The rotated float model equals the float model."""
 
 from __future__ import annotations
 

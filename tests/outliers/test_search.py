@@ -1,4 +1,4 @@
-"""Per-site precision search (hetero/outliers/search.py, issue 10 deliverable 3) on the tiny outlier model."""
+"""Per-site precision search (hetero/outliers/search.py) on the tiny outlier model."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_damage_orders_options_as_their_quantization_error(setup):
 def test_damage_runs_on_weights_first_used_in_inference_mode(setup):
     """A cached model's weights are mapped at their first use, which is calibration's, inside inference mode;
     the search's backward pass must still run through them (`hetero calibrate --budget` crashed with
-    "Inference tensors cannot be saved for backward", issue 40)."""
+    "Inference tensors cannot be saved for backward")."""
     from hetero.loader import weights_of
     from hetero.weights import weight_arrays
 
@@ -121,7 +121,7 @@ def test_cached_plan_round_trips_and_is_replaced_by_a_new_budget(setup, tmp_path
     path.write_text("{ truncated")
     ensure_precision(model, stats, costs, "w8-u8s8")  # unreadable: searched again, not trusted
     assert len(calls) == 3 and PrecisionPlan.from_dict(json.loads(path.read_text())).budget_pct == 1.0
-    st, text = path.stat(), path.read_text()  # an edit that keeps size and mtime (issue 27, D4) ...
+    st, text = path.stat(), path.read_text()  # an edit that keeps size and mtime ...
     path.write_text(text.replace('"budget_pct": 1.0', '"budget_pct": 7.0'))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert ensure_precision(model, stats, costs, "w8-u8s8").budget_pct == 1.0  # ... fails its content hash

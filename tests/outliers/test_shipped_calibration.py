@@ -1,4 +1,4 @@
-"""A model whose calibration ships with the package starts without calibrating (issue 28), and only from a file
+"""A model whose calibration ships with the package starts without calibrating, and only from a file
 that passes its content hash."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A user's calibration (`hetero calibrate`) is kept beside the shipped one, never over it, and runs only when asked
-to (HETERO_CALIBRATION=user); `hetero info` says which is in use (issue 40)."""
+to (HETERO_CALIBRATION=user); `hetero info` says which is in use."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def test_a_calibration_written_over_the_shipped_one_moves_to_the_user_slot(shipp
 
 
 def test_budget_searches_on_the_calibration_in_use_without_calibrating(shipped, tmp_path, monkeypatch, capsys):
-    """`hetero calibrate --budget` (it crashed in the search, issue 40) exits 0 and writes the searched plan beside
+    """`hetero calibrate --budget` (it once crashed in the search) exits 0 and writes the searched plan beside
     the calibration in use, calibrating nothing."""
     import torch
 

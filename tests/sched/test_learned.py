@@ -60,7 +60,7 @@ def test_saved_costs_are_where_the_next_process_starts(profile, make_dag, tmp_pa
 
 
 def test_learned_costs_are_checked_against_their_record(profile, make_dag, tmp_path, caplog) -> None:
-    # issue 27: a learned profile is a cache entry like the others (a flip behind a kept mtime is caught)
+    # a learned profile is a cache entry like the others: a flip behind a kept mtime is caught, never used
     import logging
     import os
 

@@ -49,7 +49,7 @@ def test_hetero_profile_times_the_runtimes_own_subgraphs():
 
 def test_hetero_profile_times_a_fused_backends_whole_layers(tmp_path, monkeypatch):
     """The default method's subgraphs are whole layers (`layer`, or the halves `layer_attn`, `layer_ffn` around the
-    BF16 kernel): `hetero profile` times those, over kv_len keys where they hold the attention (issue 40: it timed
+    BF16 kernel): `hetero profile` times those, over kv_len keys where they hold the attention (it once timed
     qkv/attn/o_ffn, which the default does not run, and wrote no cost at all)."""
     from hetero.cli.profile import subgraph_runner
     from hetero.native.attention import unavailable

@@ -1,5 +1,5 @@
 """Profiles: shipped ones are read-only package data; the user's measured ones live in the user cache and
-are read first (issue 14, packaging)."""
+are read first (an installed package's files are not written)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ HALVES = (("layer_attn", "npu"), ("layer_ffn", "npu"))
 
 
 def test_profiling_one_method_keeps_the_costs_of_another(tmp_path, monkeypatch):
-    """Issue 40: `hetero profile` (the default method's whole-layer halves) replaced the file that `hetero-lanes`
-    dispatches on, leaving it no qkv/attn/o_ffn cost."""
+    """Profiling the default method (its whole-layer halves) keeps the costs `hetero-lanes` dispatches on: it once
+    replaced that file, leaving it no qkv/attn/o_ffn cost."""
     from hetero.errors import ConfigError
     from hetero.sched.measure import profile_command
 
@@ -70,7 +70,7 @@ def test_profiling_one_method_keeps_the_costs_of_another(tmp_path, monkeypatch):
 
 def test_a_method_whose_kinds_this_hosts_profile_lacks_runs_on_shipped_costs(tmp_path, monkeypatch, caplog):
     """`hetero run --method hetero-lanes` after profiling only the default method: the shipped costs, a warning
-    that says why, never exit 2 (issue 40); a learning executor starts from them and runs."""
+    that says why, never exit 2; a learning executor starts from them and runs."""
     import logging
 
     import numpy as np

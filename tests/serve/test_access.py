@@ -1,4 +1,4 @@
-"""The server a browser cannot abuse (issue 27, D8/D13/D14) and what serving users expect (issue 26):
+"""The server a browser cannot abuse and what serving users expect:
 JSON-only bodies, the Host allow-list, API keys that own their contexts, unguessable context ids, 404 for
 an unknown model, /metrics, the prefix-cache flush, the last prefill's timeline, streams ended on shutdown."""
 
@@ -136,7 +136,7 @@ def test_save_without_state_folder_is_400(server: RunningServer) -> None:
 
 def test_shutdown_ends_a_stream_with_an_error_event(default_model: hetero.Model,
                                                    caplog: pytest.LogCaptureFixture) -> None:
-    """D14: a stream running when the server stops gets an error event and [DONE], and nothing logs a
+    """A stream running when the server stops gets an error event and [DONE], and nothing logs a
     traceback."""
     service = Service(hetero.Runtime(default_model, chunk=32), StoreConfig(block=16))
     running = RunningServer(service)

@@ -34,7 +34,7 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_a_busy_port_is_one_line_and_exit_2(capsys: pytest.CaptureFixture, monkeypatch) -> None:
-    """Before the model loads: no "serving ... on http://..." line, then uvicorn's bind error and exit 3 (issue 40)."""
+    """Before the model loads: no "serving ... on http://..." line, then uvicorn's bind error and exit 3."""
     import socket
 
     monkeypatch.setattr("hetero.loader.load_model", lambda *a: pytest.fail("loaded the model for a busy port"))

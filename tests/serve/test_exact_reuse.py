@@ -1,4 +1,5 @@
-"""A served reply does not depend on what the prefix cache holds (`StoreConfig.exact`, the default; issue 40)."""
+"""A served reply does not depend on what the prefix cache holds (`StoreConfig.exact`, the default): the same
+question gets the same answer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The page's timeline legend names the kinds the last prefill reported, whatever the method's (issue 40: it knew
+"""The page's timeline legend names the kinds the last prefill reported, whatever the method's (it once knew
 qkv/attn/o_ffn only, while the default method reports layer_attn/layer_ffn). Its script's pure part runs in Node."""
 
 from __future__ import annotations
