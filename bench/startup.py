@@ -9,8 +9,8 @@ of each engine (the warm cache). Each round also times two processes that only i
 is): what hetero's default path imports now that its containers are numpy (`FLOORS["floor"]`: numpy, numba, ONNX
 Runtime, its tokenizer, chat template and cache checks; no torch), a floor under hetero's wall time on this machine;
 and what it imported before (`FLOORS["floor with torch"]`: torch, numba, ONNX Runtime; docs/design.md,
-"Threads and process state", its start-up items). One more, untimed, run under `python -X importtime` checks that
-the warm run indeed imports no torch (`imports_torch` in the result).
+"The host plan, threads and process state", its start-up items). One more, untimed, run under `python -X importtime`
+checks that the warm run indeed imports no torch (`imports_torch` in the result).
 
     python bench/startup.py --out bench/results       # writes startup.{json,md}
 """

@@ -31,6 +31,7 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort
 
+from hetero import layerspec
 from hetero.buffers import f32_address
 from hetero.config import ModelConfig
 from hetero.errors import ConfigError
@@ -61,11 +62,7 @@ def gqa_supported(cfg: ModelConfig) -> str | None:
     `model.attention` or a QK-norm / local RoPE beside it, `ChunkAttention`)."""
     if (cfg.rotary_dim // 2) % 8:
         return f"a rotary width of {cfg.rotary_dim} (GroupQueryAttention rotates a multiple of 16)"
-    if cfg.qk_norm:
-        return "QK-norm"
-    if cfg.local_rope_theta:
-        return "a local RoPE base"
-    return None
+    return layerspec.lacks(layerspec.LayerSpec.of(cfg), "GroupQueryAttention node")
 
 
 def _graph(cfg: ModelConfig, window: int = 0) -> bytes:

@@ -5,7 +5,8 @@ per-layer sliding windows, QK-norm, Gemma 3's post-norms, scaled embedding and q
 base, partial rotary). The rule: a config either maps onto these fields exactly, so that hetero computes
 what transformers computes for it, or it is refused in one line naming the field and its value
 (`from_hf` here; GGUF keys in `hetero.loader`). `quantized_unsupported` names what the INT8 path
-(graphs, rotation, decode's bound step) does not implement yet.
+(graphs, rotation, decode's bound step) does not implement yet, from what each writing of the layer registers
+(`hetero.layerspec`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from hetero import layerspec
 from hetero.errors import ConfigError, ModelFormatError
 
 # Architectures whose decoder layer is the Llama block (RMSNorm, RoPE, GQA attention, gated FFN) or a
@@ -29,9 +31,6 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freqs", "longrope")
 # transformers' hidden_act names -> the activation `model.activation` computes (gelu_new is the tanh form)
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_new": "gelu_tanh", "relu": "relu"}
-# variants the INT8 path computes (`ModelConfig.quantized_unsupported`)
-QUANTIZED_VARIANTS = ("qk_norm", "o_bias", "mlp_bias", "act", "windows", "post_norms", "embed_scale", "attn_scale",
-                      "local_rope_theta", "rotary_dim")
 _ROPE_KEYS = {"default": set(), "linear": {"factor"},
               "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
               "longrope": {"short_factor", "long_factor", "original_max_position_embeddings"}}
@@ -118,7 +117,8 @@ class ModelConfig:
         return self.local_rope_theta > 0 and self.windows[layer] > 0
 
     def variants(self) -> dict[str, Any]:
-        """The fields that differ from the plain Llama block (name -> value), for messages and refusals."""
+        """The variant fields that differ from the plain Llama block (name -> value), for messages and `to_hf` (what a
+        method refuses: `layerspec.LayerSpec.features`)."""
         plain = {"o_bias": False, "mlp_bias": False, "act": "silu", "qk_norm": False, "post_norms": False,
                  "embed_scale": 1.0, "attn_scale": 0.0, "local_rope_theta": 0.0}
         out = {k: getattr(self, k) for k, v in plain.items() if getattr(self, k) != v}
@@ -129,17 +129,10 @@ class ModelConfig:
         return out
 
     def quantized_unsupported(self) -> str | None:
-        """'field=value' of the first variant the INT8 path (graphs, rotation, the INT8 decode step) does not
-        compute yet, or None: such a model runs the float methods only. QK-norm it computes: it sits between
-        the qkv graph and attention, on the CPU lane (`attention.qk_norm_`), and commutes with the rotation;
-        the o/MLP biases, the activation and Gemma 3's post-norms are in the graphs (`npu.segments.layer_q`,
-        `npu.export`); windows, the local RoPE base and the query scale are attention's (prefill and
-        `decode.rowattn`); the embedding scale is `model.embed`'s; partial rotary is attention's too (the first
-        rotary_dim dims of a head rotate, in prefill and `rowattn`), inside q/k heads, which no rotation touches."""
-        for k, v in self.variants().items():
-            if k not in QUANTIZED_VARIANTS:
-                return f"{k}={v!r}"
-        return None
+        """'field=value (not in: writing, ...)' of the first feature of this model's layer that the INT8 path (its
+        writings of the layer, rotation included: `layerspec.INT8`) does not compute, or None: such a model runs the
+        float methods only (`layerspec.refusal`)."""
+        return layerspec.refusal(layerspec.LayerSpec.of(self), (*layerspec.INT8, layerspec.ROTATION))
 
     def check_quantizable(self, what: str = "the INT8 path") -> None:
         """ConfigError naming the variant, unless the INT8 path computes this model."""

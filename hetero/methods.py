@@ -15,9 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hetero.chunking import ChunkRule
 from hetero.errors import ConfigError
+from hetero.hostplan import Choice, DecodePlacement, HostPlan, PrefillLayout
+from hetero.layerspec import FLOAT, INT8, ROTATION, LayerSpec, refusal
 from hetero.loader import Model
-from hetero.runtime import Runtime
+from hetero.runtime import PrefillExecutor, Runtime
 from hetero.threads import ExecutionPlan, set_torch_threads
 
 if TYPE_CHECKING:
@@ -25,7 +28,6 @@ if TYPE_CHECKING:
 
     from hetero.config import ModelConfig
     from hetero.model import LayerBackend
-    from hetero.npu.placement import PrefillLayout
     from hetero.outliers.plan import QuantPlan
     from hetero.outliers.pruning import PlanOptions
     from hetero.outliers.search import SiteCosts
@@ -78,7 +80,8 @@ class Recipe:
 W8A8 = Recipe()  # mllm-NPU's plan: W8A8 per tensor, shadow outliers on the 15% most important sites
 ROTATED = Recipe(rotate=True)  # the same plan on the rotated model (bench/results/accuracy.md)
 # the default on the CPU EP: the rotated plan, its kept down_in sites with a scale per row, its kept o_in sites with
-# shadows (per row there too moved a sure answer of tests/test_accuracy.py: docs/design.md, "Outliers")
+# shadows (per row there too moved a sure answer of tests/test_accuracy.py: docs/journal.md, "Issue 39 item 2: moved
+# from docs/design.md")
 ROTATED_ROWS = Recipe(rotate=True, row_scales=("down_in",))
 ROT_A16_DOWN = Recipe(rotate=True, a16=("down_in",))
 SITE_ROTATED = Recipe(rotate=True, a16=("attn_in", "down_in"))  # the default of a site-rotated model (`for_config`)
@@ -185,31 +188,34 @@ def quant_setup(model: Model, provider: str = "cpu", weight_form: str | None = N
     return qm, quant_plan(qm, provider, weight_form=weight_form, recipe=recipe)
 
 
-MakeBackend = Callable[[Model, int, ExecutionPlan, "str | None", bool], "LayerBackend"]
+MakeBackend = Callable[[Model, HostPlan], "LayerBackend"]
 
 
-def _float(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str | None, fused: bool) -> "LayerBackend":
+def _float(model: Model, plan: HostPlan) -> "LayerBackend":
     from hetero.torch_backends import FloatBackend
 
     return FloatBackend(model.config, model.weights)
 
 
-def _npu(provider: str, recipe: Recipe = DEFAULT_RECIPE, attention: str = "auto") -> MakeBackend:
-    def make(model: Model, chunk: int, execution: ExecutionPlan, weight_form: str | None, fused: bool) -> "LayerBackend":
+def _npu(provider: str, recipe: Recipe = DEFAULT_RECIPE) -> MakeBackend:
+    def make(model: Model, plan: HostPlan) -> "LayerBackend":
+        """The INT8 graphs as the host plan decided them: its C, provider, weight form, layout, attention kernel, float
+        glue and thread shares (the backend decides none of them)."""
         from hetero.npu.graph_backend import GraphOptions, NpuBackend
 
-        plan = quant_plan(model, provider, weight_form=weight_form, recipe=recipe)
-        return NpuBackend(model, plan, chunk=chunk, provider=provider,
-                          options=GraphOptions(intra_op_threads=execution.lane_threads, ort_pool=execution.ort_pool,
-                                               fused=fused, attention=attention))
+        quant = quant_plan(model, provider, weight_form=plan.weight_form, recipe=recipe)
+        fused, e = plan.layout is not None and plan.layout.mode == "layers", plan.execution
+        options = GraphOptions(intra_op_threads=e.lane_threads, ort_pool=e.ort_pool, fused=fused,
+                               **({"attention": plan.attention.value, "native_ops": plan.glue.value == "native"}
+                                  if fused else {}))
+        return NpuBackend(model, quant, chunk=plan.chunk, provider=plan.npu.value, options=options)
 
     return make
 
 
 @dataclass(frozen=True, slots=True)
 class Method:
-    # (model, chunk, threads, weight_form, fused) -> the layer ops; `model` is already `quant_model(model, recipe)`;
-    # fused: whole-layer graphs (the "layers" layout, `npu.placement.prefill_layout`)
+    # (model, host plan) -> the layer ops; `model` is already `quant_model(model, recipe)`
     make: MakeBackend
     policy: str | None  # default dispatch policy; None = in program order on the calling thread
     doc: str
@@ -217,11 +223,20 @@ class Method:
     chunk: int = 256  # the chunk length C a command uses when not told (`hetero run --chunk`)
     provider: str | None = None  # the static graphs' provider ("cpu": the CPU EP; "qnn"); None: torch
     layout: str = "lanes"  # "auto": the host's placement picks "layers" or "lanes" (`prefill_layout`); "lanes"
+    attention: str = "auto"  # whole-layer graphs' attention (`npu.graph_backend.attention_kernel`'s mode)
+
+    @property
+    def writings(self) -> tuple[str, ...]:
+        """The writings of the layer's math this method runs (`hetero.layerspec`), from its kind: what it refuses
+        for a model derives from what they register."""
+        if self.recipe is None:
+            return FLOAT
+        return (*INT8, ROTATION) if self.recipe.rotate else INT8
 
 
 def _hetero(provider: str, policy: str, doc: str, recipe: Recipe = DEFAULT_RECIPE, chunk: int = 256,
             layout: str = "lanes", attention: str = "auto") -> Method:
-    return Method(_npu(provider, recipe, attention), policy, doc, recipe, chunk, provider, layout)
+    return Method(_npu(provider, recipe), policy, doc, recipe, chunk, provider, layout, attention)
 
 
 METHODS: dict[str, Method] = {
@@ -254,10 +269,10 @@ DEFAULT_METHOD = "hetero"
 
 
 def prefill_layout_of(model: Model, spec: Method, chunk: int, threads: int, policy: str | None,
-                      layout: str | None) -> "PrefillLayout | None":
+                      layout: str | None) -> PrefillLayout | None:
     """The prefill layout of a runtime of `spec` (None: float layers, no graphs): `layout` when given, the
     lanes when the method or an explicit `policy` dispatches lanes, else this host's (`npu.placement`)."""
-    from hetero.npu.placement import LAYOUTS, PrefillLayout, layout_key, prefill_layout, recorded_layout
+    from hetero.npu.placement import LAYOUTS, layout_key, prefill_layout, recorded_layout
 
     if spec.provider is None:
         if layout not in (None, "auto"):
@@ -275,6 +290,143 @@ def prefill_layout_of(model: Model, spec: Method, chunk: int, threads: int, poli
     return prefill_layout(model.config, device, threads, recorded_layout(layout_key(model, chunk, threads)))
 
 
+def method_of(model: Model, method: str) -> tuple[Choice, Method]:
+    """The method that runs `model` when `method` is asked for, and why: the default runs what computes this model
+    (float where the INT8 path lacks one of its features). What a method lacks for a model derives from what the
+    writings it runs register (`hetero.layerspec`); a method that lacks one is refused naming the feature."""
+    spec = METHODS.get(method)
+    if spec is None:
+        raise ConfigError(f"method must be one of {sorted(METHODS)}, got {method!r}")
+    layer = LayerSpec.of(model.config)
+    bad = refusal(layer, spec.writings)
+    chosen = Choice(method, "the default" if method == DEFAULT_METHOD else "asked for")
+    if method == DEFAULT_METHOD and bad is not None:  # the default runs what computes this model: float
+        chosen = Choice("float", f"the INT8 path does not implement {bad} of this {model.config.arch} model yet")
+        spec = METHODS["float"]
+        bad = refusal(layer, spec.writings)
+    if bad is not None:
+        hint = ": run it with --method float" if spec.recipe is not None and refusal(layer, FLOAT) is None else ""
+        raise ConfigError(f"method {chosen.value!r} does not implement {bad} of this {model.config.arch} model{hint}")
+    return chosen, spec
+
+
+def _resolve(model: Model, chosen: Choice, spec: Method, chunk: int, threads: int | None, policy: str | None,
+             weight_form: str | None, layout: str | None) -> HostPlan:
+    """The host plan of `spec` over `model` (already `quant_model`'s): each technique asked once, here."""
+    n = threads or os.cpu_count() or 1
+    placed = prefill_layout_of(model, spec, chunk, n, policy, layout)
+    fused = placed is not None and placed.mode == "layers"
+    policy = None if fused else policy or spec.policy
+    lanes = 2 if fused and n >= 2 else 1  # whole layers on two lanes of half the cores each, as a wavefront
+    overlapped = lanes > 1 or (policy is not None and spec.provider is not None)
+    execution = ExecutionPlan.for_host(threads, overlapped=overlapped)
+    why_threads = ("lanes overlap: each gets a share of the cores so they do not oversubscribe them (the NPU lane's "
+                   "sessions always, torch while another lane runs)" if overlapped else
+                   "in program order: everything gets every core")
+    npu, weights, decode = _graphs(model.config, spec, execution, weight_form)
+    attention, glue = _layer_ops(model.config, spec, fused)
+    rule = ChunkRule(chunk)
+    if fused and lanes > 1:  # chunk i on lane i mod 2 (`sched.wavefront`: no op split over cores, no pool wake-ups)
+        from hetero.sched.wavefront import ATTENTION_PER_KEY
+
+        rule = ChunkRule(chunk, lanes, ATTENTION_PER_KEY[attention.value])  # chunks of equal work
+        executor = Choice("wavefront", f"whole layers, chunk i on lane i mod {lanes} of {execution.lane_threads} "
+                          f"core(s): no op split over cores, no pool wake-ups (`sched.wavefront`)"
+                          + (", each layer as its two halves around the kernel: the next chunk waits for this "
+                             "one's attention only" if attention.value == "bf16" else ""))
+    elif fused:
+        executor = Choice("in-order", "one core: a whole layer per subgraph, in program order")
+    elif policy is not None:
+        executor = Choice("out-of-order", "the lanes of mllm-NPU §3.4, " +
+                          ("the method's dispatch policy" if policy == spec.policy else "the policy asked for"))
+    else:
+        executor = Choice("in-order", "the method's: program order on the calling thread")
+    return HostPlan(chosen, rule, placed, npu, executor, attention, glue, weights, decode, execution, why_threads,
+                    policy)
+
+
+def _graphs(cfg: "ModelConfig", spec: Method, execution: ExecutionPlan,
+            weight_form: str | None) -> tuple[Choice, Choice, DecodePlacement]:
+    """Where the static graphs run (the provider, QNN HTP falling back to the CPU EP where it is absent), their
+    weights' form and the decode placement."""
+    from hetero.npu.placement import decode_placement_of
+
+    if spec.provider is None:
+        return (Choice("none", "float layers in torch: no static graphs"), Choice("float", "no INT8 weights"),
+                decode_placement_of(None, None, None, "float"))
+    from hetero.npu.isa import resolve_weight_form
+    from hetero.npu.providers import make_provider
+
+    provider = make_provider(spec.provider, execution.lane_threads, execution.ort_pool)
+    if provider.device == "cpu" and spec.provider != "cpu":
+        npu = Choice("ort-cpu", "QNN HTP is absent here (`hetero info`: qnn_htp): the ONNX Runtime CPU EP runs the "
+                                "same graphs")
+    elif provider.device == "cpu":
+        npu = Choice("ort-cpu", "the method's provider: the ONNX Runtime CPU EP stands in for the NPU")
+    else:
+        npu = Choice(provider.name.split("-soc")[0], f"the method's provider: {provider.name} (on x86-64 its simulator), "
+                     f"every static graph on it (no NPU memory budget given: `npu.placement.place`)")
+    form = resolve_weight_form(weight_form, spec.provider)
+    weights = Choice(form, "as asked" if weight_form not in (None, "auto") else
+                     "this CPU's exact and fast form (`npu.isa`)" if spec.provider == "cpu" else
+                     "the NPU's 8-bit form (`npu.isa.FORM_NPU`)")
+    return npu, weights, decode_placement_of(cfg, provider, form)
+
+
+def _layer_ops(cfg: "ModelConfig", spec: Method, fused: bool) -> tuple[Choice, Choice]:
+    """The attention and the float glue between the INT8 linears: whole-layer graphs ask this host
+    (`npu.graph_backend.attention_kernel`, `native_ops_why`); segments and float layers have one way each."""
+    if spec.provider is None:
+        return (Choice("chunk", "`attention.ChunkAttention` of each chunk between the float layers"),
+                Choice("torch", "the float reference's ops"))
+    if not fused:
+        return (Choice("chunk", "the `attn` subgraph of each chunk on the CPU lane (`attention.ChunkAttention`), "
+                                "between the INT8 graphs"),
+                Choice("onnx", "ONNX Runtime nodes in each segment graph; the CPU corrects the shadowed sites"))
+    from hetero.npu.graph_backend import attention_kernel, native_ops_why
+    from hetero.outliers.rotate import online_sites
+
+    kernel, why = attention_kernel(cfg, spec.attention)
+    attention = Choice("bf16" if kernel is not None else "gqa", why)
+    # the recipe's online transforms: what its quantization plan will hold (`plan_options`)
+    native, why = native_ops_why(cfg, online_sites(cfg) if spec.recipe.rotate else {}, kernel, None)
+    return attention, Choice("native" if native else "onnx", why)
+
+
+def host_plan(model: Model, method: str = DEFAULT_METHOD, chunk: int | None = None, threads: int | None = None,
+              policy: str | None = None, weight_form: str | None = None, layout: str | None = None) -> HostPlan:
+    """What a runtime of `method` would run on this host, each decision with its reason (`make_runtime`'s arguments;
+    chunk None: the method's), without making it: `hetero info`."""
+    chosen, spec = method_of(model, method)
+    if spec.recipe is not None:
+        model = quant_model(model, spec.recipe)
+    return _resolve(model, chosen, spec, chunk or spec.chunk, threads, policy, weight_form, layout)
+
+
+def _executor(model: Model, plan: HostPlan) -> PrefillExecutor | None:
+    """The executor the plan names (None: the runtime's default, in program order)."""
+    n_layers, e = model.config.n_layers, plan.execution
+    if plan.executor.value == "wavefront":
+        from hetero.npu.nodes import HALF_PLACEMENT, LAYER_PLACEMENT
+        from hetero.sched.wavefront import WavefrontExecutor
+
+        # with the kernel, each layer as its two halves around it
+        return WavefrontExecutor(n_layers, HALF_PLACEMENT if plan.attention.value == "bf16" else LAYER_PLACEMENT,
+                                 plan.chunks.lanes)
+    if plan.layout is not None and plan.layout.mode == "layers":  # one lane: a whole layer per subgraph
+        from hetero.npu.nodes import LAYER_PLACEMENT
+        from hetero.runtime import SerialExecutor
+
+        return SerialExecutor(n_layers, LAYER_PLACEMENT)
+    if plan.executor.value == "out-of-order":
+        from hetero.sched.executor import OutOfOrderExecutor
+
+        return OutOfOrderExecutor(n_layers, plan.chunk, plan.policy, torch_threads=(e.lane_threads, e.alone_threads),
+                                  learn_key=f"{model.name}-{model.fingerprint[:12]}-{plan.method.value}-C{plan.chunk}-"
+                                            f"{e.threads}t")
+    return None
+
+
 def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,
                  policy: str | None = None, weight_form: str | None = None, layout: str | None = None) -> Runtime:
     """A runtime for `method`; `policy` overrides the method's default dispatch policy; `weight_form` forces
@@ -282,67 +434,39 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
     forces the prefill layout of the INT8 methods ("layers" or "lanes"; None or "auto": the method's, and for
     `hetero` this host's placement, `npu.placement.prefill_layout`, in `Runtime.layout`).
 
+    Everything that runs is decided first, in the host plan (`Runtime.host_plan`, logged with -v), then made from it.
     Threads (default: all cores): when lanes overlap, each lane gets half of them so the lanes do not
     oversubscribe the cores: the provider's ONNX Runtime sessions (the npu lane) always, torch and the
     attention kernel (the cpu lane) while another lane runs and all of them while it runs alone
     (`sched.executor.LaneWorkers`). In program order everything gets all of them.
     """
-    spec = METHODS.get(method)
-    if spec is None:
-        raise ConfigError(f"method must be one of {sorted(METHODS)}, got {method!r}")
-    bad = model.config.quantized_unsupported()
-    if method == DEFAULT_METHOD and bad is not None:  # the default runs what computes this model: float
-        print(f"hetero: the INT8 path does not implement {bad} of this {model.config.arch} model yet; "
-              f"running --method float", file=sys.stderr)
-        spec = METHODS["float"]
+    chosen, spec = method_of(model, method)
+    if chosen.value != method:
+        print(f"hetero: {chosen.reason}; running --method {chosen.value}", file=sys.stderr)
     if spec.recipe is not None:
         model = quant_model(model, spec.recipe)  # the rotated copy: its embedding and lm_head run the prefill
-    n = threads or os.cpu_count() or 1
-    placed = prefill_layout_of(model, spec, chunk, n, policy, layout)
-    fused = placed is not None and placed.mode == "layers"
-    if placed is not None:
-        log.info("placement | %s", placed.describe())
-    policy = None if fused else policy or spec.policy
-    lanes = 2 if fused and n >= 2 else 1  # whole layers on two lanes of half the cores each, as a wavefront
-    plan = ExecutionPlan.for_host(threads, overlapped=lanes > 1 or (policy is not None and spec.make is not _float))
-    executor = None
-    backend = spec.make(model, chunk, plan, weight_form, fused)
-    if fused and lanes > 1:  # chunk i on lane i mod 2 (`sched.wavefront`: no op split over cores, no pool wake-ups),
-        from hetero.npu.nodes import HALF_PLACEMENT, LAYER_PLACEMENT
-        from hetero.sched.wavefront import ATTENTION_PER_KEY, WavefrontExecutor  # chunks of equal work
+    plan = _resolve(model, chosen, spec, chunk, threads, policy, weight_form, layout)
+    for line in plan.lines():  # (`hetero -v run` prints them on stderr, before the answer)
+        log.info("host plan | %s", line)
+    return runtime_of(model, plan)
 
-        kernel = "bf16" if getattr(backend, "attention", None) is not None else "gqa"
-        # with the kernel, each layer as its two halves around it: the next chunk waits for this one's attention only
-        executor = WavefrontExecutor(model.config.n_layers, HALF_PLACEMENT if kernel == "bf16" else LAYER_PLACEMENT,
-                                     lanes, ATTENTION_PER_KEY[kernel])
-    elif fused:  # one lane: a whole layer per subgraph, in program order on every core
-        from hetero.npu.nodes import LAYER_PLACEMENT
-        from hetero.runtime import SerialExecutor
 
-        executor = SerialExecutor(model.config.n_layers, LAYER_PLACEMENT)
-    elif policy is not None:
-        from hetero.sched.executor import OutOfOrderExecutor
-
-        executor = OutOfOrderExecutor(model.config.n_layers, chunk, policy,
-                                      torch_threads=(plan.lane_threads, plan.alone_threads),
-                                      learn_key=f"{model.name}-{model.fingerprint[:12]}-{method}-C{chunk}-{plan.threads}t")
-    # the NPU lane's sessions get the lane's share too (`backend` above): their thread count is fixed per session, and
-    # a pool on every core beside attention's preempts it (docs/journal.md, "Measured facts": thread split)
-    from hetero.npu.placement import decode_placement
-
-    decode = decode_placement(backend)  # where decode steps run (the CPU, as mllm-NPU)
-    log.info("placement | %s", decode.describe())
+def runtime_of(model: Model, plan: HostPlan) -> Runtime:
+    """The runtime a host plan describes, made from it: its backend, executor and head as the plan decided (`model`:
+    the one its method runs, `quant_model`'s for a quantized method)."""
+    spec = METHODS.get(plan.method.value)
+    if spec is None:
+        raise ConfigError(f"the host plan's method {plan.method.value!r} is not one of {sorted(METHODS)}")
+    # the NPU lane's sessions get the lane's share (`_npu`): their thread count is fixed per session, and a pool on
+    # every core beside attention's preempts it (docs/journal.md, "Measured facts": thread split)
+    backend = spec.make(model, plan)
     head = None
-    if placed is not None:  # an INT8 runtime: the last token's logits through its decode step's INT8 head, the one
-        # head of the runtime (its quantized graphs loaded and its sessions made once: ~0.1 s of a start)
-        from hetero.decode.step import DecodeStep
+    if spec.provider is not None:  # an INT8 runtime: the last token's logits through its decode step's INT8 head, the
+        # one head of the runtime (its quantized graphs loaded and its sessions made once: ~0.1 s of a start)
+        from hetero.decode.step import step_logits
 
-        def head(h: "np.ndarray") -> "np.ndarray":
-            return DecodeStep.of(runtime).logits(h)
-
-    runtime = Runtime(model, chunk=chunk, backend=backend, executor=executor, execution=plan, decode=decode,
-                      layout=placed, head=head)
-    return runtime
+        head = step_logits
+    return Runtime(model, backend=backend, executor=_executor(model, plan), head=head, host_plan=plan)
 
 
 def make_service(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,

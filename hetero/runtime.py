@@ -18,15 +18,16 @@ import threading
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 
 from hetero import buffers
 from hetero.attention import ChunkAttention
-from hetero.chunking import Chunk, check_chunk, padded_ids, plan_chunks, token_ids
+from hetero.chunking import Chunk, ChunkRule, check_chunk, padded_ids, token_ids
 from hetero.dag import CompiledDag, prefill_dag
 from hetero.errors import ConfigError
+from hetero.hostplan import DecodePlacement, HostPlan, PrefillLayout
 from hetero.kv_cache import KVCache, check_cache
 from hetero.loader import Model
 from hetero.nodes import reads_kv
@@ -69,6 +70,7 @@ class PrefillExecutor(Protocol):
     """Runs the nodes of a prefill DAG: each exactly once, after its predecessors (Eq. 2-3)."""
 
     placement: tuple[tuple[str, str], ...]  # (kind, lane) of one layer's subgraphs
+    chunk: int | None  # the chunk length C its costs were made for (`Runtime` checks it is the plan's); None: any
 
     def compile(self, n_chunks: int, reads_kv: frozenset[str]) -> CompiledDag:
         """The DAG of a prompt of `n_chunks` chunks, whose kinds `reads_kv` read the K/V of earlier chunks (the
@@ -124,6 +126,8 @@ class SerialRun:
 class SerialExecutor:
     """Every node in id order (program order) on the calling thread: the in-order prefill."""
 
+    chunk = None  # its DAGs do not depend on the chunk length
+
     def __init__(self, n_layers: int, placement: tuple[tuple[str, str], ...]):
         self.n_layers, self.placement = n_layers, tuple(placement)
         self._dags: dict[tuple[int, frozenset[str]], CompiledDag] = {}
@@ -174,29 +178,9 @@ class PrefillResult:
         return self.n_tokens / (self.total_ms / 1e3) if self.total_ms > 0 else float("inf")
 
 
-@dataclass(frozen=True, slots=True)
-class DecodePlacement:
-    """Where a runtime's decode steps run, decided with its prefill placement (`methods.make_runtime`).
-
-    A decode step is a few rows against every weight: bound by memory bandwidth, where an NPU gains little,
-    and the QNN HTP simulator decoded 0.9 tokens/s where the CPU EP decodes 36. mllm-NPU prefills
-    on the NPU and "relies on a CPU backend for decoding" (§5, end-to-end latency); so does hetero.
-    """
-
-    device: Literal["cpu", "npu"]  # the hardware that runs the decode steps' layers
-    engine: str  # what runs them: a provider ("ort-cpu": INT8 graphs of the prefill's plan), or "torch" (float)
-    reason: str
-    small_rows: int = 0  # steps of up to this many rows run the `small_form` graphs instead (0: none)
-    small_form: str = ""  # what those graphs are, in words (`npu.nbits`, `native.gemv`)
-    small_kernel: str = "nbits"  # what runs them: "gemv" (hetero's int8 GEMVs, `native.gemv`) or "nbits" (the graphs)
-
-    def describe(self) -> str:
-        small = f"; steps of 1-{self.small_rows} rows: {self.small_form}" if self.small_rows else ""
-        return f"decode on the {self.device}, {self.engine}: {self.reason}{small}"
-
-
 class ChunkBuffers:
-    """Per-chunk activations, allocated once per runtime (grown to the most chunks a prompt needed).
+    """Per-chunk activations, allocated once per runtime (grown to the most chunks a prompt needed), each of the most
+    rows a chunk of the runtime's plan holds (`ChunkRule.max_rows`).
 
     Chunk i owns h[i] = (a, b) [C, hidden], the residual stream ping-ponging between a and b (a backend
     reads one and writes the other), qkv[i] [C, q_dim + 2·kv_dim], of which q/k/v are views, and
@@ -205,27 +189,22 @@ class ChunkBuffers:
     `torch.from_numpy` views.
     """
 
-    def __init__(self, model: Model, chunk: int):
-        self.cfg, self.chunk = model.config, chunk
+    def __init__(self, model: Model, rows: int):
+        self.cfg, self.rows = model.config, rows
         self.h: list[tuple[np.ndarray, np.ndarray]] = []
         self.qkv: list[np.ndarray] = []
         self.attn: list[np.ndarray] = []
 
-    def ensure(self, n_chunks: int, rows: int = 0) -> None:
-        """Buffers for `n_chunks` chunks of up to max(C, rows) rows (an executor may cut chunks longer than C:
-        `sched.wavefront.balanced_chunks`)."""
-        cfg, c = self.cfg, max(self.chunk, rows)
-        for i in range(n_chunks):
-            if i < len(self.h) and self.h[i][0].shape[0] >= c:
-                continue
-            h = (buffers.empty((c, cfg.hidden)), buffers.empty((c, cfg.hidden)))
-            qkv, attn = buffers.empty((c, cfg.q_dim + 2 * cfg.kv_dim)), buffers.zeros((c, cfg.q_dim))
-            if i == len(self.h):
-                self.h.append(h)
-                self.qkv.append(qkv)
-                self.attn.append(attn)
-            else:  # chunk i's buffers were shorter than this plan's longest chunk
-                self.h[i], self.qkv[i], self.attn[i] = h, qkv, attn
+    def ensure(self, chunks: tuple[Chunk, ...]) -> None:
+        """Buffers for every chunk of a prefill (a ConfigError for a chunk longer than the plan's rows)."""
+        cfg, c = self.cfg, self.rows
+        longest = max(ch.rows for ch in chunks)
+        if longest > c:
+            raise ConfigError(f"a chunk of {longest} rows exceeds the {c} rows the runtime's chunk rule allows")
+        while len(self.h) < len(chunks):
+            self.h.append((buffers.empty((c, cfg.hidden)), buffers.empty((c, cfg.hidden))))
+            self.qkv.append(buffers.empty((c, cfg.q_dim + 2 * cfg.kv_dim)))
+            self.attn.append(buffers.zeros((c, cfg.q_dim)))
 
 
 class PrefillJob:
@@ -237,7 +216,7 @@ class PrefillJob:
         self.plan, self.cache, self.bufs = plan, cache, buffers or rt.buffers
         self.chunks, self.start, self.kinds = plan.chunks, plan.start, plan.dag.kinds
         self.attention = rt.attention
-        self.bufs.ensure(len(plan.chunks), max(c.rows for c in plan.chunks))
+        self.bufs.ensure(plan.chunks)
         # per chunk: its two residual buffers at its rows (the stream alternates between them layer by layer)
         self._pairs = [(self.bufs.h[c.index][0][: c.rows], self.bufs.h[c.index][1][: c.rows]) for c in plan.chunks]
         self.h: list[np.ndarray] = []  # per chunk: the current residual stream [C, hidden]
@@ -262,14 +241,20 @@ class PrefillJob:
 
 class Runtime:
     """Chunked prefill of one model: `backend` runs the static subgraphs (float reference by default),
-    `executor` decides the order (in program order on the calling thread by default)."""
+    `executor` decides the order (in program order on the calling thread by default), `host_plan` (`hostplan.HostPlan`,
+    resolved at the edge by `methods.make_runtime`) holds C and every decision of how it runs on this host; without
+    one, the runtime's plan is what its caller gave (`HostPlan.given`): `chunk` (C, or a `ChunkRule`: a wavefront's
+    chunks), `execution` (or every core on `attention_threads`), `decode`, `layout`.
 
-    def __init__(self, model: Model, chunk: int = 256, backend: LayerBackend | None = None,
+    head: the LM head of the last token's final hidden rows, called as head(runtime, h [n, hidden]) → [n, vocab]
+    (default: the float head, `float_head`)."""
+
+    def __init__(self, model: Model, chunk: int | ChunkRule | None = None, backend: LayerBackend | None = None,
                  max_context: int | None = None, executor: PrefillExecutor | None = None,
                  attention_threads: int | None = None, decode: DecodePlacement | None = None,
-                 execution: ExecutionPlan | None = None, layout: object = None,
-                 head: Callable[[np.ndarray], np.ndarray] | None = None):
-        self.model, self.cfg, self.chunk = model, model.config, check_chunk(chunk, model.config.context_length)
+                 execution: ExecutionPlan | None = None, layout: PrefillLayout | None = None,
+                 head: Callable[["Runtime", np.ndarray], np.ndarray] | None = None, host_plan: HostPlan | None = None):
+        self.model, self.cfg = model, model.config
         ctx = self.cfg.context_length
         if max_context is not None and not 0 < max_context <= ctx:
             raise ConfigError(f"max_context must be in [1, {ctx}], got {max_context}")
@@ -279,24 +264,37 @@ class Runtime:
 
             backend = FloatBackend(self.cfg, model.weights)
         self.backend = backend  # takes the numpy buffers (a torch backend through views: `torch_backends`)
+        if host_plan is None:
+            rule = chunk if isinstance(chunk, ChunkRule) else ChunkRule(check_chunk(256 if chunk is None else chunk, ctx))
+            host_plan = HostPlan.given(rule, execution or ExecutionPlan.for_host(attention_threads, overlapped=False),
+                                       decode, layout, backend.name, executor)
+        else:
+            given = [n for n, v in (("decode", decode), ("execution", execution), ("layout", layout),
+                                    ("attention_threads", attention_threads)) if v is not None]
+            if given:
+                raise ConfigError(f"the host plan holds {', '.join(given)}: give them in it, not beside it")
+            if chunk is not None and chunk not in (host_plan.chunk, host_plan.chunks):
+                raise ConfigError(f"chunk {chunk} disagrees with the host plan's C={host_plan.chunk}: give one")
+        self.host_plan = host_plan
+        check_chunk(self.chunk, ctx)
         if not backend.any_rows and backend.chunk != self.chunk:  # fixed-shape graphs take exactly their C rows
             raise ConfigError(f"the runtime's chunk length {self.chunk} differs from the {backend.chunk} rows its "
                               f"backend's graphs take: make both with the same chunk")
         self.executor = executor or SerialExecutor(self.cfg.n_layers, backend.default_placement)
+        if self.executor.chunk not in (None, self.chunk):
+            raise ConfigError(f"the runtime's chunk length {self.chunk} differs from the {self.executor.chunk} its "
+                              f"executor's costs were made for: make both with the same chunk")
         self.placement = self.executor.placement
         # the placement's kinds as the backend defines them: which read earlier chunks' K/V (cross-chunk edges)
         self.reads_kv = reads_kv(self.placement, backend.node_kinds)
-        self.decode = decode  # None: decode steps run on the backend's own engines (`decode.step.DecodeStep`)
-        self.layout = layout  # how the placement laid the prefill out (`npu.placement.PrefillLayout`); None: not asked
-        # the last token's logits from its final hidden rows [n, hidden] → [n, vocab]: the float head by default; an
-        # INT8 runtime's is the INT8 head its decode steps use (`decode.head.Int8Head`: 28 instead of 113 MB to read)
-        self.head = head or self._float_head
+        # the last token's logits from its final hidden rows: the float head by default; an INT8 runtime's is the INT8
+        # head its decode steps use (`decode.step.step_logits`: 28 instead of 113 MB to read)
+        self.head = head or Runtime.float_head
         # the embedding rows chunks start from (numpy: a cached model's mapped file, `Model.arrays`)
         self.embedding = model.arrays()["tok_emb"]  # (a mapped file is checked at its first use: here)
-        self.rope = RopeTable(self.cfg, ctx + chunk)  # + chunk: padded rows of the last chunk
-        # the `attn` subgraph of every chunk (the CPU lane): ORT's GroupQueryAttention over the cache
-        # how it uses the host (`threads.ExecutionPlan`, chosen at the edge); by default every core, in program order
-        self.execution = execution or ExecutionPlan.for_host(attention_threads, overlapped=False)
+        self.rope = RopeTable(self.cfg, ctx + self.chunk)  # + chunk: padded rows of the last chunk
+        # the `attn` subgraph of every chunk (the CPU lane): ORT's GroupQueryAttention over the cache, on the plan's
+        # thread shares (`threads.ExecutionPlan`)
         rope, arrays = self.rope, model.arrays()
         self.attention = ChunkAttention(
             self.cfg, rope.cos, rope.sin, self.execution.threads,
@@ -304,12 +302,32 @@ class Runtime:
             qk_norms=[(arrays[f"layers.{i}.q_norm"], arrays[f"layers.{i}.k_norm"]) for i in range(self.cfg.n_layers)]
             if self.cfg.qk_norm else None,
             pool=self.execution.ort_pool)
-        self.buffers = ChunkBuffers(model, chunk)  # what a lone prefill uses (first in the pool)
+        self.buffers = ChunkBuffers(model, host_plan.chunks.max_rows)  # what a lone prefill uses (first in the pool)
         self._spare = [self.buffers]  # free buffer sets: a plan in flight holds one until it ends
         self._busy = threading.Lock()  # one slice of one prefill at a time (callers may be threads)
         self._owned: dict[str, Closeable] = {}
 
-    def _float_head(self, h: np.ndarray) -> np.ndarray:
+    @property
+    def chunk(self) -> int:
+        """The chunk length C: the host plan's (`ChunkRule.chunk`), its one place."""
+        return self.host_plan.chunks.chunk
+
+    @property
+    def execution(self) -> ExecutionPlan:
+        """How the runtime uses the host's cores (the host plan's thread shares)."""
+        return self.host_plan.execution
+
+    @property
+    def decode(self) -> DecodePlacement | None:
+        """Where decode steps run (the host plan's; None: on the backend's own engines, `decode.step.DecodeStep`)."""
+        return self.host_plan.decode
+
+    @property
+    def layout(self) -> PrefillLayout | None:
+        """How the plan laid the prefill out (`npu.placement`); None: float layers, or not asked."""
+        return self.host_plan.layout
+
+    def float_head(self, h: np.ndarray) -> np.ndarray:
         """The float LM head (`model.logits`) of hidden rows [n, hidden]."""
         import torch
 
@@ -353,9 +371,7 @@ class Runtime:
     def plan(self, ids: object, start: int = 0) -> PrefillPlan:
         """Validate `ids` (new tokens from position `start`) and fix the chunks and the DAG."""
         ids = self.check_ids(ids, start)
-        chunks_for = getattr(self.executor, "chunks_for", None)  # lanes that cut a prompt their way (`sched.wavefront`)
-        chunks = tuple(chunks_for(ids.size, self.chunk, start) if chunks_for is not None
-                       else plan_chunks(ids.size, self.chunk, start, getattr(self.backend, "any_rows", False)))
+        chunks = tuple(self.host_plan.chunks.cut(ids.size, start, self.backend.any_rows))
         return PrefillPlan(ids, start, chunks, self.executor.compile(len(chunks), self.reads_kv))
 
     def start(self, plan: PrefillPlan, cache: KVCache, buffers: ChunkBuffers | None = None
@@ -384,7 +400,7 @@ class Runtime:
         plan, cache = job.plan, job.cache
         job.check()
         last = plan.chunks[-1]
-        logits = self.head(job.h[-1][last.n_valid - 1 : last.n_valid])[0]
+        logits = self.head(self, job.h[-1][last.n_valid - 1 : last.n_valid])[0]
         n = plan.ids.size
         if cache.length != plan.start:
             raise ConfigError(f"the cache moved during the prefill: {cache.length} positions, the plan started at "
@@ -425,7 +441,7 @@ class Runtime:
             cache = self.new_cache()
         cache.reserve(plan.ids.size)
         with self._busy:
-            bufs = self._spare.pop() if self._spare else ChunkBuffers(self.model, self.chunk)
+            bufs = self._spare.pop() if self._spare else ChunkBuffers(self.model, self.host_plan.chunks.max_rows)
         try:
             t0 = time.perf_counter()
             with self._busy, torch_threads(self.execution.lane_threads):

@@ -167,17 +167,19 @@ def test_untied_config_without_lm_head_is_refused(tmp_path) -> None:
 
 
 def test_int8_methods_refuse_what_they_do_not_compute(tmp_path, monkeypatch) -> None:
-    """The quantized path names a variant it lacks; the default method runs such a model in float (every variant of
-    today is computed: a variant is taken out of `QUANTIZED_VARIANTS` here to check the rule)."""
-    from hetero import config
+    """The quantized path names a variant it lacks and the writing that lacks it; the default method runs such a model
+    in float (every variant of today is computed: a feature is taken out of one INT8 writing's registration here to
+    check the rule, `hetero.layerspec`)."""
+    from hetero import layerspec
     from hetero.methods import make_runtime
 
     build("phi3", tmp_path, partial_rotary_factor=0.5)
     model = load_model(tmp_path)
     assert model.config.quantized_unsupported() is None
-    monkeypatch.setattr(config, "QUANTIZED_VARIANTS", tuple(v for v in config.QUANTIZED_VARIANTS if v != "rotary_dim"))
-    assert model.config.quantized_unsupported() == "rotary_dim=8"
-    with pytest.raises(ConfigError, match=re.escape("rotary_dim=8")):
+    w = layerspec.WRITINGS["prefill attention"]
+    monkeypatch.setitem(layerspec.WRITINGS, w.name, dataclasses.replace(w, computes=w.computes - {"rotary_dim"}))
+    assert model.config.quantized_unsupported() == "rotary_dim=8 (not in: prefill attention)"
+    with pytest.raises(ConfigError, match=re.escape("rotary_dim=8 (not in: prefill attention)")):
         make_runtime(model, "hetero-w8a8", chunk=64, threads=1)
     rt = make_runtime(model, "hetero", chunk=64, threads=1)
     assert rt.backend.name == "float"

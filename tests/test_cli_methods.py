@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -51,6 +52,9 @@ def test_every_method_answers_from_the_command_line(method, default_model):
     assert list(out["seconds"]) == ["imports", *SECONDS]  # the process is the command: its start-up counts
     assert all(v >= 0 for v in out["seconds"].values())
     assert out["decode_on"]["device"] == "cpu"  # decode runs on the CPU, whatever prefills (mllm-NPU)
-    assert "placement | decode on the cpu" in r.stderr  # -v says where decode runs
-    if METHODS[method].provider is not None:  # and how the INT8 prefill is laid out on this host (`prefill_layout`)
-        assert "placement | prefill as " in r.stderr
+    # -v prints the host plan, a line per decision: where decode runs, and how an INT8 prefill is laid out here
+    for name in ("method", "chunks", "layout", "npu", "executor", "attention", "glue", "weights", "decode", "threads"):
+        assert re.search(rf"host plan \| {name} +\S.*; why: \S", r.stderr), name
+    assert re.search(r"host plan \| decode +cpu, ", r.stderr)
+    if METHODS[method].provider is not None:
+        assert re.search(r"host plan \| layout +(layers|lanes); why: ", r.stderr)

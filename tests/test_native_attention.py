@@ -110,8 +110,8 @@ def test_refuses_what_it_does_not_take(kernel):
         kernel(qkv[:, :-1], kc, kc.copy(), 0, cos, sin, out)
     with pytest.raises(ConfigError, match="C-contiguous float32"):
         kernel(qkv, kc, kc.copy(), 0, cos, sin, np.zeros((4, 2 * H * D), np.float32)[:, ::2])
-    for cfg, what in ((_cfg(head_dim=16, hidden=H * 16), "head size of 16"), (_cfg(qk_norm=True), "QK-norm"),
-                      (_cfg(rotary_dim=32), "partial rotary")):
+    for cfg, what in ((_cfg(head_dim=16, hidden=H * 16), "head size of 16"), (_cfg(qk_norm=True), "qk_norm=True"),
+                      (_cfg(rotary_dim=32), "rotary_dim=32")):
         assert what in native.config_unsupported(cfg)
         with pytest.raises(ConfigError, match=what):
             native.Bf16Attention(cfg)

@@ -239,6 +239,6 @@ def test_models_the_kernels_do_not_compute_are_named():
 
     cfg = make_tiny_model().config
     assert gemv.config_unsupported(cfg) is None
-    assert "activation 'gelu_tanh'" in gemv.config_unsupported(dataclasses.replace(cfg, act="gelu_tanh"))
-    assert "norms after" in gemv.config_unsupported(dataclasses.replace(cfg, post_norms=True))
-    assert gemv.unavailable(dataclasses.replace(cfg, act="relu")).startswith("this model has the activation")
+    assert "act='gelu_tanh'" in gemv.config_unsupported(dataclasses.replace(cfg, act="gelu_tanh"))
+    assert "post_norms=True" in gemv.config_unsupported(dataclasses.replace(cfg, post_norms=True))
+    assert gemv.unavailable(dataclasses.replace(cfg, act="relu")).startswith("this model has act='relu'")

@@ -253,21 +253,27 @@ def platform_info() -> dict[str, Any]:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from hetero.loader import load_model, synthetic_line
+    from hetero.methods import DEFAULT_METHOD, host_plan
 
     model = load_model(args.model)
     if model.synthetic is not None:
         print(f"hetero: {synthetic_line(model)}", file=sys.stderr)
+    threads = os.cpu_count() or 1
+    plan = host_plan(model, DEFAULT_METHOD, threads=threads)  # what `hetero run` would run here
     out = {"model": model.name, "path": str(model.path), "fingerprint": model.fingerprint,
            "synthetic": model.synthetic,
-           "config": model.config.to_dict(), "platform": platform_info(), "placement": placement_info(model),
-           "calibration": calibration_info(model)}
+           "config": model.config.to_dict(), "platform": platform_info(), "placement": placement_info(plan, threads),
+           "host_plan": plan.to_dict(), "calibration": calibration_info(model)}
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
     print(f"model        {out['model']}  ({out['path']}, fingerprint {out['fingerprint']})")
-    for section in ("config", "platform", "placement", "calibration"):
+    for section in ("config", "platform", "placement", "host_plan", "calibration"):
         if section != "config":
-            print(section)
+            print(section.replace("_", " "))
+        if section == "host_plan":  # each decision and its reason
+            print("\n".join(f"  {line}" for line in plan.lines()))
+            continue
         width = max(15, *(len(k) + 1 for k in out[section]))  # a space after the longest name ("local_rope_theta")
         for k, v in out[section].items():
             print(f"  {k:<{width}}{v}")
@@ -285,22 +291,8 @@ def calibration_info(model) -> dict[str, str]:
     return calibration_in_use(quant_model(model, METHODS[DEFAULT_METHOD].recipe))
 
 
-def placement_info(model) -> dict[str, str]:
-    """How the default method would lay out a prefill on this host, and why (`npu.placement.prefill_layout`)."""
-    from hetero.methods import DEFAULT_METHOD, METHODS, prefill_layout_of, quant_model
-
-    spec = METHODS[DEFAULT_METHOD]
-    bad = model.config.quantized_unsupported()
-    if bad is not None:
-        return {"prefill": f"float (the INT8 path does not implement {bad} yet)"}
-    threads = os.cpu_count() or 1
-    placed = prefill_layout_of(quant_model(model, spec.recipe), spec, spec.chunk, threads, None, None)
-    out = {"prefill": placed.describe(), "method": f"{DEFAULT_METHOD} (C={spec.chunk}, {threads} threads)"}
-    if placed.mode == "layers":  # whole-layer graphs: which attention kernel and float glue this host gives them
-        from hetero.npu.graph_backend import attention_kernel, native_ops_why
-        from hetero.outliers.rotate import online_sites
-
-        kernel, out["attention"] = attention_kernel(model.config, "auto")
-        online = online_sites(model.config) if spec.recipe.rotate else {}
-        out["float glue"] = native_ops_why(model.config, online, kernel, None)[1]
-    return out
+def placement_info(plan: Any, threads: int) -> dict[str, str]:
+    """How the default method's host plan (`methods.host_plan`) lays out a prefill on this host, and why."""
+    if plan.layout is None:
+        return {"prefill": f"float ({plan.method.reason})"}
+    return {"prefill": plan.layout.describe(), "method": f"{plan.method.value} (C={plan.chunk}, {threads} threads)"}

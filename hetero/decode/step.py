@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import threading
 import time
 import weakref
@@ -39,7 +38,6 @@ from hetero.threads import torch_threads
 if TYPE_CHECKING:
     from hetero.model import LayerBackend
 
-log = logging.getLogger(__name__)
 
 TREE_SIZES = (1, 2, 4, 8)  # static chunk sizes of the INT8 decode graphs (2: a one-token draft, LLMCad §3.3)
 # Threads of an INT8 decode step (its graph sessions, and torch's while it runs where torch is loaded). A step is
@@ -107,8 +105,8 @@ class DecodeStep:
         small_rows: steps of up to this many rows run MatMulNBits' form (`npu.nbits`) instead of the INT8 graphs
         (0: none; None: as the runtime's decode placement says, `DecodePlacement.small_rows`). kernel: what runs
         those steps: "gemv" (hetero's int8 GEMVs, `native.gemv`; refused with the reason where they cannot run),
-        "nbits" (ONNX Runtime's MatMulNBits graphs), "auto" (the placement's `small_kernel`; the graphs where the
-        GEMVs cannot run)."""
+        "nbits" (ONNX Runtime's MatMulNBits graphs), "auto" (the host plan's decode kernel, `DecodePlacement.small_kernel`,
+        decided at the edge; "nbits" for a runtime without a placement)."""
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
         if attention_threads is None:  # the runtime's plan: a helper thread where the process may use two cores and
@@ -170,20 +168,21 @@ class DecodeStep:
         return None
 
     def _kernel(self, kernel: str, placed: str) -> str:
-        """What runs the small steps (`__init__`'s kernel): "gemv" or "nbits"."""
+        """What runs the small steps (`__init__`'s kernel): "gemv" or "nbits". "auto" takes the plan's (`placed`) as
+        decided; only a kernel asked for here is checked."""
         if kernel not in ("auto", "gemv", "nbits"):
             raise ConfigError(f"kernel must be 'auto', 'gemv' or 'nbits', got {kernel!r}")
-        if not self.small_rows or kernel == "nbits" or (kernel == "auto" and placed != "gemv"):
+        if not self.small_rows:
             return "nbits"
-        from hetero.native import gemv
-
-        why = gemv.unavailable(self.cfg)
-        if why is None:
-            return "gemv"
+        if kernel == "auto":
+            return placed
         if kernel == "gemv":
-            raise ConfigError(f"hetero's int8 GEMVs cannot run here: {why}")
-        log.warning("decode keeps ONNX Runtime's MatMulNBits graphs: hetero's int8 GEMVs cannot run here (%s)", why)
-        return "nbits"
+            from hetero.native import gemv
+
+            why = gemv.unavailable(self.cfg)
+            if why is not None:
+                raise ConfigError(f"hetero's int8 GEMVs cannot run here: {why}")
+        return kernel
 
     def _gemv_weights(self) -> GemvWeights:
         """The GEMVs' weights of the runtime's model and its plan's online transforms: one arena per runtime, shared by
@@ -321,3 +320,10 @@ class DecodeStep:
         if sel.shape[0] == 0:  # K/V only (a draft model catching up)
             return np.empty((0, self.cfg.vocab), np.float32)
         return self.head(sel)
+
+
+def step_logits(runtime: Runtime, h: np.ndarray) -> np.ndarray:
+    """The logits of hidden rows h [n, hidden] through the head of the runtime's own decode step (`DecodeStep.of`,
+    made at the first call): an INT8 runtime's LM head (`Runtime`'s head, `methods.make_runtime`), so that its prefill
+    and its decode load one head."""
+    return DecodeStep.of(runtime).logits(h)

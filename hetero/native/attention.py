@@ -37,6 +37,7 @@ import logging
 
 import numpy as np
 
+from hetero import layerspec
 from hetero.buffers import f32_address
 from hetero.config import ModelConfig
 from hetero.errors import ConfigError
@@ -66,15 +67,9 @@ def config_unsupported(cfg: ModelConfig) -> str | None:
     d = cfg.head_dim
     if d % 32 or d > MAX_HEAD:
         return f"a head size of {d} (the kernel takes multiples of 32 up to {MAX_HEAD})"
-    if cfg.rotary_dim not in (0, d):
-        return f"partial rotary ({cfg.rotary_dim} of {d} dims)"
-    if cfg.qk_norm:
-        return "QK-norm"
-    if cfg.local_rope_theta:
-        return "a local RoPE base"
     if cfg.n_heads % cfg.n_kv_heads:
         return f"{cfg.n_heads} query heads over {cfg.n_kv_heads} KV heads (not a divisor)"
-    return None
+    return layerspec.lacks(layerspec.LayerSpec.of(cfg), "BF16 attention kernel")
 
 
 def unavailable(cfg: ModelConfig) -> str | None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hetero import layerspec
 from hetero.config import ModelConfig
 from hetero.errors import ConfigError
 from hetero.native.build import Kernel
@@ -61,10 +62,9 @@ def part_fn() -> int:
 
 def config_unsupported(cfg: ModelConfig) -> str | None:
     """What of `cfg`'s layers the kernels do not compute (None: every layer's linears and the head)."""
-    if cfg.act != "silu":
-        return f"the activation {cfg.act!r} (the kernels compute SiLU)"
-    if cfg.post_norms:
-        return "norms after the attention and FFN blocks"
+    lacks = layerspec.lacks(layerspec.LayerSpec.of(cfg), "decode GEMV step")
+    if lacks:
+        return lacks
     if any(d % 4 for d in (cfg.hidden, cfg.q_dim, cfg.ffn)):
         return f"a width not a multiple of 4 (hidden {cfg.hidden}, q {cfg.q_dim}, ffn {cfg.ffn})"
     return None

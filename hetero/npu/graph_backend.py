@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hetero import buffers
+from hetero import buffers, layerspec
 from hetero.attention import row_twice
 from hetero.chunking import check_chunk
 from hetero.errors import ConfigError
@@ -144,8 +144,9 @@ def native_ops_why(cfg, online: dict[str, int], attention, mode: bool | None) ->
         return False, "ONNX Runtime nodes, as asked"
     from hetero.native import ort_ops
 
+    lacks = layerspec.lacks(layerspec.LayerSpec.of(cfg), "native glue ops")
     needs = ("the halves around the BF16 attention kernel" if attention is None else
-             f"SiLU, not {cfg.act}" if cfg.act != "silu" else
+             f"a layer without {lacks}" if lacks else
              f"a rotated plan's {ort_ops.BLOCK}-block online Hadamard at down_in"
              if online.get("down_in") != ort_ops.BLOCK else None)
     why = f"it needs {needs}" if needs else ort_ops.unavailable()

@@ -25,11 +25,11 @@ import platform
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from hetero.errors import ConfigError
 from hetero.paths import atomic_path, user_profiles_dir
-from hetero.runtime import DecodePlacement
+from hetero.hostplan import DecodePlacement, PrefillLayout
 
 if TYPE_CHECKING:
     from hetero.torch_backends import LayerBackend
@@ -98,16 +98,21 @@ def place(cfg, budget_bytes: int | None) -> Placement:
 
 
 def decode_placement(backend: LayerBackend) -> DecodePlacement:
-    """Where the decode steps of a runtime over `backend` (its prefill's layer ops) run: on the CPU, as in
-    mllm-NPU (`DecodePlacement`). A prefill lane on an NPU provider (QNN HTP; on x86-64 its simulator) hands
-    decode to the INT8 graphs of the same plan on the ONNX Runtime CPU EP (`NpuBackend.at_chunk`); the CPU EP
-    stand-in decodes on its own graphs; float layers in torch."""
+    """Where the decode steps of a runtime over `backend` (its prefill's layer ops) run (`decode_placement_of`)."""
+    plan = getattr(backend, "plan", None)
+    return decode_placement_of(backend.cfg if plan is not None else None, getattr(backend, "provider", None),
+                               getattr(plan, "weight_form", None), getattr(backend, "name", "torch"))
+
+
+def decode_placement_of(cfg, provider, weight_form: str | None, name: str = "torch") -> DecodePlacement:
+    """Where the decode steps of a runtime run: on the CPU, as in mllm-NPU (`DecodePlacement`). A prefill lane on an
+    NPU `provider` (QNN HTP; on x86-64 its simulator) hands decode to the INT8 graphs of the same plan (its weights in
+    `weight_form`) on the ONNX Runtime CPU EP (`NpuBackend.at_chunk`); the CPU EP stand-in decodes on its own graphs;
+    float layers (provider None, called `name`) in torch. Decided at the edge (`methods.host_plan`), before any graph
+    is made."""
     from hetero.npu.isa import cpu_form_for
 
-    provider = getattr(backend, "provider", None)
-    plan = getattr(backend, "plan", None)
-    if provider is None or plan is None:
-        name = getattr(backend, "name", "torch")
+    if provider is None or weight_form is None:
         return DecodePlacement("cpu", "torch", f"the prefill's {name} layers in torch, on the CPU already")
     from hetero.npu.nbits import DEFAULT_FORM, NBITS_ROWS
 
@@ -117,33 +122,20 @@ def decode_placement(backend: LayerBackend) -> DecodePlacement:
     # hetero's own int8 GEMVs in the same form where this CPU has AVX-512 VNNI (`native.gemv`), else the graphs
     from hetero.native import gemv
 
-    why = gemv.unavailable(backend.cfg, build=False)
+    why = gemv.unavailable(cfg, build=False)
     form = gemv.describe() if why is None else f"{DEFAULT_FORM.describe()} (not hetero's int8 GEMVs: {why})"
     small = {"small_rows": NBITS_ROWS, "small_form": form, "small_kernel": "gemv" if why is None else "nbits"}
     if provider.device == "cpu":
         return DecodePlacement("cpu", provider.name, f"the NPU lane is this CPU EP, so its own INT8 graphs at "
-                                                     f"decode sizes (weight form {plan.weight_form})", **small)
+                                                     f"decode sizes (weight form {weight_form})", **small)
     where = " (the HTP simulator)" if provider.name.startswith("qnn") and platform.machine() == "x86_64" else ""
     return DecodePlacement("cpu", "ort-cpu", f"the prefill's NPU lane is {provider.name}{where} and a decode step is "
-                           f"memory-bound, so the same plan's INT8 graphs on the CPU EP, its {plan.weight_form} "
-                           f"weights in this CPU's exact form {cpu_form_for(plan.weight_form)}", **small)
+                           f"memory-bound, so the same plan's INT8 graphs on the CPU EP, its {weight_form} "
+                           f"weights in this CPU's exact form {cpu_form_for(weight_form)}", **small)
 
 
 LAYOUTS = ("layers", "lanes")
 LAYOUT_VERSION = 1
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillLayout:
-    """How a runtime's prefill runs on this host (module docstring): "layers" (a graph per layer, attention and
-    shadows inside; chunks alternate between two lanes, `sched.wavefront`) or "lanes" (§3.4's subgraphs on the NPU
-    and CPU lanes, out of order)."""
-
-    mode: Literal["layers", "lanes"]
-    reason: str
-
-    def describe(self) -> str:
-        return f"prefill as {self.mode}: {self.reason}"
 
 
 def layout_path(host: str | None = None) -> Path:

@@ -8,12 +8,12 @@ import pytest
 import numpy as np
 import torch
 
-from hetero.chunking import plan_chunks
+from hetero.chunking import OVERSIZE, ChunkRule, balanced_chunks, lane_chunk, plan_chunks
 from hetero.errors import ConfigError
 from hetero.nodes import reads_kv
 from hetero.npu.nodes import HALF_PLACEMENT, KINDS, LAYER_PLACEMENT
 from hetero.schedule import check_schedule
-from hetero.sched.wavefront import OVERSIZE, WavefrontExecutor, balanced_chunks, lane_chunk
+from hetero.sched.wavefront import WavefrontExecutor
 
 LAYER_READS_KV = reads_kv(LAYER_PLACEMENT, KINDS)  # the whole layer reads the K/V earlier chunks wrote
 
@@ -120,7 +120,8 @@ def test_a_fused_prefill_on_two_lanes_equals_the_one_in_program_order() -> None:
     plan = tiny_plan(tiny, SHADOWS, scale=0.03)
     be = NpuBackend(tiny, plan, 32, options=GraphOptions(fused=True, intra_op_threads=1))
     ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(0))
-    lanes = Runtime(tiny, chunk=32, backend=be, executor=WavefrontExecutor(tiny.config.n_layers, LAYER_PLACEMENT))
+    lanes = Runtime(tiny, chunk=ChunkRule(32, lanes=2), backend=be,
+                    executor=WavefrontExecutor(tiny.config.n_layers, LAYER_PLACEMENT))
     got = lanes.prefill(ids)
     assert got.schedule.policy == "wavefront" and got.schedule.dag.n_chunks == 4  # 70 tokens at C <= 32: 18 + 18 + 18 + 16
     check_schedule(got.schedule)
@@ -132,9 +133,10 @@ def test_a_fused_prefill_on_two_lanes_equals_the_one_in_program_order() -> None:
     assert np.array_equal(got.cache.v[:, :, :70], want.cache.v[:, :, :70])
     more = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1))  # the next turn, on the cache
     assert np.array_equal(lanes.prefill(more, got.cache).logits, order.prefill(more, want.cache).logits)
-    # chunks of equal work, the first longer than C (the runtime's buffers grow to it): the same answer, other sums
-    balanced = Runtime(tiny, chunk=16, backend=be, executor=WavefrontExecutor(tiny.config.n_layers, LAYER_PLACEMENT,
-                                                                              attention_per_key=0.02))
+    # chunks of equal work, the first longer than C (up to the rule's 1.5·C rows, which its buffers hold): the same
+    # answer, other sums
+    balanced = Runtime(tiny, chunk=ChunkRule(16, lanes=2, per_key=0.02), backend=be,
+                       executor=WavefrontExecutor(tiny.config.n_layers, LAYER_PLACEMENT))
     got = balanced.prefill(ids)
     sizes = [c.n_valid for c in balanced.plan(ids).chunks]
     assert sizes[0] > 16 and sizes == sorted(sizes, reverse=True) and sum(sizes) == 70
@@ -171,8 +173,9 @@ def test_a_prefill_in_halves_equals_the_whole_layers() -> None:
     be = NpuBackend(tiny, tiny_plan(tiny, None, scale=0.03), 32,
                     options=GraphOptions(fused=True, intra_op_threads=1, attention="bf16"))
     ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(0))
-    halves = Runtime(tiny, chunk=32, backend=be, executor=WavefrontExecutor(tiny.config.n_layers, HALF_PLACEMENT))
-    whole = Runtime(tiny, chunk=32, backend=be, executor=WavefrontExecutor(tiny.config.n_layers, LAYER_PLACEMENT)).prefill(ids)
+    rule = ChunkRule(32, lanes=2)  # the wavefront's chunks: every lane has one
+    halves = Runtime(tiny, chunk=rule, backend=be, executor=WavefrontExecutor(tiny.config.n_layers, HALF_PLACEMENT))
+    whole = Runtime(tiny, chunk=rule, backend=be, executor=WavefrontExecutor(tiny.config.n_layers, LAYER_PLACEMENT)).prefill(ids)
     serial = Runtime(tiny, chunk=lane_chunk(70, 32, 2), backend=be,
                      executor=SerialExecutor(tiny.config.n_layers, LAYER_PLACEMENT)).prefill(ids)
     for _ in range(8):  # two chunks' o→FFN of one layer may run at once, each on its lane's binding (`Graph.binding`)
