@@ -31,10 +31,10 @@ from filelock import Timeout
 
 from hetero.config import ModelConfig, f32, longrope
 from hetero.errors import ModelFormatError
-from hetero.tensorfile import map_tensors
+from hetero.tensorfile import LazyTensors, map_tensors, write_tensors
 from hetero.weights import LayerWeights, Weights, weight_arrays
 from hetero.paths import (atomic_path, cache_dir, cache_unwritable, entry_lock, file_fingerprint, file_record,
-                          remove_stale_temps, verify_files, write_error)
+                          remove_stale_temps, verify_files)
 
 if TYPE_CHECKING:
     import torch
@@ -196,29 +196,42 @@ def _load_gguf(p: Path, damaged: bool = False) -> Model:
     model = None if damaged else _load_cached(entry, p, fp, repair=False)  # the common case: no lock taken
     if model is not None:
         return model
-    # read before anything is created or locked: a GGUF that fails leaves nothing behind (two cold
-    # processes may both read it; only one writes the entry)
+    # the metadata and tokenizer are read first; the weights are read one tensor at a time into the entry's file
+    # (a model's float32 weights never all in memory: 4.7 GB at 1B width), which the model then maps. A GGUF that
+    # fails leaves nothing behind (two cold processes may both read its metadata; only one writes the entry).
     t0 = time.perf_counter()
     print(f"hetero: reading {p.name} once (dequantizing, building the tokenizer); cached in {entry}", file=sys.stderr)
-    cfg, weights, hf_tokenizer, synthetic = _read_gguf(p)
-    model = Model(cfg, weights, _wrap(hf_tokenizer), p, fp, p.stem, synthetic=synthetic)
+    cfg, tensors, hf_tokenizer, synthetic = _read_gguf(p)
+
+    def in_memory() -> Model:  # a cache that cannot be written: the weights are read for this process only
+        weights = weights_of(cfg, tensors.arrays())
+        _check_shapes(cfg, weights, p)
+        return Model(cfg, weights, _wrap(hf_tokenizer), p, fp, p.stem, synthetic=synthetic)
+
     try:
         lock = entry_lock(entry)
         lock.acquire(timeout=900)
     except (OSError, Timeout) as e:  # a read-only cache: read the GGUF every time
         cache_unwritable(entry.parent, e)
-        return model
+        return in_memory()
     try:
         cached = _load_cached(entry, p, fp, repair=True)  # another process may have written it meanwhile
         if cached is not None:
             return cached
         remove_stale_temps(entry)  # of writers killed mid-way
         try:
-            _save_cache(entry, cfg, weights, hf_tokenizer, synthetic)
+            _save_cache(entry, cfg, tensors, hf_tokenizer, synthetic)
+        except ModelFormatError:  # a tensor the GGUF cannot give (damaged, a shape the config does not imply)
+            discard_entry(entry)
+            raise
         except OSError as e:  # full disk: no partial entry stays
             discard_entry(entry)
             cache_unwritable(entry.parent, e)
+            return in_memory()
         log.info("read %s in %.1f s (cached as %s)", p, time.perf_counter() - t0, entry)
+        model = _load_cached(entry, p, fp, repair=False)  # its weights map the file just written
+        if model is None:
+            raise ModelFormatError(f"model cache entry {entry} does not read back right after it was written")
         return model
     finally:
         lock.release()
@@ -253,7 +266,9 @@ def _reader(gguf: Any, p: Path) -> Any:
     return PlainReader(str(p))
 
 
-def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any, str | None]:
+def _read_gguf(p: Path) -> tuple[ModelConfig, LazyTensors, Any, str | None]:
+    """The config, float weights (by cache name, each dequantized when it is made), tokenizer (transformers') and
+    synthetic marker of GGUF file `p`; ModelFormatError for what hetero does not compute or a damaged file."""
     import gguf
 
     try:
@@ -350,42 +365,57 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, Weights, Any, str | None]:
     )
     used_names = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
                   "rope_factors_short.weight", "rope_factors_long.weight"}  # long: past the context kept
-
-    import torch
-
-    def tensor(name: str) -> torch.Tensor:
-        t = tensors.get(name)
-        if t is None:
+    # cache name -> (GGUF tensor, rows it takes of a fused tensor (phi3: attn_qkv = q|k|v, ffn_up = gate|up))
+    sources: dict[str, tuple[str, slice | None]] = {"tok_emb": ("token_embd.weight", None),
+                                                   "norm": ("output_norm.weight", None)}
+    if not cfg.tie_embeddings:
+        sources["lm_head"] = ("output.weight", None)
+    for i in range(cfg.n_layers):
+        for f in fields_used(cfg):
+            sources[f"layers.{i}.{f}"] = (f"blk.{i}.{_GGUF_NAMES[f]}", None)
+        if arch == "phi3":
+            q, kv, ffn = cfg.q_dim, cfg.kv_dim, cfg.ffn
+            for f, rows in (("wq", slice(0, q)), ("wk", slice(q, q + kv)), ("wv", slice(q + kv, q + 2 * kv))):
+                sources[f"layers.{i}.{f}"] = (f"blk.{i}.attn_qkv.weight", rows)
+            for f, rows in (("w_gate", slice(0, ffn)), ("w_up", slice(ffn, 2 * ffn))):
+                sources[f"layers.{i}.{f}"] = (f"blk.{i}.ffn_up.weight", rows)
+    for name, _ in sources.values():
+        if name not in tensors:
             raise ModelFormatError(f"{p} lacks the tensor {name!r}")
         used_names.add(name)
-        try:
-            arr = gguf.quants.dequantize(t.data, t.tensor_type)
-        except Exception as e:
-            raise ModelFormatError(f"{p}: cannot dequantize {name} ({t.tensor_type.name}): {e}") from e
-        return torch.from_numpy(np.array(arr, dtype=np.float32))  # a writable copy
-
-    layers = []
-    for i in range(cfg.n_layers):
-        fused: dict[str, torch.Tensor] = {}
-        if arch == "phi3":  # fused as in HF: attn_qkv = q|k|v rows, ffn_up = gate|up rows
-            fused["wq"], fused["wk"], fused["wv"] = (t.contiguous() for t in tensor(f"blk.{i}.attn_qkv.weight").split(
-                [cfg.q_dim, cfg.kv_dim, cfg.kv_dim]))
-            gate_up = tensor(f"blk.{i}.ffn_up.weight").split([cfg.ffn, cfg.ffn])
-            fused["w_gate"], fused["w_up"] = (t.contiguous() for t in gate_up)
-        fields: dict[str, torch.Tensor | None] = {f: fused[f] if f in fused else tensor(f"blk.{i}.{_GGUF_NAMES[f]}")
-                                                  for f in fields_used(cfg)}
-        if arch in ("llama", "mistral"):  # llama.cpp's converter permutes Q/K of Llama-style models only
-            fields["wq"] = _unpermute(fields["wq"], cfg.n_heads)
-            fields["wk"] = _unpermute(fields["wk"], cfg.n_kv_heads)
-        layers.append(LayerWeights(**fields))
     unused = sorted(set(tensors) - used_names)
     if unused:  # a tensor the layer would not read changes the math in llama.cpp: refuse, never drop it
         raise ModelFormatError(f"{p}: tensor {unused[0]!r} is not supported (hetero's {arch} layer has no use for it)")
-    tok_emb = tensor("token_embd.weight")
-    lm_head = tok_emb if cfg.tie_embeddings else tensor("output.weight")
-    weights = Weights(tok_emb, layers, tensor("output_norm.weight"), lm_head, cfg.embed_scale)
-    _check_shapes(cfg, weights, p)
-    return (cfg, weights, _gguf_tokenizer(p, arch, get("general.name", "")) if tokens is not None else None,
+    fused: dict[str, np.ndarray] = {}  # the last fused tensor read: its parts are made one after another
+
+    def dequantized(name: str) -> np.ndarray:
+        if name in fused:
+            return fused[name]
+        t = tensors[name]
+        try:
+            arr = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type))
+        except Exception as e:
+            raise ModelFormatError(f"{p}: cannot dequantize {name} ({t.tensor_type.name}): {e}") from e
+        if name.endswith(("attn_qkv.weight", "ffn_up.weight")) and arch == "phi3":
+            fused.clear()
+            fused[name] = arr
+        return arr
+
+    def make(key: str) -> np.ndarray:
+        name, rows = sources[key]
+        arr = dequantized(name)
+        if rows is not None:
+            arr = arr[rows]
+        if arch in ("llama", "mistral") and key.endswith((".wq", ".wk")):  # llama.cpp's converter permutes Q/K
+            arr = _unpermute(arr, cfg.n_heads if key.endswith(".wq") else cfg.n_kv_heads)  # of Llama-style models
+        # a writable float32 copy (the file's mapping is read-only), contiguous
+        arr = np.array(arr, dtype=np.float32) if arr.dtype != np.float32 or not arr.flags.writeable else arr
+        check_tensor(key, arr, shapes[key], p)
+        return np.ascontiguousarray(arr)
+
+    shapes = expected_shapes(cfg)
+    return (cfg, LazyTensors(shapes, make),
+            _gguf_tokenizer(p, arch, get("general.name", "")) if tokens is not None else None,
             synthetic_of(get("hetero.synthetic"), p))
 
 
@@ -395,10 +425,10 @@ def permute(w: Any, n_head: int) -> Any:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's Q/K row permutation (interleaved rotary pairs → rotate-half halves)."""
     out = w.shape[0]
-    return w.reshape(n_head, out // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape).contiguous()
+    return np.ascontiguousarray(w.reshape(n_head, out // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
 
 
 def _wrap(hf_tokenizer: Any) -> Any:
@@ -519,36 +549,46 @@ def _dir_fingerprint(files: list[Path]) -> str:
     return hashlib.sha256("".join(file_fingerprint(f) for f in files).encode()).hexdigest()[:16]
 
 
-def _check_shapes(cfg: ModelConfig, w: Weights, p: Path) -> None:
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shape `cfg` implies for each float weight a model of it has, by its cache name (`Model.arrays`'s
+    names; "lm_head" only when untied)."""
     d, q, kv, hd = cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.head_dim
-    expected = {"wq": (q, d), "wk": (kv, d), "wv": (kv, d), "wo": (d, q), "w_gate": (cfg.ffn, d),
-                "w_up": (cfg.ffn, d), "w_down": (d, cfg.ffn), "attn_norm": (d,), "ffn_norm": (d,),
-                "bq": (q,), "bk": (kv,), "bv": (kv,), "bo": (d,), "b_gate": (cfg.ffn,), "b_up": (cfg.ffn,),
-                "b_down": (d,), "q_norm": (hd,), "k_norm": (hd,), "post_attn_norm": (d,), "post_ffn_norm": (d,)}
-    used = fields_used(cfg)
-    for i, lw in enumerate(w.layers):
-        for name in used:
-            shape = expected[name]
-            got = tuple(getattr(lw, name).shape)
-            if got != shape:
-                raise ModelFormatError(f"{p}: layer {i} {name} has shape {got}, config implies {shape}")
-    if tuple(w.tok_emb.shape) != (cfg.vocab, d):
-        raise ModelFormatError(f"{p}: token embedding has shape {tuple(w.tok_emb.shape)}, config implies {(cfg.vocab, d)}")
-    if tuple(w.lm_head.shape) != (cfg.vocab, d):
-        raise ModelFormatError(f"{p}: LM head has shape {tuple(w.lm_head.shape)}, config implies {(cfg.vocab, d)}")
-    check_finite(w, p)
+    layer = {"wq": (q, d), "wk": (kv, d), "wv": (kv, d), "wo": (d, q), "w_gate": (cfg.ffn, d),
+             "w_up": (cfg.ffn, d), "w_down": (d, cfg.ffn), "attn_norm": (d,), "ffn_norm": (d,),
+             "bq": (q,), "bk": (kv,), "bv": (kv,), "bo": (d,), "b_gate": (cfg.ffn,), "b_up": (cfg.ffn,),
+             "b_down": (d,), "q_norm": (hd,), "k_norm": (hd,), "post_attn_norm": (d,), "post_ffn_norm": (d,)}
+    out = {"tok_emb": (cfg.vocab, d), "norm": (d,)}
+    if not cfg.tie_embeddings:
+        out["lm_head"] = (cfg.vocab, d)
+    out.update({f"layers.{i}.{f}": layer[f] for i in range(cfg.n_layers) for f in fields_used(cfg)})
+    return out
+
+
+_LABELS = {"tok_emb": "token embedding", "norm": "output norm", "lm_head": "LM head"}
+
+
+def check_tensor(name: str, a: np.ndarray, shape: tuple[int, ...], source: object) -> None:
+    """ModelFormatError when float weight `name` (a cache name) has another shape than its config implies or holds
+    a NaN or an infinity: such weights would decode garbage (or divide by zero deep in attention) instead of
+    failing here."""
+    label = _LABELS.get(name) or " ".join(name.split(".")).replace("layers ", "layer ")
+    if tuple(a.shape) != tuple(shape):
+        raise ModelFormatError(f"{source}: {label} has shape {tuple(a.shape)}, config implies {tuple(shape)}")
+    if not np.isfinite(a).all():
+        raise ModelFormatError(f"{source}: {label} holds NaN or infinite values (a corrupt model file)")
+
+
+def _check_shapes(cfg: ModelConfig, w: Weights, p: Path) -> None:
+    arrays = weight_arrays(w)
+    for name, shape in expected_shapes(cfg).items():
+        check_tensor(name, arrays[name], shape, p)
+    check_tensor("lm_head", arrays["lm_head"], (cfg.vocab, cfg.hidden), p)
 
 
 def check_finite(w: Weights, source: object) -> None:
-    """ModelFormatError naming the first tensor holding a NaN or an infinity: such weights would decode
-    garbage (or divide by zero deep in attention) instead of failing here."""
-    named = [("token embedding", w.tok_emb), ("output norm", w.norm), ("lm_head", w.lm_head)]
-    named += [(f"layer {i} {f}", getattr(lw, f)) for i, lw in enumerate(w.layers) for f in _LAYER_FIELDS]
-    import torch
-
-    for name, t in named:
-        if t is not None and not bool(torch.isfinite(t).all()):
-            raise ModelFormatError(f"{source}: {name} holds NaN or infinite values (a corrupt model file)")
+    """ModelFormatError naming the first tensor holding a NaN or an infinity (`check_tensor`)."""
+    for name, a in weight_arrays(w).items():
+        check_tensor(name, a, a.shape, source)
 
 
 # -------------------------------------------------------------------------------------------- cache
@@ -558,30 +598,19 @@ def _config_sha(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
-def _save_cache(entry: Path, cfg: ModelConfig, w: Weights, tokenizer: Any, synthetic: str | None = None) -> None:
+def _save_cache(entry: Path, cfg: ModelConfig, tensors: LazyTensors, tokenizer: Any, synthetic: str | None = None
+                ) -> None:
     """Write the entry (hold its lock): meta.json goes first away and comes back last, with a record of
-    every file, so a reader sees a complete entry or none. `tokenizer`: transformers' (None: the model has none);
+    every file, so a reader sees a complete entry or none. `tensors`: the float weights by their cache names, made
+    and written one at a time (`tensorfile.write_tensors`); `tokenizer`: transformers' (None: the model has none);
     `synthetic`: the GGUF's synthetic-weights marker (`Model.synthetic`), kept for warm loads."""
-    from safetensors.torch import save_file
-
-    state = {"tok_emb": w.tok_emb, "norm": w.norm}
-    if not cfg.tie_embeddings:
-        state["lm_head"] = w.lm_head
-    for i, lw in enumerate(w.layers):
-        for f in _LAYER_FIELDS:
-            t = getattr(lw, f)
-            if t is not None:
-                state[f"layers.{i}.{f}"] = t
     entry.mkdir(parents=True, exist_ok=True)
     (entry / "meta.json").unlink(missing_ok=True)
     shutil.rmtree(entry / "tokenizer", ignore_errors=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(entry / "tokenizer"))
     with atomic_path(entry / "weights.safetensors") as tmp:
-        try:
-            save_file(state, str(tmp))
-        except Exception as e:  # safetensors reports a full disk as SafetensorError
-            raise write_error(e) from e
+        write_tensors(tensors, tmp)
     names = ["weights.safetensors"] + sorted(str(q.relative_to(entry)) for q in (entry / "tokenizer").rglob("*")
                                              if q.is_file())
     config = cfg.to_dict()

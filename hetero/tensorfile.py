@@ -4,14 +4,16 @@ safetensors' own numpy API copies every tensor out of its mapping (85 ms for the
 651 MB for a rotated model's float weights); its torch API maps them, but importing torch is most of a warm
 start's time. The format is an 8-byte header length, a JSON header naming each tensor's dtype,
 shape and byte span, then the bytes (https://huggingface.co/docs/safetensors): this reads that header and
-views the spans. Files are written with `safetensors.numpy.save_file` (or its torch twin); tests check this
-reader against the library's.
+views the spans. Files are written with `safetensors.numpy.save_file` (or its torch twin), or, where set-up
+makes float weights one at a time, with `write_tensors` (the same bytes); tests check both against the library.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,3 +48,51 @@ def map_tensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]
     except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
         raise ModelFormatError(f"{p} is not a readable safetensors file ({type(e).__name__}: {e})") from e
     return out, meta
+
+
+_ALIGN = 8  # safetensors pads its header with spaces to a multiple of 8 bytes
+
+
+@dataclass(frozen=True)
+class LazyTensors:
+    """Float32 tensors made one at a time (`make(name)`), by name with their shapes: what set-up writes to a
+    safetensors file (`write_tensors`) without holding them all in memory; at 1B width a model's float32
+    weights are 4.7 GB, and a writer of a dict of them holds that twice (the library serializes to bytes)."""
+
+    shapes: dict[str, tuple[int, ...]]
+    make: Callable[[str], np.ndarray]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every tensor in memory (where there is no file to write them to: a read-only cache)."""
+        return {name: self.made(name) for name in self.shapes}
+
+    def made(self, name: str) -> np.ndarray:
+        """Tensor `name` as a contiguous float32 array; ModelFormatError when `make` gives another shape or dtype
+        than its header entry says (the file would not read back)."""
+        a = np.asarray(self.make(name))
+        a = a if a.flags.c_contiguous else a.copy(order="C")
+        if a.dtype != np.float32 or a.shape != tuple(self.shapes[name]):
+            raise ModelFormatError(f"{name} has shape {a.shape} ({a.dtype}), the file's header says "
+                                   f"{tuple(self.shapes[name])} (float32)")
+        return a
+
+
+def write_tensors(tensors: LazyTensors, path: str | Path) -> None:
+    """Write `tensors` as safetensors file `path`, one tensor in memory at a time: the bytes
+    `safetensors.numpy.save_file` writes for the same tensors (its header: compact JSON in name order for one
+    dtype, spaces to a multiple of 8; the data in that order), so a cache entry's content does not depend on
+    which wrote it."""
+    names = sorted(tensors.shapes)
+    header, offset = {}, 0
+    for name in names:
+        shape = [int(d) for d in tensors.shapes[name]]
+        size = 4 * int(np.prod(shape, dtype=np.int64))
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % _ALIGN)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for name in names:
+            f.write(tensors.made(name).reshape(-1).view(np.uint8))  # no bytes copy of the tensor

@@ -63,3 +63,37 @@ def test_a_cached_models_arrays_are_its_weights_without_torch(default_model) -> 
     assert np.shares_memory(arrays["tok_emb"], w.tok_emb.numpy())
     assert np.array_equal(arrays["layers.3.wq"], w.layers[3].wq.numpy())
     assert w.lm_head is w.tok_emb  # tied: one tensor
+
+
+def test_write_tensors_writes_the_librarys_bytes_one_tensor_at_a_time(tmp_path) -> None:
+    import gc
+    import weakref
+
+    from hetero.tensorfile import LazyTensors, write_tensors
+
+    rng = np.random.default_rng(1)
+    arrays = {"layers.10.wq": rng.standard_normal((3, 5), dtype=np.float32), "layers.2.bo": rng.standard_normal(7,
+              dtype=np.float32), "tok_emb": rng.standard_normal((4, 2), dtype=np.float32),
+              "s": np.array(1.5, np.float32), "empty": np.zeros((0, 3), np.float32)}
+    alive: list[weakref.ref] = []
+
+    def make(name: str) -> np.ndarray:  # a fresh copy each time: the writer must have let go of the last one
+        gc.collect()
+        assert sum(r() is not None for r in alive) == 0
+        a = arrays[name].copy()
+        alive.append(weakref.ref(a))
+        return a
+
+    save_file(arrays, str(tmp_path / "lib.safetensors"))
+    write_tensors(LazyTensors({k: v.shape for k, v in arrays.items()}, make), tmp_path / "ours.safetensors")
+    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "lib.safetensors").read_bytes()
+    assert len(alive) == len(arrays)
+
+
+def test_write_tensors_refuses_a_tensor_unlike_its_header(tmp_path) -> None:
+    from hetero.tensorfile import LazyTensors, write_tensors
+
+    with pytest.raises(ModelFormatError, match=r"w has shape \(2, 3\) \(float32\), the file's header says \(3, 2\)"):
+        write_tensors(LazyTensors({"w": (3, 2)}, lambda name: np.zeros((2, 3), np.float32)), tmp_path / "a.st")
+    with pytest.raises(ModelFormatError, match=r"float64"):
+        write_tensors(LazyTensors({"w": (3,)}, lambda name: np.zeros(3)), tmp_path / "a.st")

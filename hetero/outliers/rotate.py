@@ -29,7 +29,7 @@ import numpy as np
 
 from hetero.errors import ConfigError
 from hetero.paths import cache_dir, cached
-from hetero.tensorfile import map_tensors
+from hetero.tensorfile import LazyTensors, map_tensors, write_tensors
 
 if TYPE_CHECKING:
     import torch
@@ -107,43 +107,64 @@ def _hadamard_as(n: int, dtype: torch.dtype) -> torch.Tensor:
 def rotate_weights(cfg, w, seed: int = 0):
     """Weights of the rotated model (same architecture, RMSNorm scales 1): its float output equals `w`'s.
     A site-rotated model (`site_rotated`) keeps `w`: the online transforms of `online_sites` rotate its sites."""
-    import torch
+    from hetero.loader import weights_of
+    from hetero.weights import weight_arrays
 
     if site_rotated(cfg):
         return w
-    q = residual_rotation(cfg.hidden, seed).float()
-
-    def read(m: torch.Tensor, g: torch.Tensor) -> torch.Tensor:  # W·diag(g)·Q
-        return (m * g) @ q
-
-    def write(m: torch.Tensor) -> torch.Tensor:  # Qᵀ·W
-        return q.T @ m
-
-    def ones() -> torch.Tensor:  # one tensor each (safetensors stores no shared tensors)
-        return torch.ones(cfg.hidden)
-
-    layers = [dataclasses.replace(
-        lw, attn_norm=ones(), ffn_norm=ones(),
-        wq=read(lw.wq, lw.attn_norm), wk=read(lw.wk, lw.attn_norm), wv=read(lw.wv, lw.attn_norm),
-        wo=write(lw.wo), w_gate=read(lw.w_gate, lw.ffn_norm), w_up=read(lw.w_up, lw.ffn_norm), w_down=write(lw.w_down),
-        # biases of the linears writing the residual stream are rotated with it (those reading it are not)
-        bo=None if lw.bo is None else lw.bo @ q, b_down=None if lw.b_down is None else lw.b_down @ q,
-    ) for lw in w.layers]
-    return dataclasses.replace(w, tok_emb=w.tok_emb @ q, layers=layers, norm=ones(), lm_head=read(w.lm_head, w.norm))
+    kept = {k: v for k, v in weight_arrays(w).items() if k.startswith("layers.") and not _stored(k)}
+    return weights_of(cfg, rotated_tensors(cfg, w, seed).arrays() | kept)
 
 
 _FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down", "bq", "bk", "bv", "bo", "b_down")
+_READ = {"wq": "attn_norm", "wk": "attn_norm", "wv": "attn_norm", "w_gate": "ffn_norm", "w_up": "ffn_norm"}  # → norm
+
+
+def rotated_tensors(cfg, w, seed: int = 0, source: object = "the rotated copy") -> LazyTensors:
+    """The tensors rotation changes (`_stored`), each made from `w` when it is asked for, so that the rotated copy
+    is written one tensor at a time (at 1B width it is 6 GB of float32): embedding E·Q; readers (q/k/v, gate/up,
+    lm_head) W·diag(g)·Q; writers (o, down, and their biases) Qᵀ·W; the folded norms 1. A weight the rotation has
+    read gives back its pages when they map the model's cache file (`loader.release_pages`). ModelFormatError
+    naming a tensor that comes out with a NaN or an infinity."""
+    import torch
+
+    from hetero.loader import check_tensor, release_pages
+    from hetero.weights import weight_arrays
+
+    q = residual_rotation(cfg.hidden, seed).float()
+    shapes = {k: tuple(v.shape) for k, v in weight_arrays(w).items() if _stored(k)}
+
+    def make(name: str) -> np.ndarray:
+        field = name.split(".")[-1]
+        lw = w.layers[int(name.split(".")[1])] if name.startswith("layers.") else None
+        src = w.tok_emb if name == "tok_emb" else w.lm_head if name == "lm_head" else getattr(lw, field, None)
+        with torch.inference_mode():
+            if field in ("norm", "attn_norm", "ffn_norm"):  # one tensor each (safetensors stores no shared tensors)
+                out = torch.ones(cfg.hidden)
+            elif name == "tok_emb":
+                out = w.tok_emb @ q
+            elif name == "lm_head":
+                out = (w.lm_head * w.norm) @ q
+            elif field in _READ:  # W·diag(g)·Q
+                out = (src * getattr(lw, _READ[field])) @ q
+            elif field in ("wo", "w_down"):  # Qᵀ·W
+                out = q.T @ src
+            elif field in ("bo", "b_down"):  # biases of the linears writing the residual stream rotate with it
+                out = src @ q
+            else:  # those reading it do not
+                out = src
+            a = out.numpy()
+        check_tensor(name, a, a.shape, source)
+        if src is not None and out is not src:
+            release_pages(src)
+        return a
+
+    return LazyTensors(shapes, make)
 
 
 def _stored(name: str) -> bool:
     """Whether the rotated weights' file holds array `name` (`Model.arrays`'s names): what rotation changes."""
     return name in ("tok_emb", "norm", "lm_head") or name.split(".")[-1] in _FIELDS
-
-
-def _save(arrays: dict[str, np.ndarray], path: Path) -> None:
-    from safetensors.numpy import save_file
-
-    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path))
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:
@@ -156,28 +177,33 @@ def _load(path: Path) -> dict[str, np.ndarray]:
 
 def rotate_model(model, seed: int = 0, cache: bool = True):
     """The rotated copy of a loaded `Model`, with its own fingerprint (calibrations and graphs are its own);
-    its weights are cached beside the model's (`cache_dir()/models/<fingerprint>/weights.safetensors`),
-    mapped and checked against their content record at their first use (`paths.cached`: damaged → recomputed
-    with a warning). The layer fields rotation leaves as they are (QK norms, gate/up biases) are the model's."""
-    from hetero.loader import check_finite, weights_of
-    from hetero.weights import weight_arrays
+    its weights are cached beside the model's (`cache_dir()/models/<fingerprint>/weights.safetensors`), written
+    one tensor at a time (`rotated_tensors`), mapped and checked against their content record at their first use
+    (`paths.cached`: damaged → recomputed with a warning). The layer fields rotation leaves as they are (QK norms,
+    gate/up biases) are the model's."""
+    from hetero.loader import weights_of
 
     model.config.check_quantizable("rotation")
     fp = f"{model.fingerprint}-{'site' if site_rotated(model.config) else 'rot'}{ROTATION_VERSION}s{seed}"
     if site_rotated(model.config):  # its weights are the model's (`rotate_weights`): nothing to cache
         return dataclasses.replace(model, fingerprint=fp, rotated=True)
 
-    def build() -> dict[str, np.ndarray]:
-        w = rotate_weights(model.config, model.weights, seed)
-        check_finite(w, f"the rotated copy of {model.name}")
-        return {k: v for k, v in weight_arrays(w).items() if _stored(k)}
+    def build() -> LazyTensors:
+        return rotated_tensors(model.config, model.weights, seed, f"the rotated copy of {model.name}")
 
     if not cache:
-        return model.with_weights(weights_of(model.config, build() | _kept(model)), fingerprint=fp, rotated=True)
+        return model.with_weights(weights_of(model.config, build().arrays() | _kept(model)), fingerprint=fp,
+                                  rotated=True)
 
     def arrays() -> dict[str, np.ndarray]:
-        own = cached(cache_dir() / "models" / fp, "weights.safetensors", _load, build, _save, "rotated weights")
-        return own | _kept(model)
+        def own() -> dict[str, np.ndarray] | LazyTensors:
+            return cached(cache_dir() / "models" / fp, "weights.safetensors", _load, build, write_tensors,
+                          "rotated weights")
+
+        got = own()
+        if isinstance(got, LazyTensors):  # just written: map the file (or, a cache that cannot take it, make them)
+            got = own()
+        return (got.arrays() if isinstance(got, LazyTensors) else got) | _kept(model)
 
     rotated = model.with_weights(lambda: weights_of(model.config, rotated.arrays()), arrays=arrays, fingerprint=fp,
                                  rotated=True)
