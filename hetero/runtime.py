@@ -179,8 +179,8 @@ class PrefillResult:
 
 
 class ChunkBuffers:
-    """Per-chunk activations, allocated once per runtime (grown to the most chunks a prompt needed), each of the most
-    rows a chunk of the runtime's plan holds (`ChunkRule.max_rows`).
+    """Per-chunk activations, allocated once per runtime (grown to the most chunks a prompt needed), each of C rows or
+    of a prompt's longest chunk where the runtime's chunk rule cuts longer ones (`ChunkRule.max_rows`).
 
     Chunk i owns h[i] = (a, b) [C, hidden], the residual stream ping-ponging between a and b (a backend
     reads one and writes the other), qkv[i] [C, q_dim + 2·kv_dim], of which q/k/v are views, and
@@ -189,22 +189,31 @@ class ChunkBuffers:
     `torch.from_numpy` views.
     """
 
-    def __init__(self, model: Model, rows: int):
-        self.cfg, self.rows = model.config, rows
+    def __init__(self, model: Model, rule: ChunkRule):
+        self.cfg, self.rule = model.config, rule  # (the runtime's: C is read from it, never stored here)
         self.h: list[tuple[np.ndarray, np.ndarray]] = []
         self.qkv: list[np.ndarray] = []
         self.attn: list[np.ndarray] = []
 
     def ensure(self, chunks: tuple[Chunk, ...]) -> None:
-        """Buffers for every chunk of a prefill (a ConfigError for a chunk longer than the plan's rows)."""
-        cfg, c = self.cfg, self.rows
-        longest = max(ch.rows for ch in chunks)
-        if longest > c:
-            raise ConfigError(f"a chunk of {longest} rows exceeds the {c} rows the runtime's chunk rule allows")
-        while len(self.h) < len(chunks):
-            self.h.append((buffers.empty((c, cfg.hidden)), buffers.empty((c, cfg.hidden))))
-            self.qkv.append(buffers.empty((c, cfg.q_dim + 2 * cfg.kv_dim)))
-            self.attn.append(buffers.zeros((c, cfg.q_dim)))
+        """Buffers for every chunk of a prefill, of max(C, its longest chunk) rows (only as long as needed: a short
+        prompt's first chunk is never 1.5·C); a ConfigError for a chunk longer than the rule allows."""
+        cfg, longest = self.cfg, max(ch.rows for ch in chunks)
+        if longest > self.rule.max_rows:
+            raise ConfigError(f"a chunk of {longest} rows exceeds the {self.rule.max_rows} rows the runtime's chunk "
+                              f"rule allows")
+        c = max(self.rule.chunk, longest)
+        for i in range(len(chunks)):
+            if i < len(self.h) and self.h[i][0].shape[0] >= c:
+                continue
+            h = (buffers.empty((c, cfg.hidden)), buffers.empty((c, cfg.hidden)))
+            qkv, attn = buffers.empty((c, cfg.q_dim + 2 * cfg.kv_dim)), buffers.zeros((c, cfg.q_dim))
+            if i == len(self.h):
+                self.h.append(h)
+                self.qkv.append(qkv)
+                self.attn.append(attn)
+            else:  # chunk i's buffers were shorter than this plan's longest chunk
+                self.h[i], self.qkv[i], self.attn[i] = h, qkv, attn
 
 
 class PrefillJob:
@@ -302,7 +311,7 @@ class Runtime:
             qk_norms=[(arrays[f"layers.{i}.q_norm"], arrays[f"layers.{i}.k_norm"]) for i in range(self.cfg.n_layers)]
             if self.cfg.qk_norm else None,
             pool=self.execution.ort_pool)
-        self.buffers = ChunkBuffers(model, host_plan.chunks.max_rows)  # what a lone prefill uses (first in the pool)
+        self.buffers = ChunkBuffers(model, host_plan.chunks)  # what a lone prefill uses (first in the pool)
         self._spare = [self.buffers]  # free buffer sets: a plan in flight holds one until it ends
         self._busy = threading.Lock()  # one slice of one prefill at a time (callers may be threads)
         self._owned: dict[str, Closeable] = {}
@@ -441,7 +450,7 @@ class Runtime:
             cache = self.new_cache()
         cache.reserve(plan.ids.size)
         with self._busy:
-            bufs = self._spare.pop() if self._spare else ChunkBuffers(self.model, self.host_plan.chunks.max_rows)
+            bufs = self._spare.pop() if self._spare else ChunkBuffers(self.model, self.host_plan.chunks)
         try:
             t0 = time.perf_counter()
             with self._busy, torch_threads(self.execution.lane_threads):

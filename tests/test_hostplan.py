@@ -106,7 +106,7 @@ def test_the_chunk_length_cannot_disagree(quantized):
     with pytest.raises(ConfigError, match="differs from the 16 its executor's costs were made for"):
         Runtime(quantized, chunk=32, backend=backend, executor=OutOfOrderExecutor(2, 16, "rank"))
     rt = Runtime(quantized, backend=backend, host_plan=plan)
-    assert rt.chunk == plan.chunk == 16 and rt.buffers.rows == 16  # C lives in the plan; the buffers hold its rows
+    assert rt.chunk == plan.chunk == 16 and rt.buffers.rule is plan.chunks  # C lives in the plan; the buffers read it
     given = Runtime(quantized, chunk=ChunkRule(16, lanes=2), backend=backend)
     assert isinstance(given.host_plan, HostPlan) and given.host_plan.chunks.max_rows == 24
     rt.close()
