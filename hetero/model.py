@@ -275,20 +275,23 @@ def run_layers(cfg: ModelConfig, w: Weights, ids: torch.Tensor, backend: LayerBa
     return layer_stack(cfg, w, embed(w, ids), backend)
 
 
-def layer_stack(cfg: ModelConfig, w: Weights, h: torch.Tensor, backend: LayerBackend | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def layer_stack(cfg: ModelConfig, w: Weights, h: torch.Tensor, backend: LayerBackend | None = None,
+                layers: range | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`run_layers` from the embedded prompt h [T, hidden], outside inference mode: autograd can run
-    through it (`outliers.search` takes the loss gradient at every site)."""
+    through it (`outliers.search` takes the loss gradient at every site). `layers`: only those (h is then the
+    first one's input; calibration runs a model one layer at a time over all its windows), K/V theirs."""
     t = h.shape[0]
     rope = RopeTable(cfg, t)
     if backend is not None:
         backend = on_tensors(backend)
+    layers = range(len(w.layers)) if layers is None else layers
     # one K/V buffer per layer (not views of one tensor: autograd must not see later layers write into it)
-    k_all = [torch.empty(cfg.n_kv_heads, t, cfg.head_dim) for _ in w.layers]
-    v_all = [torch.empty(cfg.n_kv_heads, t, cfg.head_dim) for _ in w.layers]
-    for layer, lw in enumerate(w.layers):
+    k_all = [torch.empty(cfg.n_kv_heads, t, cfg.head_dim) for _ in layers]
+    v_all = [torch.empty(cfg.n_kv_heads, t, cfg.head_dim) for _ in layers]
+    for j, layer in enumerate(layers):
+        lw = w.layers[layer]
         q, k, v = backend.qkv(layer, h) if backend is not None else qkv(cfg, lw, h)
-        a = attention(cfg, q, k, v, rope, k_all[layer], v_all[layer], 0, t, layer=layer, lw=lw)
+        a = attention(cfg, q, k, v, rope, k_all[j], v_all[j], 0, t, layer=layer, lw=lw)
         h = backend.o_ffn(layer, a, h) if backend is not None else o_ffn(cfg, lw, a, h)
     return h, torch.stack(k_all), torch.stack(v_all)
 

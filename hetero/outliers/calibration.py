@@ -1,15 +1,17 @@
 """Calibration (mllm-NPU §3.3, offline profiling): activation statistics of every site on real text.
 
-The float model runs over a corpus in windows, observing every site input (`model.observed`): absmax,
-median and percentiles of |x| and both tails, per-channel maxima and outlier counts per candidate
-threshold (two passes), and the |x| histogram. One versioned `.npz` beside the model's cache entry,
-written atomically, validated on load. Nothing calibrates at prefill time. Details: docs/design.md.
+The float model runs over a corpus in windows, one layer at a time over all of them, observing every site input
+(`model.observed`): absmax, median and percentiles of |x| and both tails, per-channel maxima and outlier counts per
+candidate threshold (a second pass over the layer's site inputs, kept from the first), and the |x| histogram. One
+versioned `.npz` beside the model's cache entry, written atomically, validated on load. Nothing calibrates at
+prefill time. Details: docs/design.md.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import dataclasses
 import io
 import json
 import logging
@@ -337,7 +339,7 @@ def _tail_value(hist: np.ndarray, k: float) -> float:
 
 def calibrate(model, text: str, n_tokens: int = DEFAULT_TOKENS, window: int = DEFAULT_WINDOW,
               corpus: str = "text", progress: bool = True, online: dict[str, int] | None = None) -> CalibrationStats:
-    """Run the float model over `text` (two passes, see module doc) and return the statistics.
+    """Run the float model over `text` (a layer at a time, see module doc and `_calibrate`) and return the statistics.
 
     online: site -> Hadamard block of the plan's online transforms: those sites are observed as x·T."""
     import torch
@@ -348,9 +350,18 @@ def calibrate(model, text: str, n_tokens: int = DEFAULT_TOKENS, window: int = DE
 
 def _calibrate(model, text: str, n_tokens: int, window: int, corpus: str, progress: bool,
                online: dict[str, int] | None) -> CalibrationStats:
+    """One layer at a time over every window (their hidden states between layers kept, 32 MB at 1B width): the
+    first pass's statistics of a layer's sites, then the second pass's counts over the same site inputs, kept
+    from the first (so the float layers run once, not twice); the layer's weights then give back their pages
+    (`loader.release_pages`), so calibration never holds more than a layer of the model."""
     import torch
 
     from tqdm import tqdm
+
+    from hetero import model as ref
+    from hetero.loader import release_pages
+    from hetero.model import FloatLinear, observed
+    from hetero.torch_backends import TorchBackend
 
     if model.tokenizer is None:
         raise ConfigError("calibration needs a model with a tokenizer")
@@ -358,57 +369,50 @@ def _calibrate(model, text: str, n_tokens: int, window: int, corpus: str, progre
     wins = token_windows(model.tokenizer, text, n_tokens, window)
     n_seen = sum(x.numel() for x in wins)
     dims = site_dims(cfg)
-    keys = [(l, s) for l in range(cfg.n_layers) for s in SITES]
-    pos = {k: torch.zeros(_NBINS, dtype=torch.float64) for k in keys}
-    neg = {k: torch.zeros(_NBINS, dtype=torch.float64) for k in keys}
-    chmax = {k: torch.zeros(dims[k[1]]) for k in keys}
-    n_zero = dict.fromkeys(keys, 0)
-    xmax = dict.fromkeys(keys, 0.0)  # largest x and largest -x (both tails' extremes)
-    xmin = dict.fromkeys(keys, 0.0)
-    bar = tqdm(total=2 * len(wins), desc="calibrate", unit="win", disable=not progress)
-
-    def first(layer, site, x):
-        k = (layer, site)
-        pos[k] += _hist(x)
-        neg[k] += _hist(-x)
-        n_zero[k] += int((x == 0).sum())
-        chmax[k] = torch.maximum(chmax[k], x.abs().amax(0))
-        xmax[k] = max(xmax[k], float(x.max()))
-        xmin[k] = min(xmin[k], float(x.min()))
-
-    def transformed(observe):
-        return lambda layer, site, x: observe(layer, site, block_hadamard(x, online[site]) if site in online else x)
-
     online = online or {}
-    for ids in wins:
-        run_sites(cfg, w, ids, transformed(first))
-        bar.update()
+    hs = [ref.embed(w, ids) for ids in wins]  # each window's input to the next layer
+    sites: dict[tuple[int, str], SiteStats] = {}
+    bar = tqdm(total=cfg.n_layers * len(wins), desc="calibrate", unit="win", disable=not progress)
+    for layer in range(cfg.n_layers):
+        pos = {s: torch.zeros(_NBINS, dtype=torch.float64) for s in SITES}
+        neg = {s: torch.zeros(_NBINS, dtype=torch.float64) for s in SITES}
+        chmax = {s: torch.zeros(dims[s]) for s in SITES}
+        n_zero = dict.fromkeys(SITES, 0)
+        xmax = dict.fromkeys(SITES, 0.0)  # largest x and largest -x (both tails' extremes)
+        xmin = dict.fromkeys(SITES, 0.0)
+        seen: dict[str, list[torch.Tensor]] = {s: [] for s in SITES}  # every window's site input, for the counts
 
-    pct: dict[tuple[int, str], dict] = {}
-    for k in keys:
-        hp, hn = pos[k].numpy(), neg[k].numpy()
-        n = hp.sum() + hn.sum() + n_zero[k]
-        ha = hp + hn
-        absmax = float(chmax[k].max())
-        pa = tuple(absmax if p >= 100 else _tail_value(ha, n * (1 - p / 100)) for p in PERCENTILES)
-        pp = tuple(xmax[k] if p >= 100 else _tail_value(hp, n * (1 - p / 100)) for p in PERCENTILES)
-        pn = tuple(xmin[k] if p >= 100 else -_tail_value(hn, n * (1 - p / 100)) for p in PERCENTILES)
-        pct[k] = {"absmax": absmax, "median": _tail_value(ha, n * 0.5), "abs": pa, "pos": pp, "neg": pn,
-                  "hist": ha, "n": int(n)}
-    thr = {k: torch.tensor(pct[k]["abs"], dtype=torch.float32) for k in keys}
-    counts = {k: torch.zeros(len(PERCENTILES), dims[k[1]], dtype=torch.int64) for k in keys}
+        def first(layer: int, site: str, x: torch.Tensor) -> None:
+            x = block_hadamard(x, online[site]) if site in online else x.clone()
+            seen[site].append(x)
+            pos[site] += _hist(x)
+            neg[site] += _hist(-x)
+            n_zero[site] += int((x == 0).sum())
+            chmax[site] = torch.maximum(chmax[site], x.abs().amax(0))
+            xmax[site] = max(xmax[site], float(x.max()))
+            xmin[site] = min(xmin[site], float(x.min()))
 
-    def second(layer, site, x):
-        k = (layer, site)
-        counts[k] += (x.abs().unsqueeze(0) > thr[k].view(-1, 1, 1)).sum(1)
-
-    for ids in wins:
-        run_sites(cfg, w, ids, transformed(second))
-        bar.update()
+        backend = TorchBackend(cfg, w, observed(FloatLinear(w), first))
+        for i, h in enumerate(hs):
+            hs[i] = ref.layer_stack(cfg, w, h, backend, range(layer, layer + 1))[0]
+            bar.update()
+        for site in SITES:
+            hp, hn = pos[site].numpy(), neg[site].numpy()
+            n = hp.sum() + hn.sum() + n_zero[site]
+            ha = hp + hn
+            absmax = float(chmax[site].max())
+            pa = tuple(absmax if p >= 100 else _tail_value(ha, n * (1 - p / 100)) for p in PERCENTILES)
+            pp = tuple(xmax[site] if p >= 100 else _tail_value(hp, n * (1 - p / 100)) for p in PERCENTILES)
+            pn = tuple(xmin[site] if p >= 100 else -_tail_value(hn, n * (1 - p / 100)) for p in PERCENTILES)
+            thr = torch.tensor(pa, dtype=torch.float32)
+            counts = torch.zeros(len(PERCENTILES), dims[site], dtype=torch.int64)
+            for x in seen.pop(site):
+                counts += (x.abs().unsqueeze(0) > thr.view(-1, 1, 1)).sum(1)
+            sites[(layer, site)] = SiteStats(absmax, _tail_value(ha, n * 0.5), pa, pp, pn,
+                                             chmax[site].numpy().astype(np.float32), counts.numpy(), ha, int(n))
+        lw = w.layers[layer]
+        release_pages(*(t for f in dataclasses.fields(lw) if (t := getattr(lw, f.name)) is not None))
     bar.close()
-    sites = {k: SiteStats(pct[k]["absmax"], pct[k]["median"], pct[k]["abs"], pct[k]["pos"], pct[k]["neg"],
-                          chmax[k].numpy().astype(np.float32), counts[k].numpy(), pct[k]["hist"], pct[k]["n"])
-             for k in keys}
     return CalibrationStats(model.fingerprint, model.name, cfg.n_layers, dims, corpus, n_seen, window, sites)
 
 

@@ -73,3 +73,27 @@ def test_atomic_save_leaves_old_file_on_failure(stats, tmp_path, monkeypatch):
     with pytest.raises(OSError):
         stats.save(path)
     assert path.read_bytes() == before
+
+
+def test_one_layer_at_a_time_equals_the_whole_model_over_each_window(tiny, stats):
+    """Calibration runs a layer over every window, then the next: its per-channel maxima and counts are exactly those
+    of the site inputs the whole model gives each window (`run_sites`), with the thresholds it chose."""
+    import torch
+
+    from hetero.outliers.calibration import token_windows
+
+    chmax: dict = {}
+    counts: dict = {}
+
+    def observe(layer, site, x):
+        k = (layer, site)
+        chmax[k] = torch.maximum(chmax.get(k, torch.zeros(x.shape[1])), x.abs().amax(0))
+        thr = torch.tensor(stats.sites[k].pct_abs, dtype=torch.float32)
+        counts[k] = counts.get(k, 0) + (x.abs().unsqueeze(0) > thr.view(-1, 1, 1)).sum(1)
+
+    with torch.inference_mode():
+        for ids in token_windows(ByteTokenizer(), TEXT, 256, 64):
+            run_sites(tiny.config, tiny.weights, ids, observe)
+    for key, st in stats.sites.items():
+        assert np.array_equal(st.channel_absmax, chmax[key].numpy()), key
+        assert np.array_equal(st.counts, counts[key].numpy()), key
