@@ -750,6 +750,27 @@ def release_pages(*tensors: torch.Tensor) -> int:
     return released
 
 
+class PageReturn:
+    """Gives back the pages of the mapped float weights a set-up step has read (`release_pages`) each time `batch`
+    bytes of them have piled up: a step that reads every weight once (quantization, packing) keeps no more than a
+    batch of them resident (else 4.9 GB at 1B width), and each release reads /proc/self/smaps once (85 ms)."""
+
+    def __init__(self, batch: int = 256 << 20):
+        self.batch, self.read, self.bytes = batch, [], 0
+
+    def add(self, *tensors: torch.Tensor) -> None:
+        """Note weights read; give back all noted once they reach `batch` bytes."""
+        self.read += tensors
+        self.bytes += sum(t.numel() * t.element_size() for t in tensors)
+        if self.bytes >= self.batch:
+            self.flush()
+
+    def flush(self) -> None:
+        """Give back every weight noted so far."""
+        release_pages(*self.read)
+        self.read, self.bytes = [], 0
+
+
 def _clean_file_mappings() -> list[tuple[int, int]]:
     """Address ranges of this process's model-cache weight mappings with no written (anonymous) page."""
     spans, cur = [], None

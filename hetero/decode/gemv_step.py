@@ -35,7 +35,7 @@ from hetero.decode.tree import TokenTree
 from hetero.decode.twocore.attnpool import AttentionPool, StageTable
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
-from hetero.loader import release_pages
+from hetero.loader import PageReturn
 from hetero.native import gemv
 from hetero.npu.nbits import NbitsForm, quantize_weight, site_bias, site_weight
 from hetero.outliers.weightcache import cached_arrays
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
 SITES = ("attn_in", "o_in", "ffn_in", "down_in")  # a layer's linears, in the order a step runs them
 SPLIT_LINEARS = False  # the linears' column tiles shared with the helper thread (module docstring: not on this host)
 FORM = NbitsForm(8, gemv.QB, 4, True)  # the weights' form: MatMulNBits' default (`npu.nbits.DEFAULT_FORM`)
-RELEASE_BATCH = 256 << 20  # bytes of float weights packed between two `loader.release_pages`
 
 
 class GemvWeights:
@@ -69,7 +68,7 @@ class GemvWeights:
                 return gemv.pack_quantized(*quantize_weight(w_kn, FORM)[:2], w_kn.shape[0])
 
             out: dict[str, np.ndarray] = {}
-            read: list = []  # float weights packed since their pages were last given back
+            read = PageReturn()  # a packed float weight need not stay resident
             for layer in range(cfg.n_layers):
                 lw = model.weights.layers[layer]
                 for site in SITES:
@@ -78,15 +77,11 @@ class GemvWeights:
                     bias = site_bias(lw, SITE_LINEARS[site], SITE_BIASES[site])
                     if bias is not None:
                         out[f"{layer}.{site}.bias"] = bias
-                    read += [getattr(lw, n) for n in SITE_LINEARS[site]]
-                # a mapped float weight read stays resident (4.9 GB at 1B width) unless given back: in batches, as
-                # each `release_pages` reads /proc/self/smaps once
-                if sum(t.numel() * t.element_size() for t in read) >= RELEASE_BATCH:
-                    release_pages(*read)
-                    read.clear()
+                    read.add(*(getattr(lw, n) for n in SITE_LINEARS[site]))
             p = pack(np.ascontiguousarray(np.asarray(arrays["lm_head"], np.float32).T))
             out["head.w"], out["head.ws"] = p.w, p.ws
-            release_pages(*read, model.weights.lm_head)
+            read.add(model.weights.lm_head)
+            read.flush()
             return out
 
         form = {"gemv": gemv.GEMV_VERSION, "block": gemv.QB, "online": sorted([str(k), int(v)] for k, v in online.items())}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hetero.errors import ConfigError
-from hetero.loader import release_pages
+from hetero.loader import PageReturn
 from hetero.weights import SITE_LINEARS, SITES
 from hetero.outliers.weightcache import cached_weights
 from hetero.outliers.quantize import (
@@ -179,6 +179,7 @@ def _quantize_all(model, granularity: str, qmax: int, online: dict[str, int]
 
     fn = quantize_weight if granularity == "tensor" else quantize_weight_per_channel
     out: dict[tuple[int, str], QuantWeight | QuantWeightPerChannel] = {}
+    read = PageReturn()  # a quantized float weight need not stay resident
     for layer, lw in enumerate(model.weights.layers):
         for site, names in SITE_LINEARS.items():
             for name in names:
@@ -186,8 +187,8 @@ def _quantize_all(model, granularity: str, qmax: int, online: dict[str, int]
                 if site in online:
                     w = block_hadamard(w.double(), online[site]).float()
                 out[(layer, name)] = fn(w.numpy(), qmax)
-    # read once, here: one pass over /proc/self/smaps for all layers (one a layer cost 85 ms each)
-    release_pages(*(getattr(lw, n) for lw in model.weights.layers for names in SITE_LINEARS.values() for n in names))
+                read.add(getattr(lw, name))
+    read.flush()
     return out
 
 
