@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -66,3 +68,32 @@ def cfunc(signature: Any, **options: Any) -> Callable:
     function, whose address every caller calls (numba inlines an njit kernel into each caller and optimizes each
     copy on its own, so with fastmath two callers' copies can round differently: `decode.rowattn.attend`)."""
     return _cached(numba.cfunc(signature, cache=True, **options))
+
+
+_CHILD = "HETERO_JIT_CHILD"
+
+
+def compile_apart(module: str, function: str) -> None:
+    """Have a child process run `module.function()` first, once per cache folder, so that it compiles the kernels
+    that call makes into the cache and this process loads them. numba emits the cached object code apart from its
+    JIT's, and under fastmath's reassociation the two round differently: the process that compiled the decode
+    attention decoded other logits than every later one (`decode.rowattn.attend_entry`; without reassociation they
+    agree, but a decode step lost ~20%: 84-95 against 107-115 tokens/s at context 1024, AMD EPYC Zen 4). Where the
+    folder cannot be written every process compiles, and all of them agree."""
+    folder = cache_dir()
+    marker = os.path.join(folder, f"{module}.{function}.compiled")
+    if os.environ.get(_CHILD) or os.path.exists(marker):
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        return
+    if not os.access(folder, os.W_OK):
+        return
+    code = f"import importlib; getattr(importlib.import_module({module!r}), {function!r})()"
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, _CHILD: "1"}, capture_output=True)
+    if done.returncode == 0:
+        tmp = f"{marker}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{module}.{function} compiled by a child process\n")
+        os.replace(tmp, marker)

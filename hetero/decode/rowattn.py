@@ -34,15 +34,8 @@ from hetero.rope import RopeTable
 if TYPE_CHECKING:
     import torch
 
-# fastmath without reassociation, FMA contraction or approximate functions: with those, the cfunc numba compiles in
-# a process and the one it loads from its cache rounded differently (the cache's object code is emitted apart from
-# the JIT's), so a cold start decoded other logits than every later run. Without them each sum and product
-# rounds in program order whatever LLVM does with the code; the same speed (AMD EPYC Zen 4, 30 layers' heads at
-# context 256 / 1024 / 2048: 531-540 / 2170-2228 / 4356-4472 us against 533-534 / 2181-2266 / 4381-5674 with all flags)
-FASTMATH = {"nnan", "ninf", "nsz", "arcp"}
 
-
-@jitcache.njit(fastmath=FASTMATH, inline="always")
+@jitcache.njit(fastmath=True, inline="always")
 def _dots(q: np.ndarray, jg: int, kv: np.ndarray, group: tuple) -> tuple:  # pragma: no cover
     """q[jg + j]·kv for each query head j of a group, the K row loaded once for all of them. The group's size is
     len(group) (float32s), a constant of its type, so the loop over the heads unrolls and the sums stay in registers."""
@@ -56,7 +49,7 @@ def _dots(q: np.ndarray, jg: int, kv: np.ndarray, group: tuple) -> tuple:  # pra
     return acc
 
 
-@jitcache.njit(fastmath=FASTMATH, inline="always")
+@jitcache.njit(fastmath=True, inline="always")
 def _axpys(o: np.ndarray, jg: int, w: tuple, vv: np.ndarray) -> None:  # pragma: no cover
     """o[jg + j] += w[j]·vv for each query head j of a group (`_dots`' form): the V row is loaded once for all."""
     for i in range(vv.shape[0]):
@@ -65,7 +58,7 @@ def _axpys(o: np.ndarray, jg: int, w: tuple, vv: np.ndarray) -> None:  # pragma:
             o[jg + j, i] += w[j] * x
 
 
-@jitcache.njit(fastmath=FASTMATH, nogil=True)
+@jitcache.njit(fastmath=True, nogil=True)
 def _attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, prefix: int, extra: np.ndarray, n_extra: np.ndarray,
                  scale: float, out: np.ndarray, h0: int, h1: int, window: int, off: int,
                  group: tuple) -> None:  # pragma: no cover - compiled
@@ -195,9 +188,11 @@ def _attend_record(record: int, unused_a: int, unused_b: int) -> int:  # pragma:
 @functools.cache
 def attend_entry() -> Any:
     """`_attend_record` as one C function (a numba cfunc, from numba's cache), made at the first decode step: loading
-    it starts LLVM's JIT (~46 MB), which a process should not hold through its prefill, whose peak it would raise."""
+    it starts LLVM's JIT (~46 MB), which a process should not hold through its prefill, whose peak it would raise.
+    Compiled by a child process into the cache (`jitcache.compile_apart`): every process runs the cached code."""
+    jitcache.compile_apart(__name__, "attend_entry")
     signature = types.int64(types.int64, types.int64, types.int64)
-    return jitcache.cfunc(signature, fastmath=FASTMATH, nogil=True)(_attend_record)
+    return jitcache.cfunc(signature, fastmath=True, nogil=True)(_attend_record)
 
 
 def entry() -> int:

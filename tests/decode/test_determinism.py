@@ -132,7 +132,7 @@ np.save(sys.argv[1], out)
 @pytest.mark.slow
 def test_a_cold_compile_and_a_cached_load_of_the_kernel_give_the_same_bits(tmp_path) -> None:
     """The first process after an install (numba compiles the kernel) and every later one (numba loads its cached
-    object code) decode the same logits: with reassociation allowed the two rounded differently (`rowattn.FASTMATH`)."""
+    object code) decode the same logits: under fastmath the two rounded differently (`jitcache.cfunc`)."""
     import os
 
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
