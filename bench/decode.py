@@ -2,6 +2,7 @@
 
     python bench/decode.py [--quick] [--repeats 3] [--threads 2] [--new 32] [--peers all|none|a,b]
     python bench/decode.py --plain-only --contexts 1024     # table 1 only, at 1024: decode_plain.{json,md,png}
+    python bench/decode.py --plain-only --model X.gguf --baselines none   # another model, hetero INT8 beside the peers
 
 hetero's engines in this process, each peer in a process of its own, on the same GGUF and the same context ids:
 1. plain greedy decode tokens/s at context 256 / 1024 / 2048: hetero INT8 (`hetero` method: its decode
@@ -48,6 +49,7 @@ from bench.peer_engines import LABELS, PEERS, LlamaCppSession, PeerProcess, sour
 from bench.workers import EngineUnavailable
 from hetero.decode import SamplingParams, generate
 from hetero.decode.step import TREE_SIZES, DecodeStep
+from hetero.arguments import add_model_arg
 from hetero.errors import ConfigError
 from hetero.loader import load_model
 from hetero.methods import make_runtime, use_threads
@@ -56,6 +58,7 @@ from hetero.paths import atomic_path
 
 HELP = "hetero's decoder vs HF generate vs llama.cpp, plain and speculative, and prefill + decode end to end"
 TEXT = Path(hetero.__file__).resolve().parent / "data" / "austen_emma.txt"
+BASELINES = ("float", "hf")  # hetero's float method and HF generate: the rows beside hetero INT8 besides the peers
 
 
 def load() -> float:
@@ -78,9 +81,12 @@ def chat_ids(tok, text: str) -> list[int]:
 
 
 class Engines:
-    def __init__(self, model, threads: int, peers: tuple[str, ...] = PEERS, max_len: int = 2048 + 256):
+    def __init__(self, model, threads: int, peers: tuple[str, ...] = PEERS, max_len: int = 2048 + 256,
+                 model_path: str | None = None, methods: tuple[str, ...] = ("hetero", "float")):
+        """`methods`: hetero's runtimes to make (float only where its rows or HF's are asked: at 1B and up a float
+        runtime costs gigabytes); `model_path`: the model the peers are built from (None: the default)."""
         self.model, self.threads, self.max_len = model, threads, max_len
-        self.rt = {m: make_runtime(model, m, chunk=256, threads=threads) for m in ("hetero", "float")}
+        self.rt = {m: make_runtime(model, m, chunk=256, threads=threads) for m in methods}
         step = DecodeStep.of(self.rt["hetero"])
         step.split_after = 0  # the steady state: graphs split over both cores from the first step (SPLIT_AFTER_STEPS)
         for c in TREE_SIZES:
@@ -90,7 +96,7 @@ class Engines:
         self.skipped: dict[str, str] = {}
         for name in peers:  # each in its own process, loaded before any timing
             try:
-                self.peers[name] = PeerProcess(name, threads, max_len)
+                self.peers[name] = PeerProcess(name, threads, max_len, model_path)
             except (EngineUnavailable, RuntimeError) as e:
                 self.skipped[name] = str(e)
                 print(f"peer {name} skipped: {e}", flush=True)
@@ -210,12 +216,15 @@ def e2e(eng: Engines, ids: list[int], n_new: int, repeats: int) -> list[dict]:
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
+    add_model_arg(ap)
     ap.add_argument("--quick", action="store_true", help="context 256 only, 1 repeat")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--new", type=int, default=32, help="tokens per plain-decode measurement")
     ap.add_argument("--peers", default="all", help=f"peers to run: all, none, or some of {', '.join(PEERS)}")
     ap.add_argument("--contexts", default="256,1024,2048", help="context lengths of the plain-decode rows")
+    ap.add_argument("--baselines", default=",".join(BASELINES),
+                    help=f"rows beside hetero INT8 and the peers: some of {', '.join(BASELINES)}, or none")
     ap.add_argument("--plain-only", action="store_true",
                     help="only the plain-decode rows (no speculation, no end to end), written as decode_plain.*")
     add_out_arg(ap, "decode*.json/.md/.png")
@@ -233,9 +242,15 @@ def run(args: argparse.Namespace) -> int:
         lens = ()
     if not lens or any(n < 1 or n > 4096 for n in lens):
         raise ConfigError(f"--contexts must be comma-separated lengths in 1..4096, got {args.contexts!r}")
-    model = load_model()
+    baselines = () if args.baselines == "none" else tuple(b.strip() for b in args.baselines.split(",") if b.strip())
+    if any(b not in BASELINES for b in baselines):
+        raise ConfigError(f"--baselines must name some of {', '.join(BASELINES)} or none, got {args.baselines!r}")
+    if not args.plain_only and baselines != BASELINES:
+        raise ConfigError("the speculative and end-to-end rows run every baseline: --baselines needs --plain-only")
+    model = load_model(args.model)
     tok = model.tokenizer
-    eng = Engines(model, args.threads, peers)
+    methods = ("hetero", "float") if baselines else ("hetero",)  # HF generate continues the float prefill
+    eng = Engines(model, args.threads, peers, model_path=args.model, methods=methods)
     text_ids = tok(TEXT.read_text())["input_ids"]
     result: dict = {"model": model.name, "command": "python bench/decode.py " + " ".join(sys.argv[1:]), "threads": args.threads, "repeats": repeats, "cpu_count": os.cpu_count(),
                     "isa": isa.machine(), "host": host(), "machine": describe(host()),
@@ -245,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
         row: dict = {"context": n, "load_before": load()}
         # Rounds interleave the engines (each call: a warm-up run, then one timed run), so that a slow stretch of
         # the shared machine touches every engine alike; hetero vs llama.cpp is also taken round by round.
-        rounds: dict[str, list] = {e: [] for e in ("hetero", "float", "hf", *peers)}
+        rounds: dict[str, list] = {e: [] for e in ("hetero", *baselines, *peers)}
         for _ in range(repeats):
             for engine, got in rounds.items():
                 n_new = args.new if engine != "float" else max(8, args.new // 2)
@@ -318,7 +333,7 @@ def write_md(r: dict, path: Path) -> None:
              "|---:|---:|---:|---:|---|---:|---:|---|---|---|"]
     for row in r["plain"]:
         rounds, best = row.get("rounds", {}), row.get("best_peer")
-        lines.append(f"| {row['context']} | {row['hetero']} | {row['float']} | {row['hf']} | {best or '—'} | "
+        lines.append(f"| {row['context']} | {row['hetero']} | {row.get('float', '—')} | {row.get('hf', '—')} | {best or '—'} | "
                      f"{row[best] if best else ''} | {row.get('hetero_over_best_peer', '')} | {rounds.get('hetero', '')} | "
                      f"{rounds.get(best, '') if best else ''} | {row['load_before']}–{row['load_after']} |")
     peers = list(r.get("peers", {}))
