@@ -67,6 +67,9 @@ TARGETS = {"prefill_over_best_peer": 1.1, "bound_fraction_1024": 0.6, "decode_ov
 # disk: the synthetic folder + GGUF (4 B), hetero's cache (float32 entry, rotated copy, INT8 forms: ~10 B), peers (~4 B).
 EXPORT_BYTES_PER_PARAM = 4
 DISK_BYTES_PER_PARAM = 18
+# Peak RSS of a peer's build per parameter, measured at llama-3.2-1b (1.236 B): OpenVINO's (transformers' GGUF
+# loader, then optimum-cli) 8.07 GB, ONNX Runtime GenAI's builder 13.0 GB; llama.cpp's quantizer streams.
+PEER_BUILD_BYTES_PER_PARAM = {"openvino_genai": 6.5, "openvino_genai_int4": 6.5, "ort_genai": 10.5}
 
 
 def param_count(cfg: ModelConfig) -> int:
@@ -95,6 +98,15 @@ def refusal(params: int, ram_bytes: int, disk_free_bytes: int) -> str | None:
         return (f"it needs ~{disk / 1e9:.0f} GB of disk (synthetic files, hetero's cache, the peers' models), "
                 f"{disk_free_bytes / 1e9:.0f} GB free")
     return None
+
+
+def peer_refusal(peer: str, params: int, ram_bytes: int) -> str | None:
+    """Why peer `peer`'s model cannot be built here for a shape of `params` weights (its builder's memory), or None."""
+    need = PEER_BUILD_BYTES_PER_PARAM.get(peer, 0) * params
+    if need <= ram_bytes:
+        return None
+    return (f"its builder would need ~{need / 1e9:.0f} GB ({PEER_BUILD_BYTES_PER_PARAM[peer]} bytes per parameter, "
+            f"measured at llama-3.2-1b), more than this machine's {ram_bytes / 1e9:.0f} GB")
 
 
 def machine_room(path: Path) -> tuple[int, int]:
@@ -373,7 +385,7 @@ def markdown(result: dict[str, Any]) -> str:
                       f"{st['peak_rss_mb']:.0f} MB (phases, s: {phases}; load {st['loadavg_1m']}). Cache bytes per "
                       "weight form (GB): " + ", ".join(f"{k} {_gb(v)}" for k, v in st["cache_bytes"].items()) + ".", ""]
         if "peer_builds_s" in e:
-            lines += ["Peer builds (s, from the GGUF by their own tools): "
+            lines += ["Peer builds (s, from the GGUF by their own tools; one already cached is not timed again): "
                       + ", ".join(f"{k} {v}" for k, v in e["peer_builds_s"].items()) + ".", ""]
         if "measure" not in e:
             continue
@@ -389,7 +401,7 @@ def markdown(result: dict[str, Any]) -> str:
             dv = drow.get(engine)
             lines.append(f"| {engine} | " + " | ".join(f"{r['tokens_per_s']:.1f}" for r in rs)
                          + f" | {dv if isinstance(dv, (int, float)) else '—'} | {rs[-1]['peak_rss_mb']:.0f} |")
-        skipped = {**m["skipped"], **m["decode"]["skipped"]}
+        skipped = {**e.get("peers_refused", {}), **m["skipped"], **m["decode"]["skipped"]}
         if skipped:
             lines += ["", "Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()) + "."]
         b = m["bound"]
@@ -549,36 +561,45 @@ def run(args: argparse.Namespace) -> int:
         entry.update(params=param_count(cfg), synthetic=SYNTHETIC)
         result["shapes"][shape] = entry
         folder, gguf = synth / model_name(shape, 0), synth / f"{model_name(shape, 0)}.gguf"
-        made = folder.is_dir() and gguf.is_file()
-        why = None if made else refusal(entry["params"], *machine_room(synth.parent if synth.parent.exists() else Path.home()))
+        # every engine runs from the GGUF (the peers are built from it): the folder may be gone once they are built
+        why = None if gguf.is_file() else refusal(entry["params"], *machine_room(cache_dir()))
         if why:
             result["shapes"][shape] = {"params": entry["params"], "synthetic": SYNTHETIC, "skipped": why}
             print(f"scale: {shape}: not run: {why}", file=sys.stderr)
             write(result, out)
             continue
-        if not (folder / "config.json").is_file() or not gguf.is_file():
+        if not gguf.is_file():
             generate(shape, synth)
         cache = work / shape
+        ram = machine_room(cache_dir())[0]
+        refused = {p: why for p in peers if (why := peer_refusal(p, entry["params"], ram))}
+        entry["peers_refused"] = refused
+        shape_peers = tuple(p for p in peers if p not in refused)
         os.environ["HETERO_CACHE"] = str(cache)  # hetero's and the peers' caches for this shape, apart from others
         if "setup" in steps:
             print(f"scale: {shape}: hetero's cold set-up", file=sys.stderr)
             entry["setup"] = cold_setup(gguf, cache, args.threads)
             write(result, out)
         if "peers" in steps:
-            from bench.peer_engines import prepare
+            from bench.peer_engines import MODEL_KIND, prepare
+            from bench.peers import cached
 
             builds = entry.setdefault("peer_builds_s", {})
-            for peer in peers:
+            for peer in shape_peers:
+                kind = MODEL_KIND[peer]
+                was = kind is None or cached(gguf, kind) is not None
                 t0 = time.perf_counter()
                 try:
                     prepare(peer, str(gguf))
-                    builds.setdefault(peer, round(time.perf_counter() - t0, 1))
                 except Exception as e:  # the measure step skips it with its reason
                     print(f"scale: {shape}: {peer} not built: {e}", file=sys.stderr)
+                    continue
+                if not was:  # a cached model's time would be its check's
+                    builds[peer] = round(time.perf_counter() - t0, 1)
             write(result, out)
         if "measure" in steps:
             print(f"scale: {shape}: measuring", file=sys.stderr)
-            entry["measure"] = measure(gguf, cfg, lens, args.repeats, args.threads, peers, args.new)
+            entry["measure"] = measure(gguf, cfg, lens, args.repeats, args.threads, shape_peers, args.new)
             wrote(write(result, out))
             if args.clean:
                 for p in (cache, folder):
