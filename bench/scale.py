@@ -337,7 +337,9 @@ def markdown(result: dict[str, Any]) -> str:
              "Every model here is synthetic (`bench/synth_model.py`: seeded weights at the real checkpoints' "
              f"configs): {SYNTHETIC}, never accuracy. Each engine runs in its own process; prefill tokens/s are "
              "medians of interleaved rounds (`bench.harness`), decode the median of rounds at context "
-             f"{DECODE_CONTEXT} (`bench/decode.py --plain-only`). Reproduce: `{c['command']}`.", "",
+             f"{DECODE_CONTEXT} (`bench/decode.py --plain-only`). Reproduce: `python bench/scale.py --shapes "
+             f"{','.join(n for n, e in shapes.items() if 'skipped' not in e)} --out bench/results` (every step; the "
+             f"last command was `{c['command']}`).", "",
              "## Per shape: hetero beside the fastest peer", "",
              "| shape | params (B) | prefill 256: hetero / best peer | 1024 | 2048 | hetero / machine bound at 1024 "
              "| decode at 1024: hetero / best peer (tok/s) | peak RSS hetero / lowest peer (MB) "
