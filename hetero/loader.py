@@ -726,12 +726,14 @@ def _first_use(entry: Path, record: dict, p: Path) -> dict[str, np.ndarray]:
 _MADV_DONTNEED = 4
 
 
-def release_pages(*tensors: torch.Tensor) -> int:
-    """Hand back the resident pages of weights memory-mapped from the model cache; returns bytes released.
+def release_pages(*tensors: torch.Tensor | np.ndarray) -> int:
+    """Hand back the resident pages of weights memory-mapped from the model cache's safetensors files (float
+    weights, packed GEMV weights); returns bytes released.
 
     A later read faults them back from the file, so a float weight that only quantization reads (the NPU
-    lane's linears, mllm-NPU §3.3) does not stay in RAM. Only for a file mapping no page of which was
-    ever written (smaps `Anonymous: 0 kB`); anything else (GGUF-fresh or modified weights) is left alone.
+    lane's linears, mllm-NPU §3.3), or packed weights once copied into the decode's arena, do not stay in RAM.
+    Only for a file mapping no page of which was ever written (smaps `Anonymous: 0 kB`); anything else
+    (GGUF-fresh or modified weights) is left alone.
     """
     import ctypes
     import mmap
@@ -743,11 +745,18 @@ def release_pages(*tensors: torch.Tensor) -> int:
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     page, released = mmap.PAGESIZE, 0
     for t in tensors:
-        a = t.data_ptr()
-        lo, hi = -(-a // page) * page, (a + t.numel() * t.element_size()) // page * page
+        a, n = _span(t)
+        lo, hi = -(-a // page) * page, (a + n) // page * page
         if hi > lo and any(s <= lo and hi <= e for s, e in spans) and madvise(lo, hi - lo, _MADV_DONTNEED) == 0:
             released += hi - lo
     return released
+
+
+def _span(t: torch.Tensor | np.ndarray) -> tuple[int, int]:
+    """(address, bytes) of a contiguous tensor or array."""
+    if isinstance(t, np.ndarray):
+        return t.ctypes.data, t.nbytes
+    return t.data_ptr(), t.numel() * t.element_size()
 
 
 class PageReturn:
@@ -758,10 +767,10 @@ class PageReturn:
     def __init__(self, batch: int = 256 << 20):
         self.batch, self.read, self.bytes = batch, [], 0
 
-    def add(self, *tensors: torch.Tensor) -> None:
+    def add(self, *tensors: torch.Tensor | np.ndarray) -> None:
         """Note weights read; give back all noted once they reach `batch` bytes."""
         self.read += tensors
-        self.bytes += sum(t.numel() * t.element_size() for t in tensors)
+        self.bytes += sum(_span(t)[1] for t in tensors)
         if self.bytes >= self.batch:
             self.flush()
 
@@ -772,7 +781,8 @@ class PageReturn:
 
 
 def _clean_file_mappings() -> list[tuple[int, int]]:
-    """Address ranges of this process's model-cache weight mappings with no written (anonymous) page."""
+    """Address ranges of this process's safetensors file mappings (the model cache's) with no written (anonymous)
+    page."""
     spans, cur = [], None
     try:
         with open("/proc/self/smaps") as f:
@@ -780,7 +790,7 @@ def _clean_file_mappings() -> list[tuple[int, int]]:
                 head = line.split()
                 if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
                     s, e = (int(x, 16) for x in head[0].split("-"))
-                    cur = (s, e) if len(head) >= 6 and head[5].endswith("weights.safetensors") else None
+                    cur = (s, e) if len(head) >= 6 and head[5].endswith(".safetensors") else None
                 elif cur is not None and head[0] == "Anonymous:":
                     if head[1] == "0":
                         spans.append(cur)

@@ -97,3 +97,45 @@ def test_write_tensors_refuses_a_tensor_unlike_its_header(tmp_path) -> None:
         write_tensors(LazyTensors({"w": (3, 2)}, lambda name: np.zeros((2, 3), np.float32)), tmp_path / "a.st")
     with pytest.raises(ModelFormatError, match=r"float64"):
         write_tensors(LazyTensors({"w": (3,)}, lambda name: np.zeros(3)), tmp_path / "a.st")
+
+
+def test_tensors_handed_over_in_pieces_write_the_librarys_bytes_of_every_dtype(tmp_path) -> None:
+    from hetero.tensorfile import _DTYPES, LazyTensors, write_tensors
+
+    rng = np.random.default_rng(2)
+    arrays = {f"t.{np.dtype(t).name}": (rng.standard_normal((6, 3)) * 50).astype(t) for t in _DTYPES.values()}
+    arrays |= {"a.w": rng.integers(0, 255, (8, 5), dtype=np.uint8), "a.ws": rng.standard_normal((4, 2),
+               dtype=np.float32), "s": np.array(2.5, np.float64), "empty": np.zeros((0, 4), np.int8)}
+
+    def pieces(put) -> None:  # two rows at a time, the tensors interleaved (as a packed weight beside its scales)
+        for lo in range(0, 8, 2):
+            for name, a in arrays.items():
+                if a.ndim and lo < len(a):
+                    put(name, a[lo : lo + 2])
+        put("s", arrays["s"])
+
+    lazy = LazyTensors({k: v.shape for k, v in arrays.items()}, dtypes={k: v.dtype for k, v in arrays.items()},
+                       pieces=pieces)
+    save_file(arrays, str(tmp_path / "lib.safetensors"), metadata={"form": "x"})
+    write_tensors(lazy, tmp_path / "ours.safetensors", {"form": "x"})
+    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "lib.safetensors").read_bytes()
+    made = lazy.arrays()
+    assert all(made[k].dtype == v.dtype and np.array_equal(made[k], v) for k, v in arrays.items())
+
+
+def test_pieces_unlike_their_tensor_or_short_of_it_are_refused(tmp_path) -> None:
+    from hetero.tensorfile import LazyTensors, write_tensors
+
+    def lazy(pieces) -> LazyTensors:
+        return LazyTensors({"w": (4, 2)}, dtypes={"w": np.uint8}, pieces=pieces)
+
+    with pytest.raises(ModelFormatError, match=r"w was handed 4 of its 8 bytes"):
+        write_tensors(lazy(lambda put: put("w", np.zeros((2, 2), np.uint8))), tmp_path / "a.st")
+    with pytest.raises(ModelFormatError, match=r"a piece of w has shape \(2, 3\) \(uint8\)"):
+        lazy(lambda put: put("w", np.zeros((2, 3), np.uint8))).arrays()
+    with pytest.raises(ModelFormatError, match=r"a piece of w .* after 8 bytes"):
+        lazy(lambda put: [put("w", np.zeros((4, 2), np.uint8)), put("w", np.zeros((1, 2), np.uint8))]).arrays()
+    with pytest.raises(ModelFormatError, match=r"v is not one of the file's tensors"):
+        lazy(lambda put: put("v", np.zeros((4, 2), np.uint8))).arrays()
+    with pytest.raises(ValueError, match="one of make and pieces"):
+        LazyTensors({"w": (1,)})

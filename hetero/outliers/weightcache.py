@@ -21,7 +21,7 @@ import numpy as np
 from hetero.weights import SITE_LINEARS
 from hetero.outliers.quantize import QuantWeight, QuantWeightPerChannel
 from hetero.paths import cache_dir, cached
-from hetero.tensorfile import map_tensors
+from hetero.tensorfile import LazyTensors, map_tensors, write_tensors
 
 WEIGHTS_VERSION = 1  # bump when quantize_weight(_per_channel) or block_hadamard change what they compute
 Weights = dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]
@@ -68,14 +68,17 @@ def cached_weights(model, granularity: str, qmax: int, online: dict[str, int], c
     return weights
 
 
-def cached_arrays(model, kind: str, form: dict, compute: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def cached_arrays(model, kind: str, form: dict,
+                  compute: Callable[[], dict[str, np.ndarray] | LazyTensors]) -> dict[str, np.ndarray]:
     """Named arrays derived from `model`'s float weights (`form` says how), kept as one file of its cache entry
     (`paths.cached`: a content record checked at first use, built once under the entry's lock, a damaged file
-    rebuilt with a warning, an unwritable cache computing them again each run)."""
+    rebuilt with a warning, an unwritable cache computing them again each run). `compute` may give them as
+    `LazyTensors`, written a piece at a time and then mapped, so that they are never all in memory at once."""
     guard = _float_guard(model)  # reads `model.arrays()` first: a rotated copy's weights file exists from then on
     folder = _entry(model)
     if folder is None:
-        return compute()
+        got = compute()
+        return got.arrays() if isinstance(got, LazyTensors) else got
     form = {"version": WEIGHTS_VERSION, "kind": kind, **form, "guard": guard}
     text = json.dumps(form, sort_keys=True)
     name = f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.safetensors"
@@ -86,9 +89,15 @@ def cached_arrays(model, kind: str, form: dict, compute: Callable[[], dict[str, 
             raise ValueError("it was made for another form")
         return arrays
 
-    def save(arrays: dict[str, np.ndarray], tmp: Path) -> None:
+    def save(arrays: dict[str, np.ndarray] | LazyTensors, tmp: Path) -> None:
+        if isinstance(arrays, LazyTensors):
+            write_tensors(arrays, tmp, {"form": text})
+            return
         from safetensors.numpy import save_file
 
         save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp), metadata={"form": text})
 
-    return cached(folder, name, load, compute, save, f"{kind} arrays")
+    got = cached(folder, name, load, compute, save, f"{kind} arrays")
+    if isinstance(got, LazyTensors):  # just written: map the file (or, a cache that cannot take it, make them)
+        got = cached(folder, name, load, compute, save, f"{kind} arrays")
+    return got.arrays() if isinstance(got, LazyTensors) else got
