@@ -414,7 +414,7 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, LazyTensors, Any, str | None]:
         return np.ascontiguousarray(arr)
 
     shapes = expected_shapes(cfg)
-    return (cfg, LazyTensors(shapes, make),
+    return (cfg, LazyTensors(shapes, make, what="read the GGUF"),
             _gguf_tokenizer(p, arch, get("general.name", "")) if tokens is not None else None,
             synthetic_of(get("hetero.synthetic"), p))
 

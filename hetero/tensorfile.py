@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hetero import progress
 from hetero.errors import ModelFormatError
 
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
@@ -65,12 +66,14 @@ class LazyTensors:
     order, the tensors interleaved as they come out of one computation, such as a packed weight and its scales), by
     name with their shapes and dtypes (float32 unless `dtypes` names another): what set-up writes to a safetensors
     file (`write_tensors`) without holding them all in memory; at 1B width a model's float32 weights are 4.7 GB,
-    and a writer of a dict of them holds that twice (the library serializes to bytes)."""
+    and a writer of a dict of them holds that twice (the library serializes to bytes). `what`: the set-up step
+    that makes them, a progress bar's label (`progress.bar`, in bytes made)."""
 
     shapes: dict[str, tuple[int, ...]]
     make: Callable[[str], np.ndarray] | None = None
     dtypes: dict[str, np.dtype] = field(default_factory=dict)
     pieces: Callable[[Put], None] | None = None
+    what: str = "write tensors"
 
     def __post_init__(self) -> None:
         if (self.make is None) == (self.pieces is None):
@@ -109,6 +112,7 @@ class LazyTensors:
         """Hand every tensor's bytes to put(name, byte offset in the tensor, contiguous piece), in file order
         (`make`) or as `pieces` gives them; ModelFormatError for a piece unlike its tensor, or a tensor left short."""
         done = dict.fromkeys(self.shapes, 0)
+        bar = progress.bar(sum(self.nbytes(n) for n in self.shapes), self.what, "B")
 
         def piece(name: str, a: np.ndarray) -> None:
             if name not in self.shapes:
@@ -122,12 +126,14 @@ class LazyTensors:
                                        f"file's {shape} ({self.dtype(name)}) after {done[name]} bytes")
             put(name, done[name], a)
             done[name] += a.nbytes
+            bar.update(a.nbytes)
 
         if self.pieces is not None:
             self.pieces(piece)
         else:
             for name in _file_order(self):
                 piece(name, self.made(name))
+        bar.close()
         short = [n for n in self.shapes if done[n] != self.nbytes(n)]
         if short:
             raise ModelFormatError(f"{short[0]} was handed {done[short[0]]} of its {self.nbytes(short[0])} bytes")

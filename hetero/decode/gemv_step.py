@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hetero import buffers, progress
+from hetero import buffers
 from hetero.attention import qk_norm_
 from hetero.decode.bound_step import start_rows
 from hetero.decode.rowattn import decode_rows
@@ -128,7 +128,6 @@ def _packed(model: "Model", online: dict[str, int]) -> LazyTensors:
 
     def pieces(put: Put) -> None:
         read = PageReturn()  # a packed float weight need not stay resident
-        bar = progress.bar(len(names), "pack decode weights", "linear")
         head = model.arrays()["lm_head"]
         for name, site in names:
             k, n = dims[site]
@@ -149,11 +148,9 @@ def _packed(model: "Model", online: dict[str, int]) -> LazyTensors:
                 if bias is not None:
                     put(f"{name}.bias", bias)
                 read.add(*(getattr(lw, f) for f in SITE_LINEARS[site]))
-            bar.update()
         read.flush()
-        bar.close()
 
-    return LazyTensors(shapes, dtypes=dtypes, pieces=pieces)
+    return LazyTensors(shapes, dtypes=dtypes, pieces=pieces, what="pack decode weights")
 
 
 HUGE = 2 << 20  # bytes of an x86-64 huge page

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hetero import progress
 from hetero.errors import ConfigError
 from hetero.loader import PageReturn
 from hetero.weights import SITE_LINEARS, SITES
@@ -180,6 +181,7 @@ def _quantize_all(model, granularity: str, qmax: int, online: dict[str, int]
     fn = quantize_weight if granularity == "tensor" else quantize_weight_per_channel
     out: dict[tuple[int, str], QuantWeight | QuantWeightPerChannel] = {}
     read = PageReturn()  # a quantized float weight need not stay resident
+    bar = progress.bar(model.config.n_layers, "quantize", "layer")
     for layer, lw in enumerate(model.weights.layers):
         for site, names in SITE_LINEARS.items():
             for name in names:
@@ -188,7 +190,9 @@ def _quantize_all(model, granularity: str, qmax: int, online: dict[str, int]
                     w = block_hadamard(w.double(), online[site]).float()
                 out[(layer, name)] = fn(w.numpy(), qmax)
                 read.add(getattr(lw, name))
+        bar.update()
     read.flush()
+    bar.close()
     return out
 
 

@@ -159,7 +159,7 @@ def rotated_tensors(cfg, w, seed: int = 0, source: object = "the rotated copy") 
             release_pages(src)
         return a
 
-    return LazyTensors(shapes, make)
+    return LazyTensors(shapes, make, what="rotate")
 
 
 def _stored(name: str) -> bool:
