@@ -95,7 +95,7 @@ class LazyTensors:
         def put(name: str, at: int, a: np.ndarray) -> None:
             _bytes(out[name])[at : at + a.nbytes] = _bytes(a)
 
-        self._emit(put)
+        self.emit(put)
         return out
 
     def made(self, name: str) -> np.ndarray:
@@ -108,7 +108,7 @@ class LazyTensors:
                                    f"{tuple(self.shapes[name])} ({self.dtype(name)})")
         return a
 
-    def _emit(self, put: Callable[[str, int, np.ndarray], None]) -> None:
+    def emit(self, put: Callable[[str, int, np.ndarray], None]) -> None:
         """Hand every tensor's bytes to put(name, byte offset in the tensor, contiguous piece), in file order
         (`make`) or as `pieces` gives them; ModelFormatError for a piece unlike its tensor, or a tensor left short."""
         done = dict.fromkeys(self.shapes, 0)
@@ -173,4 +173,4 @@ def write_tensors(tensors: LazyTensors, path: str | Path, metadata: dict[str, st
                 f.seek(start + offsets[name] + at)
             f.write(_bytes(a))  # no bytes copy of the piece
 
-        tensors._emit(put)
+        tensors.emit(put)
