@@ -31,7 +31,7 @@ from filelock import Timeout
 
 from hetero.config import ModelConfig, f32, longrope
 from hetero.errors import ModelFormatError
-from hetero.tensorfile import LazyTensors, map_tensors, write_tensors
+from hetero.tensorfile import LazyTensors, Put, map_tensors, write_tensors
 from hetero.weights import LayerWeights, Weights, weight_arrays
 from hetero.paths import (atomic_path, cache_dir, cache_unwritable, entry_lock, file_fingerprint, file_record,
                           remove_stale_temps, verify_files)
@@ -388,14 +388,17 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, LazyTensors, Any, str | None]:
         raise ModelFormatError(f"{p}: tensor {unused[0]!r} is not supported (hetero's {arch} layer has no use for it)")
     fused: dict[str, np.ndarray] = {}  # the last fused tensor read: its parts are made one after another
 
+    def rows_of(name: str, rows: slice) -> np.ndarray:
+        t = tensors[name]
+        try:
+            return np.asarray(gguf.quants.dequantize(t.data[rows], t.tensor_type))
+        except Exception as e:
+            raise ModelFormatError(f"{p}: cannot dequantize {name} ({t.tensor_type.name}): {e}") from e
+
     def dequantized(name: str) -> np.ndarray:
         if name in fused:
             return fused[name]
-        t = tensors[name]
-        try:
-            arr = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type))
-        except Exception as e:
-            raise ModelFormatError(f"{p}: cannot dequantize {name} ({t.tensor_type.name}): {e}") from e
+        arr = rows_of(name, slice(None))
         if name.endswith(("attn_qkv.weight", "ffn_up.weight")) and arch == "phi3":
             fused.clear()
             fused[name] = arr
@@ -413,10 +416,28 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, LazyTensors, Any, str | None]:
         check_tensor(key, arr, shapes[key], p)
         return np.ascontiguousarray(arr)
 
+    def pieces(put: Put) -> None:
+        for key in sorted(shapes):  # the file's order: written front to back
+            name, rows = sources[key]
+            if key not in ("tok_emb", "lm_head") or rows is not None:
+                put(key, make(key))
+                continue
+            # the vocabulary's rows, by far the largest tensors (1.6 GB of float32 at 3B width): a block at a time
+            n, width = shapes[key]
+            if len(tensors[name].data) != n:
+                raise ModelFormatError(f"{p}: {name} has {len(tensors[name].data)} rows, config implies {n}")
+            for lo in range(0, n, GGUF_ROWS):
+                arr = np.ascontiguousarray(rows_of(name, slice(lo, lo + GGUF_ROWS)), dtype=np.float32)
+                check_tensor(key, arr, (min(GGUF_ROWS, n - lo), width), p)
+                put(key, arr)
+
     shapes = expected_shapes(cfg)
-    return (cfg, LazyTensors(shapes, make, what="read the GGUF"),
+    return (cfg, LazyTensors(shapes, pieces=pieces, what="read the GGUF"),
             _gguf_tokenizer(p, arch, get("general.name", "")) if tokens is not None else None,
             synthetic_of(get("hetero.synthetic"), p))
+
+
+GGUF_ROWS = 8192  # rows of the embedding or head dequantized at a time (a row's values depend on that row alone)
 
 
 def permute(w: Any, n_head: int) -> Any:
