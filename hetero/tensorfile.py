@@ -62,22 +62,19 @@ Put = Callable[[str, np.ndarray], None]  # hands over the next rows (along axis 
 
 @dataclass(frozen=True)
 class LazyTensors:
-    """Tensors made one at a time (`make(name)`), or handed over in pieces (`pieces(put)`: each tensor's rows in
-    order, the tensors interleaved as they come out of one computation, such as a packed weight and its scales), by
-    name with their shapes and dtypes (float32 unless `dtypes` names another): what set-up writes to a safetensors
-    file (`write_tensors`) without holding them all in memory; at 1B width a model's float32 weights are 4.7 GB,
-    and a writer of a dict of them holds that twice (the library serializes to bytes). `what`: the set-up step
-    that makes them, a progress bar's label (`progress.bar`, in bytes made)."""
+    """Tensors handed over in pieces as they are made (`pieces(put)`: each tensor's rows in order, whole or in
+    blocks, the tensors in any order, interleaved as they come out of one computation, such as a packed weight and
+    its scales), by name with their shapes and dtypes (float32 unless `dtypes` names another): what set-up writes
+    to a safetensors file (`write_tensors`) without holding them all in memory; at 1B width a model's float32
+    weights are 4.7 GB, and a writer of a dict of them holds that twice (the library serializes to bytes).
+    `what`: the set-up step that makes them, a progress bar's label (`progress.bar`, in bytes made)."""
 
     shapes: dict[str, tuple[int, ...]]
-    make: Callable[[str], np.ndarray] | None = None
+    pieces: Callable[[Put], None]
     dtypes: dict[str, np.dtype] = field(default_factory=dict)
-    pieces: Callable[[Put], None] | None = None
     what: str = "write tensors"
 
     def __post_init__(self) -> None:
-        if (self.make is None) == (self.pieces is None):
-            raise ValueError("LazyTensors takes one of make and pieces")
         bad = [n for n in self.shapes if self.dtype(n) not in _CODES]
         if bad:
             raise ValueError(f"{bad[0]}: safetensors has no dtype {self.dtype(bad[0])}")
@@ -98,19 +95,10 @@ class LazyTensors:
         self.emit(put)
         return out
 
-    def made(self, name: str) -> np.ndarray:
-        """Tensor `name` as a contiguous array; ModelFormatError when `make` gives another shape or dtype than its
-        header entry says (the file would not read back)."""
-        a = np.asarray(self.make(name))
-        a = a if a.flags.c_contiguous else a.copy(order="C")
-        if a.dtype != self.dtype(name) or a.shape != tuple(self.shapes[name]):
-            raise ModelFormatError(f"{name} has shape {a.shape} ({a.dtype}), the file's header says "
-                                   f"{tuple(self.shapes[name])} ({self.dtype(name)})")
-        return a
-
     def emit(self, put: Callable[[str, int, np.ndarray], None]) -> None:
-        """Hand every tensor's bytes to put(name, byte offset in the tensor, contiguous piece), in file order
-        (`make`) or as `pieces` gives them; ModelFormatError for a piece unlike its tensor, or a tensor left short."""
+        """Hand every tensor's bytes to put(name, byte offset in the tensor, contiguous piece) as `pieces` makes
+        them; ModelFormatError for a piece unlike its tensor (the file would not read back), or a tensor left
+        short."""
         done = dict.fromkeys(self.shapes, 0)
         bar = progress.bar(sum(self.nbytes(n) for n in self.shapes), self.what, "B")
 
@@ -128,11 +116,7 @@ class LazyTensors:
             done[name] += a.nbytes
             bar.update(a.nbytes)
 
-        if self.pieces is not None:
-            self.pieces(piece)
-        else:
-            for name in _file_order(self):
-                piece(name, self.made(name))
+        self.pieces(piece)
         bar.close()
         short = [n for n in self.shapes if done[n] != self.nbytes(n)]
         if short:
@@ -144,10 +128,6 @@ def _bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
-def _file_order(tensors: LazyTensors) -> list[str]:
-    return sorted(tensors.shapes, key=lambda n: (_ORDER.index(_CODES[tensors.dtype(n)]), n))
-
-
 def write_tensors(tensors: LazyTensors, path: str | Path, metadata: dict[str, str] | None = None) -> None:
     """Write `tensors` (and `metadata`) as safetensors file `path`, a piece at a time in the order they are made:
     the bytes `safetensors.numpy.save_file` writes for the same tensors (its header: compact JSON, the metadata
@@ -155,7 +135,7 @@ def write_tensors(tensors: LazyTensors, path: str | Path, metadata: dict[str, st
     depend on which wrote it."""
     header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
     offsets, offset = {}, 0
-    for name in _file_order(tensors):
+    for name in sorted(tensors.shapes, key=lambda n: (_ORDER.index(_CODES[tensors.dtype(n)]), n)):
         shape = [int(d) for d in tensors.shapes[name]]
         offsets[name] = offset
         header[name] = {"dtype": _CODES[tensors.dtype(name)], "shape": shape,

@@ -51,6 +51,7 @@ def test_tensors_made_count_their_bytes_on_the_bar(monkeypatch) -> None:
 
     monkeypatch.setattr(progress, "bar", bar)
     shapes = {"a": (256, 1024), "b": (3,)}
-    lazy = LazyTensors(shapes, lambda name: np.ones(shapes[name], np.float32), what="rotate")
+    lazy = LazyTensors(shapes, lambda put: [put(name, np.ones(shape, np.float32)) for name, shape in shapes.items()],
+                       what="rotate")
     assert lazy.arrays()["a"].sum() == 256 * 1024
     assert counted == [(4 * (256 * 1024 + 3), "rotate", "B"), 1 << 20, 12]
