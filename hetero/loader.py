@@ -31,7 +31,7 @@ from filelock import Timeout
 
 from hetero.config import ModelConfig, f32, longrope
 from hetero.errors import ModelFormatError
-from hetero.tensorfile import LazyTensors, map_tensors, write_tensors
+from hetero.tensorfile import LazyTensors, Put, map_tensors, write_tensors
 from hetero.weights import LayerWeights, Weights, weight_arrays
 from hetero.paths import (atomic_path, cache_dir, cache_unwritable, entry_lock, file_fingerprint, file_record,
                           remove_stale_temps, verify_files)
@@ -388,14 +388,17 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, LazyTensors, Any, str | None]:
         raise ModelFormatError(f"{p}: tensor {unused[0]!r} is not supported (hetero's {arch} layer has no use for it)")
     fused: dict[str, np.ndarray] = {}  # the last fused tensor read: its parts are made one after another
 
+    def rows_of(name: str, rows: slice) -> np.ndarray:
+        t = tensors[name]
+        try:
+            return np.asarray(gguf.quants.dequantize(t.data[rows], t.tensor_type))
+        except Exception as e:
+            raise ModelFormatError(f"{p}: cannot dequantize {name} ({t.tensor_type.name}): {e}") from e
+
     def dequantized(name: str) -> np.ndarray:
         if name in fused:
             return fused[name]
-        t = tensors[name]
-        try:
-            arr = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type))
-        except Exception as e:
-            raise ModelFormatError(f"{p}: cannot dequantize {name} ({t.tensor_type.name}): {e}") from e
+        arr = rows_of(name, slice(None))
         if name.endswith(("attn_qkv.weight", "ffn_up.weight")) and arch == "phi3":
             fused.clear()
             fused[name] = arr
@@ -413,10 +416,34 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, LazyTensors, Any, str | None]:
         check_tensor(key, arr, shapes[key], p)
         return np.ascontiguousarray(arr)
 
+    def pieces(put: Put) -> None:
+        # the GGUF's pages read give back as the entry is written: else all of the file stays resident until its
+        # mapping goes (a reference cycle, and start-up runs with the collector off: the whole run; 6.4 GB at 3B)
+        read = PageReturn()
+        for key in sorted(shapes):  # the file's order: written front to back
+            name, rows = sources[key]
+            if key not in ("tok_emb", "lm_head") or rows is not None:
+                put(key, make(key))
+                read.add(tensors[name].data)
+                continue
+            # the vocabulary's rows, by far the largest tensors (1.6 GB of float32 at 3B width): a block at a time
+            n, width = shapes[key]
+            if len(tensors[name].data) != n:
+                raise ModelFormatError(f"{p}: {name} has {len(tensors[name].data)} rows, config implies {n}")
+            for lo in range(0, n, GGUF_ROWS):
+                arr = np.ascontiguousarray(rows_of(name, slice(lo, lo + GGUF_ROWS)), dtype=np.float32)
+                check_tensor(key, arr, (min(GGUF_ROWS, n - lo), width), p)
+                put(key, arr)
+                read.add(tensors[name].data[lo : lo + GGUF_ROWS])
+        read.flush()
+
     shapes = expected_shapes(cfg)
-    return (cfg, LazyTensors(shapes, make),
+    return (cfg, LazyTensors(shapes, pieces=pieces, what="read the GGUF"),
             _gguf_tokenizer(p, arch, get("general.name", "")) if tokens is not None else None,
             synthetic_of(get("hetero.synthetic"), p))
+
+
+GGUF_ROWS = 8192  # rows of the embedding or head dequantized at a time (a row's values depend on that row alone)
 
 
 def permute(w: Any, n_head: int) -> Any:
@@ -726,12 +753,14 @@ def _first_use(entry: Path, record: dict, p: Path) -> dict[str, np.ndarray]:
 _MADV_DONTNEED = 4
 
 
-def release_pages(*tensors: torch.Tensor) -> int:
-    """Hand back the resident pages of weights memory-mapped from the model cache; returns bytes released.
+def release_pages(*tensors: torch.Tensor | np.ndarray) -> int:
+    """Hand back the resident pages of weights memory-mapped from the model cache's safetensors files (float
+    weights, packed GEMV weights) or from a GGUF file being read; returns bytes released.
 
     A later read faults them back from the file, so a float weight that only quantization reads (the NPU
-    lane's linears, mllm-NPU §3.3) does not stay in RAM. Only for a file mapping no page of which was
-    ever written (smaps `Anonymous: 0 kB`); anything else (GGUF-fresh or modified weights) is left alone.
+    lane's linears, mllm-NPU §3.3), or packed weights once copied into the decode's arena, do not stay in RAM.
+    Only for a file mapping no page of which was ever written (smaps `Anonymous: 0 kB`); anything else
+    (GGUF-fresh or modified weights) is left alone.
     """
     import ctypes
     import mmap
@@ -743,11 +772,18 @@ def release_pages(*tensors: torch.Tensor) -> int:
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     page, released = mmap.PAGESIZE, 0
     for t in tensors:
-        a = t.data_ptr()
-        lo, hi = -(-a // page) * page, (a + t.numel() * t.element_size()) // page * page
+        a, n = _span(t)
+        lo, hi = -(-a // page) * page, (a + n) // page * page
         if hi > lo and any(s <= lo and hi <= e for s, e in spans) and madvise(lo, hi - lo, _MADV_DONTNEED) == 0:
             released += hi - lo
     return released
+
+
+def _span(t: torch.Tensor | np.ndarray) -> tuple[int, int]:
+    """(address, bytes) of a contiguous tensor or array."""
+    if isinstance(t, np.ndarray):
+        return t.ctypes.data, t.nbytes
+    return t.data_ptr(), t.numel() * t.element_size()
 
 
 class PageReturn:
@@ -758,10 +794,10 @@ class PageReturn:
     def __init__(self, batch: int = 256 << 20):
         self.batch, self.read, self.bytes = batch, [], 0
 
-    def add(self, *tensors: torch.Tensor) -> None:
+    def add(self, *tensors: torch.Tensor | np.ndarray) -> None:
         """Note weights read; give back all noted once they reach `batch` bytes."""
         self.read += tensors
-        self.bytes += sum(t.numel() * t.element_size() for t in tensors)
+        self.bytes += sum(_span(t)[1] for t in tensors)
         if self.bytes >= self.batch:
             self.flush()
 
@@ -772,7 +808,7 @@ class PageReturn:
 
 
 def _clean_file_mappings() -> list[tuple[int, int]]:
-    """Address ranges of this process's model-cache weight mappings with no written (anonymous) page."""
+    """Address ranges of this process's safetensors and GGUF file mappings with no written (anonymous) page."""
     spans, cur = [], None
     try:
         with open("/proc/self/smaps") as f:
@@ -780,7 +816,7 @@ def _clean_file_mappings() -> list[tuple[int, int]]:
                 head = line.split()
                 if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
                     s, e = (int(x, 16) for x in head[0].split("-"))
-                    cur = (s, e) if len(head) >= 6 and head[5].endswith("weights.safetensors") else None
+                    cur = (s, e) if len(head) >= 6 and head[5].endswith((".safetensors", ".gguf")) else None
                 elif cur is not None and head[0] == "Anonymous:":
                     if head[1] == "0":
                         spans.append(cur)

@@ -5,7 +5,8 @@ safetensors' own numpy API copies every tensor out of its mapping (85 ms for the
 start's time. The format is an 8-byte header length, a JSON header naming each tensor's dtype,
 shape and byte span, then the bytes (https://huggingface.co/docs/safetensors): this reads that header and
 views the spans. Files are written with `safetensors.numpy.save_file` (or its torch twin), or, where set-up
-makes float weights one at a time, with `write_tensors` (the same bytes); tests check both against the library.
+makes tensors one at a time or in pieces (float weights, packed GEMV weights), with `write_tensors` (the same
+bytes); tests check both against the library.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from hetero import progress
 from hetero.errors import ModelFormatError
 
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
@@ -51,48 +53,104 @@ def map_tensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]
 
 
 _ALIGN = 8  # safetensors pads its header with spaces to a multiple of 8 bytes
+# the library's data order: by dtype, these first (a Rust enum's order, reversed), then by name (tested against it)
+_ORDER = ("U64", "I64", "F64", "F32", "U32", "I32", "F16", "U16", "I16", "I8", "U8", "BOOL")
+_CODES = {np.dtype(v): k for k, v in _DTYPES.items()}
+
+Put = Callable[[str, np.ndarray], None]  # hands over the next rows (along axis 0) of tensor `name`
 
 
 @dataclass(frozen=True)
 class LazyTensors:
-    """Float32 tensors made one at a time (`make(name)`), by name with their shapes: what set-up writes to a
-    safetensors file (`write_tensors`) without holding them all in memory; at 1B width a model's float32
-    weights are 4.7 GB, and a writer of a dict of them holds that twice (the library serializes to bytes)."""
+    """Tensors handed over in pieces as they are made (`pieces(put)`: each tensor's rows in order, whole or in
+    blocks, the tensors in any order, interleaved as they come out of one computation, such as a packed weight and
+    its scales), by name with their shapes and dtypes (float32 unless `dtypes` names another): what set-up writes
+    to a safetensors file (`write_tensors`) without holding them all in memory; at 1B width a model's float32
+    weights are 4.7 GB, and a writer of a dict of them holds that twice (the library serializes to bytes).
+    `what`: the set-up step that makes them, a progress bar's label (`progress.bar`, in bytes made)."""
 
     shapes: dict[str, tuple[int, ...]]
-    make: Callable[[str], np.ndarray]
+    pieces: Callable[[Put], None]
+    dtypes: dict[str, np.dtype] = field(default_factory=dict)
+    what: str = "write tensors"
+
+    def __post_init__(self) -> None:
+        bad = [n for n in self.shapes if self.dtype(n) not in _CODES]
+        if bad:
+            raise ValueError(f"{bad[0]}: safetensors has no dtype {self.dtype(bad[0])}")
+
+    def dtype(self, name: str) -> np.dtype:
+        return np.dtype(self.dtypes.get(name, np.float32))
+
+    def nbytes(self, name: str) -> int:
+        return self.dtype(name).itemsize * int(np.prod(self.shapes[name], dtype=np.int64))
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Every tensor in memory (where there is no file to write them to: a read-only cache)."""
-        return {name: self.made(name) for name in self.shapes}
+        out = {name: np.empty(self.shapes[name], self.dtype(name)) for name in self.shapes}
 
-    def made(self, name: str) -> np.ndarray:
-        """Tensor `name` as a contiguous float32 array; ModelFormatError when `make` gives another shape or dtype
-        than its header entry says (the file would not read back)."""
-        a = np.asarray(self.make(name))
-        a = a if a.flags.c_contiguous else a.copy(order="C")
-        if a.dtype != np.float32 or a.shape != tuple(self.shapes[name]):
-            raise ModelFormatError(f"{name} has shape {a.shape} ({a.dtype}), the file's header says "
-                                   f"{tuple(self.shapes[name])} (float32)")
-        return a
+        def put(name: str, at: int, a: np.ndarray) -> None:
+            _bytes(out[name])[at : at + a.nbytes] = _bytes(a)
+
+        self.emit(put)
+        return out
+
+    def emit(self, put: Callable[[str, int, np.ndarray], None]) -> None:
+        """Hand every tensor's bytes to put(name, byte offset in the tensor, contiguous piece) as `pieces` makes
+        them; ModelFormatError for a piece unlike its tensor (the file would not read back), or a tensor left
+        short."""
+        done = dict.fromkeys(self.shapes, 0)
+        bar = progress.bar(sum(self.nbytes(n) for n in self.shapes), self.what, "B")
+
+        def piece(name: str, a: np.ndarray) -> None:
+            if name not in self.shapes:
+                raise ModelFormatError(f"{name} is not one of the file's tensors")
+            a = np.asarray(a)
+            a = a if a.flags.c_contiguous else a.copy(order="C")
+            shape = tuple(self.shapes[name])
+            fits = a.shape == shape if not shape else a.shape[1:] == shape[1:]
+            if a.dtype != self.dtype(name) or not fits or done[name] + a.nbytes > self.nbytes(name):
+                raise ModelFormatError(f"a piece of {name} has shape {a.shape} ({a.dtype}), past or unlike the "
+                                       f"file's {shape} ({self.dtype(name)}) after {done[name]} bytes")
+            put(name, done[name], a)
+            done[name] += a.nbytes
+            bar.update(a.nbytes)
+
+        self.pieces(piece)
+        bar.close()
+        short = [n for n in self.shapes if done[n] != self.nbytes(n)]
+        if short:
+            raise ModelFormatError(f"{short[0]} was handed {done[short[0]]} of its {self.nbytes(short[0])} bytes")
 
 
-def write_tensors(tensors: LazyTensors, path: str | Path) -> None:
-    """Write `tensors` as safetensors file `path`, one tensor in memory at a time: the bytes
-    `safetensors.numpy.save_file` writes for the same tensors (its header: compact JSON in name order for one
-    dtype, spaces to a multiple of 8; the data in that order), so a cache entry's content does not depend on
-    which wrote it."""
-    names = sorted(tensors.shapes)
-    header, offset = {}, 0
-    for name in names:
+def _bytes(a: np.ndarray) -> np.ndarray:
+    """A contiguous array's bytes as a flat uint8 view."""
+    return a.reshape(-1).view(np.uint8)
+
+
+def write_tensors(tensors: LazyTensors, path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """Write `tensors` (and `metadata`) as safetensors file `path`, a piece at a time in the order they are made:
+    the bytes `safetensors.numpy.save_file` writes for the same tensors (its header: compact JSON, the metadata
+    first, then the tensors in its data order, spaces to a multiple of 8), so a cache entry's content does not
+    depend on which wrote it."""
+    header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+    offsets, offset = {}, 0
+    for name in sorted(tensors.shapes, key=lambda n: (_ORDER.index(_CODES[tensors.dtype(n)]), n)):
         shape = [int(d) for d in tensors.shapes[name]]
-        size = 4 * int(np.prod(shape, dtype=np.int64))
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
+        offsets[name] = offset
+        header[name] = {"dtype": _CODES[tensors.dtype(name)], "shape": shape,
+                        "data_offsets": [offset, offset + tensors.nbytes(name)]}
+        offset += tensors.nbytes(name)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % _ALIGN)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
-        for name in names:
-            f.write(tensors.made(name).reshape(-1).view(np.uint8))  # no bytes copy of the tensor
+        start = f.tell()
+
+        def put(name: str, at: int, a: np.ndarray) -> None:
+            if f.tell() != start + offsets[name] + at:  # pieces of several tensors interleaved
+                f.seek(start + offsets[name] + at)
+            f.write(_bytes(a))  # no bytes copy of the piece
+
+        tensors.emit(put)

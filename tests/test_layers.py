@@ -23,7 +23,7 @@ LAYER_OF = {
     **dict.fromkeys(("config", "errors", "paths", "model", "kv_cache", "chunking", "runtime", "loader",
                      "default_model", "data", "torch_backends", "dag", "schedule", "prompt", "extras", "threads", "sessions", "timing",
                      "tokenizer", "attention", "jitcache", "shipped", "rope", "weights", "tensorfile", "buffers", "cpu", "nodes",
-                     "layerspec", "hostplan"), "core"),
+                     "layerspec", "hostplan", "progress"), "core"),
     **dict.fromkeys(("outliers", "npu", "sched", "adapters", "decode", "serve", "native"), "techniques"),
     "methods": "composition",
     "": "api",  # hetero/__init__.py: the public API

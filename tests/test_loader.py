@@ -37,6 +37,16 @@ def test_gguf_tensor_types_and_permutation(tmp_path, monkeypatch, arch) -> None:
     torch.testing.assert_close(again.weights.layers[1].wq, loaded.weights.layers[1].wq, atol=0, rtol=0)
 
 
+
+def test_gguf_embedding_read_a_block_of_rows_at_a_time(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("hetero.loader.GGUF_ROWS", 100)  # 256 rows: 3 blocks, the last one short
+    model = make_tiny_model(seed=4)
+    path = write_gguf(model, tmp_path / "tiny.gguf", {"": "Q8_0"})  # the embedding (and final norm) in Q8_0
+    loaded = load_model(path)
+    torch.testing.assert_close(loaded.weights.tok_emb, dequantized(model.weights.tok_emb, "Q8_0"), atol=0, rtol=0)
+    assert loaded.weights.lm_head is loaded.weights.tok_emb
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
 def test_hf_directory_matches_transformers(tmp_path, arch) -> None:
     from hetero.adapters.hf import to_hf_model

@@ -55,6 +55,46 @@ def test_packing_keeps_onnx_runtimes_bytes():
     want = (packed.astype(np.float64).reshape(70, -1)[:, :200] - 128) * np.repeat(scales, 128, axis=1)[:, :200]
     np.testing.assert_allclose(gemv.dequantized(p), want.T, rtol=1e-6, atol=0)
     assert p.w.shape == (2, 50 * 256) and p.ws.shape == (2, 2, gemv.TILE)
+    assert (p.w.shape, p.ws.shape) == gemv.packed_shapes(200, 70)
+
+
+def test_weights_packed_a_block_of_columns_at_a_time_equal_the_whole_packs(tmp_path, monkeypatch):
+    """The decode weights are quantized and packed 64 output columns at a time here (`COLUMN_BLOCK`), written to the
+    cache entry a piece at a time, mapped back: the same bytes as each linear (online Hadamards, biases) and the
+    head packed whole."""
+    from hetero.decode import gemv_step
+    from hetero.npu.nbits import site_bias, site_weight
+    from hetero.weights import SITE_BIASES, SITE_LINEARS
+
+    m = make_tiny_model(qkv_bias=True)
+    online = {"attn_in": 64, "down_in": 32}
+    monkeypatch.setattr(gemv_step, "COLUMN_BLOCK", gemv.TILE * m.config.hidden)
+    want: dict[str, np.ndarray] = {}
+    for layer, lw in enumerate(m.weights.layers):
+        for site in gemv_step.SITES:
+            w_kn = site_weight(lw, SITE_LINEARS[site], online.get(site, 0))
+            p = gemv.pack_quantized(*quantize_weight(w_kn, gemv_step.FORM)[:2], w_kn.shape[0])
+            want[f"{layer}.{site}.w"], want[f"{layer}.{site}.ws"] = p.w, p.ws
+            if (bias := site_bias(lw, SITE_LINEARS[site], SITE_BIASES[site])) is not None:
+                want[f"{layer}.{site}.bias"] = bias
+    p = gemv.pack_quantized(*quantize_weight(m.weights.lm_head.numpy().T.copy(), gemv_step.FORM)[:2], m.config.hidden)
+    want["head.w"], want["head.ws"] = p.w, p.ws
+    assert "0.attn_in.bias" in want and want["0.ffn_in.w"].shape[0] == 4  # biases; a site of 4 blocks of columns
+
+    got = gemv_step._packed(m, online).arrays()
+    assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
+
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path))  # a cached model: the file written piece by piece, mapped
+    entry = tmp_path / "models" / m.fingerprint
+    entry.mkdir(parents=True)
+    (entry / "weights.safetensors").write_bytes(b"the float copy")
+    weights = gemv_step.GemvWeights(m, online)
+    (path,) = entry.glob("gemv8-*.safetensors")
+    assert path.read_bytes()[8:].startswith(b'{"__metadata__"')
+    for name, p in weights.linears.items():
+        assert np.array_equal(p.w, want[f"{name}.w"]) and np.array_equal(p.ws, want[f"{name}.ws"])
+    assert all(np.array_equal(b, want[f"{name}.bias"]) for name, b in weights.biases.items())
+    assert weights.biases.keys() == {f"{i}.attn_in" for i in range(m.config.n_layers)}
 
 
 @needs_kernel

@@ -77,15 +77,17 @@ def test_write_tensors_writes_the_librarys_bytes_one_tensor_at_a_time(tmp_path) 
               "s": np.array(1.5, np.float32), "empty": np.zeros((0, 3), np.float32)}
     alive: list[weakref.ref] = []
 
-    def make(name: str) -> np.ndarray:  # a fresh copy each time: the writer must have let go of the last one
-        gc.collect()
-        assert sum(r() is not None for r in alive) == 0
-        a = arrays[name].copy()
-        alive.append(weakref.ref(a))
-        return a
+    def pieces(put) -> None:  # a fresh copy each time: the writer must have let go of the last one
+        for name in arrays:
+            gc.collect()
+            assert sum(r() is not None for r in alive) == 0
+            a = arrays[name].copy()
+            alive.append(weakref.ref(a))
+            put(name, a)
+            del a
 
     save_file(arrays, str(tmp_path / "lib.safetensors"))
-    write_tensors(LazyTensors({k: v.shape for k, v in arrays.items()}, make), tmp_path / "ours.safetensors")
+    write_tensors(LazyTensors({k: v.shape for k, v in arrays.items()}, pieces), tmp_path / "ours.safetensors")
     assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "lib.safetensors").read_bytes()
     assert len(alive) == len(arrays)
 
@@ -93,7 +95,50 @@ def test_write_tensors_writes_the_librarys_bytes_one_tensor_at_a_time(tmp_path) 
 def test_write_tensors_refuses_a_tensor_unlike_its_header(tmp_path) -> None:
     from hetero.tensorfile import LazyTensors, write_tensors
 
-    with pytest.raises(ModelFormatError, match=r"w has shape \(2, 3\) \(float32\), the file's header says \(3, 2\)"):
-        write_tensors(LazyTensors({"w": (3, 2)}, lambda name: np.zeros((2, 3), np.float32)), tmp_path / "a.st")
+    with pytest.raises(ModelFormatError, match=r"a piece of w has shape \(2, 3\) \(float32\), past or unlike the "
+                                               r"file's \(3, 2\) \(float32\)"):
+        write_tensors(LazyTensors({"w": (3, 2)}, lambda put: put("w", np.zeros((2, 3), np.float32))), tmp_path / "a")
     with pytest.raises(ModelFormatError, match=r"float64"):
-        write_tensors(LazyTensors({"w": (3,)}, lambda name: np.zeros(3)), tmp_path / "a.st")
+        write_tensors(LazyTensors({"w": (3,)}, lambda put: put("w", np.zeros(3))), tmp_path / "a.st")
+
+
+def test_tensors_handed_over_in_pieces_write_the_librarys_bytes_of_every_dtype(tmp_path) -> None:
+    from hetero.tensorfile import _DTYPES, LazyTensors, write_tensors
+
+    rng = np.random.default_rng(2)
+    arrays = {f"t.{np.dtype(t).name}": (rng.standard_normal((6, 3)) * 50).astype(t) for t in _DTYPES.values()}
+    arrays |= {"a.w": rng.integers(0, 255, (8, 5), dtype=np.uint8), "a.ws": rng.standard_normal((4, 2),
+               dtype=np.float32), "s": np.array(2.5, np.float64), "empty": np.zeros((0, 4), np.int8)}
+
+    def pieces(put) -> None:  # two rows at a time, the tensors interleaved (as a packed weight beside its scales)
+        for lo in range(0, 8, 2):
+            for name, a in arrays.items():
+                if a.ndim and lo < len(a):
+                    put(name, a[lo : lo + 2])
+        put("s", arrays["s"])
+
+    lazy = LazyTensors({k: v.shape for k, v in arrays.items()}, dtypes={k: v.dtype for k, v in arrays.items()},
+                       pieces=pieces)
+    save_file(arrays, str(tmp_path / "lib.safetensors"), metadata={"form": "x"})
+    write_tensors(lazy, tmp_path / "ours.safetensors", {"form": "x"})
+    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "lib.safetensors").read_bytes()
+    made = lazy.arrays()
+    assert all(made[k].dtype == v.dtype and np.array_equal(made[k], v) for k, v in arrays.items())
+
+
+def test_pieces_unlike_their_tensor_or_short_of_it_are_refused(tmp_path) -> None:
+    from hetero.tensorfile import LazyTensors, write_tensors
+
+    def lazy(pieces) -> LazyTensors:
+        return LazyTensors({"w": (4, 2)}, dtypes={"w": np.uint8}, pieces=pieces)
+
+    with pytest.raises(ModelFormatError, match=r"w was handed 4 of its 8 bytes"):
+        write_tensors(lazy(lambda put: put("w", np.zeros((2, 2), np.uint8))), tmp_path / "a.st")
+    with pytest.raises(ModelFormatError, match=r"a piece of w has shape \(2, 3\) \(uint8\)"):
+        lazy(lambda put: put("w", np.zeros((2, 3), np.uint8))).arrays()
+    with pytest.raises(ModelFormatError, match=r"a piece of w .* after 8 bytes"):
+        lazy(lambda put: [put("w", np.zeros((4, 2), np.uint8)), put("w", np.zeros((1, 2), np.uint8))]).arrays()
+    with pytest.raises(ModelFormatError, match=r"v is not one of the file's tensors"):
+        lazy(lambda put: put("v", np.zeros((4, 2), np.uint8))).arrays()
+    with pytest.raises(ValueError, match="safetensors has no dtype complex64"):
+        LazyTensors({"w": (1,)}, lambda put: None, {"w": np.complex64})

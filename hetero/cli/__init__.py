@@ -12,6 +12,7 @@ import logging
 import sys
 from typing import Any
 
+from hetero import progress
 from hetero.errors import HeteroError
 from hetero.threads import passive_openmp
 
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         args.startup_s = process_age_s()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     quiet_transformers()
+    progress.quiet(bool(getattr(args, "json", False)))  # a program reads this command's output: no bars beside it
     try:
         rc = int(args.func(args) or 0)
     except HeteroError as e:

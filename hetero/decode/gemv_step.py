@@ -40,6 +40,7 @@ from hetero.native import gemv
 from hetero.npu.nbits import NbitsForm, quantize_weight, site_bias, site_weight
 from hetero.outliers.weightcache import cached_arrays
 from hetero.rope import RopeTable
+from hetero.tensorfile import LazyTensors, Put
 from hetero.weights import SITE_BIASES, SITE_LINEARS
 
 if TYPE_CHECKING:
@@ -61,31 +62,8 @@ class GemvWeights:
         if why is not None:
             raise ConfigError(f"hetero's int8 GEMVs cannot run this model: it has {why}")
         self.cfg, self.online = cfg, dict(online)
-        arrays = model.arrays()
-
-        def compute() -> dict[str, np.ndarray]:
-            def pack(w_kn: np.ndarray) -> gemv.Packed:  # ONNX Runtime's 8-bit blocks, MatMulNBits' bytes, repacked
-                return gemv.pack_quantized(*quantize_weight(w_kn, FORM)[:2], w_kn.shape[0])
-
-            out: dict[str, np.ndarray] = {}
-            read = PageReturn()  # a packed float weight need not stay resident
-            for layer in range(cfg.n_layers):
-                lw = model.weights.layers[layer]
-                for site in SITES:
-                    p = pack(site_weight(lw, SITE_LINEARS[site], self.online.get(site, 0)))
-                    out[f"{layer}.{site}.w"], out[f"{layer}.{site}.ws"] = p.w, p.ws
-                    bias = site_bias(lw, SITE_LINEARS[site], SITE_BIASES[site])
-                    if bias is not None:
-                        out[f"{layer}.{site}.bias"] = bias
-                    read.add(*(getattr(lw, n) for n in SITE_LINEARS[site]))
-            p = pack(np.ascontiguousarray(np.asarray(arrays["lm_head"], np.float32).T))
-            out["head.w"], out["head.ws"] = p.w, p.ws
-            read.add(model.weights.lm_head)
-            read.flush()
-            return out
-
         form = {"gemv": gemv.GEMV_VERSION, "block": gemv.QB, "online": sorted([str(k), int(v)] for k, v in online.items())}
-        found = cached_arrays(model, "gemv8", form, compute)
+        found = cached_arrays(model, "gemv8", form, lambda: _packed(model, self.online))
         names = [f"{layer}.{site}" for layer in range(cfg.n_layers) for site in SITES] + ["head"]
         # one arena in step order (anonymous memory: numpy advises huge pages for it), 64-byte aligned pieces
         sizes = [-(-found[f"{n}.w"].nbytes // 64) * 64 for n in names]
@@ -93,19 +71,21 @@ class GemvWeights:
         self.linears: dict[str, gemv.Packed] = {}
         self.biases: dict[str, np.ndarray] = {}
         off = 0
-        k_of = {"attn_in": cfg.hidden, "o_in": cfg.q_dim, "ffn_in": cfg.hidden, "down_in": cfg.ffn}
-        n_of = {"attn_in": cfg.q_dim + 2 * cfg.kv_dim, "o_in": cfg.hidden, "ffn_in": 2 * cfg.ffn, "down_in": cfg.hidden}
+        dims = _dims(cfg)
+        read = PageReturn()  # the mapped file's pages copied into the arena need not stay resident beside it
         for name, size in zip(names, sizes):
             w = found[f"{name}.w"]
             view = self.arena[off : off + w.nbytes].reshape(w.shape)
             view[...] = w
             off += size
-            site = name.split(".")[1] if name != "head" else "head"
-            k, n = (cfg.hidden, cfg.vocab) if site == "head" else (k_of[site], n_of[site])
+            k, n = dims[name.split(".")[-1]]
             # copies, not views: a view would keep the whole mapped file resident beside the arena
             self.linears[name] = gemv.Packed(view, np.array(found[f"{name}.ws"], np.float32), k, n)
             if f"{name}.bias" in found:
                 self.biases[name] = np.array(found[f"{name}.bias"], np.float32)
+            read.add(w)
+        read.flush()
+        arrays = model.arrays()
         self.norms = {name: np.ascontiguousarray(arrays[name], np.float32)
                       for name in ["norm"] + [f"layers.{i}.{f}" for i in range(cfg.n_layers)
                                               for f in ("attn_norm", "ffn_norm")]}
@@ -117,6 +97,60 @@ class GemvWeights:
     def close(self) -> None:
         """Nothing to release beyond memory (a runtime's owned object, `Runtime.owned`): the arena goes with the last
         step that holds it."""
+
+
+COLUMN_BLOCK = 8 << 20  # float32 values quantized at a time (32 MB): a linear's output columns, a multiple of TILE
+
+
+def _dims(cfg) -> dict[str, tuple[int, int]]:
+    """(K, N) of each site's linear and of the head."""
+    return {"attn_in": (cfg.hidden, cfg.q_dim + 2 * cfg.kv_dim), "o_in": (cfg.q_dim, cfg.hidden),
+            "ffn_in": (cfg.hidden, 2 * cfg.ffn), "down_in": (cfg.ffn, cfg.hidden), "head": (cfg.hidden, cfg.vocab)}
+
+
+def _packed(model: "Model", online: dict[str, int]) -> LazyTensors:
+    """Every linear's and the head's packed weights (`gemv.Packed`'s w and ws) and the sites' biases, made a block
+    of output columns at a time (`COLUMN_BLOCK`) and handed over as they are made (`tensorfile.write_tensors`
+    writes them to the cache file piece by piece): no site is ever whole in float, nor the head transposed to
+    float32 (1.05 GB at 1B width, and the quantizer's padded copy as much again), and the float weights read
+    give back their mapped pages (`PageReturn`)."""
+    cfg, weights = model.config, model.weights
+    dims = _dims(cfg)
+    names = [(f"{layer}.{site}", site) for layer in range(cfg.n_layers) for site in SITES] + [("head", "head")]
+    shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, np.dtype] = {}
+    for name, site in names:
+        shapes[f"{name}.w"], shapes[f"{name}.ws"] = gemv.packed_shapes(*dims[site])
+        dtypes[f"{name}.w"] = np.dtype(np.uint8)
+        if site != "head" and any(getattr(weights.layers[int(name.split(".")[0])], b) is not None
+                                  for b in SITE_BIASES[site]):
+            shapes[f"{name}.bias"] = (dims[site][1],)
+
+    def pieces(put: Put) -> None:
+        read = PageReturn()  # a packed float weight need not stay resident
+        head = model.arrays()["lm_head"]
+        for name, site in names:
+            k, n = dims[site]
+            step = max(gemv.TILE, COLUMN_BLOCK // k // gemv.TILE * gemv.TILE)
+            lw = None if site == "head" else weights.layers[int(name.split(".")[0])]
+            for lo in range(0, n, step):
+                cols = slice(lo, min(lo + step, n))
+                if lw is None:  # the head [vocab, hidden]: its rows are the columns
+                    w_kn = np.asarray(head[cols], np.float32).T
+                    read.add(weights.lm_head[cols])
+                else:
+                    w_kn = site_weight(lw, SITE_LINEARS[site], online.get(site, 0), cols)
+                p = gemv.pack_quantized(*quantize_weight(w_kn, FORM)[:2], k)
+                put(f"{name}.w", p.w)
+                put(f"{name}.ws", p.ws)
+            if lw is not None:
+                bias = site_bias(lw, SITE_LINEARS[site], SITE_BIASES[site])
+                if bias is not None:
+                    put(f"{name}.bias", bias)
+                read.add(*(getattr(lw, f) for f in SITE_LINEARS[site]))
+        read.flush()
+
+    return LazyTensors(shapes, dtypes=dtypes, pieces=pieces, what="pack decode weights")
 
 
 HUGE = 2 << 20  # bytes of an x86-64 huge page

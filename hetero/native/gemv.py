@@ -119,6 +119,14 @@ def pack_quantized(packed: np.ndarray, scales: np.ndarray, k: int) -> Packed:
     return Packed(w, ws, k, n)
 
 
+def packed_shapes(k: int, n: int) -> tuple[tuple[int, int], tuple[int, int, int]]:
+    """The shapes of `Packed.w` and `Packed.ws` for K inputs and N outputs (what `pack_quantized` makes): a file
+    of packed weights is laid out before any is computed. Both are tile-major, so the packs of column blocks
+    that are multiples of TILE, stacked along axis 0, are the pack of the whole."""
+    tiles = -(-n // TILE)
+    return (tiles, -(-k // 4) * 256), (tiles, -(-k // QB), TILE)
+
+
 def dequantized(p: Packed) -> np.ndarray:
     """The float weight [K, N] a packed linear computes with (tests, references)."""
     tiles = p.w.shape[0]

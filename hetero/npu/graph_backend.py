@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hetero import buffers, layerspec
+from hetero import buffers, layerspec, progress
 from hetero.attention import row_twice
 from hetero.chunking import check_chunk
 from hetero.errors import ConfigError
@@ -341,15 +341,23 @@ class NpuBackend:
         so that what the process makes once (the shared ONNX Runtime pool, cached keys) is made before."""
         workers = min(PREPARE_THREADS, os.cpu_count() or 1) if isinstance(self.provider, OrtCpuProvider) else 1
         arrays = self.model.arrays()  # the float norms and biases at rest (numpy: no torch on a warm start)
+        bar = progress.bar(len(layers), "graphs", "layer")
+
+        def prepare(layer: int) -> LayerProgram:
+            program = self._prepare_layer(layer, use_cache, arrays)
+            bar.update()
+            return program
+
         if layers:
-            self._programs[layers[0]] = self._prepare_layer(layers[0], use_cache, arrays)
+            self._programs[layers[0]] = prepare(layers[0])
         rest = layers[1:]
         if workers > 1 and len(rest) > 1:
             with ThreadPoolExecutor(workers, thread_name_prefix="hetero-graphs") as pool:
-                programs = list(pool.map(lambda layer: self._prepare_layer(layer, use_cache, arrays), rest))
+                programs = list(pool.map(prepare, rest))
             self.report.rows.sort(key=lambda row: row[0])  # by layer, each layer's graphs in their order (stable)
         else:
-            programs = [self._prepare_layer(layer, use_cache, arrays) for layer in rest]
+            programs = [prepare(layer) for layer in rest]
+        bar.close()
         self._programs.update(zip(rest, programs))
 
     def _prepare_layer(self, layer: int, use_cache: bool, arrays: dict[str, np.ndarray]) -> LayerProgram:

@@ -132,15 +132,26 @@ def layer_graph(kind: str, cfg, lw: "LayerWeights", online: dict[str, int], form
     return g.model()
 
 
-def site_weight(lw: "LayerWeights", names: tuple[str, ...], hadamard: int = 0) -> np.ndarray:
+def site_weight(lw: "LayerWeights", names: tuple[str, ...], hadamard: int = 0, cols: slice = slice(None)
+                ) -> np.ndarray:
     """The float weight [K, N] of one linear site: its matrices (`names`, each [out, K]) side by side, times the
     online transform's block Hadamard of size `hadamard` (0: none) as W·T, so that (x·T)(W·T)ᵀ = x·Wᵀ
-    (`rotate.block_hadamard`)."""
+    (`rotate.block_hadamard`); only its columns `cols` (a step-1 slice of N): a site packed a block of columns
+    at a time is never whole in float (`decode.gemv_step`)."""
     import torch
 
     from hetero.outliers.rotate import block_hadamard
 
-    ws = [getattr(lw, n).detach().double() for n in names]
+    mats = [getattr(lw, n).detach() for n in names]
+    first, stop, step = cols.indices(sum(m.shape[0] for m in mats))
+    if step != 1:
+        raise ValueError(f"site_weight takes a slice of step 1, not {step}")
+    ws, at = [], 0
+    for m in mats:  # each matrix's rows in [first, stop)
+        lo, hi = max(first - at, 0), min(stop - at, m.shape[0])
+        if hi > lo:
+            ws.append(m[lo:hi].double())
+        at += m.shape[0]
     if hadamard:
         ws = [block_hadamard(w, hadamard) for w in ws]
     return np.ascontiguousarray(torch.cat(ws).T.float().numpy())

@@ -356,9 +356,8 @@ def _calibrate(model, text: str, n_tokens: int, window: int, corpus: str, progre
     (`loader.release_pages`), so calibration never holds more than a layer of the model."""
     import torch
 
-    from tqdm import tqdm
-
     from hetero import model as ref
+    from hetero import progress as bars
     from hetero.loader import release_pages
     from hetero.model import FloatLinear, observed
     from hetero.torch_backends import TorchBackend
@@ -372,7 +371,7 @@ def _calibrate(model, text: str, n_tokens: int, window: int, corpus: str, progre
     online = online or {}
     hs = [ref.embed(w, ids) for ids in wins]  # each window's input to the next layer
     sites: dict[tuple[int, str], SiteStats] = {}
-    bar = tqdm(total=cfg.n_layers * len(wins), desc="calibrate", unit="win", disable=not progress)
+    bar = bars.bar(cfg.n_layers * len(wins), "calibrate", "win", enabled=progress)
     for layer in range(cfg.n_layers):
         pos = {s: torch.zeros(_NBINS, dtype=torch.float64) for s in SITES}
         neg = {s: torch.zeros(_NBINS, dtype=torch.float64) for s in SITES}

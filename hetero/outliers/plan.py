@@ -8,6 +8,7 @@ Sites and the weight range: docs/design.md, "Outliers"; the plan records its wei
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from hetero.errors import ConfigError
@@ -174,11 +175,12 @@ def quantize_weights(model, granularity: str = DEFAULT_WEIGHT_GRANULARITY, qmax:
 
 
 def _quantize_all(model, granularity: str, qmax: int, online: dict[str, int]
-                  ) -> dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]:
+                  ) -> Iterator[tuple[tuple[int, str], QuantWeight | QuantWeightPerChannel]]:
+    """Each linear's INT8 weight in turn, so that they are written to their cache file as they come
+    (`weightcache.cached_weights`): never all in memory at once (2.8 GB at 3B, and a serializer's copy as much)."""
     from hetero.outliers.rotate import block_hadamard
 
     fn = quantize_weight if granularity == "tensor" else quantize_weight_per_channel
-    out: dict[tuple[int, str], QuantWeight | QuantWeightPerChannel] = {}
     read = PageReturn()  # a quantized float weight need not stay resident
     for layer, lw in enumerate(model.weights.layers):
         for site, names in SITE_LINEARS.items():
@@ -186,10 +188,9 @@ def _quantize_all(model, granularity: str, qmax: int, online: dict[str, int]
                 w = getattr(lw, name).detach().cpu()
                 if site in online:
                     w = block_hadamard(w.double(), online[site]).float()
-                out[(layer, name)] = fn(w.numpy(), qmax)
+                yield (layer, name), fn(w.numpy(), qmax)
                 read.add(getattr(lw, name))
     read.flush()
-    return out
 
 
 def plan_from_scales(

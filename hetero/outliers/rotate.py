@@ -120,12 +120,16 @@ _FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w
 _READ = {"wq": "attn_norm", "wk": "attn_norm", "wv": "attn_norm", "w_gate": "ffn_norm", "w_up": "ffn_norm"}  # → norm
 
 
+ROWS = 4096  # rows of the embedding or the head rotated at a time (whole, each is 1.6 GB at 3B width, the head's
+# scaled copy as much again); a row's product does not depend on the others (the same bytes: tests)
+
+
 def rotated_tensors(cfg, w, seed: int = 0, source: object = "the rotated copy") -> LazyTensors:
     """The tensors rotation changes (`_stored`), each made from `w` when it is asked for, so that the rotated copy
-    is written one tensor at a time (at 1B width it is 6 GB of float32): embedding E·Q; readers (q/k/v, gate/up,
-    lm_head) W·diag(g)·Q; writers (o, down, and their biases) Qᵀ·W; the folded norms 1. A weight the rotation has
-    read gives back its pages when they map the model's cache file (`loader.release_pages`). ModelFormatError
-    naming a tensor that comes out with a NaN or an infinity."""
+    is written a tensor (the embedding and the head: `ROWS` rows) at a time (at 1B width it is 6 GB of float32):
+    embedding E·Q; readers (q/k/v, gate/up, lm_head) W·diag(g)·Q; writers (o, down, and their biases) Qᵀ·W; the
+    folded norms 1. A weight the rotation has read gives back its pages when they map the model's cache file
+    (`loader.release_pages`). ModelFormatError naming a tensor that comes out with a NaN or an infinity."""
     import torch
 
     from hetero.loader import check_tensor, release_pages
@@ -134,32 +138,37 @@ def rotated_tensors(cfg, w, seed: int = 0, source: object = "the rotated copy") 
     q = residual_rotation(cfg.hidden, seed).float()
     shapes = {k: tuple(v.shape) for k, v in weight_arrays(w).items() if _stored(k)}
 
-    def make(name: str) -> np.ndarray:
-        field = name.split(".")[-1]
-        lw = w.layers[int(name.split(".")[1])] if name.startswith("layers.") else None
-        src = w.tok_emb if name == "tok_emb" else w.lm_head if name == "lm_head" else getattr(lw, field, None)
-        with torch.inference_mode():
-            if field in ("norm", "attn_norm", "ffn_norm"):  # one tensor each (safetensors stores no shared tensors)
-                out = torch.ones(cfg.hidden)
-            elif name == "tok_emb":
-                out = w.tok_emb @ q
-            elif name == "lm_head":
-                out = (w.lm_head * w.norm) @ q
-            elif field in _READ:  # W·diag(g)·Q
-                out = (src * getattr(lw, _READ[field])) @ q
-            elif field in ("wo", "w_down"):  # Qᵀ·W
-                out = q.T @ src
-            elif field in ("bo", "b_down"):  # biases of the linears writing the residual stream rotate with it
-                out = src @ q
-            else:  # those reading it do not
-                out = src
-            a = out.numpy()
+    def made(name: str, src: "torch.Tensor | None", out: "torch.Tensor") -> np.ndarray:
+        a = out.numpy()
         check_tensor(name, a, a.shape, source)
         if src is not None and out is not src:
             release_pages(src)
         return a
 
-    return LazyTensors(shapes, make)
+    def pieces(put) -> None:
+        for name in sorted(shapes):  # the file's order: written front to back
+            field = name.split(".")[-1]
+            lw = w.layers[int(name.split(".")[1])] if name.startswith("layers.") else None
+            src = w.tok_emb if name == "tok_emb" else w.lm_head if name == "lm_head" else getattr(lw, field, None)
+            with torch.inference_mode():
+                if name in ("tok_emb", "lm_head"):  # E·Q, and the head (W·diag(g))·Q, a block of rows at a time
+                    for lo in range(0, src.shape[0], ROWS):
+                        rows = src[lo : lo + ROWS]
+                        put(name, made(name, rows, (rows if name == "tok_emb" else rows * w.norm) @ q))
+                    continue
+                if field in ("norm", "attn_norm", "ffn_norm"):  # one tensor each (safetensors stores no shared tensors)
+                    out = torch.ones(cfg.hidden)
+                elif field in _READ:  # W·diag(g)·Q
+                    out = (src * getattr(lw, _READ[field])) @ q
+                elif field in ("wo", "w_down"):  # Qᵀ·W
+                    out = q.T @ src
+                elif field in ("bo", "b_down"):  # biases of the linears writing the residual stream rotate with it
+                    out = src @ q
+                else:  # those reading it do not
+                    out = src
+                put(name, made(name, src, out))
+
+    return LazyTensors(shapes, pieces=pieces, what="rotate")
 
 
 def _stored(name: str) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,7 @@ import numpy as np
 from hetero.weights import SITE_LINEARS
 from hetero.outliers.quantize import QuantWeight, QuantWeightPerChannel
 from hetero.paths import cache_dir, cached
-from hetero.tensorfile import map_tensors
+from hetero.tensorfile import LazyTensors, Put, map_tensors, write_tensors
 
 WEIGHTS_VERSION = 1  # bump when quantize_weight(_per_channel) or block_hadamard change what they compute
 Weights = dict[tuple[int, str], QuantWeight | QuantWeightPerChannel]
@@ -47,16 +47,32 @@ def _entry(model) -> Path | None:
     return folder if (folder / "weights.safetensors").is_file() else None
 
 
-def cached_weights(model, granularity: str, qmax: int, online: dict[str, int], compute: Callable[[], Weights]) -> Weights:
-    """The INT8 weights of `model` in this form: read from its cache entry (verified), else `compute()`d and saved."""
+def cached_weights(model, granularity: str, qmax: int, online: dict[str, int],
+                   compute: Callable[[], Iterable[tuple[tuple[int, str], QuantWeight | QuantWeightPerChannel]]]
+                   ) -> Weights:
+    """The INT8 weights of `model` in this form: read from its cache entry (verified), else `compute()`d one linear
+    at a time, each written to the entry's file as it comes (`tensorfile.write_tensors`), then mapped."""
     form = {"granularity": granularity, "qmax": int(qmax), "online": sorted([str(k), int(v)] for k, v in online.items())}
+    per_tensor = granularity == "tensor"
 
-    def arrays() -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {}
-        for (layer, name), w in compute().items():
-            out[f"{layer}.{name}.q"] = w.q
-            out[f"{layer}.{name}.s"] = w.scales if isinstance(w, QuantWeightPerChannel) else np.asarray(w.scale, np.float64)
-        return out
+    def arrays() -> LazyTensors:
+        shapes: dict[str, tuple[int, ...]] = {}
+        dtypes: dict[str, np.dtype] = {}
+        for layer, lw in enumerate(model.weights.layers):
+            for name in (n for names in SITE_LINEARS.values() for n in names):
+                out, k = getattr(lw, name).shape
+                shapes[f"{layer}.{name}.q"], dtypes[f"{layer}.{name}.q"] = (out, k), np.dtype(np.int8)
+                # a per-tensor scale is a float64 scalar, per-channel ones float32 (the file's format)
+                shapes[f"{layer}.{name}.s"] = () if per_tensor else (out,)
+                dtypes[f"{layer}.{name}.s"] = np.dtype(np.float64 if per_tensor else np.float32)
+
+        def pieces(put: Put) -> None:
+            for (layer, name), w in compute():
+                put(f"{layer}.{name}.q", w.q)
+                per_channel = isinstance(w, QuantWeightPerChannel)
+                put(f"{layer}.{name}.s", w.scales if per_channel else np.asarray(w.scale, np.float64))
+
+        return LazyTensors(shapes, dtypes=dtypes, pieces=pieces, what="quantize")
 
     found = cached_arrays(model, "int8", form, arrays)
     weights: Weights = {}
@@ -68,14 +84,17 @@ def cached_weights(model, granularity: str, qmax: int, online: dict[str, int], c
     return weights
 
 
-def cached_arrays(model, kind: str, form: dict, compute: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def cached_arrays(model, kind: str, form: dict,
+                  compute: Callable[[], dict[str, np.ndarray] | LazyTensors]) -> dict[str, np.ndarray]:
     """Named arrays derived from `model`'s float weights (`form` says how), kept as one file of its cache entry
     (`paths.cached`: a content record checked at first use, built once under the entry's lock, a damaged file
-    rebuilt with a warning, an unwritable cache computing them again each run)."""
+    rebuilt with a warning, an unwritable cache computing them again each run). `compute` may give them as
+    `LazyTensors`, written a piece at a time and then mapped, so that they are never all in memory at once."""
     guard = _float_guard(model)  # reads `model.arrays()` first: a rotated copy's weights file exists from then on
     folder = _entry(model)
     if folder is None:
-        return compute()
+        got = compute()
+        return got.arrays() if isinstance(got, LazyTensors) else got
     form = {"version": WEIGHTS_VERSION, "kind": kind, **form, "guard": guard}
     text = json.dumps(form, sort_keys=True)
     name = f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.safetensors"
@@ -86,9 +105,15 @@ def cached_arrays(model, kind: str, form: dict, compute: Callable[[], dict[str, 
             raise ValueError("it was made for another form")
         return arrays
 
-    def save(arrays: dict[str, np.ndarray], tmp: Path) -> None:
+    def save(arrays: dict[str, np.ndarray] | LazyTensors, tmp: Path) -> None:
+        if isinstance(arrays, LazyTensors):
+            write_tensors(arrays, tmp, {"form": text})
+            return
         from safetensors.numpy import save_file
 
         save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp), metadata={"form": text})
 
-    return cached(folder, name, load, compute, save, f"{kind} arrays")
+    got = cached(folder, name, load, compute, save, f"{kind} arrays")
+    if isinstance(got, LazyTensors):  # just written: map the file (or, a cache that cannot take it, make them)
+        got = cached(folder, name, load, compute, save, f"{kind} arrays")
+    return got.arrays() if isinstance(got, LazyTensors) else got

@@ -45,6 +45,19 @@ def test_rotated_tiny_model_equals_float(arch, tmp_path, monkeypatch):
     assert online_sites(m.config) == {"down_in": 64}  # head_dim 16: no per-head Hadamard on o_in
 
 
+
+def test_the_embedding_and_head_rotated_a_block_of_rows_at_a_time_are_the_same_bytes(monkeypatch):
+    import numpy as np
+
+    from hetero.outliers import rotate
+
+    m = make_tiny_model(seed=2)
+    whole = rotate.rotated_tensors(m.config, m.weights, 1).arrays()
+    monkeypatch.setattr(rotate, "ROWS", 48)  # 256 rows: 6 blocks, the last one short
+    blocks = rotate.rotated_tensors(m.config, m.weights, 1).arrays()
+    assert whole.keys() == blocks.keys() and {"tok_emb", "lm_head"} <= whole.keys()
+    assert all(np.array_equal(whole[k], blocks[k]) for k in whole)
+
 def test_rotation_is_the_models_flag_not_its_fingerprint():
     """A fingerprint that happens to contain "-rot" is no rotation; quant_plan refuses a recipe that disagrees."""
     import dataclasses

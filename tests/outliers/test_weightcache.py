@@ -36,9 +36,24 @@ def test_weights_are_quantized_once_then_read_back_equal(cached_tiny, monkeypatc
     online = {"down_in": 32}
     first = quantize_weights(m, "channel", 127, online)
     assert len(list(entry.glob("int8-*.safetensors"))) == 1
-    assert _same(first, _quantize_all(m, "channel", 127, online))
+    assert _same(first, dict(_quantize_all(m, "channel", 127, online)))
     monkeypatch.setattr("hetero.outliers.plan._quantize_all", lambda *a: pytest.fail("quantized again"))
     assert _same(quantize_weights(m, "channel", 127, online), first)
+
+
+@pytest.mark.parametrize("granularity", ["channel", "tensor"])
+def test_weights_written_one_linear_at_a_time_are_the_librarys_bytes(cached_tiny, granularity):
+    from safetensors.numpy import save_file
+
+    from hetero.tensorfile import map_tensors
+
+    m, entry = cached_tiny
+    quantize_weights(m, granularity, 127)
+    (path,) = entry.glob("int8-*.safetensors")
+    arrays, meta = map_tensors(path)
+    save_file({k: np.array(v) for k, v in arrays.items()}, str(entry / "lib.safetensors"), metadata=meta)
+    assert path.read_bytes() == (entry / "lib.safetensors").read_bytes()
+    assert arrays["0.wq.s"].shape == (() if granularity == "tensor" else (64,))
 
 
 def test_each_form_has_its_own_file(cached_tiny):
@@ -56,13 +71,13 @@ def test_edited_weights_under_the_same_fingerprint_never_get_the_old_ones(cached
     with torch.no_grad():
         m.weights.layers[0].wq[0, :5] += 1.0  # the head of the tensor: the guard samples it
     after = quantize_weights(m, "channel", 127)
-    assert _same(after, _quantize_all(m, "channel", 127, {}))
+    assert _same(after, dict(_quantize_all(m, "channel", 127, {})))
     assert not np.array_equal(before[(0, "wq")].q, after[(0, "wq")].q)
 
 
 def test_a_damaged_file_is_recomputed_with_a_warning(cached_tiny, caplog):
     m, entry = cached_tiny
-    good = quantize_weights(m, "channel", 127)
+    quantize_weights(m, "channel", 127)
     (path,) = entry.glob("int8-*.safetensors")
     data = bytearray(path.read_bytes())
     data[-10:] = bytes(10)  # damage past the header
@@ -70,7 +85,7 @@ def test_a_damaged_file_is_recomputed_with_a_warning(cached_tiny, caplog):
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))  # the stamp kept: the content tells
     with caplog.at_level(logging.WARNING):
         again = quantize_weights(m, "channel", 127)
-    assert _same(again, good)
+    assert _same(again, dict(_quantize_all(m, "channel", 127, {})))  # (the first weights map the damaged file)
     assert "fails its content hash" in caplog.text and "rebuilding" in caplog.text
 
 
