@@ -86,29 +86,12 @@ class GemvWeights:
 
         form = {"gemv": gemv.GEMV_VERSION, "block": gemv.QB, "online": sorted([str(k), int(v)] for k, v in online.items())}
         found = cached_arrays(model, "gemv8", form, compute)
-        names = [f"{layer}.{site}" for layer in range(cfg.n_layers) for site in SITES] + ["head"]
-        # one arena in step order (anonymous memory: numpy advises huge pages for it), 64-byte aligned pieces
-        sizes = [-(-found[f"{n}.w"].nbytes // 64) * 64 for n in names]
-        self.arena = _arena(sum(sizes))
-        self.linears: dict[str, gemv.Packed] = {}
-        self.biases: dict[str, np.ndarray] = {}
-        off = 0
-        k_of = {"attn_in": cfg.hidden, "o_in": cfg.q_dim, "ffn_in": cfg.hidden, "down_in": cfg.ffn}
-        n_of = {"attn_in": cfg.q_dim + 2 * cfg.kv_dim, "o_in": cfg.hidden, "ffn_in": 2 * cfg.ffn, "down_in": cfg.hidden}
-        for name, size in zip(names, sizes):
-            w = found[f"{name}.w"]
-            view = self.arena[off : off + w.nbytes].reshape(w.shape)
-            view[...] = w
-            off += size
-            site = name.split(".")[1] if name != "head" else "head"
-            k, n = (cfg.hidden, cfg.vocab) if site == "head" else (k_of[site], n_of[site])
-            # copies, not views: a view would keep the whole mapped file resident beside the arena
-            self.linears[name] = gemv.Packed(view, np.array(found[f"{name}.ws"], np.float32), k, n)
-            if f"{name}.bias" in found:
-                self.biases[name] = np.array(found[f"{name}.bias"], np.float32)
-        self.norms = {name: np.ascontiguousarray(arrays[name], np.float32)
-                      for name in ["norm"] + [f"layers.{i}.{f}" for i in range(cfg.n_layers)
-                                              for f in ("attn_norm", "ffn_norm")]}
+        self.arena, self.linears = place_linears(cfg, found, {name: "int8" for name in step_names(cfg)})
+        self.biases = {name: np.array(found[f"{name}.bias"], np.float32) for name in step_names(cfg)
+                       if f"{name}.bias" in found}
+        self.arrays = arrays  # the embedding rows and QK norms a step reads (the model's, rotated with these weights)
+        self.norms = step_norms(cfg, arrays)
+        self.unrotate = None  # a step's hidden rows are the runtime's own (`gguf_blocks.BlockWeights.unrotate`)
 
     @property
     def nbytes(self) -> int:
@@ -117,6 +100,41 @@ class GemvWeights:
     def close(self) -> None:
         """Nothing to release beyond memory (a runtime's owned object, `Runtime.owned`): the arena goes with the last
         step that holds it."""
+
+
+def step_names(cfg) -> list[str]:
+    """The linears' names in the order a step reads them: "<layer>.<site>", then "head"."""
+    return [f"{layer}.{site}" for layer in range(cfg.n_layers) for site in SITES] + ["head"]
+
+
+def step_norms(cfg, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The RMSNorm weights a step's GEMVs fold in (the final norm, each layer's two), float32."""
+    return {name: np.ascontiguousarray(arrays[name], np.float32)
+            for name in ["norm"] + [f"layers.{i}.{f}" for i in range(cfg.n_layers) for f in ("attn_norm", "ffn_norm")]}
+
+
+def place_linears(cfg, found: dict[str, np.ndarray], forms: dict[str, str]) -> tuple[np.ndarray, dict[str, gemv.Packed]]:
+    """The packed weights `found` ("<name>.w", and "<name>.ws" for the INT8 form) of every linear of a step, in the
+    form `forms[name]`, copied into one arena in step order (64-byte aligned pieces): the arena and each linear's
+    `gemv.Packed` over it."""
+    names = step_names(cfg)
+    sizes = [-(-found[f"{n}.w"].nbytes // 64) * 64 for n in names]
+    arena = _arena(sum(sizes))
+    linears: dict[str, gemv.Packed] = {}
+    k_of = {"attn_in": cfg.hidden, "o_in": cfg.q_dim, "ffn_in": cfg.hidden, "down_in": cfg.ffn, "head": cfg.hidden}
+    n_of = {"attn_in": cfg.q_dim + 2 * cfg.kv_dim, "o_in": cfg.hidden, "ffn_in": 2 * cfg.ffn, "down_in": cfg.hidden,
+            "head": cfg.vocab}
+    off = 0
+    for name, size in zip(names, sizes):
+        w = found[f"{name}.w"]
+        view = arena[off : off + w.nbytes].reshape(w.shape)
+        view[...] = w
+        off += size
+        site = name.split(".")[-1]
+        # copies, not views: a view would keep the whole mapped file resident beside the arena
+        ws = np.array(found[f"{name}.ws"], np.float32) if forms[name] == "int8" else np.zeros(0, np.float32)
+        linears[name] = gemv.Packed(view, ws, k_of[site], n_of[site], forms[name])
+    return arena, linears
 
 
 HUGE = 2 << 20  # bytes of an x86-64 huge page
