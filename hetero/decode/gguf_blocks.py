@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hetero import layerspec
 from hetero.errors import ConfigError
 from hetero.native import gemv
 from hetero.weights import SITE_BIASES, SITE_LINEARS
@@ -149,6 +150,9 @@ def unavailable(model: "Model") -> str | None:
     if table.arch not in ARCHS:
         return f"its architecture {table.arch!r} is not one of {', '.join(ARCHS)}"
     cfg = model.config
+    lacks = layerspec.lacks(layerspec.LayerSpec.of(cfg), "decode GGUF blocks")
+    if lacks:
+        return f"its layers have {lacks}"
     for layer in range(cfg.n_layers):
         for site, names in _site_tensors(cfg, layer).items():
             forms = {table.form(n) for n in names if n in table.tensors}

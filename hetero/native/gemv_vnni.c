@@ -201,10 +201,12 @@ static __attribute__((noinline)) void tile_rows(const int R, const uint8_t *wt, 
 
 /* One tile (64 columns) of R rows over a GGUF block form (fmt, a constant at each call: gcc's clones, as tile_rows):
    y_r[c] = Σ_b sa_r[b]·(d[b][c]·Σ_{k∈b} q·xq_r [+ m[b][c]·Σ_{k∈b} xq_r]), block after block, so a row's bits do
-   not depend on R. Q8_0's q is stored + 128 and its share of 128 (xsum) taken off as in tile_rows. */
-static __attribute__((noinline)) void tile_blocks(const int R, const int fmt, const uint8_t *wt, int64_t nbk,
-                                                  const int8_t *xq, int64_t kp, const float *sa, const int32_t *xsum,
-                                                  int64_t na, float *y) {
+   not depend on R. Q8_0's q is stored + 128 and its share of 128 (xsum) taken off as in tile_rows. Inlined into one
+   function per (R, fmt) below (gcc's clones made two of the four: the form stayed a run-time branch). */
+static inline __attribute__((always_inline)) void tile_blocks(const int R, const int fmt, const uint8_t *wt,
+                                                              int64_t nbk, const int8_t *xq, int64_t kp,
+                                                              const float *sa, const int32_t *xsum, int64_t na,
+                                                              float *y) {
     const __m512i low = _mm512_set1_epi8(0x0F);
     const int64_t bb = block_bytes(fmt), wbytes = fmt == FMT_Q4_1 ? 1024 : 2048;
     __m512 f[MAX_ROWS][4];
@@ -261,13 +263,24 @@ static __attribute__((noinline)) void tile_blocks(const int R, const int fmt, co
         for (int u = 0; u < 4; u++) _mm512_storeu_ps(y + r * TILE + 16 * u, f[r][u]);
 }
 
+#define TILE_BLOCKS(name, R, fmt)                                                                              \
+    static __attribute__((noinline)) void name(const uint8_t *wt, int64_t nbk, const int8_t *xq, int64_t kp,       \
+                                               const float *sa, const int32_t *xsum, int64_t na, float *y) {       \
+        tile_blocks(R, fmt, wt, nbk, xq, kp, sa, xsum, na, y);                                                     \
+    }
+TILE_BLOCKS(tile_q4_1_r1, 1, FMT_Q4_1)
+TILE_BLOCKS(tile_q4_1_r2, 2, FMT_Q4_1)
+TILE_BLOCKS(tile_q8_0_r1, 1, FMT_Q8_0)
+TILE_BLOCKS(tile_q8_0_r2, 2, FMT_Q8_0)
+
 /* One tile of R rows (1 or 2, constants) in the job's weight form. */
 static inline void tile(const int R, const Job *J, int64_t t, int64_t quads, int64_t nb, const int8_t *xq,
                         int64_t kp, const float *sa, const int32_t *xsum, int64_t na, float *y) {
+    const int64_t nbk = J->k / GB;
     if (J->fmt == FMT_Q4_1)
-        tile_blocks(R, FMT_Q4_1, J->w + t * (J->k / GB) * block_bytes(FMT_Q4_1), J->k / GB, xq, kp, sa, xsum, na, y);
+        (R == 1 ? tile_q4_1_r1 : tile_q4_1_r2)(J->w + t * nbk * block_bytes(FMT_Q4_1), nbk, xq, kp, sa, xsum, na, y);
     else if (J->fmt == FMT_Q8_0)
-        tile_blocks(R, FMT_Q8_0, J->w + t * (J->k / GB) * block_bytes(FMT_Q8_0), J->k / GB, xq, kp, sa, xsum, na, y);
+        (R == 1 ? tile_q8_0_r1 : tile_q8_0_r2)(J->w + t * nbk * block_bytes(FMT_Q8_0), nbk, xq, kp, sa, xsum, na, y);
     else
         tile_rows(R, J->w + t * (quads * 256), J->ws + t * (nb * TILE), quads, nb, xq, kp, sa, xsum, na, y);
 }
