@@ -151,16 +151,17 @@ def run(args: argparse.Namespace) -> int:
                 "gemv": make_runtime(model), "blocks": make_runtime(model)}
     # today's INT8 decode before the MatMulNBits form: its steps and its prefill's last logits (the runtime's own
     # step's head) on the INT8 graphs and head; the MatMulNBits graphs and head where the placement runs the GEMVs
-    runtimes["int8"].decode = dataclasses.replace(runtimes["int8"].decode, small_rows=0, small_form="")
-    runtimes["nbits"].decode = dataclasses.replace(runtimes["nbits"].decode, small_kernel="nbits",
-                                                   small_form=DEFAULT_FORM.describe())
+    def placed(rt, **changes) -> None:  # a runtime's decode placement changed (the host plan it reads it from)
+        rt.host_plan = dataclasses.replace(rt.host_plan, decode=dataclasses.replace(rt.decode, **changes))
+
+    placed(runtimes["int8"], small_rows=0, small_form="")
+    placed(runtimes["nbits"], small_kernel="nbits", small_form=DEFAULT_FORM.describe())
     if runtimes["blocks"].decode.small_kernel != "blocks":  # a model without those blocks: its placement's GEMVs
         del runtimes["blocks"]
     if runtimes["gemv"].decode.small_kernel == "nbits":  # this CPU or model: the placement runs the graphs
         del runtimes["gemv"]
     else:
-        runtimes["gemv"].decode = dataclasses.replace(runtimes["gemv"].decode, small_kernel="gemv",
-                                                      small_form=gemv.describe())
+        placed(runtimes["gemv"], small_kernel="gemv", small_form=gemv.describe())
     steps = {f: DecodeStep.of(rt) for f, rt in runtimes.items()}
     if steps["nbits"].small_rows == 0:
         raise ConfigError("this runtime's decode placement runs no MatMulNBits graphs: nothing to compare")

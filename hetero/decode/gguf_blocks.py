@@ -71,6 +71,7 @@ _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "
 
 @functools.lru_cache(maxsize=8)
 def _table(path: str, stamp: tuple[int, int]) -> GgufTable:
+    """`gguf_table` of one version (`stamp`: mtime, size) of a file."""
     data = np.memmap(path, np.uint8, mode="r")
     buf = memoryview(data)
     if bytes(buf[:4]) != b"GGUF":
@@ -93,6 +94,10 @@ def _table(path: str, stamp: tuple[int, int]) -> GgufTable:
             pos += 12
             if sub in _SCALAR:  # skipped: the header's arrays are the tokenizer's
                 pos += count * struct.calcsize("<" + _SCALAR[sub])
+            elif sub == 8:  # strings: lengths only, nothing decoded
+                unpack = struct.Struct("<Q").unpack_from
+                for _ in range(count):
+                    pos += 8 + unpack(buf, pos)[0]
             else:
                 for _ in range(count):
                     value(sub)
@@ -229,7 +234,7 @@ class BlockWeights:
         forms = {name: table.form(names[0]) for layer in range(cfg.n_layers)
                  for name, names in ((f"{layer}.{s}", ns) for s, ns in _site_tensors(cfg, layer).items())}
         forms["head"] = table.form(head)
-        found = cached_arrays(model, "gguf-blocks", {"blocks": gemv.BLOCKS_VERSION, "forms": sorted(set(forms.values()))},
+        found = cached_arrays(base, "gguf-blocks", {"blocks": gemv.BLOCKS_VERSION, "forms": sorted(set(forms.values()))},
                               compute)
         self.arena, self.linears = place_linears(cfg, found, forms)
         self.biases: dict[str, np.ndarray] = {}
