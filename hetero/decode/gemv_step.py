@@ -5,7 +5,8 @@ default, W·T on online sites, quantized by ONNX Runtime's kernel to 8 bits in b
 block of 32 at run time; no shadow corrections), computed without a graph: per layer one call for q|k|v (RMSNorm in
 front) and one for o → FFN (o_in's online Hadamard, o, the residual, RMSNorm, gate|up, SiLU·up, down_in's online
 Hadamard, down, the residual), attention between them as in `bound_step` (`rowattn.decode_rows`, or both threads
-through `twocore.attnpool`). Every weight lies in one arena in the order a step reads it, so the step streams one
+through `twocore.attnpool`). The same step and head run over the GGUF's own Q4_1 / Q8_0 blocks where the model's
+file has them (`gguf_blocks.BlockWeights`, the same interface: in the model's unrotated space, no online transforms). Every weight lies in one arena in the order a step reads it, so the step streams one
 run of memory on huge pages (separate arrays of ~1 MB each streamed at ~13-20 GB/s on AMD EPYC Zen 4, the arena
 ~26 GB/s from one thread: docs/journal.md, "Issue 24 item 3 (session 15)").
 

@@ -9,7 +9,9 @@ columns a tile, 4 weights along K per column a lane), the activations quantized 
 (amax / 127: a quarter of MatMulNBits' activation block, which the memory-bound kernel gets for free and which brings
 the decode's perplexity back to the graphs'; with blocks of 128 it was 0.14 points worse, docs/journal.md), and fold the
 elementwise work around each linear (RMSNorm, the residual adds, SiLU·up, the online block Hadamards of a rotated model,
-QuaRot) into the same call: one call per linear, no graph, no shadow corrections (as `npu.nbits`).
+QuaRot) into the same call: one call per linear, no graph, no shadow corrections (as `npu.nbits`). A job may read
+the GGUF's own Q4_1 / Q8_0 blocks instead (`pack_blocks`, `decode.gguf_blocks`): blocks of 32 values, one per
+activation block, so the same activations and epilogues serve every form.
 
 A job is one linear with that work (`Job`); a part is its column range with its own scratch (`Part`): two threads
 can run a job's halves at once (`decode.twocore.attnpool`), each computing the prologue itself, and a column's
