@@ -177,15 +177,20 @@ def describe() -> str:
 
 def rotation_of(model: "Model") -> np.ndarray | None:
     """Q [hidden, hidden] of a model rotated in its residual stream (`outliers.rotate.rotate_model`, its seed read from
-    the fingerprint), checked against the rotated embedding; None for a model that is not."""
-    from hetero.outliers.rotate import residual_rotation, site_rotated
+    the fingerprint), made once (torch) and kept beside the rotated model's cache entry, so a warm start reads it;
+    None for a model that is not."""
+    from hetero.outliers.rotate import ROTATION_VERSION, residual_rotation, site_rotated
+    from hetero.outliers.weightcache import cached_arrays
 
     if not model.rotated or site_rotated(model.config):
         return None
     m = re.search(r"-rot\d+s(\d+)$", model.fingerprint)
     if m is None:
         raise ConfigError(f"the rotated model {model.fingerprint} names no rotation seed")
-    return residual_rotation(model.config.hidden, int(m.group(1))).float().numpy()
+    seed = int(m.group(1))
+    found = cached_arrays(model, "rotation", {"rotation": ROTATION_VERSION, "seed": seed},
+                          lambda: {"q": residual_rotation(model.config.hidden, seed).float().numpy()})
+    return np.array(found["q"], np.float32)
 
 
 class BlockWeights:
