@@ -18,161 +18,19 @@ of the rotated prefill (its last token's, for the first logits) is taken back wi
 
 from __future__ import annotations
 
-import functools
-import os
 import re
-import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hetero import layerspec
 from hetero.errors import ConfigError
 from hetero.native import gemv
+from hetero.native.gguf_forms import ROWBYTES, gguf_table, head_tensor, site_tensors, unavailable
 from hetero.weights import SITE_BIASES, SITE_LINEARS
 
 if TYPE_CHECKING:
     from hetero.loader import Model
-
-FORMS = {2: "q4_0", 3: "q4_1", 8: "q8_0"}  # GGML type ids of the small block forms (q4_0: named, not computed)
-COMPUTED = ("q4_1", "q8_0")  # the forms the kernels read (`native.gemv.pack_blocks`)
-ARCHS = ("llama", "mistral", "qwen2")  # a tensor per linear (phi3 fuses q|k|v: not here)
-_TENSOR = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output", "w_gate": "ffn_gate",
-           "w_up": "ffn_up", "w_down": "ffn_down"}  # a linear's GGUF tensor in blk.N
-_ROWBYTES = {"q4_1": 20, "q8_0": 34}  # bytes of a block of 32 values in the file
-
-
-@dataclass(frozen=True, slots=True)
-class Tensor:
-    """A GGUF tensor's entry: GGML type id, shape (ne0 = K first), byte offset in the file."""
-
-    type: int
-    shape: tuple[int, ...]
-    offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class GgufTable:
-    """A GGUF file's architecture and tensor entries, read from its header alone."""
-
-    arch: str
-    tensors: dict[str, Tensor]
-
-    def form(self, name: str) -> str:
-        """The block form of tensor `name` ("q4_1", ...), or its GGML type id as text."""
-        t = self.tensors[name].type
-        return FORMS.get(t, f"type {t}")
-
-
-_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
-
-@functools.lru_cache(maxsize=8)
-def _table(path: str, stamp: tuple[int, int]) -> GgufTable:
-    """`gguf_table` of one version (`stamp`: mtime, size) of a file."""
-    data = np.memmap(path, np.uint8, mode="r")
-    buf = memoryview(data)
-    if bytes(buf[:4]) != b"GGUF":
-        raise ConfigError(f"{path} is not a GGUF file")
-    _, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-    pos = 24
-
-    def string() -> str:
-        nonlocal pos
-        (n,) = struct.unpack_from("<Q", buf, pos)
-        pos += 8 + n
-        return bytes(buf[pos - n : pos]).decode("utf-8", "replace")
-
-    def value(kind: int) -> object:
-        nonlocal pos
-        if kind == 8:
-            return string()
-        if kind == 9:
-            sub, count = struct.unpack_from("<IQ", buf, pos)
-            pos += 12
-            if sub in _SCALAR:  # skipped: the header's arrays are the tokenizer's
-                pos += count * struct.calcsize("<" + _SCALAR[sub])
-            elif sub == 8:  # strings: lengths only, nothing decoded
-                unpack = struct.Struct("<Q").unpack_from
-                for _ in range(count):
-                    pos += 8 + unpack(buf, pos)[0]
-            else:
-                for _ in range(count):
-                    value(sub)
-            return None
-        fmt = "<" + _SCALAR[kind]
-        (v,) = struct.unpack_from(fmt, buf, pos)
-        pos += struct.calcsize(fmt)
-        return v
-
-    meta: dict[str, object] = {}
-    for _ in range(n_kv):
-        key = string()
-        (kind,) = struct.unpack_from("<I", buf, pos)
-        pos += 4
-        meta[key] = value(kind)
-    entries = []
-    for _ in range(n_tensors):
-        name = string()
-        (dims,) = struct.unpack_from("<I", buf, pos)
-        shape = struct.unpack_from(f"<{dims}Q", buf, pos + 4)
-        kind, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * dims)
-        pos += 4 + 8 * dims + 12
-        entries.append((name, kind, shape, offset))
-    align = int(meta.get("general.alignment") or 32)
-    start = -(-pos // align) * align
-    return GgufTable(str(meta.get("general.architecture", "")),
-                     {n: Tensor(k, tuple(int(d) for d in s), start + o) for n, k, s, o in entries})
-
-
-def gguf_table(path: Path) -> GgufTable:
-    """The header of GGUF file `path` (its tensor entries; the tokenizer's arrays skipped), once per file version."""
-    st = os.stat(path)
-    return _table(str(path), (st.st_mtime_ns, st.st_size))
-
-
-def _site_tensors(cfg, layer: int) -> dict[str, list[str]]:
-    """site → the GGUF tensors of its linears, in the step's order (`SITE_LINEARS`)."""
-    return {site: [f"blk.{layer}.{_TENSOR[f]}.weight" for f in fields] for site, fields in SITE_LINEARS.items()}
-
-
-def _head_tensor(table: GgufTable) -> str:
-    return "output.weight" if "output.weight" in table.tensors else "token_embd.weight"
-
-
-def unavailable(model: "Model") -> str | None:
-    """None when `model`'s decode linears and head can run on its GGUF's own blocks, else why not (one line):
-    the file, its architecture, every linear's and the head's form (one form per site: a job reads one)."""
-    path = Path(model.path)
-    if not path.is_file() or path.suffix.lower() != ".gguf":
-        return f"the model is not a GGUF file ({path.name})"
-    try:
-        table = gguf_table(path)
-    except (OSError, ValueError, struct.error, ConfigError) as e:
-        return f"its GGUF header does not read ({e})"
-    if table.arch not in ARCHS:
-        return f"its architecture {table.arch!r} is not one of {', '.join(ARCHS)}"
-    cfg = model.config
-    lacks = layerspec.lacks(layerspec.LayerSpec.of(cfg), "decode GGUF blocks")
-    if lacks:
-        return f"its layers have {lacks}"
-    for layer in range(cfg.n_layers):
-        for site, names in _site_tensors(cfg, layer).items():
-            forms = {table.form(n) for n in names if n in table.tensors}
-            if len(forms) != 1 or not forms <= set(COMPUTED):
-                return f"{names[0]} and its site's linears are {', '.join(sorted(forms))}, not one of {COMPUTED}"
-    head = _head_tensor(table)
-    if table.form(head) not in COMPUTED:
-        return f"its head {head} is {table.form(head)}, not one of {COMPUTED}"
-    return None
-
-
-def describe() -> str:
-    """The decode form in words (`hostplan.DecodePlacement.small_form`)."""
-    return ("hetero's GEMVs over the GGUF's own Q4_1 / Q8_0 blocks (AVX-512 VNNI): the file's weights, not rounded "
-            "again; int8 activations per block of 32")
 
 
 def rotation_of(model: "Model") -> np.ndarray | None:
@@ -214,13 +72,13 @@ class BlockWeights:
         table = gguf_table(path)
         base = load_model(path) if model.rotated else model  # the model's own space (cached: a mapped file)
         self.arrays = base.arrays()
-        head = _head_tensor(table)
+        head = head_tensor(table)
 
         def rows(name: str) -> tuple[np.ndarray, str, int]:
             """The tensor's rows [N, K/32 · block bytes] (mapped), its form, K."""
             t = table.tensors[name]
             form, (k, n) = table.form(name), t.shape[:2]
-            raw = np.memmap(path, np.uint8, mode="r", offset=t.offset, shape=(n, k // 32 * _ROWBYTES[form]))
+            raw = np.memmap(path, np.uint8, mode="r", offset=t.offset, shape=(n, k // 32 * ROWBYTES[form]))
             if table.arch in ("llama", "mistral") and (".attn_q." in name or ".attn_k." in name):  # as the loader
                 raw = _unpermute(np.asarray(raw), cfg.n_heads if ".attn_q." in name else cfg.n_kv_heads)
             return raw, form, k
@@ -228,7 +86,7 @@ class BlockWeights:
         def compute() -> dict[str, np.ndarray]:
             out: dict[str, np.ndarray] = {}
             for layer in range(cfg.n_layers):
-                for site, names in _site_tensors(cfg, layer).items():
+                for site, names in site_tensors(cfg, layer).items():
                     parts = [rows(n) for n in names]
                     p = gemv.pack_blocks(np.concatenate([r for r, _, _ in parts]), parts[0][1], parts[0][2])
                     out[f"{layer}.{site}.w"] = p.w
@@ -237,7 +95,7 @@ class BlockWeights:
             return out
 
         forms = {name: table.form(names[0]) for layer in range(cfg.n_layers)
-                 for name, names in ((f"{layer}.{s}", ns) for s, ns in _site_tensors(cfg, layer).items())}
+                 for name, names in ((f"{layer}.{s}", ns) for s, ns in site_tensors(cfg, layer).items())}
         forms["head"] = table.form(head)
         found = cached_arrays(base, "gguf-blocks", {"blocks": gemv.BLOCKS_VERSION, "forms": sorted(set(forms.values()))},
                               compute)

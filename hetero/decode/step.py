@@ -188,10 +188,9 @@ class DecodeStep:
         if kernel == "auto":
             return placed
         if kernel in ("gemv", "blocks"):
-            from hetero.decode import gguf_blocks
-            from hetero.native import gemv
+            from hetero.native import gemv, gguf_forms
 
-            why = gemv.unavailable(self.cfg) or (gguf_blocks.unavailable(self.model) if kernel == "blocks" else None)
+            why = gemv.unavailable(self.cfg) or (gguf_forms.unavailable(self.model) if kernel == "blocks" else None)
             if why is not None:
                 what = "int8 GEMVs" if kernel == "gemv" else "GEMVs over the GGUF's own blocks"
                 raise ConfigError(f"hetero's {what} cannot run here: {why}")

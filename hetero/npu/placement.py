@@ -111,7 +111,7 @@ def decode_placement_of(cfg, provider, weight_form: str | None, name: str = "tor
     `weight_form`) on the ONNX Runtime CPU EP (`NpuBackend.at_chunk`); the CPU EP stand-in decodes on its own graphs;
     float layers (provider None, called `name`) in torch. Decided at the edge (`methods.host_plan`), before any graph
     is made. `model`: the runtime's, whose GGUF's own Q4_1 / Q8_0 blocks the GEMVs decode from where every linear
-    and the head has them (`decode.gguf_blocks`: the file's weights, ~40% fewer bytes a step than the INT8 form)."""
+    and the head has them (`native.gguf_forms`, `decode.gguf_blocks`: the file's weights, ~40% fewer bytes a step than the INT8 form)."""
     from hetero.npu.isa import cpu_form_for
 
     if provider is None or weight_form is None:
@@ -128,10 +128,10 @@ def decode_placement_of(cfg, provider, weight_form: str | None, name: str = "tor
     form = gemv.describe() if why is None else f"{DEFAULT_FORM.describe()} (not hetero's int8 GEMVs: {why})"
     kernel = "gemv" if why is None else "nbits"
     if why is None and model is not None:
-        from hetero.decode import gguf_blocks
+        from hetero.native import gguf_forms
 
-        blocks_why = gguf_blocks.unavailable(model)
-        form, kernel = ((gguf_blocks.describe(), "blocks") if blocks_why is None else
+        blocks_why = gguf_forms.unavailable(model)
+        form, kernel = ((gguf_forms.describe(), "blocks") if blocks_why is None else
                         (f"{form} (not the GGUF's own blocks: {blocks_why})", "gemv"))
     small = {"small_rows": NBITS_ROWS, "small_form": form, "small_kernel": kernel}
     if provider.device == "cpu":

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from hetero import buffers
-from hetero.decode import gguf_blocks
 from hetero.errors import ConfigError
-from hetero.native import gemv
+from hetero.native import gemv, gguf_forms
 from tests.conftest import make_tiny_model
 from tests.gguf_writer import write_gguf
 
@@ -81,7 +80,7 @@ def test_a_step_beside_a_rotated_prefill_equals_the_files_float_model(tmp_path, 
     from tests.npu.conftest import tiny_plan
 
     m = _block_model(tmp_path, monkeypatch, {**{f: "Q4_1" for f in LINEARS}, "": "Q8_0"}, arch)
-    assert gguf_blocks.unavailable(m) is None and m.config.qkv_bias == (arch == "qwen2")
+    assert gguf_forms.unavailable(m) is None and m.config.qkv_bias == (arch == "qwen2")
     rot = rotate_model(m, cache=False)
     be = NpuBackend(rot, tiny_plan(rot, scale=0.05), 16, provider="cpu")
     rt = Runtime(rot, chunk=16, backend=be, decode=decode_placement(be), head=step_logits)  # as `make_runtime`
@@ -109,11 +108,11 @@ def test_models_without_the_blocks_keep_the_int8_gemvs(tmp_path, monkeypatch) ->
     from hetero.runtime import Runtime
     from tests.npu.conftest import tiny_plan
 
-    assert "not a GGUF file" in gguf_blocks.unavailable(make_tiny_model())
+    assert "not a GGUF file" in gguf_forms.unavailable(make_tiny_model())
     m = _block_model(tmp_path, monkeypatch, {**{f: "Q4_1" for f in LINEARS}, "wk": "Q8_0", "": "Q8_0"})
-    assert "blk.0.attn_q.weight and its site's linears are q4_1, q8_0" in gguf_blocks.unavailable(m)
+    assert "blk.0.attn_q.weight and its site's linears are q4_1, q8_0" in gguf_forms.unavailable(m)
     m = _block_model(tmp_path, monkeypatch, {f: "Q4_1" for f in LINEARS})
-    assert gguf_blocks.unavailable(m) == "its head token_embd.weight is type 0, not one of ('q4_1', 'q8_0')"
+    assert gguf_forms.unavailable(m) == "its head token_embd.weight is type 0, not one of ('q4_1', 'q8_0')"
     be = NpuBackend(m, tiny_plan(m), 16, provider="cpu")
     rt = Runtime(m, chunk=16, backend=be, decode=decode_placement(be))
     assert rt.decode.small_kernel == "gemv" and "not the GGUF's own blocks: its head" in rt.decode.small_form
