@@ -114,7 +114,8 @@ def step_norms(cfg, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             for name in ["norm"] + [f"layers.{i}.{f}" for i in range(cfg.n_layers) for f in ("attn_norm", "ffn_norm")]}
 
 
-def place_linears(cfg, found: dict[str, np.ndarray], forms: dict[str, str]) -> tuple[np.ndarray, dict[str, gemv.Packed]]:
+def place_linears(cfg, found: dict[str, np.ndarray],
+                  forms: dict[str, str]) -> tuple[np.ndarray, dict[str, gemv.Packed]]:
     """The packed weights `found` ("<name>.w", and "<name>.ws" for the INT8 form) of every linear of a step, in the
     form `forms[name]`, copied into one arena in step order (64-byte aligned pieces): the arena and each linear's
     `gemv.Packed` over it."""

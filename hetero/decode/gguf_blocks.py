@@ -97,7 +97,8 @@ class BlockWeights:
         forms = {name: table.form(names[0]) for layer in range(cfg.n_layers)
                  for name, names in ((f"{layer}.{s}", ns) for s, ns in site_tensors(cfg, layer).items())}
         forms["head"] = table.form(head)
-        found = cached_arrays(base, "gguf-blocks", {"blocks": gemv.BLOCKS_VERSION, "forms": sorted(set(forms.values()))},
+        found = cached_arrays(base, "gguf-blocks",
+                              {"blocks": gemv.BLOCKS_VERSION, "forms": sorted(set(forms.values()))},
                               compute)
         self.arena, self.linears = place_linears(cfg, found, forms)
         self.biases: dict[str, np.ndarray] = {}

@@ -130,7 +130,7 @@ class DecodeStep:
             small_rows = placed.small_rows if placed is not None else 0
         self.small_rows = small_rows if self.static else 0
         self.kernel = self._kernel(kernel, placed.small_kernel if placed is not None else "nbits")
-        self._gemv: GemvWeights | BlockWeights | None = None  # the GEMVs' weights (every layer's, the head's: one arena)
+        self._gemv: GemvWeights | BlockWeights | None = None  # the GEMVs' weights (the layers', the head's: one arena)
         self._small: LayerBackend | None = None  # the MatMulNBits graphs (rows symbolic: one set for every small size)
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
         self._bound: dict[int, BoundStep | GemvStep] = {}  # static lanes: chunk size → its bound graphs
@@ -179,8 +179,8 @@ class DecodeStep:
         return None
 
     def _kernel(self, kernel: str, placed: str) -> str:
-        """What runs the small steps (`__init__`'s kernel): "gemv" or "nbits". "auto" takes the plan's (`placed`) as
-        decided; only a kernel asked for here is checked."""
+        """What runs the small steps (`__init__`'s kernel): "gemv", "blocks" or "nbits". "auto" takes the plan's
+        (`placed`) as decided; only a kernel asked for here is checked."""
         if kernel not in ("auto", "gemv", "blocks", "nbits"):
             raise ConfigError(f"kernel must be 'auto', 'gemv', 'blocks' or 'nbits', got {kernel!r}")
         if not self.small_rows:

@@ -111,7 +111,8 @@ def decode_placement_of(cfg, provider, weight_form: str | None, name: str = "tor
     `weight_form`) on the ONNX Runtime CPU EP (`NpuBackend.at_chunk`); the CPU EP stand-in decodes on its own graphs;
     float layers (provider None, called `name`) in torch. Decided at the edge (`methods.host_plan`), before any graph
     is made. `model`: the runtime's, whose GGUF's own Q4_1 / Q8_0 blocks the GEMVs decode from where every linear
-    and the head has them (`native.gguf_forms`, `decode.gguf_blocks`: the file's weights, ~40% fewer bytes a step than the INT8 form)."""
+    and the head has them (`native.gguf_forms`, `decode.gguf_blocks`: the file's weights, ~40% fewer bytes a step than
+    the INT8 form)."""
     from hetero.npu.isa import cpu_form_for
 
     if provider is None or weight_form is None:
