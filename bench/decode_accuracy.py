@@ -8,8 +8,9 @@ text: the perplexity of the tokens the steps predicted, its change vs the float 
 of positions whose argmax equals float's. Then greedy agreement on chat prompts (tokens before the first
 difference from float's greedy decode). Forms: `float` (the float method's step), `int8` (the default method's
 decode with its INT8 graphs and INT8 head, the form before `npu.nbits`), `nbits` (its MatMulNBits graphs and head)
-and `gemv` (the default method's decode as its placement runs it where the CPU has AVX-512 VNNI: hetero's int8
-GEMVs over the same 8-bit weights, `native.gemv`; left out where they cannot run).
+`gemv` (hetero's int8 GEMVs over the same 8-bit weights, `native.gemv`, where the CPU has AVX-512 VNNI) and `blocks`
+(the default method's decode as its placement runs it where the model's GGUF holds Q4_1 / Q8_0 blocks: the same
+kernels over the file's own blocks, `decode.gguf_blocks`); each left out where it cannot run.
 
     python bench/decode_accuracy.py --texts austen,FILE.txt    # prints a table
     python bench/decode_accuracy.py --out bench/results        # also writes decode_accuracy.{json,md}
@@ -38,7 +39,8 @@ import torch
 from hetero.arguments import add_model_arg, positive_int
 from bench.entry import write_json_md
 
-HELP = "teacher-forced decode perplexity and greedy agreement of the decode forms (float, INT8, MatMulNBits, GEMV)"
+HELP = ("teacher-forced decode perplexity and greedy agreement of the decode forms (float, INT8, MatMulNBits, GEMV, "
+        "GGUF blocks)")
 PROMPTS = ("What is the capital of France?", "Write a haiku about the sea.",
            "Explain what a hash table is in one sentence.", "List three fruits.",
            "Why is the sky blue?", "Give me a short tip for learning to cook.",
@@ -143,15 +145,23 @@ def run(args: argparse.Namespace) -> int:
     tok = model.tokenizer
     from hetero.npu.nbits import DEFAULT_FORM
 
+    from hetero.native import gemv
+
     runtimes = {"float": make_runtime(model, "float"), "int8": make_runtime(model), "nbits": make_runtime(model),
-                "gemv": make_runtime(model)}
+                "gemv": make_runtime(model), "blocks": make_runtime(model)}
     # today's INT8 decode before the MatMulNBits form: its steps and its prefill's last logits (the runtime's own
     # step's head) on the INT8 graphs and head; the MatMulNBits graphs and head where the placement runs the GEMVs
-    runtimes["int8"].decode = dataclasses.replace(runtimes["int8"].decode, small_rows=0, small_form="")
-    runtimes["nbits"].decode = dataclasses.replace(runtimes["nbits"].decode, small_kernel="nbits",
-                                                   small_form=DEFAULT_FORM.describe())
-    if runtimes["gemv"].decode.small_kernel != "gemv":  # this CPU or model: the placement runs the graphs
+    def placed(rt, **changes) -> None:  # a runtime's decode placement changed (the host plan it reads it from)
+        rt.host_plan = dataclasses.replace(rt.host_plan, decode=dataclasses.replace(rt.decode, **changes))
+
+    placed(runtimes["int8"], small_rows=0, small_form="")
+    placed(runtimes["nbits"], small_kernel="nbits", small_form=DEFAULT_FORM.describe())
+    if runtimes["blocks"].decode.small_kernel != "blocks":  # a model without those blocks: its placement's GEMVs
+        del runtimes["blocks"]
+    if runtimes["gemv"].decode.small_kernel == "nbits":  # this CPU or model: the placement runs the graphs
         del runtimes["gemv"]
+    else:
+        placed(runtimes["gemv"], small_kernel="gemv", small_form=gemv.describe())
     steps = {f: DecodeStep.of(rt) for f, rt in runtimes.items()}
     if steps["nbits"].small_rows == 0:
         raise ConfigError("this runtime's decode placement runs no MatMulNBits graphs: nothing to compare")
@@ -190,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
               "nbits_form": steps["nbits"].backend(1).form.describe(), "heads": {f: s.head.name for f, s in steps.items()},
               "note": (f"nbits: {steps['nbits'].backend(1).form.describe()}"
                        + (f"; gemv: {runtimes['gemv'].decode.small_form}" if "gemv" in steps else "")
+                       + (f"; blocks: {runtimes['blocks'].decode.small_form}" if "blocks" in steps else "")
                        + f"; {time.perf_counter() - t0:.0f} s, load average at the end {os.getloadavg()[0]:.2f}."),
               "command": "python bench/decode_accuracy.py " + " ".join(sys.argv[1:])}
     if args.out:

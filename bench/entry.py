@@ -27,7 +27,7 @@ CHECKOUT = Path(__file__).resolve().parents[1]  # the source checkout that holds
 # each a module of bench; `python bench/<name>.py` runs it
 BENCHMARKS = ("prefill", "prefill_parts", "accuracy", "sched", "graph_cache", "htp_accuracy", "memory", "decode",
               "decode_step", "decode_accuracy", "fused_step", "service", "startup", "window_layout", "determinism",
-              "attention_kernel", "peer_accuracy", "synth_model", "scale")
+               "attention_kernel", "peer_accuracy", "synth_model", "scale", "gemv_forms")
 
 
 def benchmark(name: str) -> ModuleType:

@@ -51,7 +51,9 @@ class DecodePlacement:
     reason: str
     small_rows: int = 0  # steps of up to this many rows run the `small_form` graphs instead (0: none)
     small_form: str = ""  # what those graphs are, in words (`npu.nbits`, `native.gemv`)
-    small_kernel: str = "nbits"  # what runs them: "gemv" (hetero's int8 GEMVs, `native.gemv`) or "nbits" (the graphs)
+    # what runs them: "blocks" (hetero's GEMVs over the GGUF's own blocks, `decode.gguf_blocks`), "gemv" (its int8
+    # GEMVs, `native.gemv`) or "nbits" (the graphs)
+    small_kernel: str = "nbits"
 
     def describe(self) -> str:
         small = f"; steps of 1-{self.small_rows} rows: {self.small_form}" if self.small_rows else ""

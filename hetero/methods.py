@@ -323,7 +323,7 @@ def _resolve(model: Model, chosen: Choice, spec: Method, chunk: int, threads: in
     why_threads = ("lanes overlap: each gets a share of the cores so they do not oversubscribe them (the NPU lane's "
                    "sessions always, torch while another lane runs)" if overlapped else
                    "in program order: everything gets every core")
-    npu, weights, decode = _graphs(model.config, spec, execution, weight_form)
+    npu, weights, decode = _graphs(model, spec, execution, weight_form)
     attention, glue = _layer_ops(model.config, spec, fused)
     rule = ChunkRule(chunk)
     if fused and lanes > 1:  # chunk i on lane i mod 2 (`sched.wavefront`: no op split over cores, no pool wake-ups)
@@ -345,7 +345,7 @@ def _resolve(model: Model, chosen: Choice, spec: Method, chunk: int, threads: in
                     policy)
 
 
-def _graphs(cfg: "ModelConfig", spec: Method, execution: ExecutionPlan,
+def _graphs(model: Model, spec: Method, execution: ExecutionPlan,
             weight_form: str | None) -> tuple[Choice, Choice, DecodePlacement]:
     """Where the static graphs run (the provider, QNN HTP falling back to the CPU EP where it is absent), their
     weights' form and the decode placement."""
@@ -370,7 +370,7 @@ def _graphs(cfg: "ModelConfig", spec: Method, execution: ExecutionPlan,
     weights = Choice(form, "as asked" if weight_form not in (None, "auto") else
                      "this CPU's exact and fast form (`npu.isa`)" if spec.provider == "cpu" else
                      "the NPU's 8-bit form (`npu.isa.FORM_NPU`)")
-    return npu, weights, decode_placement_of(cfg, provider, form)
+    return npu, weights, decode_placement_of(model.config, provider, form, model=model)
 
 
 def _layer_ops(cfg: "ModelConfig", spec: Method, fused: bool) -> tuple[Choice, Choice]:

@@ -5,7 +5,8 @@ default, W·T on online sites, quantized by ONNX Runtime's kernel to 8 bits in b
 block of 32 at run time; no shadow corrections), computed without a graph: per layer one call for q|k|v (RMSNorm in
 front) and one for o → FFN (o_in's online Hadamard, o, the residual, RMSNorm, gate|up, SiLU·up, down_in's online
 Hadamard, down, the residual), attention between them as in `bound_step` (`rowattn.decode_rows`, or both threads
-through `twocore.attnpool`). Every weight lies in one arena in the order a step reads it, so the step streams one
+through `twocore.attnpool`). The same step and head run over the GGUF's own Q4_1 / Q8_0 blocks where the model's
+file has them (`gguf_blocks.BlockWeights`, the same interface: in the model's unrotated space, no online transforms). Every weight lies in one arena in the order a step reads it, so the step streams one
 run of memory on huge pages (separate arrays of ~1 MB each streamed at ~13-20 GB/s on AMD EPYC Zen 4, the arena
 ~26 GB/s from one thread: docs/journal.md, "Issue 24 item 3 (session 15)").
 
@@ -64,31 +65,13 @@ class GemvWeights:
         self.cfg, self.online = cfg, dict(online)
         form = {"gemv": gemv.GEMV_VERSION, "block": gemv.QB, "online": sorted([str(k), int(v)] for k, v in online.items())}
         found = cached_arrays(model, "gemv8", form, lambda: _packed(model, self.online))
-        names = [f"{layer}.{site}" for layer in range(cfg.n_layers) for site in SITES] + ["head"]
-        # one arena in step order (anonymous memory: numpy advises huge pages for it), 64-byte aligned pieces
-        sizes = [-(-found[f"{n}.w"].nbytes // 64) * 64 for n in names]
-        self.arena = _arena(sum(sizes))
-        self.linears: dict[str, gemv.Packed] = {}
-        self.biases: dict[str, np.ndarray] = {}
-        off = 0
-        dims = _dims(cfg)
-        read = PageReturn()  # the mapped file's pages copied into the arena need not stay resident beside it
-        for name, size in zip(names, sizes):
-            w = found[f"{name}.w"]
-            view = self.arena[off : off + w.nbytes].reshape(w.shape)
-            view[...] = w
-            off += size
-            k, n = dims[name.split(".")[-1]]
-            # copies, not views: a view would keep the whole mapped file resident beside the arena
-            self.linears[name] = gemv.Packed(view, np.array(found[f"{name}.ws"], np.float32), k, n)
-            if f"{name}.bias" in found:
-                self.biases[name] = np.array(found[f"{name}.bias"], np.float32)
-            read.add(w)
-        read.flush()
+        self.arena, self.linears = place_linears(cfg, found, {name: "int8" for name in step_names(cfg)})
+        self.biases = {name: np.array(found[f"{name}.bias"], np.float32) for name in step_names(cfg)
+                       if f"{name}.bias" in found}
         arrays = model.arrays()
-        self.norms = {name: np.ascontiguousarray(arrays[name], np.float32)
-                      for name in ["norm"] + [f"layers.{i}.{f}" for i in range(cfg.n_layers)
-                                              for f in ("attn_norm", "ffn_norm")]}
+        self.arrays = arrays  # the embedding rows and QK norms a step reads (the model's, rotated with these weights)
+        self.norms = step_norms(cfg, arrays)
+        self.unrotate = None  # a step's hidden rows are the runtime's own (`gguf_blocks.BlockWeights.unrotate`)
 
     @property
     def nbytes(self) -> int:
@@ -151,6 +134,42 @@ def _packed(model: "Model", online: dict[str, int]) -> LazyTensors:
         read.flush()
 
     return LazyTensors(shapes, dtypes=dtypes, pieces=pieces, what="pack decode weights")
+
+
+def step_names(cfg) -> list[str]:
+    """The linears' names in the order a step reads them: "<layer>.<site>", then "head"."""
+    return [f"{layer}.{site}" for layer in range(cfg.n_layers) for site in SITES] + ["head"]
+
+
+def step_norms(cfg, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The RMSNorm weights a step's GEMVs fold in (the final norm, each layer's two), float32."""
+    return {name: np.ascontiguousarray(arrays[name], np.float32)
+            for name in ["norm"] + [f"layers.{i}.{f}" for i in range(cfg.n_layers) for f in ("attn_norm", "ffn_norm")]}
+
+
+def place_linears(cfg, found: dict[str, np.ndarray],
+                  forms: dict[str, str]) -> tuple[np.ndarray, dict[str, gemv.Packed]]:
+    """The packed weights `found` ("<name>.w", and "<name>.ws" for the INT8 form) of every linear of a step, in the
+    form `forms[name]`, copied into one arena in step order (64-byte aligned pieces): the arena and each linear's
+    `gemv.Packed` over it."""
+    names = step_names(cfg)
+    sizes = [-(-found[f"{n}.w"].nbytes // 64) * 64 for n in names]
+    arena = _arena(sum(sizes))
+    linears: dict[str, gemv.Packed] = {}
+    dims = _dims(cfg)
+    read = PageReturn()  # the mapped file's pages copied into the arena need not stay resident beside it
+    off = 0
+    for name, size in zip(names, sizes):
+        w = found[f"{name}.w"]
+        view = arena[off : off + w.nbytes].reshape(w.shape)
+        view[...] = w
+        off += size
+        # copies, not views: a view would keep the whole mapped file resident beside the arena
+        ws = np.array(found[f"{name}.ws"], np.float32) if forms[name] == "int8" else np.zeros(0, np.float32)
+        linears[name] = gemv.Packed(view, ws, *dims[name.split(".")[-1]], forms[name])
+        read.add(w)
+    read.flush()
+    return arena, linears
 
 
 HUGE = 2 << 20  # bytes of an x86-64 huge page

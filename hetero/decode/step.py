@@ -25,6 +25,7 @@ import numpy as np
 from hetero.decode.twocore.attnpool import AttentionPool
 from hetero.decode.bound_step import BoundStep
 from hetero.decode.gemv_step import GemvHead, GemvStep, GemvWeights
+from hetero.decode.gguf_blocks import BlockWeights
 from hetero.decode.head import FloatHead, Int8Head, NbitsHead
 from hetero.decode.rowattn import row_attention
 from hetero.decode.stepcosts import load_costs, save_costs
@@ -105,8 +106,10 @@ class DecodeStep:
         small_rows: steps of up to this many rows run MatMulNBits' form (`npu.nbits`) instead of the INT8 graphs
         (0: none; None: as the runtime's decode placement says, `DecodePlacement.small_rows`). kernel: what runs
         those steps: "gemv" (hetero's int8 GEMVs, `native.gemv`; refused with the reason where they cannot run),
-        "nbits" (ONNX Runtime's MatMulNBits graphs), "auto" (the host plan's decode kernel, `DecodePlacement.small_kernel`,
-        decided at the edge; "nbits" for a runtime without a placement)."""
+        "blocks" (the same kernels over the GGUF's own Q4_1 / Q8_0 blocks, `gguf_blocks`; likewise), "nbits" (ONNX
+        Runtime's MatMulNBits graphs), "auto" (the host plan's decode kernel, `DecodePlacement.small_kernel`,
+        decided at the edge; "nbits" for a runtime without a placement). The "blocks" steps run in the model's own
+        space and take the head of their weights (`gguf_blocks`): other heads are refused beside them."""
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
         if attention_threads is None:  # the runtime's plan: a helper thread where the process may use two cores and
@@ -127,7 +130,7 @@ class DecodeStep:
             small_rows = placed.small_rows if placed is not None else 0
         self.small_rows = small_rows if self.static else 0
         self.kernel = self._kernel(kernel, placed.small_kernel if placed is not None else "nbits")
-        self._gemv: GemvWeights | None = None  # the GEMVs' weights (every layer's and the head's, one arena)
+        self._gemv: GemvWeights | BlockWeights | None = None  # the GEMVs' weights (the layers', the head's: one arena)
         self._small: LayerBackend | None = None  # the MatMulNBits graphs (rows symbolic: one set for every small size)
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
         self._bound: dict[int, BoundStep | GemvStep] = {}  # static lanes: chunk size → its bound graphs
@@ -141,7 +144,15 @@ class DecodeStep:
             weakref.finalize(self, self.pool.close)
         if head == "auto":  # the INT8 lane's: the small steps' form (GEMVs or MatMulNBits, `npu.nbits`), else INT8
             head = ((self.kernel if self.small_rows else "int8") if self.static else "float")
-        if head == "gemv":
+        if (head == "blocks") != (self.kernel == "blocks" and self.static):
+            raise ConfigError(f"a {head} head cannot read the {self.kernel} steps' hidden rows: the GGUF block steps "
+                              f"and their head run in the model's own space, the others in the runtime's")
+        # hidden rows of the runtime's own space (its prefill's, the INT8 graphs' steps) → the head's (`gguf_blocks`)
+        self._unrotate: np.ndarray | None = None
+        if head == "blocks":
+            self.head = GemvHead(self._gemv_weights(), self.pool)
+            self._unrotate = self._gemv_weights().unrotate
+        elif head == "gemv":
             if self.kernel != "gemv":  # asked for beside the graphs: only where the kernels run on an INT8 lane
                 from hetero.native import gemv
 
@@ -168,28 +179,31 @@ class DecodeStep:
         return None
 
     def _kernel(self, kernel: str, placed: str) -> str:
-        """What runs the small steps (`__init__`'s kernel): "gemv" or "nbits". "auto" takes the plan's (`placed`) as
-        decided; only a kernel asked for here is checked."""
-        if kernel not in ("auto", "gemv", "nbits"):
-            raise ConfigError(f"kernel must be 'auto', 'gemv' or 'nbits', got {kernel!r}")
+        """What runs the small steps (`__init__`'s kernel): "gemv", "blocks" or "nbits". "auto" takes the plan's
+        (`placed`) as decided; only a kernel asked for here is checked."""
+        if kernel not in ("auto", "gemv", "blocks", "nbits"):
+            raise ConfigError(f"kernel must be 'auto', 'gemv', 'blocks' or 'nbits', got {kernel!r}")
         if not self.small_rows:
             return "nbits"
         if kernel == "auto":
             return placed
-        if kernel == "gemv":
-            from hetero.native import gemv
+        if kernel in ("gemv", "blocks"):
+            from hetero.native import gemv, gguf_forms
 
-            why = gemv.unavailable(self.cfg)
+            why = gemv.unavailable(self.cfg) or (gguf_forms.unavailable(self.model) if kernel == "blocks" else None)
             if why is not None:
-                raise ConfigError(f"hetero's int8 GEMVs cannot run here: {why}")
+                what = "int8 GEMVs" if kernel == "gemv" else "GEMVs over the GGUF's own blocks"
+                raise ConfigError(f"hetero's {what} cannot run here: {why}")
         return kernel
 
-    def _gemv_weights(self) -> GemvWeights:
-        """The GEMVs' weights of the runtime's model and its plan's online transforms: one arena per runtime, shared by
-        its decode steps."""
+    def _gemv_weights(self) -> GemvWeights | BlockWeights:
+        """The GEMVs' weights of the runtime's model: the GGUF's blocks ("blocks"), else the INT8 form with its plan's
+        online transforms; one arena per runtime, shared by its decode steps."""
         if self._gemv is None:
-            self._gemv = self.runtime.owned("decode-gemv-weights",
-                                            lambda: GemvWeights(self.model, self.runtime.backend.plan.online))
+            self._gemv = (self.runtime.owned("decode-block-weights", lambda: BlockWeights(self.model))
+                          if self.kernel == "blocks" else
+                          self.runtime.owned("decode-gemv-weights",
+                                             lambda: GemvWeights(self.model, self.runtime.backend.plan.online)))
         return self._gemv
 
     @classmethod
@@ -206,7 +220,11 @@ class DecodeStep:
         """The head's logits of hidden rows h [n, hidden] outside a step (an INT8 runtime's prefill ends with its last
         token's, `methods.make_runtime`: one head per runtime), in turn with the steps of other threads."""
         with self._lock:
-            return self.head(h)
+            return self.head(self._head_rows(h))
+
+    def _head_rows(self, h: np.ndarray) -> np.ndarray:
+        """Hidden rows of the runtime's own space in the head's (`_unrotate`; most heads: the same)."""
+        return h if self._unrotate is None or np.size(h) == 0 else np.asarray(h, np.float32) @ self._unrotate
 
     def padded_size(self, n: int) -> int:
         if not self.static:
@@ -256,8 +274,9 @@ class DecodeStep:
     def _prepare(self, n: int) -> BoundStep | GemvStep:
         c = self.padded_size(n)
         bound = self._bound.get(c)
-        if bound is None and c <= self.small_rows and self.kernel == "gemv":
-            bound = self._bound[c] = GemvStep(self._gemv_weights(), self.model.arrays(), self.runtime.rope, c, self.pool)
+        if bound is None and c <= self.small_rows and self.kernel in ("gemv", "blocks"):
+            w = self._gemv_weights()
+            bound = self._bound[c] = GemvStep(w, w.arrays, self.runtime.rope, c, self.pool)
         elif bound is None:
             bound = self._bound[c] = BoundStep(self.backend(c), self.runtime.rope, c, self.pool)
         if c == 1 and self.split_after is not None and self.one_row_steps >= self.split_after:
@@ -310,7 +329,8 @@ class DecodeStep:
         layers_of_size = self.prepare(n) if self.static else FloatLayers(self.runtime, self.backend(n))
         self.one_row_steps += self.padded_size(n) == 1
         try:
-            return self._logits(layers_of_size.forward(cache, tree, slot, layers), n, rows)
+            h = layers_of_size.forward(cache, tree, slot, layers)
+            return self._logits(h if isinstance(layers_of_size, GemvStep) else self._head_rows(h), n, rows)
         finally:
             if self.pool is not None:
                 self.pool.end()

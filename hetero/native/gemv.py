@@ -9,7 +9,9 @@ columns a tile, 4 weights along K per column a lane), the activations quantized 
 (amax / 127: a quarter of MatMulNBits' activation block, which the memory-bound kernel gets for free and which brings
 the decode's perplexity back to the graphs'; with blocks of 128 it was 0.14 points worse, docs/journal.md), and fold the
 elementwise work around each linear (RMSNorm, the residual adds, SiLU·up, the online block Hadamards of a rotated model,
-QuaRot) into the same call: one call per linear, no graph, no shadow corrections (as `npu.nbits`).
+QuaRot) into the same call: one call per linear, no graph, no shadow corrections (as `npu.nbits`). A job may read
+the GGUF's own Q4_1 / Q8_0 blocks instead (`pack_blocks`, `decode.gguf_blocks`): blocks of 32 values, one per
+activation block, so the same activations and epilogues serve every form.
 
 A job is one linear with that work (`Job`); a part is its column range with its own scratch (`Part`): two threads
 can run a job's halves at once (`decode.twocore.attnpool`), each computing the prologue itself, and a column's
@@ -37,6 +39,11 @@ TILE, QB, AB = 64, 128, 32  # output columns per tile, values of K per weight / 
 FLAGS = ("-O3", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-fPIC", "-shared")
 NEEDS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 GEMV_VERSION = 1  # what `pack_quantized` writes; in the cached arrays' form: bump when the packed layout changes
+BLOCKS_VERSION = 1  # what `pack_blocks` writes (in the GGUF block form's cached arrays)
+# the weights' forms a job reads (gemv_vnni.c's FMT_*): this module's 8-bit blocks of 128, the GGUF's Q4_1 and Q8_0
+FMTS = {"int8": 0, "q4_1": 1, "q8_0": 2}
+GB = 32  # values of K in a GGUF Q4_1 / Q8_0 block
+_BLOCK = {"q4_1": (20, 1024 + 4 * TILE), "q8_0": (34, 2048 + 2 * TILE)}  # bytes of a block in the file, of a tile's
 
 
 def _setup(lib: ctypes.CDLL) -> None:
@@ -95,13 +102,15 @@ def describe() -> str:
 
 @dataclass(frozen=True, slots=True)
 class Packed:
-    """A linear's weights as the kernel reads them: w [tiles, quads·256] uint8 (zero point 128), ws [tiles, blocks,
-    TILE] float32, for K inputs and N outputs."""
+    """A linear's weights as the kernel reads them, for K inputs and N outputs: fmt "int8", w [tiles, quads·256] uint8
+    (zero point 128), ws [tiles, blocks, TILE] float32; or a GGUF block form ("q4_1", "q8_0": `pack_blocks`), w
+    [tiles, K/32 · block bytes] with the scales inside, ws empty."""
 
     w: np.ndarray
     ws: np.ndarray
     k: int
     n: int
+    fmt: str = "int8"
 
 
 def pack_quantized(packed: np.ndarray, scales: np.ndarray, k: int) -> Packed:
@@ -127,8 +136,42 @@ def packed_shapes(k: int, n: int) -> tuple[tuple[int, int], tuple[int, int, int]
     return (tiles, -(-k // 4) * 256), (tiles, -(-k // QB), TILE)
 
 
+def pack_blocks(raw: np.ndarray, fmt: str, k: int) -> Packed:
+    """A linear's rows [N, K/32 · 20 or 34] of GGUF Q4_1 or Q8_0 blocks (llama.cpp's bytes: fp16 d [, fp16 m], then
+    16 bytes of nibbles, value j low and j + 16 high, or 32 int8) → the kernel's form (gemv_vnni.c: tiles of 64
+    columns, each a stream of blocks with their scales). The same numbers, rearranged: nothing is rounded."""
+    if fmt not in _BLOCK:
+        raise ConfigError(f"gemv: no block form {fmt!r} (one of {sorted(_BLOCK)})")
+    size, tile_block = _BLOCK[fmt]
+    n = raw.shape[0]
+    nbk = k // GB
+    if k % GB or raw.ndim != 2 or raw.shape[1] != nbk * size or raw.dtype != np.uint8:
+        raise ConfigError(f"gemv: {fmt} rows of K = {k} are [N, {k // GB * size}] uint8 (K a multiple of {GB}), "
+                          f"got {raw.shape} {raw.dtype}")
+    tiles = -(-n // TILE)
+    blocks = np.zeros((tiles * TILE, nbk, size), np.uint8)  # padding columns: d = m = 0 (weight 0)
+    blocks[:n] = raw.reshape(n, nbk, size)
+    blocks = blocks.reshape(tiles, TILE, nbk, size).transpose(0, 2, 1, 3)  # [tile, block, column, bytes]
+    out = np.empty((tiles, nbk, tile_block), np.uint8)
+    if fmt == "q4_1":
+        q = blocks[..., 4:]  # [.., 16]: value j low nibble, j + 16 high
+        vals = np.concatenate([q & 15, q >> 4], axis=-1)  # [.., 32] values 0..15 in K order
+        g = vals.reshape(tiles, nbk, 4, 16, 4, 2, 4)  # column (u, 16), group of 8 (g), half (h), 4 values (i)
+        packed = g[..., 0, :] | (g[..., 1, :] << 4)  # [tile, block, u, col, g, i]
+        out[..., :1024] = packed.transpose(0, 1, 4, 2, 3, 5).reshape(tiles, nbk, 1024)  # [g][u][col][i]
+        out[..., 1024:] = blocks[..., :4].reshape(tiles, nbk, TILE, 2, 2).transpose(0, 1, 3, 2, 4).reshape(
+            tiles, nbk, 4 * TILE)  # d [64] fp16, then m [64]
+    else:
+        q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)  # zero point 128
+        out[..., :2048] = q.reshape(tiles, nbk, TILE, 8, 4).transpose(0, 1, 3, 2, 4).reshape(tiles, nbk, 2048)
+        out[..., 2048:] = blocks[..., :2].reshape(tiles, nbk, 2 * TILE)
+    return Packed(out.reshape(tiles, nbk * tile_block), np.zeros(0, np.float32), k, n, fmt)
+
+
 def dequantized(p: Packed) -> np.ndarray:
     """The float weight [K, N] a packed linear computes with (tests, references)."""
+    if p.fmt != "int8":
+        return _blocks_dequantized(p)
     tiles = p.w.shape[0]
     quads = p.w.shape[1] // 256
     q = p.w.reshape(tiles, quads, TILE, 4).transpose(0, 2, 1, 3).reshape(tiles * TILE, quads * 4)
@@ -136,6 +179,26 @@ def dequantized(p: Packed) -> np.ndarray:
     s = p.ws.transpose(0, 2, 1).reshape(tiles * TILE, blocks)
     wq = (q.astype(np.float32) - 128.0)[:, : p.k]
     return (wq * np.repeat(s, QB, axis=1)[:, : p.k])[: p.n].T.copy()
+
+
+def _blocks_dequantized(p: Packed) -> np.ndarray:
+    """`dequantized` of a GGUF block form: d·q + m (Q4_1) or d·q (Q8_0) in float32, as llama.cpp's dequantization."""
+    tiles, nbk = p.w.shape[0], p.k // GB
+    blk = p.w.reshape(tiles, nbk, -1)
+    if p.fmt == "q4_1":
+        b = blk[..., :1024].reshape(tiles, nbk, 4, 4, 16, 4)  # [tile, block, g, u, col, i]
+        q = np.stack([b & 15, b >> 4], axis=-2)  # [.., g, u, col, half, i]
+        q = q.transpose(0, 3, 4, 1, 2, 5, 6).reshape(tiles * TILE, p.k)  # column-major over K: block, g, half, i
+        dm = blk[..., 1024:].copy().view(np.float16).astype(np.float32).reshape(tiles, nbk, 2, TILE)
+        d = dm[:, :, 0].transpose(0, 2, 1).reshape(tiles * TILE, nbk)
+        m = dm[:, :, 1].transpose(0, 2, 1).reshape(tiles * TILE, nbk)
+        w = q.reshape(-1, nbk, GB) * d[..., None] + m[..., None]
+    else:
+        q = blk[..., :2048].reshape(tiles, nbk, 8, TILE, 4).transpose(0, 3, 1, 2, 4).reshape(tiles * TILE, p.k)
+        d = blk[..., 2048:].copy().view(np.float16).astype(np.float32).reshape(tiles, nbk, TILE)
+        d = d.transpose(0, 2, 1).reshape(tiles * TILE, nbk)
+        w = (q.astype(np.float32) - 128.0).reshape(-1, nbk, GB) * d[..., None]
+    return np.ascontiguousarray(w.reshape(tiles * TILE, p.k)[: p.n].T.astype(np.float32))
 
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -146,7 +209,7 @@ class Job(ctypes.Structure):
 
     _fields_ = [("rows", _I), ("in0", _P), ("in1", _P), ("ld_in", _I), ("norm", _P), ("eps", ctypes.c_double),
                 ("act", _I), ("had", _I), ("k", _I), ("n", _I), ("w", _P), ("ws", _P), ("bias", _P), ("res0", _P),
-                ("res1", _P), ("out", _P), ("ld_out", _I)]
+                ("res1", _P), ("out", _P), ("ld_out", _I), ("fmt", _I)]
 
 
 class Part(ctypes.Structure):
@@ -233,7 +296,7 @@ def bind(p: Packed, x: np.ndarray, out: np.ndarray, scratch: Scratch, *, add: np
     job = Job(rows, _addr(x, "x"), _addr(add, "add"), x.shape[1], _addr(norm, "norm"), float(eps), int(silu_up),
               int(hadamard), p.k, p.n, _addr(w, "w", np.uint8), _addr(ws, "ws"), _addr(bias, "bias"),
               _addr(res[0] if res else None, "res0"), _addr(res[1] if len(res) > 1 else None, "res1"),
-              _addr(out, "out"), out.shape[1])
+              _addr(out, "out"), out.shape[1], FMTS[p.fmt])
     b = Bound(job, scratch.part(0, -(-p.n // TILE) * TILE), (x, add, norm, w, ws, bias, res, out, scratch), rows, p.n)
     return b
 

@@ -12,8 +12,15 @@
    No software prefetch: over the weights' one arena on huge pages the hardware prefetcher streams 26 GB/s from one
    thread (AMD EPYC Zen 4), prefetches 4 KB ahead 22 (docs/journal.md, "Issue 24 item 3 (session 15)").
 
-   Weights: column tiles of TILE = 64 (4 vectors of 16), each tile a stream of K/4 quads of 256 bytes: for each
-   of its 64 columns 4 consecutive weights along K (vpdpbusd's layout); scales [tiles][blocks][64]. */
+   Weights (fmt 0, FMT_INT8): column tiles of TILE = 64 (4 vectors of 16), each tile a stream of K/4 quads of 256
+   bytes: for each of its 64 columns 4 consecutive weights along K (vpdpbusd's layout); scales [tiles][blocks][64].
+
+   The GGUF's own blocks of 32 values of K (fmt FMT_Q4_1, FMT_Q8_0: llama.cpp's Q4_1, w = d·q + m with q in 0..15,
+   and Q8_0, w = d·q with q in -127..127; d, m fp16), each tile a stream of K/32 blocks with their scales inside:
+   Q4_1 4 groups × 4 vectors of 64 bytes, byte i of a column's lane holding q[8g + i] (low nibble) and q[8g + 4 + i]
+   (high nibble), then d [64] and m [64] fp16 (1,280 bytes: 0.625 bytes a weight, as the file); Q8_0 8 quads × 256
+   bytes of q + 128 (u8, the INT8 form's zero point), then d [64] fp16. An activation block (AB = 32) is a weight
+   block, so a block's integer sum is exact and its float terms are d·s·Σq·xq (+ m·s·Σxq for Q4_1). */
 
 #include <immintrin.h>
 #include <math.h>
@@ -46,7 +53,17 @@ typedef struct {
     const float *res1;
     float *out;            /* [rows, ld_out] */
     int64_t ld_out;
+    int64_t fmt;           /* the weights' form: FMT_INT8 (w, ws as above), FMT_Q4_1 or FMT_Q8_0 (w alone) */
 } Job;
+
+enum { FMT_INT8 = 0, FMT_Q4_1 = 1, FMT_Q8_0 = 2 };
+#define GB 32 /* values of K in a GGUF block (Q4_1, Q8_0): one activation block */
+#if AB != GB
+#error "the GGUF block kernels take one activation scale per block of 32"
+#endif
+
+/* Bytes of a tile's block of GB values of K in a block form. */
+static inline int64_t block_bytes(int64_t fmt) { return fmt == FMT_Q4_1 ? 1024 + 2 * 2 * TILE : 2048 + 2 * TILE; }
 
 typedef struct {
     int64_t lo, hi;        /* columns, multiples of TILE */
@@ -182,6 +199,92 @@ static __attribute__((noinline)) void tile_rows(const int R, const uint8_t *wt, 
         for (int u = 0; u < 4; u++) _mm512_storeu_ps(y + r * TILE + 16 * u, f[r][u]);
 }
 
+/* One tile (64 columns) of R rows over a GGUF block form (fmt, a constant at each call: gcc's clones, as tile_rows):
+   y_r[c] = Σ_b sa_r[b]·(d[b][c]·Σ_{k∈b} q·xq_r [+ m[b][c]·Σ_{k∈b} xq_r]), block after block, so a row's bits do
+   not depend on R. Q8_0's q is stored + 128 and its share of 128 (xsum) taken off as in tile_rows. Inlined into one
+   function per (R, fmt) below (gcc's clones made two of the four: the form stayed a run-time branch). */
+static inline __attribute__((always_inline)) void tile_blocks(const int R, const int fmt, const uint8_t *wt,
+                                                              int64_t nbk, const int8_t *xq, int64_t kp,
+                                                              const float *sa, const int32_t *xsum, int64_t na,
+                                                              float *y) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const int64_t bb = block_bytes(fmt), wbytes = fmt == FMT_Q4_1 ? 1024 : 2048;
+    __m512 f[MAX_ROWS][4];
+    for (int r = 0; r < R; r++)
+        for (int u = 0; u < 4; u++) f[r][u] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nbk; b++) {
+        const uint8_t *blk = wt + b * bb;
+        __m512i acc[MAX_ROWS][4];
+        for (int r = 0; r < R; r++)
+            for (int u = 0; u < 4; u++) acc[r][u] = _mm512_setzero_si512();
+        if (fmt == FMT_Q4_1) {
+            for (int g = 0; g < 4; g++) {
+                __m512i lo[4], hi[4];
+                for (int u = 0; u < 4; u++) {
+                    const __m512i v = _mm512_loadu_si512(blk + 256 * g + 64 * u);
+                    lo[u] = _mm512_and_si512(v, low);
+                    hi[u] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                }
+                for (int r = 0; r < R; r++) {
+                    const int32_t *xr = (const int32_t *)(xq + r * kp) + b * (GB / 4) + 2 * g;
+                    const __m512i x0 = _mm512_set1_epi32(xr[0]), x1 = _mm512_set1_epi32(xr[1]);
+                    for (int u = 0; u < 4; u++)
+                        acc[r][u] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[r][u], lo[u], x0), hi[u], x1);
+                }
+            }
+        } else {
+            for (int j = 0; j < GB / 4; j++) {
+                __m512i v[4];
+                for (int u = 0; u < 4; u++) v[u] = _mm512_loadu_si512(blk + 256 * j + 64 * u);
+                for (int r = 0; r < R; r++) {
+                    const __m512i x = _mm512_set1_epi32(((const int32_t *)(xq + r * kp))[b * (GB / 4) + j]);
+                    for (int u = 0; u < 4; u++) acc[r][u] = _mm512_dpbusd_epi32(acc[r][u], v[u], x);
+                }
+            }
+        }
+        const uint16_t *d16 = (const uint16_t *)(blk + wbytes);
+        for (int u = 0; u < 4; u++) {
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d16 + 16 * u)));
+            const __m512 m = fmt == FMT_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d16 + TILE + 16 * u)))
+                                             : _mm512_setzero_ps();
+            for (int r = 0; r < R; r++) {
+                const __m512 s = _mm512_set1_ps(sa[r * na + b]);
+                if (fmt == FMT_Q4_1) {
+                    const __m512 sx = _mm512_set1_ps(sa[r * na + b] * (float)(xsum[r * na + b] / 128));
+                    f[r][u] = _mm512_fmadd_ps(m, sx, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][u]),
+                                                                     _mm512_mul_ps(d, s), f[r][u]));
+                } else {
+                    f[r][u] = block_add(acc[r][u], _mm512_set1_epi32(xsum[r * na + b]), d, s, f[r][u]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int u = 0; u < 4; u++) _mm512_storeu_ps(y + r * TILE + 16 * u, f[r][u]);
+}
+
+#define TILE_BLOCKS(name, R, fmt)                                                                              \
+    static __attribute__((noinline)) void name(const uint8_t *wt, int64_t nbk, const int8_t *xq, int64_t kp,       \
+                                               const float *sa, const int32_t *xsum, int64_t na, float *y) {       \
+        tile_blocks(R, fmt, wt, nbk, xq, kp, sa, xsum, na, y);                                                     \
+    }
+TILE_BLOCKS(tile_q4_1_r1, 1, FMT_Q4_1)
+TILE_BLOCKS(tile_q4_1_r2, 2, FMT_Q4_1)
+TILE_BLOCKS(tile_q8_0_r1, 1, FMT_Q8_0)
+TILE_BLOCKS(tile_q8_0_r2, 2, FMT_Q8_0)
+
+/* One tile of R rows (1 or 2, constants) in the job's weight form. */
+static inline void tile(const int R, const Job *J, int64_t t, int64_t quads, int64_t nb, const int8_t *xq,
+                        int64_t kp, const float *sa, const int32_t *xsum, int64_t na, float *y) {
+    const int64_t nbk = J->k / GB;
+    if (J->fmt == FMT_Q4_1)
+        (R == 1 ? tile_q4_1_r1 : tile_q4_1_r2)(J->w + t * nbk * block_bytes(FMT_Q4_1), nbk, xq, kp, sa, xsum, na, y);
+    else if (J->fmt == FMT_Q8_0)
+        (R == 1 ? tile_q8_0_r1 : tile_q8_0_r2)(J->w + t * nbk * block_bytes(FMT_Q8_0), nbk, xq, kp, sa, xsum, na, y);
+    else
+        tile_rows(R, J->w + t * (quads * 256), J->ws + t * (nb * TILE), quads, nb, xq, kp, sa, xsum, na, y);
+}
+
 /* The epilogue of one row's tile: out = [res0 (+ res1) +] (y [+ bias]). */
 static void store_row(const Job *J, int64_t r, int64_t c, const float *y) {
     float *o = J->out + r * J->ld_out + c;
@@ -216,16 +319,14 @@ void *hetero_gemv_part(void *job, void *unused, void *part) {
         if (P->next != NULL) t = t0 + __atomic_fetch_add(P->next, 1, __ATOMIC_RELAXED);
         if (t >= t1) break;
         const int64_t c = t * TILE;
-        const uint8_t *wt = J->w + (c / TILE) * (quads * 256);
-        const float *wst = J->ws + (c / TILE) * (nb * TILE);
         int64_t r = 0;
         for (; r + 1 < J->rows; r += 2) {  /* a tree's rows in pairs: one load of each weight vector for two rows */
-            tile_rows(2, wt, wst, quads, nb, P->xq + r * kp, kp, P->sa + r * na, P->xsum + r * na, na, y);
+            tile(2, J, t, quads, nb, P->xq + r * kp, kp, P->sa + r * na, P->xsum + r * na, na, y);
             store_row(J, r, c, y);
             store_row(J, r + 1, c, y + TILE);
         }
         if (r < J->rows) {
-            tile_rows(1, wt, wst, quads, nb, P->xq + r * kp, kp, P->sa + r * na, P->xsum + r * na, na, y);
+            tile(1, J, t, quads, nb, P->xq + r * kp, kp, P->sa + r * na, P->xsum + r * na, na, y);
             store_row(J, r, c, y);
         }
     }

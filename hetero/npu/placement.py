@@ -101,15 +101,18 @@ def decode_placement(backend: LayerBackend) -> DecodePlacement:
     """Where the decode steps of a runtime over `backend` (its prefill's layer ops) run (`decode_placement_of`)."""
     plan = getattr(backend, "plan", None)
     return decode_placement_of(backend.cfg if plan is not None else None, getattr(backend, "provider", None),
-                               getattr(plan, "weight_form", None), getattr(backend, "name", "torch"))
+                               getattr(plan, "weight_form", None), getattr(backend, "name", "torch"),
+                               getattr(backend, "model", None))
 
 
-def decode_placement_of(cfg, provider, weight_form: str | None, name: str = "torch") -> DecodePlacement:
+def decode_placement_of(cfg, provider, weight_form: str | None, name: str = "torch", model=None) -> DecodePlacement:
     """Where the decode steps of a runtime run: on the CPU, as in mllm-NPU (`DecodePlacement`). A prefill lane on an
     NPU `provider` (QNN HTP; on x86-64 its simulator) hands decode to the INT8 graphs of the same plan (its weights in
     `weight_form`) on the ONNX Runtime CPU EP (`NpuBackend.at_chunk`); the CPU EP stand-in decodes on its own graphs;
     float layers (provider None, called `name`) in torch. Decided at the edge (`methods.host_plan`), before any graph
-    is made."""
+    is made. `model`: the runtime's, whose GGUF's own Q4_1 / Q8_0 blocks the GEMVs decode from where every linear
+    and the head has them (`native.gguf_forms`, `decode.gguf_blocks`: the file's weights, ~40% fewer bytes a step than
+    the INT8 form)."""
     from hetero.npu.isa import cpu_form_for
 
     if provider is None or weight_form is None:
@@ -124,7 +127,14 @@ def decode_placement_of(cfg, provider, weight_form: str | None, name: str = "tor
 
     why = gemv.unavailable(cfg, build=False)
     form = gemv.describe() if why is None else f"{DEFAULT_FORM.describe()} (not hetero's int8 GEMVs: {why})"
-    small = {"small_rows": NBITS_ROWS, "small_form": form, "small_kernel": "gemv" if why is None else "nbits"}
+    kernel = "gemv" if why is None else "nbits"
+    if why is None and model is not None:
+        from hetero.native import gguf_forms
+
+        blocks_why = gguf_forms.unavailable(model)
+        form, kernel = ((gguf_forms.describe(), "blocks") if blocks_why is None else
+                        (f"{form} (not the GGUF's own blocks: {blocks_why})", "gemv"))
+    small = {"small_rows": NBITS_ROWS, "small_form": form, "small_kernel": kernel}
     if provider.device == "cpu":
         return DecodePlacement("cpu", provider.name, f"the NPU lane is this CPU EP, so its own INT8 graphs at "
                                                      f"decode sizes (weight form {weight_form})", **small)

@@ -59,25 +59,36 @@ def test_greedy_equals_hf_generate(default_model, rt) -> None:
 
 
 @pytest.fixture(scope="module")
-def gemv_rt(default_model, int8_rt):
-    """The same INT8 prefill with the decode placement of `make_runtime`: its steps of 1-8 rows on hetero's int8
-    GEMVs (`native.gemv`) where this CPU runs them."""
+def blocks_rt(default_model, int8_rt):
+    """The same INT8 prefill with the decode placement of `make_runtime`: its steps of 1-8 rows on hetero's GEMVs over
+    the GGUF's own Q4_1 / Q8_0 blocks (`decode.gguf_blocks`) where this CPU runs them."""
     from hetero.native import gemv
     from hetero.npu.placement import decode_placement
 
     why = gemv.unavailable(default_model.config)
     if why is not None:
-        pytest.skip(f"hetero's int8 GEMVs cannot run here: {why}")
+        pytest.skip(f"hetero's GEMVs cannot run here: {why}")
     rt = Runtime(default_model, chunk=64, backend=int8_rt.backend, decode=decode_placement(int8_rt.backend))
+    assert DecodeStep.of(rt).kernel == "blocks"
+    return rt
+
+
+@pytest.fixture(scope="module")
+def gemv_rt(default_model, int8_rt, blocks_rt):
+    """As `blocks_rt`, its steps on hetero's int8 GEMVs (`native.gemv`): the form of a model without those blocks."""
+    import dataclasses
+
+    rt = Runtime(default_model, chunk=64, backend=int8_rt.backend,
+                 decode=dataclasses.replace(blocks_rt.decode, small_kernel="gemv"))
     assert DecodeStep.of(rt).kernel == "gemv"
     return rt
 
 
 @pytest.mark.parametrize("speculate", ["lookup", "self", "draft"])
-@pytest.mark.parametrize("form", ["int8", "gemv"])
+@pytest.mark.parametrize("form", ["int8", "gemv", "blocks"])
 def test_speculation_is_token_for_token_plain_greedy(default_model, request, speculate, form) -> None:
     """Verifying a fixed deep tree emits plain greedy's tokens exactly (no tolerance for near-ties: a tree's rows are
-    computed as one-row steps, bit for bit), on the INT8 graphs and on the GEMVs."""
+    computed as one-row steps, bit for bit), on the INT8 graphs and on both forms of the GEMVs."""
     rt = request.getfixturevalue(f"{form}_rt")
     assert DecodeStep.of(rt).row_unexact() is None
     ids = chat_ids(default_model, COPY_PROMPT)

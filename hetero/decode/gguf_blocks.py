@@ -1,0 +1,128 @@
+"""A decode step's weights straight from the model's GGUF blocks (Q4_1, Q8_0): the file's own numbers, repacked for
+the GEMV kernels (`native.gemv.pack_blocks`), nothing dequantized or rounded again.
+
+The INT8 form (`gemv_step.GemvWeights`) dequantizes the file, rotates it and rounds it again to 8 bits in blocks of
+128: ~1.03 bytes a weight per step, and the file's weights plus a second rounding. The default model's file holds
+every linear in Q4_1 (0.625 bytes a weight) and its tied head in Q8_0: decoding from those blocks reads ~40% fewer
+linear bytes and computes with exactly the model's weights.
+
+Why the unrotated weights may decode beside a rotated prefill's KV cache: the rotation (`outliers.rotate`) is
+Q on the residual stream (readers W·diag(g)·Q, writers Qᵀ·W, the embedding E·Q), which cancels in every linear
+that reads it: q, k and v of the rotated model equal the model's for the same token, so K/V are the same vectors
+(up to each form's rounding). The online block Hadamards (o_in per head, down_in) act on a linear's input and its
+weights together (x·T, W·T) and never reach K/V. A step runs its layers from its own token's embedding, so it can
+run wholly in the model's space: the file's embedding, norms and linears, no online transforms. Only a hidden row
+of the rotated prefill (its last token's, for the first logits) is taken back with Qᵀ before the head
+(`BlockWeights.unrotate`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hetero.errors import ConfigError
+from hetero.native import gemv
+from hetero.native.gguf_forms import ROWBYTES, gguf_table, head_tensor, site_tensors, unavailable
+from hetero.weights import SITE_BIASES, SITE_LINEARS
+
+if TYPE_CHECKING:
+    from hetero.loader import Model
+
+
+def rotation_of(model: "Model") -> np.ndarray | None:
+    """Q [hidden, hidden] of a model rotated in its residual stream (`outliers.rotate.rotate_model`, its seed read from
+    the fingerprint), made once (torch) and kept beside the rotated model's cache entry, so a warm start reads it;
+    None for a model that is not."""
+    from hetero.outliers.rotate import ROTATION_VERSION, residual_rotation, site_rotated
+    from hetero.outliers.weightcache import cached_arrays
+
+    if not model.rotated or site_rotated(model.config):
+        return None
+    m = re.search(r"-rot\d+s(\d+)$", model.fingerprint)
+    if m is None:
+        raise ConfigError(f"the rotated model {model.fingerprint} names no rotation seed")
+    seed = int(m.group(1))
+    found = cached_arrays(model, "rotation", {"rotation": ROTATION_VERSION, "seed": seed},
+                          lambda: {"q": residual_rotation(model.config.hidden, seed).float().numpy()})
+    return np.array(found["q"], np.float32)
+
+
+class BlockWeights:
+    """Every layer's linears and the LM head in the GGUF's own block forms (`native.gemv.pack_blocks`), their bytes
+    in one arena in step order as `gemv_step.GemvWeights` (the same interface: cfg, online, linears, biases, norms,
+    arrays), repacked once and kept beside the model's cache entry (`outliers.weightcache.cached_arrays`).
+    The step runs in the model's own space (module docstring): `arrays` are the unrotated model's (embedding,
+    QK norms), `online` is empty, and `unrotate` takes a rotated prefill's hidden rows to it (None: the same)."""
+
+    def __init__(self, model: "Model"):
+        from hetero.decode.gemv_step import place_linears, step_norms
+        from hetero.loader import _unpermute, load_model
+        from hetero.outliers.weightcache import cached_arrays
+
+        why = unavailable(model) or gemv.config_unsupported(model.config)
+        if why is not None:
+            raise ConfigError(f"the GGUF's blocks cannot decode this model: {why}")
+        cfg = model.config
+        self.cfg, self.online = cfg, {}
+        path = Path(model.path)
+        table = gguf_table(path)
+        base = load_model(path) if model.rotated else model  # the model's own space (cached: a mapped file)
+        self.arrays = base.arrays()
+        head = head_tensor(table)
+
+        def rows(name: str) -> tuple[np.ndarray, str, int]:
+            """The tensor's rows [N, K/32 · block bytes] (mapped), its form, K."""
+            t = table.tensors[name]
+            form, (k, n) = table.form(name), t.shape[:2]
+            raw = np.memmap(path, np.uint8, mode="r", offset=t.offset, shape=(n, k // 32 * ROWBYTES[form]))
+            if table.arch in ("llama", "mistral") and (".attn_q." in name or ".attn_k." in name):  # as the loader
+                raw = _unpermute(np.asarray(raw), cfg.n_heads if ".attn_q." in name else cfg.n_kv_heads)
+            return raw, form, k
+
+        def compute() -> dict[str, np.ndarray]:
+            out: dict[str, np.ndarray] = {}
+            for layer in range(cfg.n_layers):
+                for site, names in site_tensors(cfg, layer).items():
+                    parts = [rows(n) for n in names]
+                    p = gemv.pack_blocks(np.concatenate([r for r, _, _ in parts]), parts[0][1], parts[0][2])
+                    out[f"{layer}.{site}.w"] = p.w
+            raw, form, k = rows(head)
+            out["head.w"] = gemv.pack_blocks(np.asarray(raw), form, k).w
+            return out
+
+        forms = {name: table.form(names[0]) for layer in range(cfg.n_layers)
+                 for name, names in ((f"{layer}.{s}", ns) for s, ns in site_tensors(cfg, layer).items())}
+        forms["head"] = table.form(head)
+        found = cached_arrays(base, "gguf-blocks",
+                              {"blocks": gemv.BLOCKS_VERSION, "forms": sorted(set(forms.values()))},
+                              compute)
+        self.arena, self.linears = place_linears(cfg, found, forms)
+        self.biases: dict[str, np.ndarray] = {}
+        for layer in range(cfg.n_layers):
+            for site, fields in SITE_LINEARS.items():
+                got = [self.arrays.get(f"layers.{layer}.{b}") for b in SITE_BIASES[site]]
+                if any(b is not None for b in got):
+                    widths = [self.arrays[f"layers.{layer}.{f}"].shape[0] for f in fields]
+                    self.biases[f"{layer}.{site}"] = np.concatenate(
+                        [np.asarray(b, np.float32) if b is not None else np.zeros(w, np.float32)
+                         for b, w in zip(got, widths)])
+        self.norms = step_norms(cfg, self.arrays)
+        q = rotation_of(model)
+        self.unrotate = None if q is None else np.ascontiguousarray(q.T)
+        if q is not None:  # the seed read from the fingerprint must be the rotation the prefill's embedding carries
+            ids = np.arange(0, cfg.vocab, max(1, cfg.vocab // 16))
+            want = np.asarray(model.arrays()["tok_emb"][ids], np.float64)
+            got = np.asarray(self.arrays["tok_emb"][ids], np.float64) @ q.astype(np.float64)
+            if np.abs(got - want).max() > 1e-4 * max(1.0, np.abs(want).max()):
+                raise ConfigError(f"the rotation of {model.fingerprint} is not residual_rotation of its seed")
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.arena.nbytes)
+
+    def close(self) -> None:
+        """Nothing to release beyond memory (a runtime's owned object): the arena goes with the last step."""

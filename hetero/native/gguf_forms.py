@@ -1,0 +1,162 @@
+"""Which of a GGUF file's tensors are in the small block forms hetero's GEMVs read (Q4_1, Q8_0), from the file's header
+alone: the host plan asks it before any weight is read (`npu.placement.decode_placement_of`), and the decode step's
+block weights read their tensors' offsets from it (`decode.gguf_blocks`). The header's tokenizer arrays are skipped
+without decoding them (11 ms for SmolLM2's; gguf's reader parses them all: 0.8-2.8 s).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hetero import layerspec
+from hetero.errors import ConfigError
+from hetero.weights import SITE_LINEARS
+
+if TYPE_CHECKING:
+    from hetero.loader import Model
+
+FORMS = {2: "q4_0", 3: "q4_1", 8: "q8_0"}  # GGML type ids of the small block forms (q4_0: named, not computed)
+COMPUTED = ("q4_1", "q8_0")  # the forms the kernels read (`native.gemv.pack_blocks`)
+ARCHS = ("llama", "mistral", "qwen2")  # a tensor per linear (phi3 fuses q|k|v: not here)
+_TENSOR = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output", "w_gate": "ffn_gate",
+           "w_up": "ffn_up", "w_down": "ffn_down"}  # a linear's GGUF tensor in blk.N
+ROWBYTES = {"q4_1": 20, "q8_0": 34}  # bytes of a block of 32 values in the file
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """A GGUF tensor's entry: GGML type id, shape (ne0 = K first), byte offset in the file."""
+
+    type: int
+    shape: tuple[int, ...]
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class GgufTable:
+    """A GGUF file's architecture and tensor entries, read from its header alone."""
+
+    arch: str
+    tensors: dict[str, Tensor]
+
+    def form(self, name: str) -> str:
+        """The block form of tensor `name` ("q4_1", ...), or its GGML type id as text."""
+        t = self.tensors[name].type
+        return FORMS.get(t, f"type {t}")
+
+
+_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+@functools.lru_cache(maxsize=8)
+def _table(path: str, stamp: tuple[int, int]) -> GgufTable:
+    """`gguf_table` of one version (`stamp`: mtime, size) of a file."""
+    data = np.memmap(path, np.uint8, mode="r")
+    buf = memoryview(data)
+    if bytes(buf[:4]) != b"GGUF":
+        raise ConfigError(f"{path} is not a GGUF file")
+    _, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+    pos = 24
+
+    def string() -> str:
+        nonlocal pos
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        pos += 8 + n
+        return bytes(buf[pos - n : pos]).decode("utf-8", "replace")
+
+    def value(kind: int) -> object:
+        nonlocal pos
+        if kind == 8:
+            return string()
+        if kind == 9:
+            sub, count = struct.unpack_from("<IQ", buf, pos)
+            pos += 12
+            if sub in _SCALAR:  # skipped: the header's arrays are the tokenizer's
+                pos += count * struct.calcsize("<" + _SCALAR[sub])
+            elif sub == 8:  # strings: lengths only, nothing decoded
+                unpack = struct.Struct("<Q").unpack_from
+                for _ in range(count):
+                    pos += 8 + unpack(buf, pos)[0]
+            else:
+                for _ in range(count):
+                    value(sub)
+            return None
+        fmt = "<" + _SCALAR[kind]
+        (v,) = struct.unpack_from(fmt, buf, pos)
+        pos += struct.calcsize(fmt)
+        return v
+
+    meta: dict[str, object] = {}
+    for _ in range(n_kv):
+        key = string()
+        (kind,) = struct.unpack_from("<I", buf, pos)
+        pos += 4
+        meta[key] = value(kind)
+    entries = []
+    for _ in range(n_tensors):
+        name = string()
+        (dims,) = struct.unpack_from("<I", buf, pos)
+        shape = struct.unpack_from(f"<{dims}Q", buf, pos + 4)
+        kind, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * dims)
+        pos += 4 + 8 * dims + 12
+        entries.append((name, kind, shape, offset))
+    align = int(meta.get("general.alignment") or 32)
+    start = -(-pos // align) * align
+    return GgufTable(str(meta.get("general.architecture", "")),
+                     {n: Tensor(k, tuple(int(d) for d in s), start + o) for n, k, s, o in entries})
+
+
+def gguf_table(path: Path) -> GgufTable:
+    """The header of GGUF file `path` (its tensor entries; the tokenizer's arrays skipped), once per file version."""
+    st = os.stat(path)
+    return _table(str(path), (st.st_mtime_ns, st.st_size))
+
+
+def site_tensors(cfg, layer: int) -> dict[str, list[str]]:
+    """site → the GGUF tensors of its linears, in the step's order (`SITE_LINEARS`)."""
+    return {site: [f"blk.{layer}.{_TENSOR[f]}.weight" for f in fields] for site, fields in SITE_LINEARS.items()}
+
+
+def head_tensor(table: GgufTable) -> str:
+    """The head's tensor: its own, else the tied embedding."""
+    return "output.weight" if "output.weight" in table.tensors else "token_embd.weight"
+
+
+def unavailable(model: "Model") -> str | None:
+    """None when `model`'s decode linears and head can run on its GGUF's own blocks, else why not (one line):
+    the file, its architecture, every linear's and the head's form (one form per site: a job reads one)."""
+    path = Path(model.path)
+    if not path.is_file() or path.suffix.lower() != ".gguf":
+        return f"the model is not a GGUF file ({path.name})"
+    try:
+        table = gguf_table(path)
+    except (OSError, ValueError, struct.error, ConfigError) as e:
+        return f"its GGUF header does not read ({e})"
+    if table.arch not in ARCHS:
+        return f"its architecture {table.arch!r} is not one of {', '.join(ARCHS)}"
+    cfg = model.config
+    lacks = layerspec.lacks(layerspec.LayerSpec.of(cfg), "decode GGUF blocks")
+    if lacks:
+        return f"its layers have {lacks}"
+    for layer in range(cfg.n_layers):
+        for site, names in site_tensors(cfg, layer).items():
+            forms = {table.form(n) for n in names if n in table.tensors}
+            if len(forms) != 1 or not forms <= set(COMPUTED):
+                return f"{names[0]} and its site's linears are {', '.join(sorted(forms))}, not one of {COMPUTED}"
+    head = head_tensor(table)
+    if table.form(head) not in COMPUTED:
+        return f"its head {head} is {table.form(head)}, not one of {COMPUTED}"
+    return None
+
+
+def describe() -> str:
+    """The decode form in words (`hostplan.DecodePlacement.small_form`)."""
+    return ("hetero's GEMVs over the GGUF's own Q4_1 / Q8_0 blocks (AVX-512 VNNI): the file's weights, not rounded "
+            "again; int8 activations per block of 32")

@@ -1,0 +1,122 @@
+"""Decode steps over the GGUF's own Q4_1 / Q8_0 blocks (`decode.gguf_blocks`): the kernels equal the file's
+dequantized weights, and a step beside a rotated prefill equals the file's float model."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from hetero import buffers
+from hetero.errors import ConfigError
+from hetero.native import gemv, gguf_forms
+from tests.conftest import make_tiny_model
+from tests.gguf_writer import write_gguf
+
+pytestmark = pytest.mark.skipif(gemv.unavailable(make_tiny_model().config) is not None,
+                                reason="hetero's GEMVs cannot run on this host")
+LINEARS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def _activations(x: np.ndarray) -> np.ndarray:
+    """x as the kernels quantize it: int8 per block of 32, amax / 127 (`gemv_vnni.c`), dequantized."""
+    blocks = x.reshape(x.shape[0], -1, gemv.AB).astype(np.float32)
+    s = np.abs(blocks).max(-1, keepdims=True) / np.float32(127)
+    q = np.clip(np.rint(blocks / np.where(s > 0, s, 1)), -127, 127)
+    return (q * s).reshape(x.shape).astype(np.float64)
+
+
+@pytest.mark.parametrize("form", ["q4_1", "q8_0"])
+def test_the_block_kernels_equal_the_files_dequantized_weights(form) -> None:
+    """Repacking changes no weight (the layout dequantizes to gguf's own dequantization, bit for bit); the kernel's
+    product equals the quantized activations times those weights to float rounding, and each row of a 3-row job
+    equals its one-row job bit for bit (a token tree's rows are the one-row steps)."""
+    rng = np.random.default_rng(0)
+    qt = gguf.GGMLQuantizationType[form.upper()]
+    k, n = 320, 200  # n not a multiple of the tile: padding columns
+    raw = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, qt)
+    p = gemv.pack_blocks(raw, form, k)
+    w = gemv.dequantized(p)
+    np.testing.assert_array_equal(w, gguf.quants.dequantize(raw, qt).T)
+    x = buffers.zeros((3, k))
+    x[...] = rng.standard_normal((3, k))
+    out = buffers.zeros((3, n))
+    gemv.run(gemv.bind(p, x, out, gemv.Scratch(3, k)))
+    want = _activations(x) @ w.astype(np.float64)
+    assert np.abs(out - want).max() < 1e-5 * np.abs(want).max()
+    for r in range(3):
+        one = buffers.zeros((1, n))
+        gemv.run(gemv.bind(p, np.ascontiguousarray(x[r : r + 1]), one, gemv.Scratch(1, k)))
+        np.testing.assert_array_equal(one[0], out[r])
+
+
+def test_pack_blocks_refuses_rows_of_another_shape() -> None:
+    with pytest.raises(ConfigError, match="q4_1 rows of K = 64"):
+        gemv.pack_blocks(np.zeros((4, 30), np.uint8), "q4_1", 64)
+    with pytest.raises(ConfigError, match="no block form 'q5_0'"):
+        gemv.pack_blocks(np.zeros((4, 44), np.uint8), "q5_0", 64)
+
+
+def _block_model(tmp_path, monkeypatch, qtypes: dict[str, str], arch: str = "llama"):
+    from hetero.loader import load_model
+
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    return load_model(write_gguf(make_tiny_model(arch), tmp_path / "tiny.gguf", qtypes))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v biases
+def test_a_step_beside_a_rotated_prefill_equals_the_files_float_model(tmp_path, monkeypatch, arch) -> None:
+    """The default path: a rotated INT8 prefill, then the steps and the head on the file's blocks in the model's own
+    space (the prefill's last hidden row unrotated before the head): logits near the float model of the same file,
+    and the prefill's first logits too (a hidden row left rotated misses them by far)."""
+    from hetero import model as ref
+    from hetero.decode.step import DecodeStep, step_logits
+    from hetero.decode.tree import TokenTree
+    from hetero.npu.graph_backend import NpuBackend
+    from hetero.npu.placement import decode_placement
+    from hetero.outliers.rotate import rotate_model
+    from hetero.runtime import Runtime
+    from tests.npu.conftest import tiny_plan
+
+    m = _block_model(tmp_path, monkeypatch, {**{f: "Q4_1" for f in LINEARS}, "": "Q8_0"}, arch)
+    assert gguf_forms.unavailable(m) is None and m.config.qkv_bias == (arch == "qwen2")
+    rot = rotate_model(m, cache=False)
+    be = NpuBackend(rot, tiny_plan(rot, scale=0.05), 16, provider="cpu")
+    rt = Runtime(rot, chunk=16, backend=be, decode=decode_placement(be), head=step_logits)  # as `make_runtime`
+    assert rt.decode.small_kernel == "blocks" and "own Q4_1 / Q8_0 blocks" in rt.decode.describe()
+    step = DecodeStep.of(rt)  # the runtime's own: its head gives the prefill's first logits
+    assert step.kernel == "blocks" and step.row_unexact() is None and step._unrotate is not None
+    prompt = list(np.arange(3, 40) * 5 % m.config.vocab)
+    pre = rt.prefill(prompt)
+    got = step.forward(pre.cache, TokenTree([7], [-1]))[0]
+    with torch.inference_mode():
+        want = ref.forward(m.config, m.weights, torch.tensor([*prompt, 7]))[0].numpy()
+    rel = lambda a, b: float(np.abs(a - b).max() / np.abs(b).max())  # noqa: E731
+    assert rel(got, want[-1]) < 0.05
+    assert rel(pre.logits, want[-2]) < 0.05
+    step._unrotate = None  # the prefill's hidden row left in the rotated space
+    assert rel(rt.prefill(prompt).logits, want[-2]) > 0.2
+
+
+def test_models_without_the_blocks_keep_the_int8_gemvs(tmp_path, monkeypatch) -> None:
+    """A file with a linear in F32 (or a site mixing forms, or a non-GGUF model) is named, and its placement keeps
+    the INT8 GEMVs; asking for the blocks is refused with the reason."""
+    from hetero.decode.step import DecodeStep
+    from hetero.npu.graph_backend import NpuBackend
+    from hetero.npu.placement import decode_placement
+    from hetero.runtime import Runtime
+    from tests.npu.conftest import tiny_plan
+
+    assert "not a GGUF file" in gguf_forms.unavailable(make_tiny_model())
+    m = _block_model(tmp_path, monkeypatch, {**{f: "Q4_1" for f in LINEARS}, "wk": "Q8_0", "": "Q8_0"})
+    assert "blk.0.attn_q.weight and its site's linears are q4_1, q8_0" in gguf_forms.unavailable(m)
+    m = _block_model(tmp_path, monkeypatch, {f: "Q4_1" for f in LINEARS})
+    assert gguf_forms.unavailable(m) == "its head token_embd.weight is type 0, not one of ('q4_1', 'q8_0')"
+    be = NpuBackend(m, tiny_plan(m), 16, provider="cpu")
+    rt = Runtime(m, chunk=16, backend=be, decode=decode_placement(be))
+    assert rt.decode.small_kernel == "gemv" and "not the GGUF's own blocks: its head" in rt.decode.small_form
+    with pytest.raises(ConfigError, match="GEMVs over the GGUF's own blocks cannot run here: its head"):
+        DecodeStep(rt, kernel="blocks")
+    with pytest.raises(ConfigError, match="a blocks head cannot read the gemv steps' hidden rows"):
+        DecodeStep(rt, head="blocks")
