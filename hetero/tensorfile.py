@@ -51,6 +51,11 @@ def map_tensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]
     return out, meta
 
 
+class _ReadOnlyMap(mmap.mmap):
+    """A mapping `read_only` made (ACCESS_READ): the only kind whose pages `drop_pages` hands back (dropping a
+    written page of a copy-on-write mapping would lose the write)."""
+
+
 def read_only(a: np.ndarray) -> np.ndarray:
     """`a`'s bytes through a read-only mapping of its own, where `a` views a file that `map_tensors` mapped; else `a`
     itself. Nothing can write such pages, so `drop_pages` may hand them back at any time: a later read faults them in
@@ -63,19 +68,19 @@ def read_only(a: np.ndarray) -> np.ndarray:
     start = base.offset + (a.ctypes.data - base.ctypes.data)  # the file's byte where `a` starts
     lead = start % mmap.ALLOCATIONGRANULARITY
     with open(base.filename, "rb") as f:
-        m = mmap.mmap(f.fileno(), lead + a.nbytes, access=mmap.ACCESS_READ, offset=start - lead)
+        m = _ReadOnlyMap(f.fileno(), lead + a.nbytes, access=mmap.ACCESS_READ, offset=start - lead)
     return np.frombuffer(m, dtype=a.dtype, count=a.size, offset=lead).reshape(a.shape)
 
 
 def drop_pages(a: np.ndarray) -> None:
     """Unmap the resident pages of a `read_only` array (they stay in the page cache, out of this process's RSS);
-    nothing for any other array."""
+    nothing for any other array, a read-only view of a writable mapping among them."""
     m = a.base
     while isinstance(m, np.ndarray):
         m = m.base
     if isinstance(m, memoryview):  # (`np.frombuffer`'s base)
         m = m.obj
-    if isinstance(m, mmap.mmap) and not a.flags.writeable:
+    if isinstance(m, _ReadOnlyMap) and hasattr(mmap, "MADV_DONTNEED"):  # (not on Windows)
         m.madvise(mmap.MADV_DONTNEED)
 
 
