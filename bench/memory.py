@@ -89,6 +89,7 @@ def run_worker(engine: str, model_path: str | None, lens: list[int], threads: in
             return rt.prefill(ids)
     cfg, last = model.config, None
     for n in lens:
+        last = None  # the previous prompt's result and cache go before the next prompt's (one at a time)
         last = prefill(prompts[n])
         stages.append((f"prefill {n}", _rss()))
         # the bytes the cache wrote; transformers' fp32 cache holds as many
