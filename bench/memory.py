@@ -39,7 +39,8 @@ ENGINES = ("hetero", "torch_float")
 def _rss() -> dict[str, float]:
     with open("/proc/self/status") as f:
         # RssShmem: shared anonymous mappings (`hetero.buffers`' large buffers: the KV cache)
-        d = {ln.split(":")[0]: int(ln.split()[1]) / 1024 for ln in f if ln.startswith(("RssAnon", "RssFile", "RssShmem"))}
+        d = {ln.split(":")[0]: int(ln.split()[1]) / 1024 for ln in f
+             if ln.startswith(("RssAnon", "RssFile", "RssShmem"))}
     d["peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {k: round(v, 1) for k, v in d.items()}
 
@@ -123,8 +124,8 @@ def markdown(result: dict[str, Any]) -> str:
     for e in result["engines"]:
         lines += [f"## {e['engine']}", "", "| stage | anonymous | file-backed | shared (KV cache) | peak so far |",
                   "|---|---:|---:|---:|---:|"]
-        lines += [f"| {s['stage']} | {s['RssAnon']:.0f} | {s['RssFile']:.0f} | {s.get('RssShmem', 0):.0f} | {s['peak']:.0f} |"
-                  for s in e["stages"]]
+        lines += [f"| {s['stage']} | {s['RssAnon']:.0f} | {s['RssFile']:.0f} | {s.get('RssShmem', 0):.0f} "
+                  f"| {s['peak']:.0f} |" for s in e["stages"]]
         if e["exact"]:
             lines += ["", "Counted: " + ", ".join(f"{k} = {v}" for k, v in e["exact"].items())]
         lines.append("")

@@ -329,8 +329,8 @@ class Runtime:
         # head its decode steps use (`decode.step.step_logits`: 28 instead of 113 MB to read)
         self.head = head or Runtime.float_head
         # the embedding rows chunks start from (numpy: a cached model's mapped file, `Model.arrays`)
-        # (a mapped file is checked at its first use: here); through a read-only mapping of its own, whose pages a
-        # prefill hands back once it has copied its rows (`PrefillJob`): a 64 KB fault-around per row looked up kept
+        # (a mapped file is checked at its first use: here); through a read-only mapping of its own, whose pages go
+        # back once a chunk's rows are copied (`PrefillJob.embed`): a 64 KB fault-around per row looked up kept
         # 23-48 MB of a 113 MB embedding resident after a 2,048-token prompt, for its 1.5 MB of rows
         self.embedding = read_only(model.arrays()["tok_emb"])
         self.rope = RopeTable(self.cfg, ctx + self.chunk)  # + chunk: padded rows of the last chunk
@@ -388,7 +388,8 @@ class Runtime:
     def owned_bytes(self) -> dict[str, int]:
         """Bytes of what the runtime owns that counts its own (`nbytes`: its decode step's weights arena), by name:
         the memory reports set them beside the RSS (`bench/memory.py`)."""
-        return {name: int(obj.nbytes) for name, obj in self._owned.items() if isinstance(getattr(obj, "nbytes", None), int)}
+        return {name: int(obj.nbytes) for name, obj in self._owned.items()
+                if isinstance(getattr(obj, "nbytes", None), int)}
 
     def close(self) -> None:
         """Release what the runtime owns (its decode step's helper thread) and the executor (the lane workers of
