@@ -33,6 +33,7 @@ from hetero.loader import Model
 from hetero.nodes import reads_kv
 from hetero.rope import RopeTable
 from hetero.schedule import Schedule
+from hetero.tensorfile import drop_pages, read_only
 from hetero.threads import ExecutionPlan, torch_threads
 
 if TYPE_CHECKING:
@@ -71,6 +72,9 @@ class PrefillExecutor(Protocol):
 
     placement: tuple[tuple[str, str], ...]  # (kind, lane) of one layer's subgraphs
     chunk: int | None  # the chunk length C its costs were made for (`Runtime` checks it is the plan's); None: any
+    # k: chunk i's first node runs after chunk i - k's last, so that at most k chunks are in flight and chunk i may
+    # use chunk i - k's buffers (`ChunkBuffers.views`); None: any order (a buffer set per chunk)
+    chunks_in_flight: int | None
 
     def compile(self, n_chunks: int, reads_kv: frozenset[str]) -> CompiledDag:
         """The DAG of a prompt of `n_chunks` chunks, whose kinds `reads_kv` read the K/V of earlier chunks (the
@@ -127,6 +131,7 @@ class SerialExecutor:
     """Every node in id order (program order) on the calling thread: the in-order prefill."""
 
     chunk = None  # its DAGs do not depend on the chunk length
+    chunks_in_flight = 1  # ids are chunk-major: a chunk's nodes all run before the next chunk's
 
     def __init__(self, n_layers: int, placement: tuple[tuple[str, str], ...]):
         self.n_layers, self.placement = n_layers, tuple(placement)
@@ -179,14 +184,15 @@ class PrefillResult:
 
 
 class ChunkBuffers:
-    """Per-chunk activations, allocated once per runtime (grown to the most chunks a prompt needed), each of C rows or
-    of a prompt's longest chunk where the runtime's chunk rule cuts longer ones (`ChunkRule.max_rows`).
+    """Per-chunk activations, allocated once per runtime (grown to the most chunks in flight a prompt needed), each of
+    C rows or of a prompt's longest chunk where the runtime's chunk rule cuts longer ones (`ChunkRule.max_rows`).
 
-    Chunk i owns h[i] = (a, b) [C, hidden], the residual stream ping-ponging between a and b (a backend
-    reads one and writes the other), qkv[i] [C, q_dim + 2·kv_dim], of which q/k/v are views, and
-    attn[i] [C, q_dim], the attention output (zeros at first: padded rows are never written). float32 numpy
+    Set s holds h[s] = (a, b) [C, hidden], the residual stream ping-ponging between a and b (a backend
+    reads one and writes the other), qkv[s] [C, q_dim + 2·kv_dim], of which q/k/v are views, and
+    attn[s] [C, q_dim], the attention output (zeros at first: padded rows are never written). float32 numpy
     arrays, 64-byte aligned (`hetero.buffers`): the graphs bind them in place, and a torch backend sees them through
-    `torch.from_numpy` views.
+    `torch.from_numpy` views. Chunk i uses set i mod k where the executor runs at most k chunks at once
+    (`PrefillExecutor.chunks_in_flight`): the buffers are sized by the chunk, not by the prompt.
     """
 
     def __init__(self, model: Model, rule: ChunkRule):
@@ -195,15 +201,23 @@ class ChunkBuffers:
         self.qkv: list[np.ndarray] = []
         self.attn: list[np.ndarray] = []
 
-    def ensure(self, chunks: tuple[Chunk, ...]) -> None:
-        """Buffers for every chunk of a prefill, of max(C, its longest chunk) rows (only as long as needed: a short
-        prompt's first chunk is never 1.5·C); a ConfigError for a chunk longer than the rule allows."""
-        cfg, longest = self.cfg, max(ch.rows for ch in chunks)
+    def views(self, chunks: tuple[Chunk, ...], in_flight: int | None) -> "ChunkViews":
+        """Per chunk of a prefill its buffer set (set i mod `in_flight`; None: a set per chunk), every set of max(C,
+        the longest chunk) rows (only as long as needed: a short prompt's first chunk is never 1.5·C); a ConfigError
+        for a chunk longer than the rule allows."""
+        sets = len(chunks) if in_flight is None else min(in_flight, len(chunks))
+        self.ensure(sets, max(ch.rows for ch in chunks))
+        pick = [i % sets for i in range(len(chunks))]
+        return ChunkViews([self.h[s] for s in pick], [self.qkv[s] for s in pick], [self.attn[s] for s in pick])
+
+    def ensure(self, sets: int, longest: int) -> None:
+        """`sets` buffer sets of at least max(C, `longest`) rows."""
+        cfg = self.cfg
         if longest > self.rule.max_rows:
             raise ConfigError(f"a chunk of {longest} rows exceeds the {self.rule.max_rows} rows the runtime's chunk "
                               f"rule allows")
         c = max(self.rule.chunk, longest)
-        for i in range(len(chunks)):
+        for i in range(sets):
             if i < len(self.h) and self.h[i][0].shape[0] >= c:
                 continue
             h = (buffers.empty((c, cfg.hidden)), buffers.empty((c, cfg.hidden)))
@@ -212,8 +226,17 @@ class ChunkBuffers:
                 self.h.append(h)
                 self.qkv.append(qkv)
                 self.attn.append(attn)
-            else:  # chunk i's buffers were shorter than this plan's longest chunk
+            else:  # set i was shorter than this plan's longest chunk
                 self.h[i], self.qkv[i], self.attn[i] = h, qkv, attn
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkViews:
+    """Per chunk of one prefill its buffer set of `ChunkBuffers` (`nodes.ChunkRows`: indexed by chunk)."""
+
+    h: list[tuple[np.ndarray, np.ndarray]]
+    qkv: list[np.ndarray]
+    attn: list[np.ndarray]
 
 
 class PrefillJob:
@@ -222,21 +245,27 @@ class PrefillJob:
 
     def __init__(self, runtime: "Runtime", plan: PrefillPlan, cache: KVCache, buffers: ChunkBuffers | None = None):
         rt = runtime
-        self.plan, self.cache, self.bufs = plan, cache, buffers or rt.buffers
+        self.plan, self.cache = plan, cache
         self.chunks, self.start, self.kinds = plan.chunks, plan.start, plan.dag.kinds
         self.attention = rt.attention
-        self.bufs.ensure(plan.chunks)
+        self.embedding, self.embed_scale = rt.embedding, rt.cfg.embed_scale
+        self.bufs = (buffers or rt.buffers).views(plan.chunks, rt.executor.chunks_in_flight)
         # per chunk: its two residual buffers at its rows (the stream alternates between them layer by layer)
         self._pairs = [(self.bufs.h[c.index][0][: c.rows], self.bufs.h[c.index][1][: c.rows]) for c in plan.chunks]
-        self.h: list[np.ndarray] = []  # per chunk: the current residual stream [C, hidden]
-        emb, scale = rt.embedding, rt.cfg.embed_scale
-        for c, (h, _) in zip(plan.chunks, self._pairs):
-            np.take(emb, padded_ids(plan.ids, c, plan.start), axis=0, out=h)
-            if scale != 1.0:  # as `model.embed`
-                h *= np.float32(scale)
-            self.h.append(h)
+        # per chunk: the current residual stream [C, hidden], its embedding rows once its first node starts (`embed`)
+        self.h: list[np.ndarray] = [a for a, _ in self._pairs]
         self.attn: list[np.ndarray | None] = [None] * len(plan.chunks)
         self.nodes: BoundNodes = rt.backend.bind(self)
+
+    def embed(self, i: int) -> None:
+        """Chunk i's embedding rows into its first residual buffer, before its first node: not earlier, as its buffer
+        set may serve an earlier chunk until then (`ChunkBuffers.views`). The embedding's pages go back at once."""
+        c, h = self.chunks[i], self._pairs[i][0]
+        np.take(self.embedding, padded_ids(self.plan.ids, c, self.plan.start), axis=0, out=h)
+        if self.embed_scale != 1.0:  # as `model.embed`
+            h *= np.float32(self.embed_scale)
+        self.h[i] = h
+        drop_pages(self.embedding)
 
     def check(self) -> None:
         """What the nodes relied on still holds (`BoundNodes.check`); before the commit."""
@@ -300,7 +329,10 @@ class Runtime:
         # head its decode steps use (`decode.step.step_logits`: 28 instead of 113 MB to read)
         self.head = head or Runtime.float_head
         # the embedding rows chunks start from (numpy: a cached model's mapped file, `Model.arrays`)
-        self.embedding = model.arrays()["tok_emb"]  # (a mapped file is checked at its first use: here)
+        # (a mapped file is checked at its first use: here); through a read-only mapping of its own, whose pages go
+        # back once a chunk's rows are copied (`PrefillJob.embed`): a 64 KB fault-around per row looked up kept
+        # 23-48 MB of a 113 MB embedding resident after a 2,048-token prompt, for its 1.5 MB of rows
+        self.embedding = read_only(model.arrays()["tok_emb"])
         self.rope = RopeTable(self.cfg, ctx + self.chunk)  # + chunk: padded rows of the last chunk
         # the `attn` subgraph of every chunk (the CPU lane): ORT's GroupQueryAttention over the cache, on the plan's
         # thread shares (`threads.ExecutionPlan`)
@@ -353,6 +385,12 @@ class Runtime:
             obj = self._owned[name] = make()
         return obj  # type: ignore[return-value]
 
+    def owned_bytes(self) -> dict[str, int]:
+        """Bytes of what the runtime owns that counts its own (`nbytes`: its decode step's weights arena), by name:
+        the memory reports set them beside the RSS (`bench/memory.py`)."""
+        return {name: int(obj.nbytes) for name, obj in self._owned.items()
+                if isinstance(getattr(obj, "nbytes", None), int)}
+
     def close(self) -> None:
         """Release what the runtime owns (its decode step's helper thread) and the executor (the lane workers of
         an out-of-order one)."""
@@ -385,15 +423,19 @@ class Runtime:
 
     def start(self, plan: PrefillPlan, cache: KVCache, buffers: ChunkBuffers | None = None
               ) -> tuple[PrefillJob, PlanRun]:
-        """The job of `plan` (its embeddings looked up) and its executor run, not yet stepped."""
+        """The job of `plan` and its executor run, not yet stepped (a chunk's embedding rows are looked up as its first
+        node starts)."""
         job = PrefillJob(self, plan, cache, buffers)
         dag, runs = plan.dag, job.nodes.runs
         by_kind = [runs[kind] for kind in dag.kinds]
         m = len(dag.layer_subgraphs)
-        calls = [(by_kind[k], i, j // m) for k, i, j in zip(dag.kind, dag.chunk, dag.j)]  # node v: run(i, layer)
+        # node v: run(i, layer), and whether it is chunk i's first
+        calls = [(by_kind[k], i, j // m, j == 0) for k, i, j in zip(dag.kind, dag.chunk, dag.j)]
 
         def run(v: int) -> None:
-            fn, i, layer = calls[v]
+            fn, i, layer, first = calls[v]
+            if first:
+                job.embed(i)
             fn(i, layer)
 
         return job, self.executor.start(dag, run)

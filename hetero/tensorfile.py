@@ -12,6 +12,7 @@ bytes); tests check both against the library.
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,39 @@ def map_tensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]
     except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
         raise ModelFormatError(f"{p} is not a readable safetensors file ({type(e).__name__}: {e})") from e
     return out, meta
+
+
+class _ReadOnlyMap(mmap.mmap):
+    """A mapping `read_only` made (ACCESS_READ): the only kind whose pages `drop_pages` hands back (dropping a
+    written page of a copy-on-write mapping would lose the write)."""
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    """`a`'s bytes through a read-only mapping of its own, where `a` views a file that `map_tensors` mapped; else `a`
+    itself. Nothing can write such pages, so `drop_pages` may hand them back at any time: a later read faults them in
+    from the file again (the page cache keeps them)."""
+    base = a
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    if not (isinstance(base, np.memmap) and base.filename and a.flags.c_contiguous and a.nbytes):
+        return a
+    start = base.offset + (a.ctypes.data - base.ctypes.data)  # the file's byte where `a` starts
+    lead = start % mmap.ALLOCATIONGRANULARITY
+    with open(base.filename, "rb") as f:
+        m = _ReadOnlyMap(f.fileno(), lead + a.nbytes, access=mmap.ACCESS_READ, offset=start - lead)
+    return np.frombuffer(m, dtype=a.dtype, count=a.size, offset=lead).reshape(a.shape)
+
+
+def drop_pages(a: np.ndarray) -> None:
+    """Unmap the resident pages of a `read_only` array (they stay in the page cache, out of this process's RSS);
+    nothing for any other array, a read-only view of a writable mapping among them."""
+    m = a.base
+    while isinstance(m, np.ndarray):
+        m = m.base
+    if isinstance(m, memoryview):  # (`np.frombuffer`'s base)
+        m = m.obj
+    if isinstance(m, _ReadOnlyMap) and hasattr(mmap, "MADV_DONTNEED"):  # (not on Windows)
+        m.madvise(mmap.MADV_DONTNEED)
 
 
 _ALIGN = 8  # safetensors pads its header with spaces to a multiple of 8 bytes

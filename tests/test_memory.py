@@ -59,15 +59,20 @@ def test_bound_counts_and_rates() -> None:
 @pytest.mark.slow
 def test_memory_worker_reports_stages_and_counts(default_model) -> None:
     from bench.memory import markdown, run_worker
+    from hetero.native import gemv
 
-    r = run_worker("hetero", None, [16, 32], threads=1)
+    r = run_worker("hetero", None, [16, 32], threads=1, decode=3)
     assert [s["stage"] for s in r["stages"]] == ["libraries", "model (mapped)", "plan + runtime (ORT sessions)",
-                                                 "prefill 16", "prefill 32"]
+                                                 "prefill 16", "prefill 32", "decode 3"]
     peaks = [s["peak"] for s in r["stages"]]
     assert peaks == sorted(peaks) and all(s["RssAnon"] > 0 and s["RssFile"] > 0 for s in r["stages"])
-    cfg = default_model.config
-    assert r["exact"]["kv_cache_32_mb"] == round(2 * cfg.n_layers * cfg.kv_dim * 32 * 4 / 2**20, 1)
-    assert 0 < r["exact"]["int8_weights_kept_on_cpu_mb"] < 50
+    cfg, got = default_model.config, r["exact"]
+    assert got["kv_cache_32_mb"] == round(2 * cfg.n_layers * cfg.kv_dim * 32 * 4 / 2**20, 1)
+    assert got["kv_cache_32+3_mb"] == round(2 * cfg.n_layers * cfg.kv_dim * 35 * 4 / 2**20, 1)
+    assert 0 < got["int8_weights_kept_on_cpu_mb"] < 50
+    assert got["graph_int8_weights_mb"] == round(linear_ops_per_token(cfg) / 2 / 2**20, 1)
+    if gemv.unavailable(cfg) is None:  # the decode GEMVs' arena: every linear and the INT8 head
+        assert got["decode-gemv-weights_mb"] > got["graph_int8_weights_mb"]
     assert "| prefill 32 |" in markdown({"engines": [r]})
 
 

@@ -38,6 +38,7 @@ def test_serial_executor_runs_program_order(tiny_model) -> None:
 
 def test_chunk_buffers_are_allocated_once_per_runtime(tiny_model) -> None:
     rt = Runtime(tiny_model, chunk=16)
+    rt.executor.chunks_in_flight = None  # a buffer set per chunk (an executor that may run any ready node)
     rt.prefill(torch.arange(40) % 256)
     ptrs = [b.ctypes.data for pair in rt.buffers.h for b in pair] + [q.ctypes.data for q in rt.buffers.qkv]
     assert len(rt.buffers.h) == 3
@@ -46,6 +47,20 @@ def test_chunk_buffers_are_allocated_once_per_runtime(tiny_model) -> None:
     assert again == ptrs
     second = rt.prefill(torch.arange(20) % 256)
     assert np.array_equal(first.logits, second.logits)  # buffers reused, results unchanged
+
+
+def test_chunk_buffers_are_sized_by_the_chunks_in_flight_not_the_prompt(tiny_model) -> None:
+    """In program order one chunk runs at a time: one buffer set serves every chunk of any prompt, with the results,
+    bit for bit, of a set per chunk."""
+    rt = Runtime(tiny_model, chunk=16)
+    ids = torch.arange(100) * 7 % 256
+    shared = rt.prefill(ids)
+    assert len(rt.buffers.h) == len(rt.buffers.qkv) == len(rt.buffers.attn) == 1  # 7 chunks
+    rt.executor.chunks_in_flight = None
+    own = rt.prefill(ids)
+    assert len(rt.buffers.h) == 7
+    assert np.array_equal(shared.logits, own.logits)
+    assert np.array_equal(shared.cache.k[:, :, :100], own.cache.k[:, :, :100])
 
 
 def test_concurrent_prefills_share_buffers_safely(tiny_model) -> None:

@@ -12,7 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 from hetero import buffers
 from hetero.errors import ModelFormatError
-from hetero.tensorfile import map_tensors
+from hetero.tensorfile import drop_pages, map_tensors, read_only
 
 
 def test_mapped_tensors_equal_the_librarys_and_writes_stay_in_the_process(tmp_path) -> None:
@@ -29,6 +29,37 @@ def test_mapped_tensors_equal_the_librarys_and_writes_stay_in_the_process(tmp_pa
         assert got[name].dtype == a.dtype and got[name].shape == a.shape and np.array_equal(got[name], a), name
     got["w"][0, 0] = 123.0  # copy on write: the file keeps its bytes
     assert load_file(str(path))["w"][0, 0] == arrays["w"][0, 0]
+
+
+def _rss_file_kb() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("RssFile"))
+
+
+def test_a_read_only_view_maps_the_same_bytes_and_gives_its_pages_back(tmp_path) -> None:
+    """`read_only`: a tensor's bytes through a mapping of its own that nothing writes, whose pages `drop_pages` hands
+    back (out of the RSS) and a later read faults in again, the same values; an array that maps no file is itself."""
+    rows = np.random.default_rng(1).standard_normal((4096, 512), dtype=np.float32)  # 8 MB
+    path = tmp_path / "e.safetensors"
+    save_file({"pad": np.zeros(3, np.int8), "emb": rows}, str(path))  # "emb" starts off a page boundary
+    mapped = map_tensors(path)[0]["emb"]
+    view = read_only(mapped)
+    assert not view.flags.writeable and np.array_equal(view, rows)
+    with pytest.raises(ValueError, match="read-only"):
+        view[0, 0] = 1.0
+    resident = _rss_file_kb()  # every page was read: resident
+    drop_pages(view)
+    assert resident - _rss_file_kb() > 6 << 10
+    assert np.array_equal(view, rows)  # faulted in again from the file
+    plain = rows.copy()
+    assert read_only(plain) is plain
+    drop_pages(plain)  # nothing to give back
+    assert np.array_equal(plain, rows)
+    mapped[0, :4] = 7.0  # a written page of the copy-on-write mapping: never dropped, even through a read-only view
+    frozen = mapped[:8]
+    frozen.flags.writeable = False
+    drop_pages(frozen)
+    assert (mapped[0, :4] == 7.0).all()
 
 
 @pytest.mark.parametrize("damage", [b"", b"\x10\x00\x00\x00\x00\x00\x00\x00{not json", b"\xff" * 8])

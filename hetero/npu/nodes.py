@@ -88,10 +88,14 @@ class NpuNodes(LayerNodes):
     def __init__(self, backend, job: Job):
         super().__init__(backend, job)
         self.at = HalvesAt.of(backend, job) if LAYER_ATTN.name in job.kinds else None
-        self.runs[LAYER.name] = self.layer
+
+    @property
+    def runs(self) -> dict[str, nodes.NodeRun]:
+        """The generic three, the whole layer, and its halves on checked addresses where `HalvesAt` could make them."""
         fast = self.at is not None
-        self.runs[LAYER_ATTN.name] = self.layer_attn_at if fast else self.layer_attn
-        self.runs[LAYER_FFN.name] = self.layer_ffn_at if fast else self.layer_ffn
+        return {**super().runs, LAYER.name: self.layer,
+                LAYER_ATTN.name: self.layer_attn_at if fast else self.layer_attn,
+                LAYER_FFN.name: self.layer_ffn_at if fast else self.layer_ffn}
 
     def check(self) -> None:
         """The nodes wrote into the cache's own arrays (`HalvesAt.check`)."""

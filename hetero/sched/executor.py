@@ -275,6 +275,7 @@ class OutOfOrderExecutor:
     """
 
     RELEARN_EVERY = 4
+    chunks_in_flight = None  # the policy may start any ready node: a buffer set per chunk (`runtime.ChunkBuffers`)
 
     def __init__(self, n_layers: int, chunk: int, policy: str, profile: Profile | None = None,
                  placement: tuple[tuple[str, str], ...] = DEFAULT_PLACEMENT,

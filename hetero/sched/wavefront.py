@@ -133,6 +133,7 @@ class WavefrontExecutor:
         if lanes not in (1, 2):
             raise ConfigError(f"lanes must be 1 or 2, got {lanes}")
         self.n_layers, self.lanes, self.placement = n_layers, lanes, tuple(placement)
+        self.chunks_in_flight = lanes  # a lane runs its chunks one after another (`WavefrontRun._lane`)
         self._dags: dict[tuple[int, frozenset[str]], CompiledDag] = {}
         self._pool: ThreadPoolExecutor | None = None  # the lanes after the first, made at the first start
 

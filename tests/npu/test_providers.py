@@ -67,3 +67,29 @@ def test_graph_runs_reuse_a_binding_only_for_the_same_buffers():
         g.run({"x": x[0][:, :3], "h": h[0]}, {"y": out[0]})
     with pytest.raises(ConfigError, match="must be"):
         g.run({"x": x[0], "h": h[0]}, {"y": out[0][:2]})
+
+
+def test_sessions_without_an_arena_of_their_own_share_the_process_arena():
+    """A session that keeps no arena of its own (the graphs' sessions, `OrtCpuProvider`) allocates from the process's
+    one arena (`sessions.shared_arena`, registered once however many sessions are made), with the same results."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from hetero.sessions import cpu_session
+
+    w = np.random.default_rng(0).standard_normal((64, 300), dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Relu", ["y"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 64])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [None, 300])],
+        [onnx.numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    x = np.random.default_rng(1).standard_normal((256, 64), dtype=np.float32)
+    own = cpu_session(model, 1, "session")
+    with pytest.raises(RuntimeError, match="use_env_allocators"):
+        own.get_session_options().get_session_config_entry("session.use_env_allocators")
+    shared = [cpu_session(model, 1, "session", arena=False) for _ in range(2)]
+    want = own.run(None, {"x": x})[0]
+    for s in shared:
+        assert s.get_session_options().get_session_config_entry("session.use_env_allocators") == "1"
+        assert np.array_equal(s.run(None, {"x": x})[0], want)

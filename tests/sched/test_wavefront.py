@@ -188,3 +188,31 @@ def test_a_prefill_in_halves_equals_the_whole_layers() -> None:
     with pytest.raises(ConfigError, match="attention kernel"):
         NpuBackend(tiny, tiny_plan(tiny, None, scale=0.03), 32,
                    options=GraphOptions(fused=True, attention="gqa")).layer_attn(0, *([None] * 7))
+
+
+def test_two_lanes_share_two_buffer_sets_with_the_results_of_one_per_chunk() -> None:
+    """A lane runs its chunks one after another, so chunk i uses chunk i - 2's buffers (`ChunkBuffers.views`): the
+    halves on checked addresses (`npu.nodes.HalvesAt`) give the logits and K/V of a set per chunk, bit for bit."""
+    from hetero.native.attention import unavailable
+    from hetero.npu.graph_backend import GraphOptions, NpuBackend
+    from hetero.runtime import Runtime
+    from tests.conftest import make_tiny_model
+    from tests.npu.conftest import tiny_plan
+
+    tiny = make_tiny_model(head_dim=32)
+    if unavailable(tiny.config) is not None:
+        pytest.skip(f"the BF16 attention kernel cannot run here: {unavailable(tiny.config)}")
+    be = NpuBackend(tiny, tiny_plan(tiny, None, scale=0.03), 32,
+                    options=GraphOptions(fused=True, intra_op_threads=1, attention="bf16"))
+    rt = Runtime(tiny, chunk=ChunkRule(32, lanes=2), backend=be,
+                 executor=WavefrontExecutor(tiny.config.n_layers, HALF_PLACEMENT))
+    ids = torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(4))
+    shared = rt.prefill(ids)
+    assert len(shared.schedule.dag.chunk) and max(shared.schedule.dag.chunk) >= 4 and len(rt.buffers.h) == 2
+    rt.executor.chunks_in_flight = None
+    own = rt.prefill(ids)
+    assert len(rt.buffers.h) == max(own.schedule.dag.chunk) + 1
+    np.testing.assert_array_equal(shared.logits, own.logits)
+    np.testing.assert_array_equal(shared.cache.k[:, :, :200], own.cache.k[:, :, :200])
+    np.testing.assert_array_equal(shared.cache.v[:, :, :200], own.cache.v[:, :, :200])
+    rt.close()
