@@ -159,8 +159,11 @@ register("GroupQueryAttention node", "hetero.attention", ("qk", "rope", "attenti
          ("rope_type", "rope_theta", "rotary_dim", *_ATTENTION),
          "tests/test_architectures.py::test_float_logits_match_transformers",
          "tests/npu/test_fused_layer.py::test_fused_layers_equal_the_segments")
+# QK-norm in the kernel; the layer's RoPE table (a windowed layer's local base) from its caller (`npu.nodes`)
 register("BF16 attention kernel", "hetero.native.attention", ("qk", "rope", "attention"),
-         ("rope_type", "rope_theta", *_ATTENTION), "tests/test_native_attention.py::test_chunked_attention_matches_fp64")
+         ("qk_norm", "rope_type", "rope_theta", "local_rope_theta", *_ATTENTION),
+         "tests/test_native_attention.py::test_chunked_attention_matches_fp64",
+         "tests/test_architectures.py::test_gemma3_on_the_fast_prefill_path")
 # SiLU only (`ort_ops.SILU_HADAMARD_QUANT`); the export keeps ONNX Runtime's nodes where a bias sits. Post-norms:
 # kept out, as no model with them and SiLU has run through the ops (Gemma 3's GELU and QK-norm keep it off them)
 register("native glue ops", "hetero.native.ort_ops", ("dense",), ("qkv_bias", "o_bias", "mlp_bias"),

@@ -75,6 +75,15 @@ static inline void rope(const float *x, const float *c, const float *s, int64_t 
     }
 }
 
+/* RMSNorm of one head (QK-norm, Qwen3 and Gemma 3: before RoPE) into dst: x * rsqrt(mean(x^2) + eps) * w, in fp32 as
+ * `model.rms_norm` (w: Gemma's 1 + w folded in at load) */
+static inline void head_norm(const float *x, const float *w, int64_t d, float eps, float *dst) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < d; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / (float)d + eps);
+    for (int64_t i = 0; i < d; i++) dst[i] = x[i] * r * w[i];
+}
+
 typedef struct {
     void *p;
     size_t n;
@@ -116,20 +125,26 @@ static void *grow(int k, size_t bytes) {
 static inline __attribute__((always_inline)) int attend(
     const float *qkv, int64_t n, int64_t qkv_stride, float *kc, float *vc, int64_t cap, int64_t start, int64_t base,
     const float *cosv, const float *sinv, int64_t rope_stride, float *out, int64_t out_stride, int64_t H, int64_t KV,
-    const int64_t D, float scale, int64_t window, int64_t rotate) {
+    const int64_t D, float scale, int64_t window, int64_t rotate, const float *qn, const float *kn, float eps) {
     const int64_t qd = H * D, kd = KV * D, P2 = D / 2, group = H / KV;
     const int64_t T = start + n - base; /* cache rows in use: 0..T-1 hold positions base..start+n-1 */
     const int64_t Tpad = (T + KB - 1) / KB * KB;
     const int64_t nrb = (n + RB - 1) / RB;
     const float qmul = scale * 1.4426950408889634f; /* softmax in base 2 */
 
-    /* the chunk's K (roped) and V rows into the fp32 cache */
+    /* the chunk's K (QK-normed when kn is given, roped) and V rows into the fp32 cache */
+    float normed[MAXD];
     for (int64_t i = 0; i < n; i++) {
         const float *row = qkv + i * qkv_stride;
         const float *c = cosv + (start + i) * rope_stride, *s = sinv + (start + i) * rope_stride;
         int64_t r = start + i - base;
         for (int64_t g = 0; g < KV; g++) {
-            rope(row + qd + g * D, c, s, D, kc + (g * cap + r) * D, 1.0f);
+            const float *k = row + qd + g * D;
+            if (kn) {
+                head_norm(k, kn, D, eps, normed);
+                k = normed;
+            }
+            rope(k, c, s, D, kc + (g * cap + r) * D, 1.0f);
             memcpy(vc + (g * cap + r) * D, row + qd + kd + g * D, D * sizeof(float));
         }
     }
@@ -199,13 +214,19 @@ static inline __attribute__((always_inline)) int attend(
             }
         }
     }
-    /* Q roped, scaled, as pairs of dims per lane: qp[h][rb][p][lane]; padded rows repeat the last real row */
+    /* Q (QK-normed when qn is given) roped, scaled, as pairs of dims per lane: qp[h][rb][p][lane]; padded rows repeat
+     * the last real row */
     float qrow[MAXD];
     for (int64_t h = 0; h < H; h++) {
         for (int64_t i = 0; i < nrb * RB; i++) {
             int64_t src = i < n ? i : n - 1;
             const float *c = cosv + (start + src) * rope_stride, *s = sinv + (start + src) * rope_stride;
-            rope(qkv + src * qkv_stride + h * D, c, s, D, qrow, qmul);
+            const float *q = qkv + src * qkv_stride + h * D;
+            if (qn) {
+                head_norm(q, qn, D, eps, normed);
+                q = normed;
+            }
+            rope(q, c, s, D, qrow, qmul);
             uint32_t *dst = qp + ((h * nrb + i / RB) * P2) * RB + i % RB;
             for (int64_t p = 0; p < P2; p++) dst[p * RB] = bf16_of(qrow[2 * p]) | ((uint32_t)bf16_of(qrow[2 * p + 1]) << 16);
         }
@@ -306,17 +327,19 @@ static inline __attribute__((always_inline)) int attend(
     return 0;
 }
 
-/* Returns 0, or 1 when a scratch buffer could not be allocated, 2 for a head size it does not take. */
+/* Returns 0, or 1 when a scratch buffer could not be allocated, 2 for a head size it does not take. qn/kn: each q/k
+ * head's RMSNorm weights [D] (QK-norm before RoPE, eps), or NULL for none. */
 int hetero_attention_bf16(const float *qkv, int64_t n, int64_t qkv_stride, float *kc, float *vc, int64_t cap,
                           int64_t start, int64_t base, const float *cosv, const float *sinv, int64_t rope_stride,
                           float *out, int64_t out_stride, int64_t H, int64_t KV, int64_t D, float scale,
-                          int64_t window, int64_t rotate) {
+                          int64_t window, int64_t rotate, const float *qn, const float *kn, float eps) {
     if (D % 32 || D > MAXD || (rotate && (D & (D - 1)))) return 2;
 #define CALL(d) attend(qkv, n, qkv_stride, kc, vc, cap, start, base, cosv, sinv, rope_stride, out, out_stride, H, KV, d, \
-                       scale, window, rotate)
+                       scale, window, rotate, qn, kn, eps)
     switch (D) {
     case 64: return CALL(64);
     case 128: return CALL(128);
+    case 256: return CALL(256);
     default: return CALL(D);
     }
 #undef CALL

@@ -383,17 +383,20 @@ class NpuBackend:
         return layer_program(layer, graphs, shadow, post, self.cfg.rms_eps)
 
     def layer(self, layer: int, h: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
-              rope: tuple[np.ndarray, np.ndarray], out: np.ndarray) -> np.ndarray:
+              rope: tuple[np.ndarray, np.ndarray], out: np.ndarray,
+              qk_norm: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """A fused backend's whole layer on a chunk's real rows h [n, hidden] at positions start..start+n-1: one graph
         run, or two around the BF16 attention kernel (`self.attention`); K/V written into k_cache/v_cache
         [n_kv, capacity, D] (one layer's, contiguous) in place, as `attention.ChunkAttention` writes them; rope: the
-        runtime's (cos, sin) table. Returns out [n, hidden]. Every buffer a C-contiguous float32 numpy array."""
+        layer's (cos, sin) table (`attention.ChunkAttention.tables`); qk_norm: a QK-norm model's (q_norm, k_norm) of
+        the layer, which the BF16 kernel applies (the GroupQueryAttention node cannot: `attention.gqa_supported`).
+        Returns out [n, hidden]. Every buffer a C-contiguous float32 numpy array."""
         if not self.fused:
             raise ConfigError("layer() runs whole-layer graphs: this backend runs segments (GraphOptions.fused)")
         n = h.shape[0]
         if self.attention is not None:  # qkv graph → the BF16 kernel (K/V into the cache) → o/FFN graph
             qkv, a = self._between(n)
-            self.layer_attn(layer, h, k_cache, v_cache, start, rope, qkv, a)  # (checks the rows against the cache)
+            self.layer_attn(layer, h, k_cache, v_cache, start, rope, qkv, a, qk_norm)  # (checks the rows, the cache)
             return self.layer_ffn(layer, a, h, out)
         if start + n > min(k_cache.shape[1], rope[0].shape[0]):
             raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({k_cache.shape[1]}) or RoPE table "
@@ -417,9 +420,11 @@ class NpuBackend:
         return out
 
     def layer_attn(self, layer: int, h: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
-                   rope: tuple[np.ndarray, np.ndarray], qkv: np.ndarray, a: np.ndarray) -> np.ndarray:
+                   rope: tuple[np.ndarray, np.ndarray], qkv: np.ndarray, a: np.ndarray,
+                   qk_norm: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """The first half of `layer` where the BF16 kernel runs (`npu.nodes.HALF_PLACEMENT`): the q|k|v graph into
-        qkv [n, q_dim + 2·kv_dim], then the attention, which writes the chunk's K/V into the cache and a [n, q_dim]."""
+        qkv [n, q_dim + 2·kv_dim], then the attention (QK-norm and RoPE of the layer's `rope` table first), which
+        writes the chunk's K/V into the cache and a [n, q_dim]."""
         if self.attention is None:
             raise ConfigError(f"layer_attn() runs the attention kernel between two graphs; this backend has none "
                               f"({self.attention_why})")
@@ -428,7 +433,8 @@ class NpuBackend:
             raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({k_cache.shape[1]}) or RoPE table "
                               f"({rope[0].shape[0]}) positions")
         self.program(layer).runs[0].graph.run({Buffer.H: h}, {Buffer.QKV: qkv})
-        return self.attention(qkv, k_cache, v_cache, start, rope[0], rope[1], a, self.cfg.window(layer), self._rotate_a)
+        return self.attention(qkv, k_cache, v_cache, start, rope[0], rope[1], a, self.cfg.window(layer), self._rotate_a,
+                              qk_norm)
 
     def layer_ffn(self, layer: int, a: np.ndarray, h: np.ndarray, out: np.ndarray) -> np.ndarray:
         """The second half: the o→FFN graph on the attention's output a and the layer's input h, into out."""
@@ -442,7 +448,8 @@ class NpuBackend:
         """`layer_attn` on the addresses of buffers laid out as it checks them, unchecked (`npu.nodes.HalvesAt` checks
         a prompt's buffers once: per layer and chunk, checking and taking their addresses again cost ~20 µs, 4% of a
         64-token prefill; docs/journal.md, "Issue 24 (session 16)"). k_cache/v_cache: the layer's [n_kv, capacity,
-        D]; cos/sin: row 0 of the RoPE table (rows are positions)."""
+        D]; cos/sin: row 0 of the RoPE table (rows are positions); a model whose layers differ in their table or QK-norm
+        runs the checked calls (`HalvesAt.of`)."""
         self.program(layer).runs[0].graph.run_at(n, (h, qkv))
         self.attention.at(qkv, n, k_cache, v_cache, capacity, start, cos, sin, a, self.cfg.window(layer), self._rotate_a)
 
