@@ -204,9 +204,16 @@ def _linears(g: GraphBuilder, x: str | None, lins: list[LinearQ], flavor: str, q
         w = _weight(g, wt, conv)
         if bits == 16:  # W8A16: two u8 passes on the bytes of the int16 activation (`site_ops`)
             u_hi, u_lo = a16_bytes(g, x, s_x)
-            acc_hi = _product(g, "MatMulInteger", u_hi, w, [zp, w_zp], conv)
-            acc_lo = _product(g, "MatMulInteger", u_lo, w, [g.const(np.array(0, np.uint8), "lo_zp"), w_zp], conv)
-            y = a16_combine(g, acc_hi, acc_lo, (s * np.float32(256)).astype(np.float32), s)
+            k_hi, lo_zp = (s * np.float32(256)).astype(np.float32), g.const(np.array(0, np.uint8), "lo_zp")
+            if conv:
+                acc_hi = _product(g, "MatMulInteger", u_hi, w, [zp, w_zp], conv)
+                acc_lo = _product(g, "MatMulInteger", u_lo, w, [lo_zp, w_zp], conv)
+                y = a16_combine(g, acc_hi, acc_lo, k_hi, s)
+            else:  # float(acc)·(1·k) of each pass in its GEMM's epilogue, as the 8-bit product below; then their sum
+                one = g.const(np.array(1.0, np.float32), "one")
+                y_hi, y_lo = (g.op("MatMulIntegerToFloat", [u, w, one, g.const(k, "acc_s"), z, w_zp], "y",
+                                   domain="com.microsoft") for u, k, z in ((u_hi, k_hi, zp), (u_lo, s, lo_zp)))
+                y = g.op("Add", [y_hi, y_lo], "y")
         else:
             if conv:
                 acc = _product(g, "MatMulInteger", xq, w, [zp, w_zp], conv)
