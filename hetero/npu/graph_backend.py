@@ -152,7 +152,8 @@ def native_ops_why(cfg, online: dict[str, int], attention, mode: bool | None) ->
     why = f"it needs {needs}" if needs else ort_ops.unavailable()
     if why is None:
         return True, (f"hetero's own ONNX Runtime ops in the layer graphs ({ort_ops.SILU_HADAMARD_QUANT}, "
-                      f"{ort_ops.ADD_RMS_NORM_QUANT}, {ort_ops.SCALE_ADD}, {ort_ops.RMS_NORM_QUANT}: `native.ort_ops`)")
+                      f"{ort_ops.ADD_RMS_NORM_QUANT}, {ort_ops.SCALE_ADD}, {ort_ops.RMS_NORM_QUANT}, "
+                      f"{ort_ops.HADAMARD_QUANT}, {ort_ops.HADAMARD_QUANT16}: `native.ort_ops`)")
     if mode:
         raise ConfigError(f"hetero's own ONNX Runtime op cannot compute this backend's graphs: {why}")
     return False, f"ONNX Runtime nodes ({why})"
@@ -358,7 +359,7 @@ class NpuBackend:
         digest = segments.layer_digest(lq)
         graphs = []
         if self.fused:  # its shadows are inside the graphs
-            ffn_ops = "down_in" not in shadow and self.plan.sites[(layer, "down_in")].bits == 8  # (`export._down_input`)
+            ffn_ops = "down_in" not in shadow  # (`export._down_input`, `export._rotated_input`)
             ops = ("layer_qkv", *(("layer_o_ffn",) if ffn_ops else ())) if self.native_ops else ()
             specs = (segments.layer_halves(layer, set(shadow), self._rotate_a, ops) if self.attention is not None
                      else [segments.layer_graph(layer, set(shadow), segments.AttnSpec.of(self.cfg, layer))])
