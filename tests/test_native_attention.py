@@ -102,9 +102,11 @@ def test_chunked_attention_matches_fp64(n, chunk, window, qk):
     assert not kc[:, n:].any() and not vc[:, n:].any()  # nothing written past the chunk's rows
 
 
-def test_rotated_output_is_the_output_times_hadamard(kernel):
-    """rotate=True: each head's output times the orthogonal Hadamard matrix (o_in's online transform of a rotated
-    model), computed on V's rows: the plain output rotated, up to bf16 rounding."""
+@pytest.mark.parametrize("block", [D, 16])
+def test_rotated_output_is_the_output_times_hadamard(kernel, block):
+    """rotate=b: each head's output times diag(H_b, ...), H_b the orthogonal Hadamard matrix (o_in's online transform
+    of a rotated model, of a head's size or in blocks), computed on V's rows: the plain output rotated, up to bf16
+    rounding."""
     from hetero.outliers.rotate import hadamard
 
     n = 100
@@ -112,11 +114,12 @@ def test_rotated_output_is_the_output_times_hadamard(kernel):
     qkv[:, (H + KV) * D :] += 2.0  # a mean in V (kept out of the bf16 rounding, rotated apart)
     cos, sin = _rope_table(CAP, D)
     outs = []
-    for rotate in (False, True):
+    for rotate in (0, block):
         kc, vc, out = np.zeros((KV, CAP, D), np.float32), np.zeros((KV, CAP, D), np.float32), np.empty((n, H * D), np.float32)
         kernel(qkv, kc, vc, 0, cos, sin, out, rotate=rotate)
         outs.append(out)
-    want = (outs[0].reshape(n, H, D) @ hadamard(D).numpy()).reshape(n, H * D)
+    t = np.kron(np.eye(D // block), hadamard(block).numpy())
+    want = (outs[0].reshape(n, H, D) @ t).reshape(n, H * D)
     assert np.abs(outs[1] - want).max() <= 1.5e-2 * np.abs(want).max()
     ref = _reference(qkv, cos, sin, 0)
     assert np.abs(outs[0] - ref).max() <= 1.5e-2 * np.abs(ref).max()
@@ -132,6 +135,8 @@ def test_refuses_what_it_does_not_take(kernel):
         kernel(qkv[:, :-1], kc, kc.copy(), 0, cos, sin, out)
     with pytest.raises(ConfigError, match="C-contiguous float32"):
         kernel(qkv, kc, kc.copy(), 0, cos, sin, np.zeros((4, 2 * H * D), np.float32)[:, ::2])
+    with pytest.raises(ConfigError, match="Hadamard block of 24"):
+        kernel(qkv, kc, kc.copy(), 0, cos, sin, out, rotate=24)
     with pytest.raises(ConfigError, match="qk_norm=False"):  # a plain model's attention given QK-norm weights
         kernel(qkv, kc, kc.copy(), 0, cos, sin, out, qk_norm=(np.ones(D, np.float32),) * 2)
     with pytest.raises(ConfigError, match="qk_norm=True"):  # a QK-norm model's without them

@@ -21,7 +21,8 @@ output stays a convex combination of V's rows). The reference is position 0's K 
 prompt sees: a query's result depends only on its keys, not on where its chunk ends, so the prefill is the same
 however a prompt is cut (the mean over the chunk's keys, used before, was not). The default's perplexity
 through the prefill: +0.19% of float's (fp32 GroupQueryAttention: -0.05%; budget +0.5%; docs/journal.md). And a rotated model's online Hadamard of o_in (QuaRot), one head's size,
-is applied to V's rows here (`rotate`) instead of to the output in the graph: o·H = Σ p (v·H).
+(or its blocks of 16 to 64) is applied to V's rows here (`rotate`) instead of to the output in the graph:
+o·H = Σ p (v·H).
 
 The kernel is compiled once per host with the host's C compiler (`CC`, else gcc or cc) into the user cache,
 keyed by its source and flags, and verified by content hash before each process loads it (`build.Kernel`).
@@ -59,7 +60,7 @@ def _setup(lib: ctypes.CDLL) -> None:
 
 KERNEL = Kernel("attention_bf16.c", FLAGS, NEEDS, "the BF16 attention kernel", _setup)
 SOURCE = KERNEL.path
-__all__ = ["Bf16Attention", "KERNEL", "config_unsupported", "unavailable"]
+__all__ = ["Bf16Attention", "KERNEL", "config_unsupported", "rotate_block_ok", "unavailable"]
 
 
 def config_unsupported(cfg: ModelConfig) -> str | None:
@@ -70,6 +71,11 @@ def config_unsupported(cfg: ModelConfig) -> str | None:
     if cfg.n_heads % cfg.n_kv_heads:
         return f"{cfg.n_heads} query heads over {cfg.n_kv_heads} KV heads (not a divisor)"
     return layerspec.lacks(layerspec.LayerSpec.of(cfg), "BF16 attention kernel")
+
+
+def rotate_block_ok(block: int, head_dim: int) -> bool:
+    """Whether the kernel applies an online Hadamard of `block` (o_in's, on V's rows) to heads of `head_dim`."""
+    return 16 <= block <= head_dim and block & (block - 1) == 0 and head_dim % block == 0
 
 
 def unavailable(cfg: ModelConfig) -> str | None:
@@ -102,13 +108,14 @@ class Bf16Attention:
         self.cfg, self._fn = cfg, _library().hetero_attention_bf16
 
     def __call__(self, qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int, cos: np.ndarray,
-                 sin: np.ndarray, out: np.ndarray, window: int = 0, rotate: bool = False,
+                 sin: np.ndarray, out: np.ndarray, window: int = 0, rotate: int = 0,
                  qk_norm: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """qkv [n, q_dim + 2·kv_dim] (the chunk's rows, un-roped) at positions start..start+n-1 relative to the
         cache's row 0; k_cache/v_cache [n_kv, capacity, D] (one layer's); cos/sin [positions, D/2] whose row p is
         position p; out [n, q_dim]. Every array C-contiguous float32. Writes the chunk's K/V rows and out.
-        rotate: out is each head's output times the orthogonal Hadamard matrix of size D (`rotate.hadamard`): the
-        online transform of a rotated model's o_in (QuaRot), applied to V's rows instead of a [n, q_dim] matmul.
+        rotate: 0, or a block b (a power of two from 16 to D): out is each head's output times diag(H_b, ...) with H_b
+        the orthogonal Hadamard matrix of size b (`rotate.hadamard`): the online transform of a rotated model's o_in
+        (QuaRot), applied to V's rows instead of to the [n, q_dim] output in the graph.
         qk_norm: the layer's (q_norm, k_norm) weights [D] float32 (QK-norm of each head before RoPE), required exactly
         when the model has QK-norm."""
         cfg, n = self.cfg, qkv.shape[0]
@@ -142,17 +149,18 @@ class Bf16Attention:
         return f32_address(qk_norm[0], "attention: q_norm"), f32_address(qk_norm[1], "attention: k_norm")
 
     def at(self, qkv: int, n: int, k_cache: int, v_cache: int, capacity: int, start: int, cos: int, sin: int,
-           out: int, window: int = 0, rotate: bool = False, q_norm: int = 0, k_norm: int = 0) -> None:
+           out: int, window: int = 0, rotate: int = 0, q_norm: int = 0, k_norm: int = 0) -> None:
         """`__call__` on the addresses of buffers laid out as it checks them (a prefill's runtime-owned buffers,
         checked once per prompt: `runtime.PrefillJob`), without checking them again: what Python did per call
         was a tenth of a short prefill's attention time. q_norm/k_norm: `norm_addresses`."""
         cfg = self.cfg
         d = cfg.head_dim
         rc = self._fn(qkv, n, cfg.q_dim + 2 * cfg.kv_dim, k_cache, v_cache, capacity, start, 0, cos, sin, d // 2, out,
-                      cfg.q_dim, cfg.n_heads, cfg.n_kv_heads, d, cfg.scale, window, d if rotate else 0, q_norm or None,
+                      cfg.q_dim, cfg.n_heads, cfg.n_kv_heads, d, cfg.scale, window, rotate, q_norm or None,
                       k_norm or None, cfg.rms_eps)
         if rc == 1:
             raise MemoryError("the BF16 attention kernel could not allocate its scratch buffers")
         if rc != 0:
             raise ConfigError(f"the BF16 attention kernel refused head size {d}, {cfg.n_kv_heads} KV heads"
-                              + (" or a Hadamard of that size (not a power of two)" if rotate else ""))
+                              + (f" or a Hadamard block of {rotate} (a power of two from 16 to the head size)"
+                                 if rotate else ""))

@@ -39,9 +39,10 @@ static inline __m512 exp2_ps(__m512 x) {
     return _mm512_scalef_ps(p, fi);
 }
 
-/* x <- x·H/sqrt(d) in place (H: the Sylvester Hadamard matrix of size d, a power of two >= 16; x 64-byte aligned):
- * butterflies a, b -> a + b, a - b at every stride, those below 16 inside a vector (a permute and a signed add). */
-static inline void hadamard_row(float *x, int64_t d) {
+/* x <- x·T in place, T = diag(H_b, ...)/sqrt(b) of d/b blocks (H_b: the Sylvester Hadamard matrix of size b, a power
+ * of two >= 16 dividing d; x 64-byte aligned): butterflies a, b -> a + b, a - b at every stride below b, those below
+ * 16 inside a vector (a permute and a signed add). */
+static inline void hadamard_row(float *x, int64_t d, int64_t b) {
     const __m512 s8 = _mm512_set_ps(-1, -1, -1, -1, -1, -1, -1, -1, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m512 s4 = _mm512_set_ps(-1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1);
     const __m512 s2 = _mm512_set_ps(-1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1);
@@ -54,14 +55,14 @@ static inline void hadamard_row(float *x, int64_t d) {
         v = _mm512_fmadd_ps(v, s1, _mm512_permute_ps(v, 0xB1));
         _mm512_store_ps(x + i, v);
     }
-    for (int64_t h = 16; h < d; h *= 2)
+    for (int64_t h = 16; h < b; h *= 2)
         for (int64_t i = 0; i < d; i += 2 * h)
             for (int64_t j = i; j < i + h; j += 16) {
-                __m512 a = _mm512_load_ps(x + j), b = _mm512_load_ps(x + j + h);
-                _mm512_store_ps(x + j, _mm512_add_ps(a, b));
-                _mm512_store_ps(x + j + h, _mm512_sub_ps(a, b));
+                __m512 u = _mm512_load_ps(x + j), v = _mm512_load_ps(x + j + h);
+                _mm512_store_ps(x + j, _mm512_add_ps(u, v));
+                _mm512_store_ps(x + j + h, _mm512_sub_ps(u, v));
             }
-    const __m512 norm = _mm512_set1_ps(1.0f / sqrtf((float)d));
+    const __m512 norm = _mm512_set1_ps(1.0f / sqrtf((float)b));
     for (int64_t i = 0; i < d; i += 16) _mm512_store_ps(x + i, _mm512_mul_ps(_mm512_load_ps(x + i), norm));
 }
 
@@ -175,7 +176,7 @@ static inline __attribute__((always_inline)) int attend(
         }
         if (rotate) {
             memcpy(vref_rot, vref, D * sizeof(float));
-            hadamard_row(vref_rot, D);
+            hadamard_row(vref_rot, D, rotate);
         }
         memcpy(vref_all + g * MAXD, rotate ? vref_rot : vref, D * sizeof(float));
         /* K in blocks of 16 keys, pair-major in a block: kt[g][key/16][p][key%16] = (k[2p], k[2p+1]) of the key, so the
@@ -204,7 +205,7 @@ static inline __attribute__((always_inline)) int attend(
                 for (int64_t d = 0; d < D; d += 16)
                     _mm512_store_ps(rows[t] + d, 2 * j + t < T ? _mm512_sub_ps(_mm512_loadu_ps(v + d), _mm512_loadu_ps(vref + d))
                                                                : _mm512_setzero_ps());
-                if (rotate && 2 * j + t < T) hadamard_row(rows[t], D);
+                if (rotate && 2 * j + t < T) hadamard_row(rows[t], D, rotate);
             }
             for (int64_t d = 0; d < D; d += 16) {
                 __m512 va = _mm512_load_ps(rows[0] + d), vb = _mm512_load_ps(rows[1] + d);
@@ -327,13 +328,14 @@ static inline __attribute__((always_inline)) int attend(
     return 0;
 }
 
-/* Returns 0, or 1 when a scratch buffer could not be allocated, 2 for a head size it does not take. qn/kn: each q/k
- * head's RMSNorm weights [D] (QK-norm before RoPE, eps), or NULL for none. */
+/* Returns 0, or 1 when a scratch buffer could not be allocated, 2 for a head size or Hadamard block it does not take.
+ * rotate: 0, or the block b of o_in's online Hadamard diag(H_b, ...) (a power of two from 16 to D) applied to V's rows.
+ * qn/kn: each q/k head's RMSNorm weights [D] (QK-norm before RoPE, eps), or NULL for none. */
 int hetero_attention_bf16(const float *qkv, int64_t n, int64_t qkv_stride, float *kc, float *vc, int64_t cap,
                           int64_t start, int64_t base, const float *cosv, const float *sinv, int64_t rope_stride,
                           float *out, int64_t out_stride, int64_t H, int64_t KV, int64_t D, float scale,
                           int64_t window, int64_t rotate, const float *qn, const float *kn, float eps) {
-    if (D % 32 || D > MAXD || (rotate && (D & (D - 1)))) return 2;
+    if (D % 32 || D > MAXD || (rotate && (rotate < 16 || rotate > D || (rotate & (rotate - 1)) || D % rotate))) return 2;
 #define CALL(d) attend(qkv, n, qkv_stride, kc, vc, cap, start, base, cosv, sinv, rope_stride, out, out_stride, H, KV, d, \
                        scale, window, rotate, qn, kn, eps)
     switch (D) {

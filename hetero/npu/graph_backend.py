@@ -211,9 +211,15 @@ class NpuBackend:
                                   "shape 'auto' or '2d', and attention one GroupQueryAttention node computes"
                                   + (f" (this model has {lacks})" if lacks else ""))
             self._scratch = threading.local()  # per lane thread: the q|k|v and attention rows between the halves
-        # a rotated model's o_in Hadamard of one head's size: the attention kernel applies it (on V's rows) and the
-        # o → FFN graph takes its input rotated (3% of a layer's time at 256 rows: a [T·q_dim/64, 64] matmul)
-        self._rotate_a = self.attention is not None and dict(plan.online).get("o_in") == self.cfg.head_dim
+        # a rotated model's o_in Hadamard of one head's size or blocks of it: the attention kernel applies it (on V's
+        # rows) and the o → FFN graph takes its input rotated (3% of a layer's time at 256 rows on the default model,
+        # 10% on Gemma 3 270M: a [T·q_dim/64, 64] matmul)
+        block = dict(plan.online).get("o_in", 0)
+        if self.attention is not None:
+            from hetero.native.attention import rotate_block_ok
+
+            block = block if rotate_block_ok(block, self.cfg.head_dim) else 0
+        self._rotate_a = block if self.attention is not None else 0
         self.native_ops, self.native_ops_why = (native_ops_why(self.cfg, dict(plan.online), self.attention, o.native_ops)
                                                 if o.fused else (False, "segments"))
         self._segmented: dict[int, NpuBackend] = {}  # a fused backend's decode graphs, per thread count
@@ -361,7 +367,7 @@ class NpuBackend:
         if self.fused:  # its shadows are inside the graphs
             ffn_ops = "down_in" not in shadow  # (`export._down_input`, `export._rotated_input`)
             ops = ("layer_qkv", *(("layer_o_ffn",) if ffn_ops else ())) if self.native_ops else ()
-            specs = (segments.layer_halves(layer, set(shadow), self._rotate_a, ops) if self.attention is not None
+            specs = (segments.layer_halves(layer, set(shadow), bool(self._rotate_a), ops) if self.attention is not None
                      else [segments.layer_graph(layer, set(shadow), segments.AttnSpec.of(self.cfg, layer))])
             runs = []
             for spec in specs:
