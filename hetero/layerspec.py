@@ -159,11 +159,11 @@ register("GroupQueryAttention node", "hetero.attention", ("qk", "rope", "attenti
          ("rope_type", "rope_theta", "rotary_dim", *_ATTENTION),
          "tests/test_architectures.py::test_float_logits_match_transformers",
          "tests/npu/test_fused_layer.py::test_fused_layers_equal_the_segments")
-# QK-norm in the kernel; the layer's RoPE table (a windowed layer's local base) from its caller (`npu.nodes`)
-register("BF16 attention kernel", "hetero.native.attention", ("qk", "rope", "attention"),
-         ("qk_norm", "rope_type", "rope_theta", "local_rope_theta", *_ATTENTION),
+# QK-norm and partial rotary in the kernel; the layer's RoPE table (a windowed layer's local base) from its caller
+register("BF16 attention kernel", "hetero.native.attention", ("qk", "rope", "attention"), ("qk_norm", *_ROPE, *_ATTENTION),
          "tests/test_native_attention.py::test_chunked_attention_matches_fp64",
-         "tests/test_architectures.py::test_gemma3_on_the_fast_prefill_path")
+         "tests/test_architectures.py::test_gemma3_on_the_fast_prefill_path",
+         "tests/test_architectures.py::test_partial_rotary_on_the_int8_path")
 # the export keeps ONNX Runtime's nodes where a bias sits, for an activation other than SiLU (`ort_ops.SILU_HADAMARD_QUANT`)
 # and around a post-norm, the ops then quantizing a rotated site's input alone (`ort_ops.HADAMARD_QUANT`)
 register("native glue ops", "hetero.native.ort_ops", ("dense",), ("qkv_bias", "o_bias", "mlp_bias", "act", "post_norms"),

@@ -62,9 +62,9 @@ def test_a_feature_no_writing_registers_makes_every_method_refuse_naming_it(monk
 def _before(cfg: ModelConfig) -> tuple[bool, bool, bool, bool]:
     """Whether the BF16 kernel, the GroupQueryAttention node, the GEMV step and the glue ops lacked a feature of `cfg`,
     as the hand-written checks decided before the registry (shape limits apart: they stay checks of their own), less
-    what a writing has computed since (the BF16 kernel: QK-norm and the local RoPE base; the glue ops: other
-    activations and post-norms, left to ONNX Runtime's nodes)."""
-    return (cfg.rotary_dim != cfg.head_dim,
+    what a writing has computed since (the BF16 kernel: QK-norm, the local RoPE base and partial rotary; the glue ops:
+    other activations and post-norms, left to ONNX Runtime's nodes)."""
+    return (False,
             cfg.qk_norm or bool(cfg.local_rope_theta), cfg.act != "silu" or cfg.post_norms, False)
 
 

@@ -41,10 +41,10 @@ def _rope_table(n: int, d: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate-half RoPE of x [n, heads, d] at the table rows given (fp64)."""
-    h = x.shape[-1] // 2
-    a, b, c, s = x[..., :h], x[..., h:], cos[:, None, :], sin[:, None, :]
-    return np.concatenate([a * c - b * s, b * c + a * s], -1)
+    """Rotate-half RoPE of x [n, heads, d]'s first 2·(table columns) dims at the table rows given (fp64)."""
+    h = cos.shape[-1]
+    a, b, c, s = x[..., :h], x[..., h : 2 * h], cos[:, None, :], sin[:, None, :]
+    return np.concatenate([a * c - b * s, b * c + a * s, x[..., 2 * h :]], -1)
 
 
 def _norm(x: np.ndarray, w: np.ndarray | None) -> np.ndarray:
@@ -72,19 +72,20 @@ def _reference(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, window: int,
     return out.reshape(n, H * D)
 
 
-@pytest.mark.parametrize("n, chunk, window, qk", [(70, 32, 0, False), (300, 128, 0, False), (40, 40, 0, False),
-                                                 (200, 64, 50, False), (17, 8, 5, False), (150, 64, 0, True),
-                                                 (90, 32, 20, True)])
-def test_chunked_attention_matches_fp64(n, chunk, window, qk):
-    """qk: a QK-norm model's (Qwen3, Gemma 3) RMSNorm of each q/k head before RoPE, which the kernel computes."""
-    kernel = _kernel(_cfg(qk_norm=qk))
+@pytest.mark.parametrize("n, chunk, window, qk, rotary", [
+    (70, 32, 0, False, D), (300, 128, 0, False, D), (40, 40, 0, False, D), (200, 64, 50, False, D), (17, 8, 5, False, D),
+    (150, 64, 0, True, D), (90, 32, 20, True, D), (120, 32, 0, False, 48), (60, 16, 9, True, 16)])
+def test_chunked_attention_matches_fp64(n, chunk, window, qk, rotary):
+    """qk: a QK-norm model's (Qwen3, Gemma 3) RMSNorm of each q/k head before RoPE, which the kernel computes;
+    rotary: the dims of a head RoPE rotates (Phi's partial rotary: the first R)."""
+    kernel = _kernel(_cfg(qk_norm=qk, rotary_dim=rotary))
     rng = np.random.default_rng(n + window)
     qkv = rng.standard_normal((n, (H + 2 * KV) * D)).astype(np.float32)
     norms = None
     if qk:  # q/k rows a norm changes, and its weights
         qkv[:, : (H + KV) * D] *= 3.0
         norms = tuple((1 + 0.3 * rng.standard_normal(D)).astype(np.float32) for _ in range(2))
-    cos, sin = _rope_table(CAP, D)
+    cos, sin = _rope_table(CAP, rotary)
     kc, vc = np.zeros((KV, CAP, D), np.float32), np.zeros((KV, CAP, D), np.float32)
     out = np.empty((n, H * D), np.float32)
     for s in range(0, n, chunk):  # a prompt continued chunk by chunk over the same cache
@@ -141,7 +142,9 @@ def test_refuses_what_it_does_not_take(kernel):
         kernel(qkv, kc, kc.copy(), 0, cos, sin, out, qk_norm=(np.ones(D, np.float32),) * 2)
     with pytest.raises(ConfigError, match="qk_norm=True"):  # a QK-norm model's without them
         native.Bf16Attention(_cfg(qk_norm=True))(qkv, kc, kc.copy(), 0, cos, sin, out)
-    for cfg, what in ((_cfg(head_dim=16, hidden=H * 16), "head size of 16"), (_cfg(rotary_dim=32), "rotary_dim=32")):
+    with pytest.raises(ConfigError, match=r"columns 16"):  # a partial rotary model's table has R/2 columns
+        native.Bf16Attention(_cfg(rotary_dim=32))(qkv, kc, kc.copy(), 0, cos, sin, out)
+    for cfg, what in ((_cfg(head_dim=16, hidden=H * 16), "head size of 16"),):
         assert what in native.config_unsupported(cfg)
         with pytest.raises(ConfigError, match=what):
             native.Bf16Attention(cfg)

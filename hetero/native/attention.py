@@ -50,7 +50,7 @@ FLAGS = ("-O3", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512
 NEEDS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")  # /proc/cpuinfo flags the kernel's instructions need
 MAX_HEAD = 256
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_ARGS = [_P, _I, _I, _P, _P, _I, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, ctypes.c_float, _I, _I, _P, _P, ctypes.c_float]
+_ARGS = [_P, _I, _I, _P, _P, _I, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I, ctypes.c_float, _I, _I, _P, _P, ctypes.c_float, _I]
 
 
 def _setup(lib: ctypes.CDLL) -> None:
@@ -112,7 +112,8 @@ class Bf16Attention:
                  qk_norm: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """qkv [n, q_dim + 2·kv_dim] (the chunk's rows, un-roped) at positions start..start+n-1 relative to the
         cache's row 0; k_cache/v_cache [n_kv, capacity, D] (one layer's); cos/sin [positions, D/2] whose row p is
-        position p; out [n, q_dim]. Every array C-contiguous float32. Writes the chunk's K/V rows and out.
+        position p (R/2 columns: a head's first R = cfg.rotary_dim dims rotate, Phi's partial rotary);
+        out [n, q_dim]. Every array C-contiguous float32. Writes the chunk's K/V rows and out.
         rotate: 0, or a block b (a power of two from 16 to D): out is each head's output times diag(H_b, ...) with H_b
         the orthogonal Hadamard matrix of size b (`rotate.hadamard`): the online transform of a rotated model's o_in
         (QuaRot), applied to V's rows instead of to the [n, q_dim] output in the graph.
@@ -125,10 +126,11 @@ class Bf16Attention:
                               f" and [n, {cfg.q_dim}] with n >= 1")
         if k_cache.shape != v_cache.shape or k_cache.shape[0] != kv or k_cache.shape[2] != d:
             raise ConfigError(f"attention: the caches {k_cache.shape}, {v_cache.shape} must be [{kv}, capacity, {d}]")
+        half = cfg.rotary_dim // 2
         if start < 0 or start + n > min(k_cache.shape[1], cos.shape[0]) or cos.shape != sin.shape \
-                or cos.shape[1] != d // 2:
+                or cos.shape[1] != half:
             raise ConfigError(f"attention: rows {start}..{start + n} exceed the cache ({k_cache.shape[1]}) or RoPE "
-                              f"table {cos.shape} (columns {d // 2})")
+                              f"table {cos.shape} (columns {half})")
         norms = self.norm_addresses(qk_norm)
         self.at(f32_address(qkv, "attention: qkv"), n, f32_address(k_cache, "attention: k_cache"),
                 f32_address(v_cache, "attention: v_cache"), k_cache.shape[1], start, f32_address(cos, "attention: cos"),
@@ -155,9 +157,10 @@ class Bf16Attention:
         was a tenth of a short prefill's attention time. q_norm/k_norm: `norm_addresses`."""
         cfg = self.cfg
         d = cfg.head_dim
-        rc = self._fn(qkv, n, cfg.q_dim + 2 * cfg.kv_dim, k_cache, v_cache, capacity, start, 0, cos, sin, d // 2, out,
+        rc = self._fn(qkv, n, cfg.q_dim + 2 * cfg.kv_dim, k_cache, v_cache, capacity, start, 0, cos, sin,
+                      cfg.rotary_dim // 2, out,
                       cfg.q_dim, cfg.n_heads, cfg.n_kv_heads, d, cfg.scale, window, rotate, q_norm or None,
-                      k_norm or None, cfg.rms_eps)
+                      k_norm or None, cfg.rms_eps, cfg.rotary_dim)
         if rc == 1:
             raise MemoryError("the BF16 attention kernel could not allocate its scratch buffers")
         if rc != 0:

@@ -66,14 +66,16 @@ static inline void hadamard_row(float *x, int64_t d, int64_t b) {
     for (int64_t i = 0; i < d; i += 16) _mm512_store_ps(x + i, _mm512_mul_ps(_mm512_load_ps(x + i), norm));
 }
 
-/* rotate-half RoPE of one head (d dims, the first half paired with the second), written to dst */
-static inline void rope(const float *x, const float *c, const float *s, int64_t d, float *dst, float mul) {
-    int64_t h = d / 2;
+/* rotate-half RoPE of one head's first r dims (the first half of them paired with the second; Phi's partial rotary:
+ * r < d, the other dims pass), times mul, written to dst */
+static inline void rope(const float *x, const float *c, const float *s, int64_t d, int64_t r, float *dst, float mul) {
+    int64_t h = r / 2;
     for (int64_t i = 0; i < h; i++) {
         float a = x[i], b = x[i + h];
         dst[i] = (a * c[i] - b * s[i]) * mul;
         dst[i + h] = (b * c[i] + a * s[i]) * mul;
     }
+    for (int64_t i = r; i < d; i++) dst[i] = x[i] * mul;
 }
 
 /* RMSNorm of one head (QK-norm, Qwen3 and Gemma 3: before RoPE) into dst: x * rsqrt(mean(x^2) + eps) * w, in fp32 as
@@ -126,7 +128,8 @@ static void *grow(int k, size_t bytes) {
 static inline __attribute__((always_inline)) int attend(
     const float *qkv, int64_t n, int64_t qkv_stride, float *kc, float *vc, int64_t cap, int64_t start, int64_t base,
     const float *cosv, const float *sinv, int64_t rope_stride, float *out, int64_t out_stride, int64_t H, int64_t KV,
-    const int64_t D, float scale, int64_t window, int64_t rotate, const float *qn, const float *kn, float eps) {
+    const int64_t D, float scale, int64_t window, int64_t rotate, const float *qn, const float *kn, float eps,
+    int64_t R) {
     const int64_t qd = H * D, kd = KV * D, P2 = D / 2, group = H / KV;
     const int64_t T = start + n - base; /* cache rows in use: 0..T-1 hold positions base..start+n-1 */
     const int64_t Tpad = (T + KB - 1) / KB * KB;
@@ -145,7 +148,7 @@ static inline __attribute__((always_inline)) int attend(
                 head_norm(k, kn, D, eps, normed);
                 k = normed;
             }
-            rope(k, c, s, D, kc + (g * cap + r) * D, 1.0f);
+            rope(k, c, s, D, R, kc + (g * cap + r) * D, 1.0f);
             memcpy(vc + (g * cap + r) * D, row + qd + kd + g * D, D * sizeof(float));
         }
     }
@@ -227,7 +230,7 @@ static inline __attribute__((always_inline)) int attend(
                 head_norm(q, qn, D, eps, normed);
                 q = normed;
             }
-            rope(q, c, s, D, qrow, qmul);
+            rope(q, c, s, D, R, qrow, qmul);
             uint32_t *dst = qp + ((h * nrb + i / RB) * P2) * RB + i % RB;
             for (int64_t p = 0; p < P2; p++) dst[p * RB] = bf16_of(qrow[2 * p]) | ((uint32_t)bf16_of(qrow[2 * p + 1]) << 16);
         }
@@ -330,14 +333,16 @@ static inline __attribute__((always_inline)) int attend(
 
 /* Returns 0, or 1 when a scratch buffer could not be allocated, 2 for a head size or Hadamard block it does not take.
  * rotate: 0, or the block b of o_in's online Hadamard diag(H_b, ...) (a power of two from 16 to D) applied to V's rows.
- * qn/kn: each q/k head's RMSNorm weights [D] (QK-norm before RoPE, eps), or NULL for none. */
+ * qn/kn: each q/k head's RMSNorm weights [D] (QK-norm before RoPE, eps), or NULL for none. R: the dims of a head RoPE
+ * rotates (even, up to D; the tables' rows hold R/2 angles, rope_stride apart). */
 int hetero_attention_bf16(const float *qkv, int64_t n, int64_t qkv_stride, float *kc, float *vc, int64_t cap,
                           int64_t start, int64_t base, const float *cosv, const float *sinv, int64_t rope_stride,
                           float *out, int64_t out_stride, int64_t H, int64_t KV, int64_t D, float scale,
-                          int64_t window, int64_t rotate, const float *qn, const float *kn, float eps) {
+                          int64_t window, int64_t rotate, const float *qn, const float *kn, float eps, int64_t R) {
     if (D % 32 || D > MAXD || (rotate && (rotate < 16 || rotate > D || (rotate & (rotate - 1)) || D % rotate))) return 2;
+    if (R < 2 || R > D || R % 2) return 2;
 #define CALL(d) attend(qkv, n, qkv_stride, kc, vc, cap, start, base, cosv, sinv, rope_stride, out, out_stride, H, KV, d, \
-                       scale, window, rotate, qn, kn, eps)
+                       scale, window, rotate, qn, kn, eps, R)
     switch (D) {
     case 64: return CALL(64);
     case 128: return CALL(128);
