@@ -212,14 +212,14 @@ class NpuBackend:
                                   + (f" (this model has {lacks})" if lacks else ""))
             self._scratch = threading.local()  # per lane thread: the q|k|v and attention rows between the halves
         # a rotated model's o_in Hadamard of one head's size or blocks of it: the attention kernel applies it (on V's
-        # rows) and the o → FFN graph takes its input rotated (3% of a layer's time at 256 rows on the default model,
-        # 10% on Gemma 3 270M: a [T·q_dim/64, 64] matmul)
-        block = dict(plan.online).get("o_in", 0)
+        # rows) and the o → FFN graph takes its input rotated (3–4% of a layer's time at 256 rows on the default model
+        # and on Gemma 3 270M: a [T·q_dim/64, 64] matmul)
+        self._rotate_a = 0  # the block the kernel applies (0: none)
         if self.attention is not None:
             from hetero.native.attention import rotate_block_ok
 
-            block = block if rotate_block_ok(block, self.cfg.head_dim) else 0
-        self._rotate_a = block if self.attention is not None else 0
+            block = dict(plan.online).get("o_in", 0)
+            self._rotate_a = block if rotate_block_ok(block, self.cfg.head_dim) else 0
         self.native_ops, self.native_ops_why = (native_ops_why(self.cfg, dict(plan.online), self.attention, o.native_ops)
                                                 if o.fused else (False, "segments"))
         self._segmented: dict[int, NpuBackend] = {}  # a fused backend's decode graphs, per thread count
