@@ -305,7 +305,8 @@ def slice_last(g: GraphBuilder, x: str, start: int, end: int) -> str:
 def activation(g: GraphBuilder, x: str, act: str) -> str:
     """The gate's activation as `model.activation` computes it (silu: x·sigmoid(x); gelu: erf form; gelu_tanh:
     0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))); relu). The GELUs as ONNX's one Gelu op (opset 20), one pass over
-    the [T, ffn] gate where the formula's nodes took eight (Gemma 3 270M: 13% of its layer graphs' kernel time)."""
+    the [T, ffn] gate where the formula's nodes took eight (Gemma 3 270M's gelu_tanh(gate)·up at 256 rows, one
+    thread: 0.38 instead of 0.90 ms)."""
     if act == "silu":
         return g.op("Mul", [x, g.op("Sigmoid", [x])], "silu")
     if act == "relu":
