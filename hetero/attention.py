@@ -139,6 +139,15 @@ class ChunkAttention:
         # by the chunk's and the cache's lengths (a tiny partial-rotary model: ~1e-6 between cuts)
         self.cut_invariant = self._torch is None
 
+    def tables(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """The (cos, sin) RoPE table of layer `layer`: the windowed layers' own base where the model has one."""
+        return self.local if self.cfg.local_rope(layer) else (self.cos, self.sin)  # type: ignore[return-value]
+
+    def qk_norm(self, layer: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Layer `layer`'s (q_norm, k_norm) weights [D] of a QK-norm model, else None (for a kernel that norms the
+        rows itself, `native.attention`)."""
+        return None if self.qk_norms is None else self.qk_norms[layer]
+
     def session(self, threads: int, window: int = 0) -> ort.InferenceSession:
         """The session running on `threads` intra-op threads for layers of this window (made once; no weights)."""
         s = self._sessions.get((threads, window))
@@ -175,7 +184,7 @@ class ChunkAttention:
         if self._torch is not None:
             self._torch_rows(qkv, k_cache, v_cache, start, out, layer, base)
             return out
-        cos, sin = self.local if self.cfg.local_rope(layer) else (self.cos, self.sin)
+        cos, sin = self.tables(layer)
         return self._gqa(qkv, k_cache, v_cache, start, out, layer, base, cos, sin)
 
     def _gqa(self, qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int, out: np.ndarray, layer: int,

@@ -159,12 +159,16 @@ register("GroupQueryAttention node", "hetero.attention", ("qk", "rope", "attenti
          ("rope_type", "rope_theta", "rotary_dim", *_ATTENTION),
          "tests/test_architectures.py::test_float_logits_match_transformers",
          "tests/npu/test_fused_layer.py::test_fused_layers_equal_the_segments")
-register("BF16 attention kernel", "hetero.native.attention", ("qk", "rope", "attention"),
-         ("rope_type", "rope_theta", *_ATTENTION), "tests/test_native_attention.py::test_chunked_attention_matches_fp64")
-# SiLU only (`ort_ops.SILU_HADAMARD_QUANT`); the export keeps ONNX Runtime's nodes where a bias sits. Post-norms:
-# kept out, as no model with them and SiLU has run through the ops (Gemma 3's GELU and QK-norm keep it off them)
-register("native glue ops", "hetero.native.ort_ops", ("dense",), ("qkv_bias", "o_bias", "mlp_bias"),
-         "tests/test_layerspec.py::test_the_glue_ops_compute_the_biases_they_register")
+# QK-norm and partial rotary in the kernel; the layer's RoPE table (a windowed layer's local base) from its caller
+register("BF16 attention kernel", "hetero.native.attention", ("qk", "rope", "attention"), ("qk_norm", *_ROPE, *_ATTENTION),
+         "tests/test_native_attention.py::test_chunked_attention_matches_fp64",
+         "tests/test_architectures.py::test_gemma3_on_the_fast_prefill_path",
+         "tests/test_architectures.py::test_partial_rotary_on_the_int8_path")
+# the export keeps ONNX Runtime's nodes where a bias sits, for an activation other than SiLU (`ort_ops.SILU_HADAMARD_QUANT`)
+# and around a post-norm, the ops then quantizing a rotated site's input alone (`ort_ops.HADAMARD_QUANT`)
+register("native glue ops", "hetero.native.ort_ops", ("dense",), ("qkv_bias", "o_bias", "mlp_bias", "act", "post_norms"),
+         "tests/test_layerspec.py::test_the_glue_ops_compute_the_biases_they_register",
+         "tests/test_layerspec.py::test_the_glue_ops_compute_gemma3s_layer")
 # the INT8 decode step binds the export's graphs and the decode attention; its own: the embedding, QK-norm
 register("INT8 decode step", "hetero.decode.bound_step", ("embed", "qk"), ("embed_scale", "qk_norm"),
          "tests/test_architectures.py::test_int8_path_computes_the_variant",

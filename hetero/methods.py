@@ -287,7 +287,8 @@ def prefill_layout_of(model: Model, spec: Method, chunk: int, threads: int, poli
     if policy is not None:
         return PrefillLayout("lanes", f"the dispatch policy {policy!r} was given, which orders lanes")
     device = "cpu" if spec.provider == "cpu" else "npu"
-    return prefill_layout(model.config, device, threads, recorded_layout(layout_key(model, chunk, threads)))
+    return prefill_layout(model.config, device, threads, recorded_layout(layout_key(model, chunk, threads)),
+                          spec.attention)
 
 
 def method_of(model: Model, method: str) -> tuple[Choice, Method]:

@@ -189,14 +189,18 @@ def test_int8_methods_refuse_what_they_do_not_compute(tmp_path, monkeypatch) -> 
 def test_partial_rotary_on_the_int8_path(tmp_path, monkeypatch, hidden) -> None:
     """Phi's partial rotary (Phi-4-mini: 0.75 of 128 dims) on the INT8 graphs: the rotated model's float output is
     the model's, the prefill equals the torch INT8 layer (rotary widths ONNX Runtime's kernel rotates, and ones
-    `model.attention` runs), the bound decode step (the row kernel rotating the first R dims) equals the unbound
+    `model.attention` runs; heads hetero's BF16 kernel takes, through the whole-layer halves around it, within its
+    bf16 rounding), the bound decode step (the row kernel rotating the first R dims) equals the unbound
     graphs bit for bit, and greedy decoding (plain, and lookup trees) emits the same tokens as the torch INT8 layer."""
     from hetero.decode.generate import generate
     from hetero.decode.params import SamplingParams
     from hetero.decode.tree import TokenTree
-    from hetero.npu.graph_backend import NpuBackend
+    from hetero.native.attention import unavailable
+    from hetero.npu.graph_backend import GraphOptions, NpuBackend
+    from hetero.npu.nodes import HALF_PLACEMENT
     from hetero.outliers.rotate import rotate_weights
     from hetero.outliers.shadow import QuantizedBackend
+    from hetero.runtime import SerialExecutor
     from tests.npu.conftest import SHADOWS, tiny_plan
 
     monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
@@ -210,7 +214,13 @@ def test_partial_rotary_on_the_int8_path(tmp_path, monkeypatch, hidden) -> None:
     plan = tiny_plan(m, SHADOWS)
     rt = Runtime(m, chunk=16, backend=NpuBackend(m, plan, 16, provider="cpu"))
     torch_int8 = Runtime(m, chunk=16, backend=QuantizedBackend(cfg, m.weights, plan))
-    assert np.abs(rt.prefill(prompt).logits - torch_int8.prefill(prompt).logits).max() < 1e-3
+    want_logits = torch_int8.prefill(prompt).logits
+    assert np.abs(rt.prefill(prompt).logits - want_logits).max() < 1e-3
+    if unavailable(cfg) is None:  # heads of 32 (rotating 16 dims): the whole-layer halves around the BF16 kernel
+        be = NpuBackend(m, plan, 16, options=GraphOptions(fused=True, attention="bf16"))
+        fused = Runtime(m, chunk=16, backend=be, executor=SerialExecutor(cfg.n_layers, HALF_PLACEMENT))
+        err = np.abs(fused.prefill(prompt).logits - want_logits).max() / np.abs(want_logits).max()
+        assert err < 2e-2, err  # bf16 q/k/v/probabilities; rotating every dim moves logits by O(1)
     _decode_step_equals_unbound_graphs(rt, m, prompt, TokenTree([7], [-1]))
     _decode_step_equals_unbound_graphs(rt, m, prompt, TokenTree([7, 9, 4, 2], [-1, 0, 0, 1]))
     params = SamplingParams(max_new_tokens=8, stop_token_ids=())
@@ -469,6 +479,61 @@ def test_gemma3_on_the_int8_path(tmp_path, monkeypatch) -> None:
                   .logits - got.logits).max() > 0.1
     _decode_step_equals_unbound_graphs(rt, rm, prompt, TokenTree([7], [-1]))
     _decode_step_equals_unbound_graphs(rt, rm, prompt, TokenTree([7, 9, 4, 2], [-1, 0, 0, 1]))
+
+
+def test_gemma3_on_the_fast_prefill_path(tmp_path, monkeypatch) -> None:
+    """Gemma 3 on the whole-layer path: each layer's two INT8 graphs (post-norms, GeGLU, online transforms, shadows)
+    around hetero's BF16 attention kernel (QK-norm before RoPE, the local layers' own RoPE base, a sliding window, the
+    model's softmax scale, heads of 32 on a hidden of 64), over a prompt longer than the window and a continued cache:
+    the torch INT8 layer's logits within the kernel's bf16 rounding, and the host plan lays Gemma's prefill out as
+    layers around that kernel."""
+    from hetero.methods import prefill_layout_of, METHODS
+    from hetero.native.attention import unavailable
+    from hetero.npu.graph_backend import GraphOptions, NpuBackend
+    from hetero.npu.nodes import HALF_PLACEMENT
+    from hetero.outliers.plan import quantize_weights
+    from hetero.outliers.rotate import online_sites, rotate_model
+    from hetero.outliers.shadow import QuantizedBackend
+    from hetero.runtime import SerialExecutor
+    from tests.npu.conftest import SHADOWS, tiny_plan
+
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    build("gemma3", tmp_path / "hf", intermediate_size=128, head_dim=32)
+    m = load_model(tmp_path / "hf")
+    cfg = m.config
+    why = unavailable(cfg)
+    if why is not None:
+        pytest.skip(f"the BF16 attention kernel cannot run on this host: {why}")
+    assert cfg.qk_norm and cfg.windows == (8, 0) and cfg.local_rope_theta != cfg.rope_theta
+    assert cfg.q_dim != cfg.hidden and cfg.scale != cfg.head_dim**-0.5
+    assert prefill_layout_of(m, METHODS["hetero"], 16, 2, None, None).mode == "layers"
+    assert prefill_layout_of(m, METHODS["hetero-gqa"], 16, 2, None, None).mode == "lanes"
+    rm = rotate_model(m, cache=False)
+    online = online_sites(cfg)
+    plan = tiny_plan(rm, SHADOWS)
+    plan = dataclasses.replace(plan, online=online, weights=quantize_weights(rm, "channel", plan.weight_qmax, online))
+    prompt = torch.arange(3, 45) * 5 % cfg.vocab  # 42 tokens: 5 windows
+
+    def run(model):
+        be = NpuBackend(model, plan, 16, options=GraphOptions(fused=True, attention="bf16"))
+        assert be.attention is not None
+        rt = Runtime(model, chunk=16, backend=be, executor=SerialExecutor(cfg.n_layers, HALF_PLACEMENT))
+        first = rt.prefill(prompt[:20])
+        return rt.prefill(prompt[20:], first.cache)
+
+    got = run(rm)
+    want = Runtime(rm, chunk=16, backend=QuantizedBackend(cfg, rm.weights, plan)).prefill(prompt)
+    err = np.abs(got.logits - want.logits).max() / np.abs(want.logits).max()
+    assert err < 2e-2, err  # bf16 q/k/v/probabilities; a wrong norm, table, window or scale moves logits by O(1)
+    # the local layer's cache keeps its window (positions 34..41), QK-normed and roped at the local base, from the same
+    # INT8 products (fp32 rounding only); the global layer's, after a layer of bf16 attention
+    np.testing.assert_allclose(got.cache.k[0, :, :8], want.cache.k[0, :, :8], rtol=0, atol=2e-3)
+    k1, k1_want = got.cache.k[1, :, :42], want.cache.k[1, :, :42]
+    assert np.abs(k1 - k1_want).max() < 2e-2 * np.abs(k1_want).max()
+    for other in (dataclasses.replace(cfg, local_rope_theta=cfg.rope_theta), dataclasses.replace(cfg, windows=(0, 0))):
+        wrong = Runtime(dataclasses.replace(rm, config=other), chunk=16,
+                        backend=QuantizedBackend(other, rm.weights, plan)).prefill(prompt)
+        assert np.abs(wrong.logits - want.logits).max() > 4 * err * np.abs(want.logits).max()
 
 
 @pytest.mark.slow

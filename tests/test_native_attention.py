@@ -23,12 +23,16 @@ def _cfg(**kw) -> ModelConfig:
     return ModelConfig(**{**fields, **kw})
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    why = native.unavailable(_cfg())
+def _kernel(cfg: ModelConfig) -> native.Bf16Attention:
+    why = native.unavailable(cfg)
     if why is not None:
         pytest.skip(f"the BF16 attention kernel cannot run on this host: {why}")
-    return native.Bf16Attention(_cfg())
+    return native.Bf16Attention(cfg)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    return _kernel(_cfg())
 
 
 def _rope_table(n: int, d: int) -> tuple[np.ndarray, np.ndarray]:
@@ -37,18 +41,25 @@ def _rope_table(n: int, d: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate-half RoPE of x [n, heads, d] at the table rows given (fp64)."""
-    h = x.shape[-1] // 2
-    a, b, c, s = x[..., :h], x[..., h:], cos[:, None, :], sin[:, None, :]
-    return np.concatenate([a * c - b * s, b * c + a * s], -1)
+    """Rotate-half RoPE of x [n, heads, d]'s first 2·(table columns) dims at the table rows given (fp64)."""
+    h = cos.shape[-1]
+    a, b, c, s = x[..., :h], x[..., h : 2 * h], cos[:, None, :], sin[:, None, :]
+    return np.concatenate([a * c - b * s, b * c + a * s, x[..., 2 * h :]], -1)
 
 
-def _reference(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, window: int) -> np.ndarray:
-    """Every row's causal attention over all rows before it (and itself), in fp64."""
+def _norm(x: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+    """RMSNorm of each head of x [n, heads, d] (fp64; eps 1e-5, the config's), or x where w is None."""
+    return x if w is None else x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * w
+
+
+def _reference(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, window: int,
+               qk_norm: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Every row's causal attention over all rows before it (and itself), in fp64 (QK-norm first where given)."""
     n = qkv.shape[0]
     x = qkv.astype(np.float64)
-    q = _rope(x[:, : H * D].reshape(n, H, D), cos[:n], sin[:n])
-    k = _rope(x[:, H * D : (H + KV) * D].reshape(n, KV, D), cos[:n], sin[:n])
+    qn, kn = qk_norm or (None, None)
+    q = _rope(_norm(x[:, : H * D].reshape(n, H, D), qn), cos[:n], sin[:n])
+    k = _rope(_norm(x[:, H * D : (H + KV) * D].reshape(n, KV, D), kn), cos[:n], sin[:n])
     v = x[:, (H + KV) * D :].reshape(n, KV, D)
     p = np.arange(n)
     bad = (p[None] > p[:, None]) | ((p[None] <= p[:, None] - window) if window else False)
@@ -61,28 +72,42 @@ def _reference(qkv: np.ndarray, cos: np.ndarray, sin: np.ndarray, window: int) -
     return out.reshape(n, H * D)
 
 
-@pytest.mark.parametrize("n, chunk, window", [(70, 32, 0), (300, 128, 0), (40, 40, 0), (200, 64, 50), (17, 8, 5)])
-def test_chunked_attention_matches_fp64(kernel, n, chunk, window):
+@pytest.mark.parametrize("n, chunk, window, qk, rotary", [
+    (70, 32, 0, False, D), (300, 128, 0, False, D), (40, 40, 0, False, D), (200, 64, 50, False, D), (17, 8, 5, False, D),
+    (150, 64, 0, True, D), (90, 32, 20, True, D), (120, 32, 0, False, 48), (60, 16, 9, True, 16)])
+def test_chunked_attention_matches_fp64(n, chunk, window, qk, rotary):
+    """qk: a QK-norm model's (Qwen3, Gemma 3) RMSNorm of each q/k head before RoPE, which the kernel computes;
+    rotary: the dims of a head RoPE rotates (Phi's partial rotary: the first R)."""
+    kernel = _kernel(_cfg(qk_norm=qk, rotary_dim=rotary))
     rng = np.random.default_rng(n + window)
     qkv = rng.standard_normal((n, (H + 2 * KV) * D)).astype(np.float32)
-    cos, sin = _rope_table(CAP, D)
+    norms = None
+    if qk:  # q/k rows a norm changes, and its weights
+        qkv[:, : (H + KV) * D] *= 3.0
+        norms = tuple((1 + 0.3 * rng.standard_normal(D)).astype(np.float32) for _ in range(2))
+    cos, sin = _rope_table(CAP, rotary)
     kc, vc = np.zeros((KV, CAP, D), np.float32), np.zeros((KV, CAP, D), np.float32)
     out = np.empty((n, H * D), np.float32)
     for s in range(0, n, chunk):  # a prompt continued chunk by chunk over the same cache
         rows = np.ascontiguousarray(qkv[s : s + chunk])
-        kernel(rows, kc, vc, s, cos, sin, out[s : s + rows.shape[0]], window)
-    want = _reference(qkv, cos, sin, window)
-    # bf16 inputs, fp32 sums: ~3e-3 of the largest output (measured 2-5e-3); a wrong mask or rope is O(1)
+        kernel(rows, kc, vc, s, cos, sin, out[s : s + rows.shape[0]], window, qk_norm=norms)
+    want = _reference(qkv, cos, sin, window, norms)
+    # bf16 inputs, fp32 sums: ~3e-3 of the largest output (measured 2-5e-3); a wrong mask, rope or norm is O(1)
     assert np.abs(out - want).max() <= 1.5e-2 * np.abs(want).max()
-    k = _rope(qkv[:, H * D : (H + KV) * D].reshape(n, KV, D).astype(np.float64), cos[:n], sin[:n])
+    if qk:  # without the norm: another answer
+        assert np.abs(_reference(qkv, cos, sin, window) - want).max() > 0.1 * np.abs(want).max()
+    k = _rope(_norm(qkv[:, H * D : (H + KV) * D].reshape(n, KV, D).astype(np.float64), norms and norms[1]),
+              cos[:n], sin[:n])
     np.testing.assert_allclose(kc[:, :n].transpose(1, 0, 2), k, rtol=0, atol=1e-5)  # the cache stays fp32
     np.testing.assert_array_equal(vc[:, :n].transpose(1, 0, 2), qkv[:, (H + KV) * D :].reshape(n, KV, D))
     assert not kc[:, n:].any() and not vc[:, n:].any()  # nothing written past the chunk's rows
 
 
-def test_rotated_output_is_the_output_times_hadamard(kernel):
-    """rotate=True: each head's output times the orthogonal Hadamard matrix (o_in's online transform of a rotated
-    model), computed on V's rows: the plain output rotated, up to bf16 rounding."""
+@pytest.mark.parametrize("block", [D, 16])
+def test_rotated_output_is_the_output_times_hadamard(kernel, block):
+    """rotate=b: each head's output times diag(H_b, ...), H_b the orthogonal Hadamard matrix (o_in's online transform
+    of a rotated model, of a head's size or in blocks), computed on V's rows: the plain output rotated, up to bf16
+    rounding."""
     from hetero.outliers.rotate import hadamard
 
     n = 100
@@ -90,11 +115,12 @@ def test_rotated_output_is_the_output_times_hadamard(kernel):
     qkv[:, (H + KV) * D :] += 2.0  # a mean in V (kept out of the bf16 rounding, rotated apart)
     cos, sin = _rope_table(CAP, D)
     outs = []
-    for rotate in (False, True):
+    for rotate in (0, block):
         kc, vc, out = np.zeros((KV, CAP, D), np.float32), np.zeros((KV, CAP, D), np.float32), np.empty((n, H * D), np.float32)
         kernel(qkv, kc, vc, 0, cos, sin, out, rotate=rotate)
         outs.append(out)
-    want = (outs[0].reshape(n, H, D) @ hadamard(D).numpy()).reshape(n, H * D)
+    t = np.kron(np.eye(D // block), hadamard(block).numpy())
+    want = (outs[0].reshape(n, H, D) @ t).reshape(n, H * D)
     assert np.abs(outs[1] - want).max() <= 1.5e-2 * np.abs(want).max()
     ref = _reference(qkv, cos, sin, 0)
     assert np.abs(outs[0] - ref).max() <= 1.5e-2 * np.abs(ref).max()
@@ -110,8 +136,15 @@ def test_refuses_what_it_does_not_take(kernel):
         kernel(qkv[:, :-1], kc, kc.copy(), 0, cos, sin, out)
     with pytest.raises(ConfigError, match="C-contiguous float32"):
         kernel(qkv, kc, kc.copy(), 0, cos, sin, np.zeros((4, 2 * H * D), np.float32)[:, ::2])
-    for cfg, what in ((_cfg(head_dim=16, hidden=H * 16), "head size of 16"), (_cfg(qk_norm=True), "qk_norm=True"),
-                      (_cfg(rotary_dim=32), "rotary_dim=32")):
+    with pytest.raises(ConfigError, match="Hadamard block of 24"):
+        kernel(qkv, kc, kc.copy(), 0, cos, sin, out, rotate=24)
+    with pytest.raises(ConfigError, match="qk_norm=False"):  # a plain model's attention given QK-norm weights
+        kernel(qkv, kc, kc.copy(), 0, cos, sin, out, qk_norm=(np.ones(D, np.float32),) * 2)
+    with pytest.raises(ConfigError, match="qk_norm=True"):  # a QK-norm model's without them
+        native.Bf16Attention(_cfg(qk_norm=True))(qkv, kc, kc.copy(), 0, cos, sin, out)
+    with pytest.raises(ConfigError, match=r"columns 16"):  # a partial rotary model's table has R/2 columns
+        native.Bf16Attention(_cfg(rotary_dim=32))(qkv, kc, kc.copy(), 0, cos, sin, out)
+    for cfg, what in ((_cfg(head_dim=16, hidden=H * 16), "head size of 16"),):
         assert what in native.config_unsupported(cfg)
         with pytest.raises(ConfigError, match=what):
             native.Bf16Attention(cfg)

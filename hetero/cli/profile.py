@@ -80,9 +80,11 @@ def subgraph_runner(runtimes: dict[int, Any], layer: int = 0) -> Callable[[str, 
         elif kind == "attn":  # the runtime's own kernel (`hetero.attention`), as a prefill runs it
             rt.attention(qkv, k_cache, v_cache, start, out, layer)
         elif kind == "layer":  # a fused backend's whole layer (`NpuBackend.layer`), as `runtime.PrefillJob` runs it
-            rt.backend.layer(layer, h, k_cache, v_cache, start, (rt.attention.cos, rt.attention.sin), h_out)
+            rt.backend.layer(layer, h, k_cache, v_cache, start, rt.attention.tables(layer), h_out,
+                             rt.attention.qk_norm(layer))
         elif kind == "layer_attn":
-            rt.backend.layer_attn(layer, h, k_cache, v_cache, start, (rt.attention.cos, rt.attention.sin), qkv, out)
+            rt.backend.layer_attn(layer, h, k_cache, v_cache, start, rt.attention.tables(layer), qkv, out,
+                                  rt.attention.qk_norm(layer))
         elif kind == "layer_ffn":
             rt.backend.layer_ffn(layer, a, h, h_out)
         else:

@@ -39,9 +39,10 @@ static inline __m512 exp2_ps(__m512 x) {
     return _mm512_scalef_ps(p, fi);
 }
 
-/* x <- x·H/sqrt(d) in place (H: the Sylvester Hadamard matrix of size d, a power of two >= 16; x 64-byte aligned):
- * butterflies a, b -> a + b, a - b at every stride, those below 16 inside a vector (a permute and a signed add). */
-static inline void hadamard_row(float *x, int64_t d) {
+/* x <- x·T in place, T = diag(H_b, ...)/sqrt(b) of d/b blocks (H_b: the Sylvester Hadamard matrix of size b, a power
+ * of two >= 16 dividing d; x 64-byte aligned): butterflies a, b -> a + b, a - b at every stride below b, those below
+ * 16 inside a vector (a permute and a signed add). */
+static inline void hadamard_row(float *x, int64_t d, int64_t b) {
     const __m512 s8 = _mm512_set_ps(-1, -1, -1, -1, -1, -1, -1, -1, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m512 s4 = _mm512_set_ps(-1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1);
     const __m512 s2 = _mm512_set_ps(-1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1);
@@ -54,25 +55,36 @@ static inline void hadamard_row(float *x, int64_t d) {
         v = _mm512_fmadd_ps(v, s1, _mm512_permute_ps(v, 0xB1));
         _mm512_store_ps(x + i, v);
     }
-    for (int64_t h = 16; h < d; h *= 2)
+    for (int64_t h = 16; h < b; h *= 2)
         for (int64_t i = 0; i < d; i += 2 * h)
             for (int64_t j = i; j < i + h; j += 16) {
-                __m512 a = _mm512_load_ps(x + j), b = _mm512_load_ps(x + j + h);
-                _mm512_store_ps(x + j, _mm512_add_ps(a, b));
-                _mm512_store_ps(x + j + h, _mm512_sub_ps(a, b));
+                __m512 u = _mm512_load_ps(x + j), v = _mm512_load_ps(x + j + h);
+                _mm512_store_ps(x + j, _mm512_add_ps(u, v));
+                _mm512_store_ps(x + j + h, _mm512_sub_ps(u, v));
             }
-    const __m512 norm = _mm512_set1_ps(1.0f / sqrtf((float)d));
+    const __m512 norm = _mm512_set1_ps(1.0f / sqrtf((float)b));
     for (int64_t i = 0; i < d; i += 16) _mm512_store_ps(x + i, _mm512_mul_ps(_mm512_load_ps(x + i), norm));
 }
 
-/* rotate-half RoPE of one head (d dims, the first half paired with the second), written to dst */
-static inline void rope(const float *x, const float *c, const float *s, int64_t d, float *dst, float mul) {
-    int64_t h = d / 2;
+/* rotate-half RoPE of one head's first r dims (the first half of them paired with the second; Phi's partial rotary:
+ * r < d, the other dims pass), times mul, written to dst */
+static inline void rope(const float *x, const float *c, const float *s, int64_t d, int64_t r, float *dst, float mul) {
+    int64_t h = r / 2;
     for (int64_t i = 0; i < h; i++) {
         float a = x[i], b = x[i + h];
         dst[i] = (a * c[i] - b * s[i]) * mul;
         dst[i + h] = (b * c[i] + a * s[i]) * mul;
     }
+    for (int64_t i = r; i < d; i++) dst[i] = x[i] * mul;
+}
+
+/* RMSNorm of one head (QK-norm, Qwen3 and Gemma 3: before RoPE) into dst: x * rsqrt(mean(x^2) + eps) * w, in fp32 as
+ * `model.rms_norm` (w: Gemma's 1 + w folded in at load) */
+static inline void head_norm(const float *x, const float *w, int64_t d, float eps, float *dst) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < d; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / (float)d + eps);
+    for (int64_t i = 0; i < d; i++) dst[i] = x[i] * r * w[i];
 }
 
 typedef struct {
@@ -116,20 +128,27 @@ static void *grow(int k, size_t bytes) {
 static inline __attribute__((always_inline)) int attend(
     const float *qkv, int64_t n, int64_t qkv_stride, float *kc, float *vc, int64_t cap, int64_t start, int64_t base,
     const float *cosv, const float *sinv, int64_t rope_stride, float *out, int64_t out_stride, int64_t H, int64_t KV,
-    const int64_t D, float scale, int64_t window, int64_t rotate) {
+    const int64_t D, float scale, int64_t window, int64_t rotate, const float *qn, const float *kn, float eps,
+    int64_t R) {
     const int64_t qd = H * D, kd = KV * D, P2 = D / 2, group = H / KV;
     const int64_t T = start + n - base; /* cache rows in use: 0..T-1 hold positions base..start+n-1 */
     const int64_t Tpad = (T + KB - 1) / KB * KB;
     const int64_t nrb = (n + RB - 1) / RB;
     const float qmul = scale * 1.4426950408889634f; /* softmax in base 2 */
 
-    /* the chunk's K (roped) and V rows into the fp32 cache */
+    /* the chunk's K (QK-normed when kn is given, roped) and V rows into the fp32 cache */
+    float normed[MAXD];
     for (int64_t i = 0; i < n; i++) {
         const float *row = qkv + i * qkv_stride;
         const float *c = cosv + (start + i) * rope_stride, *s = sinv + (start + i) * rope_stride;
         int64_t r = start + i - base;
         for (int64_t g = 0; g < KV; g++) {
-            rope(row + qd + g * D, c, s, D, kc + (g * cap + r) * D, 1.0f);
+            const float *k = row + qd + g * D;
+            if (kn) {
+                head_norm(k, kn, D, eps, normed);
+                k = normed;
+            }
+            rope(k, c, s, D, R, kc + (g * cap + r) * D, 1.0f);
             memcpy(vc + (g * cap + r) * D, row + qd + kd + g * D, D * sizeof(float));
         }
     }
@@ -160,7 +179,7 @@ static inline __attribute__((always_inline)) int attend(
         }
         if (rotate) {
             memcpy(vref_rot, vref, D * sizeof(float));
-            hadamard_row(vref_rot, D);
+            hadamard_row(vref_rot, D, rotate);
         }
         memcpy(vref_all + g * MAXD, rotate ? vref_rot : vref, D * sizeof(float));
         /* K in blocks of 16 keys, pair-major in a block: kt[g][key/16][p][key%16] = (k[2p], k[2p+1]) of the key, so the
@@ -189,7 +208,7 @@ static inline __attribute__((always_inline)) int attend(
                 for (int64_t d = 0; d < D; d += 16)
                     _mm512_store_ps(rows[t] + d, 2 * j + t < T ? _mm512_sub_ps(_mm512_loadu_ps(v + d), _mm512_loadu_ps(vref + d))
                                                                : _mm512_setzero_ps());
-                if (rotate && 2 * j + t < T) hadamard_row(rows[t], D);
+                if (rotate && 2 * j + t < T) hadamard_row(rows[t], D, rotate);
             }
             for (int64_t d = 0; d < D; d += 16) {
                 __m512 va = _mm512_load_ps(rows[0] + d), vb = _mm512_load_ps(rows[1] + d);
@@ -199,13 +218,19 @@ static inline __attribute__((always_inline)) int attend(
             }
         }
     }
-    /* Q roped, scaled, as pairs of dims per lane: qp[h][rb][p][lane]; padded rows repeat the last real row */
+    /* Q (QK-normed when qn is given) roped, scaled, as pairs of dims per lane: qp[h][rb][p][lane]; padded rows repeat
+     * the last real row */
     float qrow[MAXD];
     for (int64_t h = 0; h < H; h++) {
         for (int64_t i = 0; i < nrb * RB; i++) {
             int64_t src = i < n ? i : n - 1;
             const float *c = cosv + (start + src) * rope_stride, *s = sinv + (start + src) * rope_stride;
-            rope(qkv + src * qkv_stride + h * D, c, s, D, qrow, qmul);
+            const float *q = qkv + src * qkv_stride + h * D;
+            if (qn) {
+                head_norm(q, qn, D, eps, normed);
+                q = normed;
+            }
+            rope(q, c, s, D, R, qrow, qmul);
             uint32_t *dst = qp + ((h * nrb + i / RB) * P2) * RB + i % RB;
             for (int64_t p = 0; p < P2; p++) dst[p * RB] = bf16_of(qrow[2 * p]) | ((uint32_t)bf16_of(qrow[2 * p + 1]) << 16);
         }
@@ -306,17 +331,22 @@ static inline __attribute__((always_inline)) int attend(
     return 0;
 }
 
-/* Returns 0, or 1 when a scratch buffer could not be allocated, 2 for a head size it does not take. */
+/* Returns 0, or 1 when a scratch buffer could not be allocated, 2 for a head size or Hadamard block it does not take.
+ * rotate: 0, or the block b of o_in's online Hadamard diag(H_b, ...) (a power of two from 16 to D) applied to V's rows.
+ * qn/kn: each q/k head's RMSNorm weights [D] (QK-norm before RoPE, eps), or NULL for none. R: the dims of a head RoPE
+ * rotates (even, up to D; the tables' rows hold R/2 angles, rope_stride apart). */
 int hetero_attention_bf16(const float *qkv, int64_t n, int64_t qkv_stride, float *kc, float *vc, int64_t cap,
                           int64_t start, int64_t base, const float *cosv, const float *sinv, int64_t rope_stride,
                           float *out, int64_t out_stride, int64_t H, int64_t KV, int64_t D, float scale,
-                          int64_t window, int64_t rotate) {
-    if (D % 32 || D > MAXD || (rotate && (D & (D - 1)))) return 2;
+                          int64_t window, int64_t rotate, const float *qn, const float *kn, float eps, int64_t R) {
+    if (D % 32 || D > MAXD || (rotate && (rotate < 16 || rotate > D || (rotate & (rotate - 1)) || D % rotate))) return 2;
+    if (R < 2 || R > D || R % 2) return 2;
 #define CALL(d) attend(qkv, n, qkv_stride, kc, vc, cap, start, base, cosv, sinv, rope_stride, out, out_stride, H, KV, d, \
-                       scale, window, rotate)
+                       scale, window, rotate, qn, kn, eps, R)
     switch (D) {
     case 64: return CALL(64);
     case 128: return CALL(128);
+    case 256: return CALL(256);
     default: return CALL(D);
     }
 #undef CALL

@@ -24,6 +24,13 @@
    ScaleAdd(y [T, N], s [T, 1], h [T, N]) -> h + y * s: a per-row site's product at its rows' scales, plus the
    residual (Mul, Add).
 
+   HadamardQuant(x [T, F]) -> xq uint8 [T, F] and HadamardQuant16(x [T, F]) -> (u_hi uint8 [T, F], u_lo uint8 [T, F]),
+   attributes block (64), scale: a rotated site's input at its static scale, where no fused op above computes it
+   (another activation before down_in, a post-norm before ffn_in, an online transform at attn_in): y = x . T as
+   SiluHadamardQuant's, then xq = clip(rint(y / scale), -128, 127) + 128, or W8A16's int16 grid q = clip(rint(y /
+   scale), -32768, 32767) as the two bytes of q + 32768 = 256 u_hi + u_lo (`npu.site_ops.a16_bytes`), in one pass
+   over each row instead of a [T.F/64, 64] x [64, 64] MatMul and its quantization's nodes.
+
    The ONNX Runtime C API is reached through the function table it passes (`OrtApi`, slots by position in
    onnxruntime_c_api.h, append-only across releases) and `struct OrtCustomOp` as that header lays it out (version
    16: the fields up to GetEndVersion). */
@@ -345,14 +352,78 @@ static OrtCustomOp SCALE_ADD = {API_VERSION, no_state, scale_add_name, cpu_ep, f
                                 one_output, scale_add_compute, glue_destroy, required, required, required, one_, one_,
                                 one_, one_, NULL, NULL, NULL, one_, latest};
 
+/* HadamardQuant(16): y = x . T per 64-block, quantized at the static scale to u8 or to W8A16's two bytes (top) */
+static void hadamard_quant(const Glue *k, void *ctx, int bytes16) {
+    const void *in;
+    int64_t dims[2];
+    dims2(ctx, 0, &in, dims);
+    const int64_t T = dims[0], F = dims[1];
+    if (F % 64 != 0 || k->block != 64 || !(k->scale > 0.f)) { /* (as glue_compute) */
+        const int64_t none[2] = {0, 0};
+        output(ctx, 0, none);
+        if (bytes16) output(ctx, 1, none);
+        return;
+    }
+    const float *x = (const float *)input_data(in);
+    uint8_t *o0 = (uint8_t *)output(ctx, 0, dims), *o1 = bytes16 ? (uint8_t *)output(ctx, 1, dims) : NULL;
+    const __m512 s = _mm512_set1_ps(k->scale);
+    const __m512 lo = _mm512_set1_ps(bytes16 ? -32768.f : -128.f), hi = _mm512_set1_ps(bytes16 ? 32767.f : 127.f);
+    const __m512i zp = _mm512_set1_epi32(bytes16 ? 32768 : 128), low_byte = _mm512_set1_epi32(255);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t b = 0; b < F; b += 64) {
+            __m512 v[4];
+            for (int i = 0; i < 4; i++) v[i] = _mm512_loadu_ps(x + t * F + b + 16 * i);
+            hadamard64(v);
+            for (int i = 0; i < 4; i++) {
+                __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(v[i], s), lo), hi);
+                __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zp);
+                int64_t at = t * F + b + 16 * i;
+                if (bytes16) {
+                    _mm_storeu_si128((__m128i *)(o0 + at), _mm512_cvtepi32_epi8(_mm512_srli_epi32(q, 8)));
+                    _mm_storeu_si128((__m128i *)(o1 + at), _mm512_cvtepi32_epi8(_mm512_and_si512(q, low_byte)));
+                } else {
+                    _mm_storeu_si128((__m128i *)(o0 + at), _mm512_cvtepi32_epi8(q));
+                }
+            }
+        }
+}
+
+static void hq_compute(void *kernel, void *ctx) { hadamard_quant((const Glue *)kernel, ctx, 0); }
+static void hq16_compute(void *kernel, void *ctx) { hadamard_quant((const Glue *)kernel, ctx, 1); }
+
+static void *hq_create(const OrtCustomOp *op, const void *api, const void *info) {
+    (void)op, (void)api;
+    Glue *k = (Glue *)calloc(1, sizeof(Glue));
+    if (k == NULL) return NULL;
+    void *s;
+    if ((s = CALL(KERNEL_INFO_GET_ATTRIBUTE_INT64, Status (*)(const void *, const char *, int64_t *), info, "block",
+                  &k->block)))
+        CALL(RELEASE_STATUS, void (*)(void *), s), k->block = 0;
+    if ((s = CALL(KERNEL_INFO_GET_ATTRIBUTE_FLOAT, Status (*)(const void *, const char *, float *), info, "scale",
+                  &k->scale)))
+        CALL(RELEASE_STATUS, void (*)(void *), s), k->block = 0; /* a missing attribute: empty outputs */
+    return k;
+}
+
+static const char *hq_name(const OrtCustomOp *op) { return (void)op, "HadamardQuant"; }
+static const char *hq16_name(const OrtCustomOp *op) { return (void)op, "HadamardQuant16"; }
+static size_t one_input(const OrtCustomOp *op) { return (void)op, 1; }
+
+static OrtCustomOp HADAMARD_QUANT = {API_VERSION, hq_create, hq_name, cpu_ep, float_input, one_input, uint8_output,
+                                     one_output, hq_compute, glue_destroy, required, required, required, one_, one_,
+                                     one_, one_, NULL, NULL, NULL, one_, latest};
+static OrtCustomOp HADAMARD_QUANT16 = {API_VERSION, hq_create, hq16_name, cpu_ep, float_input, one_input,
+                                       uint8_output, two, hq16_compute, glue_destroy, required, required, required,
+                                       one_, one_, one_, one_, NULL, NULL, NULL, one_, latest};
+
 static void *DOMAIN;
 static Status DOMAIN_STATUS;
 static pthread_once_t DOMAIN_ONCE = PTHREAD_ONCE_INIT;
 
 static void make_domain(void) {
     DOMAIN_STATUS = CALL(CREATE_CUSTOM_OP_DOMAIN, Status (*)(const char *, void **), "ai.hetero", &DOMAIN);
-    const OrtCustomOp *ops[4] = {&GLUE, &NORM, &RMS_QUANT, &SCALE_ADD};
-    for (int i = 0; i < 4 && DOMAIN_STATUS == NULL; i++)
+    const OrtCustomOp *ops[6] = {&GLUE, &NORM, &RMS_QUANT, &SCALE_ADD, &HADAMARD_QUANT, &HADAMARD_QUANT16};
+    for (int i = 0; i < 6 && DOMAIN_STATUS == NULL; i++)
         DOMAIN_STATUS = CALL(CUSTOM_OP_DOMAIN_ADD, Status (*)(void *, const OrtCustomOp *), DOMAIN, ops[i]);
 }
 

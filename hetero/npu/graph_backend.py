@@ -152,7 +152,8 @@ def native_ops_why(cfg, online: dict[str, int], attention, mode: bool | None) ->
     why = f"it needs {needs}" if needs else ort_ops.unavailable()
     if why is None:
         return True, (f"hetero's own ONNX Runtime ops in the layer graphs ({ort_ops.SILU_HADAMARD_QUANT}, "
-                      f"{ort_ops.ADD_RMS_NORM_QUANT}, {ort_ops.SCALE_ADD}, {ort_ops.RMS_NORM_QUANT}: `native.ort_ops`)")
+                      f"{ort_ops.ADD_RMS_NORM_QUANT}, {ort_ops.SCALE_ADD}, {ort_ops.RMS_NORM_QUANT}, "
+                      f"{ort_ops.HADAMARD_QUANT}, {ort_ops.HADAMARD_QUANT16}: `native.ort_ops`)")
     if mode:
         raise ConfigError(f"hetero's own ONNX Runtime op cannot compute this backend's graphs: {why}")
     return False, f"ONNX Runtime nodes ({why})"
@@ -210,9 +211,15 @@ class NpuBackend:
                                   "shape 'auto' or '2d', and attention one GroupQueryAttention node computes"
                                   + (f" (this model has {lacks})" if lacks else ""))
             self._scratch = threading.local()  # per lane thread: the q|k|v and attention rows between the halves
-        # a rotated model's o_in Hadamard of one head's size: the attention kernel applies it (on V's rows) and the
-        # o → FFN graph takes its input rotated (3% of a layer's time at 256 rows: a [T·q_dim/64, 64] matmul)
-        self._rotate_a = self.attention is not None and dict(plan.online).get("o_in") == self.cfg.head_dim
+        # a rotated model's o_in Hadamard of one head's size or blocks of it: the attention kernel applies it (on V's
+        # rows) and the o → FFN graph takes its input rotated (3–4% of a layer's time at 256 rows on the default model
+        # and on Gemma 3 270M: a [T·q_dim/64, 64] matmul)
+        self._rotate_a = 0  # the block the kernel applies (0: none)
+        if self.attention is not None:
+            from hetero.native.attention import rotate_block_ok
+
+            block = dict(plan.online).get("o_in", 0)
+            self._rotate_a = block if rotate_block_ok(block, self.cfg.head_dim) else 0
         self.native_ops, self.native_ops_why = (native_ops_why(self.cfg, dict(plan.online), self.attention, o.native_ops)
                                                 if o.fused else (False, "segments"))
         self._segmented: dict[int, NpuBackend] = {}  # a fused backend's decode graphs, per thread count
@@ -366,9 +373,9 @@ class NpuBackend:
         digest = segments.layer_digest(lq)
         graphs = []
         if self.fused:  # its shadows are inside the graphs
-            ffn_ops = "down_in" not in shadow and self.plan.sites[(layer, "down_in")].bits == 8  # (`export._down_input`)
+            ffn_ops = "down_in" not in shadow  # (`export._down_input`, `export._rotated_input`)
             ops = ("layer_qkv", *(("layer_o_ffn",) if ffn_ops else ())) if self.native_ops else ()
-            specs = (segments.layer_halves(layer, set(shadow), self._rotate_a, ops) if self.attention is not None
+            specs = (segments.layer_halves(layer, set(shadow), bool(self._rotate_a), ops) if self.attention is not None
                      else [segments.layer_graph(layer, set(shadow), segments.AttnSpec.of(self.cfg, layer))])
             runs = []
             for spec in specs:
@@ -391,17 +398,20 @@ class NpuBackend:
         return layer_program(layer, graphs, shadow, post, self.cfg.rms_eps)
 
     def layer(self, layer: int, h: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
-              rope: tuple[np.ndarray, np.ndarray], out: np.ndarray) -> np.ndarray:
+              rope: tuple[np.ndarray, np.ndarray], out: np.ndarray,
+              qk_norm: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """A fused backend's whole layer on a chunk's real rows h [n, hidden] at positions start..start+n-1: one graph
         run, or two around the BF16 attention kernel (`self.attention`); K/V written into k_cache/v_cache
         [n_kv, capacity, D] (one layer's, contiguous) in place, as `attention.ChunkAttention` writes them; rope: the
-        runtime's (cos, sin) table. Returns out [n, hidden]. Every buffer a C-contiguous float32 numpy array."""
+        layer's (cos, sin) table (`attention.ChunkAttention.tables`); qk_norm: a QK-norm model's (q_norm, k_norm) of
+        the layer, which the BF16 kernel applies (the GroupQueryAttention node cannot: `attention.gqa_supported`).
+        Returns out [n, hidden]. Every buffer a C-contiguous float32 numpy array."""
         if not self.fused:
             raise ConfigError("layer() runs whole-layer graphs: this backend runs segments (GraphOptions.fused)")
         n = h.shape[0]
         if self.attention is not None:  # qkv graph → the BF16 kernel (K/V into the cache) → o/FFN graph
             qkv, a = self._between(n)
-            self.layer_attn(layer, h, k_cache, v_cache, start, rope, qkv, a)  # (checks the rows against the cache)
+            self.layer_attn(layer, h, k_cache, v_cache, start, rope, qkv, a, qk_norm)  # (checks the rows, the cache)
             return self.layer_ffn(layer, a, h, out)
         if start + n > min(k_cache.shape[1], rope[0].shape[0]):
             raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({k_cache.shape[1]}) or RoPE table "
@@ -425,9 +435,11 @@ class NpuBackend:
         return out
 
     def layer_attn(self, layer: int, h: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
-                   rope: tuple[np.ndarray, np.ndarray], qkv: np.ndarray, a: np.ndarray) -> np.ndarray:
+                   rope: tuple[np.ndarray, np.ndarray], qkv: np.ndarray, a: np.ndarray,
+                   qk_norm: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """The first half of `layer` where the BF16 kernel runs (`npu.nodes.HALF_PLACEMENT`): the q|k|v graph into
-        qkv [n, q_dim + 2·kv_dim], then the attention, which writes the chunk's K/V into the cache and a [n, q_dim]."""
+        qkv [n, q_dim + 2·kv_dim], then the attention (QK-norm and RoPE of the layer's `rope` table first), which
+        writes the chunk's K/V into the cache and a [n, q_dim]."""
         if self.attention is None:
             raise ConfigError(f"layer_attn() runs the attention kernel between two graphs; this backend has none "
                               f"({self.attention_why})")
@@ -436,7 +448,8 @@ class NpuBackend:
             raise ConfigError(f"chunk rows {start}..{start + n} exceed the cache ({k_cache.shape[1]}) or RoPE table "
                               f"({rope[0].shape[0]}) positions")
         self.program(layer).runs[0].graph.run({Buffer.H: h}, {Buffer.QKV: qkv})
-        return self.attention(qkv, k_cache, v_cache, start, rope[0], rope[1], a, self.cfg.window(layer), self._rotate_a)
+        return self.attention(qkv, k_cache, v_cache, start, rope[0], rope[1], a, self.cfg.window(layer), self._rotate_a,
+                              qk_norm)
 
     def layer_ffn(self, layer: int, a: np.ndarray, h: np.ndarray, out: np.ndarray) -> np.ndarray:
         """The second half: the o→FFN graph on the attention's output a and the layer's input h, into out."""
@@ -450,7 +463,8 @@ class NpuBackend:
         """`layer_attn` on the addresses of buffers laid out as it checks them, unchecked (`npu.nodes.HalvesAt` checks
         a prompt's buffers once: per layer and chunk, checking and taking their addresses again cost ~20 µs, 4% of a
         64-token prefill; docs/journal.md, "Issue 24 (session 16)"). k_cache/v_cache: the layer's [n_kv, capacity,
-        D]; cos/sin: row 0 of the RoPE table (rows are positions)."""
+        D]; cos/sin: row 0 of the RoPE table (rows are positions); a model whose layers differ in their table or QK-norm
+        runs the checked calls (`HalvesAt.of`)."""
         self.program(layer).runs[0].graph.run_at(n, (h, qkv))
         self.attention.at(qkv, n, k_cache, v_cache, capacity, start, cos, sin, a, self.cfg.window(layer), self._rotate_a)
 

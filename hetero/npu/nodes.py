@@ -51,10 +51,10 @@ class HalvesAt:
 
     @classmethod
     def of(cls, backend, job: Job) -> "HalvesAt | None":
-        """The addresses of `job`'s buffers; None where the halves cannot run on addresses (no attention kernel, or a
-        windowed layer)."""
+        """The addresses of `job`'s buffers; None where the halves cannot run on addresses (no attention kernel, a
+        windowed layer, or layers that differ in their RoPE table or QK-norm weights: the checked calls pass them)."""
         cache, bufs, chunks = job.cache, job.bufs, job.chunks
-        if any(cache.windows) or backend.attention is None:
+        if any(cache.windows) or backend.attention is None or backend.cfg.local_rope_theta or backend.cfg.qk_norm:
             return None
         end = chunks[-1].start + chunks[-1].n_valid
         cos, sin = job.attention.cos, job.attention.sin
@@ -110,8 +110,9 @@ class NpuNodes(LayerNodes):
         base = cache.place(layer, c.start, n)
         k_cache, v_cache = cache.layer(layer)
         # from `base` on: the rows are positions - base, the RoPE table's rows start at base
-        self.backend.layer(layer, job.h[i][:n], k_cache, v_cache, c.start - base,
-                           (attention.cos[base:], attention.sin[base:]), out[:n])
+        cos, sin = attention.tables(layer)
+        self.backend.layer(layer, job.h[i][:n], k_cache, v_cache, c.start - base, (cos[base:], sin[base:]), out[:n],
+                           attention.qk_norm(layer))
         job.h[i] = out
 
     def layer_attn(self, i: int, layer: int) -> None:
@@ -121,8 +122,9 @@ class NpuNodes(LayerNodes):
         n = c.n_valid
         base = cache.place(layer, c.start, n)
         k_cache, v_cache = cache.layer(layer)
-        self.backend.layer_attn(layer, job.h[i][:n], k_cache, v_cache, c.start - base,
-                                (attention.cos[base:], attention.sin[base:]), bufs.qkv[i][:n], bufs.attn[i][:n])
+        cos, sin = attention.tables(layer)
+        self.backend.layer_attn(layer, job.h[i][:n], k_cache, v_cache, c.start - base, (cos[base:], sin[base:]),
+                                bufs.qkv[i][:n], bufs.attn[i][:n], attention.qk_norm(layer))
 
     def layer_ffn(self, i: int, layer: int) -> None:
         """The o→FFN graph (`NpuBackend.layer_ffn`)."""

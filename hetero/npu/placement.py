@@ -189,10 +189,13 @@ def _read(path: Path) -> dict:
         return {}
 
 
-def prefill_layout(cfg, provider_device: str, threads: int, measured: dict | None = None) -> PrefillLayout:
+def prefill_layout(cfg, provider_device: str, threads: int, measured: dict | None = None,
+                   attention: str = "auto") -> PrefillLayout:
     """The layout of a prefill whose static graphs run on `provider_device` ("cpu": the CPU EP standing in for the
     NPU; "npu") with `threads` cores: an NPU keeps §3.4's lanes; on the CPU, this host's measurement (`measured`,
-    a `recorded_layout` entry) decides, else the rule of the module docstring."""
+    a `recorded_layout` entry) decides, else the rule of the module docstring. attention: the whole-layer graphs'
+    (`GraphOptions.attention`): a model whose attention the GroupQueryAttention node lacks (QK-norm, a local RoPE
+    base) runs whole layers only around the BF16 kernel ("auto", "bf16")."""
     from hetero.attention import gqa_supported
 
     if provider_device != "cpu":
@@ -200,8 +203,13 @@ def prefill_layout(cfg, provider_device: str, threads: int, measured: dict | Non
                                       "CPU lane (mllm-NPU §3.4)")
     lacks = gqa_supported(cfg)
     if lacks is not None:
-        return PrefillLayout("lanes", f"this model's attention ({lacks}) has no in-graph kernel, so it runs on the "
-                                      f"CPU lane beside the INT8 graphs")
+        from hetero.native.attention import unavailable
+
+        kernel = "the method asks for the node" if attention == "gqa" else unavailable(cfg)
+        if kernel is not None:
+            return PrefillLayout("lanes", f"this model's attention ({lacks}) has no in-graph kernel and hetero's BF16 "
+                                          f"kernel does not run it ({kernel}), so it runs on the CPU lane beside the "
+                                          f"INT8 graphs")
     if measured is not None:
         ms = "; ".join(f"{m}: " + ", ".join(f"{v:.0f} ms at {n}" for n, v in t.items()) for m, t in measured["ms"].items())
         return PrefillLayout(measured["winner"], f"measured on this host ({ms}; `hetero npu layout`)")

@@ -97,12 +97,13 @@ def _runtime(model, plan, chunk: int, attention: str) -> Runtime:
     return Runtime(model, chunk=chunk, backend=be, executor=SerialExecutor(model.config.n_layers, LAYER_PLACEMENT))
 
 
-@pytest.mark.parametrize("shadow,online", [(None, False), (SHADOWS, False), (SHADOWS, True)],
-                         ids=["plain", "shadows", "rotated"])
+@pytest.mark.parametrize("shadow,online", [(None, 0), (SHADOWS, 0), (SHADOWS, 32), (SHADOWS, 16)],
+                         ids=["plain", "shadows", "rotated", "rotated-blocks"])
 def test_bf16_attention_between_two_graphs_equals_the_whole_layer_graph(shadow, online):
     """The BF16 kernel between each layer's two graphs (`segments.layer_halves`) against the one graph with
     ONNX Runtime's fp32 GroupQueryAttention: the same cache rows, logits within bf16 rounding, a continued cache.
-    online: a plan with o_in's online Hadamard of one head's size, which the kernel applies (on V's rows)."""
+    online: a plan with o_in's online Hadamard of one head's size or of blocks of it, which the kernel applies (on V's
+    rows)."""
     import dataclasses
 
     from hetero.native.attention import unavailable
@@ -114,13 +115,13 @@ def test_bf16_attention_between_two_graphs_equals_the_whole_layer_graph(shadow, 
         pytest.skip(f"the BF16 attention kernel cannot run on this host: {why}")
     plan = tiny_plan(m, shadow, scale=0.03)
     if online:
-        plan = dataclasses.replace(plan, online={"o_in": 32},
-                                   weights=quantize_weights(m, "channel", plan.weight_qmax, {"o_in": 32}))
+        plan = dataclasses.replace(plan, online={"o_in": online},
+                                   weights=quantize_weights(m, "channel", plan.weight_qmax, {"o_in": online}))
     ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(6))
     got, want = _runtime(m, plan, 32, "bf16"), _runtime(m, plan, 32, "gqa")
     assert got.backend.attention is not None and want.backend.attention is None
     assert [len(got.backend.program(layer).runs) for layer in range(2)] == [2, 2]  # qkv half, o→FFN half
-    assert got.backend.program(0).runs[1].graph.spec.a_rotated == online
+    assert got.backend.program(0).runs[1].graph.spec.a_rotated == bool(online)
     a, b = got.prefill(ids[:40]), want.prefill(ids[:40])
     a, b = got.prefill(ids[40:], a.cache), want.prefill(ids[40:], b.cache)
     for t in ("k", "v"):  # the first layer's K/V rows come from the same INT8 products: fp32 rounding only
