@@ -59,7 +59,7 @@ def test_bound_counts_and_rates() -> None:
 @pytest.mark.slow
 def test_memory_worker_reports_stages_and_counts(default_model) -> None:
     from bench.memory import markdown, run_worker
-    from hetero.native import gemv
+    from hetero.native import gemv, gguf_forms
 
     r = run_worker("hetero", None, [16, 32], threads=1, decode=3)
     assert [s["stage"] for s in r["stages"]] == ["libraries", "model (mapped)", "plan + runtime (ORT sessions)",
@@ -71,7 +71,10 @@ def test_memory_worker_reports_stages_and_counts(default_model) -> None:
     assert got["kv_cache_32+3_mb"] == round(2 * cfg.n_layers * cfg.kv_dim * 35 * 4 / 2**20, 1)
     assert 0 < got["int8_weights_kept_on_cpu_mb"] < 50
     assert got["graph_int8_weights_mb"] == round(linear_ops_per_token(cfg) / 2 / 2**20, 1)
-    if gemv.unavailable(cfg) is None:  # the decode GEMVs' arena: every linear and the INT8 head
+    int8_head_mb = cfg.vocab * cfg.hidden / 2**20
+    if gguf_forms.unavailable(default_model) is None:  # the file's own Q4_1 / Q8_0 blocks: fewer bytes than INT8
+        assert 0 < got["decode-block-weights_mb"] < got["graph_int8_weights_mb"] + int8_head_mb
+    elif gemv.unavailable(cfg) is None:  # the decode GEMVs' arena: every linear and the INT8 head
         assert got["decode-gemv-weights_mb"] > got["graph_int8_weights_mb"]
     assert "| prefill 32 |" in markdown({"engines": [r]})
 
