@@ -202,8 +202,9 @@ static void glue_compute(void *kernel, void *ctx) {
     }
 }
 
-static void *glue_create(const OrtCustomOp *op, const void *api, const void *info) {
-    (void)op, (void)api;
+/* A glue kernel's attributes: its "block" and the first `n_floats` of scale, qmax, tiny. A missing attribute sets
+   block = 0, which makes the kernel write empty outputs (a graph built wrongly fails its tests, never a process). */
+static Glue *glue_attributes(const void *info, int n_floats) {
     Glue *k = (Glue *)calloc(1, sizeof(Glue));
     if (k == NULL) return NULL;
     void *s;
@@ -212,11 +213,15 @@ static void *glue_create(const OrtCustomOp *op, const void *api, const void *inf
         CALL(RELEASE_STATUS, void (*)(void *), s), k->block = 0;
     const char *names[3] = {"scale", "qmax", "tiny"};
     float *fields[3] = {&k->scale, &k->qmax, &k->tiny};
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < n_floats; i++)
         if ((s = CALL(KERNEL_INFO_GET_ATTRIBUTE_FLOAT, Status (*)(const void *, const char *, float *), info, names[i],
                       fields[i])))
-            CALL(RELEASE_STATUS, void (*)(void *), s), k->block = 0; /* a missing attribute: empty outputs */
+            CALL(RELEASE_STATUS, void (*)(void *), s), k->block = 0;
     return k;
+}
+
+static void *glue_create(const OrtCustomOp *op, const void *api, const void *info) {
+    return (void)op, (void)api, glue_attributes(info, 3);
 }
 
 static void glue_destroy(void *kernel) { free(kernel); }
@@ -392,17 +397,7 @@ static void hq_compute(void *kernel, void *ctx) { hadamard_quant((const Glue *)k
 static void hq16_compute(void *kernel, void *ctx) { hadamard_quant((const Glue *)kernel, ctx, 1); }
 
 static void *hq_create(const OrtCustomOp *op, const void *api, const void *info) {
-    (void)op, (void)api;
-    Glue *k = (Glue *)calloc(1, sizeof(Glue));
-    if (k == NULL) return NULL;
-    void *s;
-    if ((s = CALL(KERNEL_INFO_GET_ATTRIBUTE_INT64, Status (*)(const void *, const char *, int64_t *), info, "block",
-                  &k->block)))
-        CALL(RELEASE_STATUS, void (*)(void *), s), k->block = 0;
-    if ((s = CALL(KERNEL_INFO_GET_ATTRIBUTE_FLOAT, Status (*)(const void *, const char *, float *), info, "scale",
-                  &k->scale)))
-        CALL(RELEASE_STATUS, void (*)(void *), s), k->block = 0; /* a missing attribute: empty outputs */
-    return k;
+    return (void)op, (void)api, glue_attributes(info, 1);
 }
 
 static const char *hq_name(const OrtCustomOp *op) { return (void)op, "HadamardQuant"; }
