@@ -157,7 +157,8 @@ def place_linears(cfg, found: dict[str, np.ndarray],
     arena = _arena(sum(sizes))
     linears: dict[str, gemv.Packed] = {}
     dims = _dims(cfg)
-    read = PageReturn()  # the mapped file's pages copied into the arena need not stay resident beside it
+    read = PageReturn(32 << 20)  # the mapped file's pages copied into the arena need not stay resident beside it
+    # (in batches small beside the arena: a 256 MB batch kept a 135M model's whole file resident beside it)
     off = 0
     for name, size in zip(names, sizes):
         w = found[f"{name}.w"]
