@@ -352,7 +352,8 @@ def markdown(result: dict[str, Any]) -> str:
         setup = e.get("setup", {})
         cold = f"{setup['wall_s']:.0f}, {setup['peak_rss_mb']:.0f}" if setup else "—"
         if not s:
-            lines.append(f"| {name} | {e['params'] / 1e9:.2f} | not measured yet | | | | | | {cold} | |")
+            lines.append(f"| {name} | {e['params'] / 1e9:.2f} | not measured: {e.get('not_run', 'not yet')} | | | | | | "
+                         f"{cold} | |")
             continue
         by = {b["prompt_len"]: b for b in s["vs_best_peer"]}
 
@@ -424,8 +425,6 @@ def markdown(result: dict[str, Any]) -> str:
         missed = [k for k, ok in s["targets_met"].items() if not ok]
         if missed:
             lines += ["", f"Targets missed: {', '.join(missed)}. " + where_md(m["prefill_parts_1024"])]
-        if e.get("analysis"):
-            lines += ["", e["analysis"]]
     return "\n".join(lines) + "\n"
 
 
@@ -527,6 +526,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clean", action="store_true",
                    help="after a shape's measure step, delete its cache folder and its synthetic files")
     p.add_argument("--report", action="store_true", help="rewrite scale.md/png from --out's scale.json only")
+    p.add_argument("--not-run", metavar="WHY", default=None,
+                   help="record WHY for each of --shapes not measured (kept: what its steps measured before)")
     add_out_arg(p, "scale.json/.md/.png")
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # the run-time memory process, on --model
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -553,6 +554,13 @@ def run(args: argparse.Namespace) -> int:
     for what, got, allowed in (("--shapes", shapes, SHAPES), ("--steps", steps, STEPS), ("--peers", peers, PEERS)):
         if not got or any(x not in allowed for x in got):
             raise ConfigError(f"{what} must name some of {', '.join(allowed)}, got {','.join(got)!r}")
+    if args.not_run:
+        for shape in shapes:
+            entry = result["shapes"].setdefault(shape, {"params": param_count(shape_config(shape)), "synthetic": SYNTHETIC})
+            if "measure" not in entry:
+                entry["not_run" if "setup" in entry else "skipped"] = args.not_run
+        wrote(write(result, out))
+        return 0
     work = args.work or cache_dir() / "scale"
     synth = cache_dir() / "synth"
     result["conditions"] = conditions(args)
