@@ -5,8 +5,8 @@ process's mappings, and the tables that say the weights are synthetic (the measu
 from __future__ import annotations
 
 from bench.harness import Row
-from bench.scale import (SYNTHETIC, form_of, markdown, param_count, refusal, resident_by_kind, shape_config,
-                         summarize)
+from bench.scale import (SYNTHETIC, form_of, markdown, param_count, peer_refusal, refusal, resident_by_kind,
+                         shape_config, summarize)
 from dataclasses import asdict
 
 GB = 10**9
@@ -27,6 +27,11 @@ def test_a_shape_that_does_not_fit_says_why():
     assert refusal(one, 24 * GB, 50 * GB) is None
     disk = refusal(one, 24 * GB, 10 * GB)
     assert disk is not None and "10 GB free" in disk
+    three = param_count(shape_config("llama-3.2-3b"))
+    assert refusal(three, 24 * GB, 80 * GB) is None
+    ort = peer_refusal("ort_genai", three, 24 * GB)  # its builder: 10.5 bytes per parameter at 1B
+    assert ort is not None and "34 GB" in ort
+    assert peer_refusal("ort_genai", one, 24 * GB) is None and peer_refusal("llama_cpp_q4_0", three, 24 * GB) is None
 
 
 def _entry(hetero_tps: dict[int, float], peer_tps: dict[str, dict[int, float]], bound: dict[int, float],
