@@ -327,9 +327,11 @@ def write_md(r: dict, path: Path) -> None:
              f"CPU: {r.get('machine', '?')}.", "",
              "## Plain greedy decode, tokens/s", "",
              "Median of rounds that interleave the engines (each peer in a process of its own); the ratio is the "
-             "median of the rounds' hetero INT8 / the fastest peer.", "",
-             "| context | hetero INT8 | hetero float | HF generate | fastest peer | its tokens/s | hetero INT8 / fastest peer "
-             "| hetero INT8 rounds | fastest peer rounds | load |",
+             "median of the rounds' hetero / the fastest peer. `hetero` is the default method; its decode GEMVs read "
+             "the GGUF's own Q4_1 / Q8_0 blocks where the file holds them, else hetero's INT8 form "
+             "(`hetero info` says which).", "",
+             "| context | hetero | hetero float | HF generate | fastest peer | its tokens/s | hetero / fastest peer "
+             "| hetero rounds | fastest peer rounds | load |",
              "|---:|---:|---:|---:|---|---:|---:|---|---|---|"]
     for row in r["plain"]:
         rounds, best = row.get("rounds", {}), row.get("best_peer")
@@ -377,7 +379,7 @@ def plot(r: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     ctx = [row["context"] for row in r["plain"]]
-    for key, label in (("hetero", "hetero INT8"), ("float", "hetero float"), ("hf", "HF generate"),
+    for key, label in (("hetero", "hetero"), ("float", "hetero float"), ("hf", "HF generate"),
                        *((p, p.replace("_", " ")) for p in r.get("peers", {}))):
         vals = [row.get(key) if isinstance(row.get(key), (int, float)) else np.nan for row in r["plain"]]
         ax[0].plot(ctx, vals, marker="o", label=label)
