@@ -18,6 +18,7 @@ class _Terminal(io.StringIO):
 def test_bars_draw_on_a_terminal_only_and_never_under_json(monkeypatch, tmp_path, capsys) -> None:
     from hetero.cli import main
 
+    monkeypatch.setattr(progress, "_quiet", False)  # an earlier in-process `--json` command leaves the process quiet
     monkeypatch.setattr("sys.stderr", io.StringIO())
     assert not progress.shown()  # a pipe or a log: nothing drawn, tqdm not imported for it
     assert isinstance(progress.bar(3, "step"), progress._Hidden)
