@@ -107,3 +107,29 @@ def test_kept_weights_hold_no_view_of_a_mapped_file(default_model) -> None:
             assert not any(mapped(p.ws) for p in g.linears.values()) and not any(mapped(b) for b in g.biases.values())
     finally:
         rt.close()
+
+
+def test_a_prefill_places_only_the_head_of_the_decode_weights(default_model) -> None:
+    """A prefill's last token reads the decode step's head only: the layers' decode weights are placed at the first
+    decode step, so a process that only prefills never holds them (`gemv_step.StepLinears`)."""
+    from hetero.decode.generate import generate
+    from hetero.decode.params import SamplingParams
+    from hetero.decode.step import DecodeStep
+    from hetero.methods import make_runtime
+    from hetero.native import gemv
+    from hetero.outliers.corpus import prompt_ids
+
+    model = load_model()
+    if gemv.unavailable(model.config) is not None:
+        pytest.skip(f"no GEMV decode here: {gemv.unavailable(model.config)}")
+    rt = make_runtime(model)
+    try:
+        first = int(rt.prefill(prompt_ids(None, 64)).logits.argmax())
+        linears = DecodeStep.of(rt)._gemv_weights().linears
+        head_only = linears.nbytes
+        assert len(linears.arenas) == 1 and head_only == linears["head"].w.nbytes
+        generate(rt, rt.prefill(prompt_ids(None, 64)), SamplingParams(max_new_tokens=2))
+        assert len(linears.arenas) == 2 and linears.nbytes > 2 * head_only
+        assert int(rt.prefill(prompt_ids(None, 64)).logits.argmax()) == first
+    finally:
+        rt.close()

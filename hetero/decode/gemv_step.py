@@ -6,8 +6,8 @@ block of 32 at run time; no shadow corrections), computed without a graph: per l
 front) and one for o → FFN (o_in's online Hadamard, o, the residual, RMSNorm, gate|up, SiLU·up, down_in's online
 Hadamard, down, the residual), attention between them as in `bound_step` (`rowattn.decode_rows`, or both threads
 through `twocore.attnpool`). The same step and head run over the GGUF's own Q4_1 / Q8_0 blocks where the model's
-file has them (`gguf_blocks.BlockWeights`, the same interface: in the model's unrotated space, no online transforms). Every weight lies in one arena in the order a step reads it, so the step streams one
-run of memory on huge pages (separate arrays of ~1 MB each streamed at ~13-20 GB/s on AMD EPYC Zen 4, the arena
+file has them (`gguf_blocks.BlockWeights`, the same interface: in the model's unrotated space, no online transforms). The layers' weights lie in one arena in the order a step reads it (the head in its own,
+`StepLinears`), so the step streams one run of memory on huge pages (separate arrays of ~1 MB each streamed at ~13-20 GB/s on AMD EPYC Zen 4, the arena
 ~26 GB/s from one thread: docs/journal.md, "Issue 24 item 3 (session 15)").
 
 Beside the helper thread (`attnpool.AttentionPool`) the step shares each layer's attention heads with it. Its linears
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -53,8 +55,8 @@ FORM = NbitsForm(8, gemv.QB, 4, True)  # the weights' form: MatMulNBits' default
 
 
 class GemvWeights:
-    """Every layer's linears and the LM head in the kernel's form (`gemv.Packed`), their weight bytes in one arena
-    in step order; computed once from the model's float weights and kept beside its cache entry
+    """Every layer's linears and the LM head in the kernel's form (`gemv.Packed`), their weight bytes in arenas in
+    step order (`StepLinears`); computed once from the model's float weights and kept beside its cache entry
     (`outliers.weightcache.cached_arrays`), so a warm start reads them and never imports torch."""
 
     def __init__(self, model: "Model", online: dict[str, int]):
@@ -65,7 +67,7 @@ class GemvWeights:
         self.cfg, self.online = cfg, dict(online)
         form = {"gemv": gemv.GEMV_VERSION, "block": gemv.QB, "online": sorted([str(k), int(v)] for k, v in online.items())}
         found = cached_arrays(model, "gemv8", form, lambda: _packed(model, self.online))
-        self.arena, self.linears = place_linears(cfg, found, {name: "int8" for name in step_names(cfg)})
+        self.linears = StepLinears(cfg, found, {name: "int8" for name in step_names(cfg)})
         self.biases = {name: np.array(found[f"{name}.bias"], np.float32) for name in step_names(cfg)
                        if f"{name}.bias" in found}
         arrays = model.arrays()
@@ -75,7 +77,7 @@ class GemvWeights:
 
     @property
     def nbytes(self) -> int:
-        return int(self.arena.nbytes)
+        return self.linears.nbytes
 
     def close(self) -> None:
         """Nothing to release beyond memory (a runtime's owned object, `Runtime.owned`): the arena goes with the last
@@ -147,12 +149,11 @@ def step_norms(cfg, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             for name in ["norm"] + [f"layers.{i}.{f}" for i in range(cfg.n_layers) for f in ("attn_norm", "ffn_norm")]}
 
 
-def place_linears(cfg, found: dict[str, np.ndarray],
-                  forms: dict[str, str]) -> tuple[np.ndarray, dict[str, gemv.Packed]]:
-    """The packed weights `found` ("<name>.w", and "<name>.ws" for the INT8 form) of every linear of a step, in the
-    form `forms[name]`, copied into one arena in step order (64-byte aligned pieces): the arena and each linear's
+def place_linears(cfg, found: dict[str, np.ndarray], forms: dict[str, str],
+                  names: list[str]) -> tuple[np.ndarray, dict[str, gemv.Packed]]:
+    """The packed weights `found` ("<name>.w", and "<name>.ws" for the INT8 form) of the linears `names`, in the
+    form `forms[name]`, copied into one arena in that order (64-byte aligned pieces): the arena and each linear's
     `gemv.Packed` over it."""
-    names = step_names(cfg)
     sizes = [-(-found[f"{n}.w"].nbytes // 64) * 64 for n in names]
     arena = _arena(sum(sizes))
     linears: dict[str, gemv.Packed] = {}
@@ -171,6 +172,44 @@ def place_linears(cfg, found: dict[str, np.ndarray],
         read.add(w)
     read.flush()
     return arena, linears
+
+
+class StepLinears(Mapping[str, gemv.Packed]):
+    """Every linear of a step (`step_names`) over its arena, the LM head placed at once and the layers' linears at
+    their first read (one arena in step order). A prefill's last token reads only the head (`methods.runtime_of`), so
+    a process that only prefills, hetero as an engine's prefill accelerator, never holds the layers' decode weights
+    (the default model: 66 of its 96 MB); the first decode step places them."""
+
+    def __init__(self, cfg, found: dict[str, np.ndarray], forms: dict[str, str]):
+        self._cfg, self._found, self._forms = cfg, found, forms
+        self._lock = threading.Lock()
+        self.arenas: list[np.ndarray] = []
+        self._placed: dict[str, gemv.Packed] = {}
+        self._place(["head"])
+
+    def _place(self, names: list[str]) -> None:
+        arena, linears = place_linears(self._cfg, self._found, self._forms, names)
+        self.arenas.append(arena)
+        self._placed.update(linears)
+
+    def __getitem__(self, name: str) -> gemv.Packed:
+        if name not in self._placed:
+            with self._lock:  # decode steps of two threads may read their first layer at once
+                if self._found is not None:
+                    self._place([n for n in step_names(self._cfg) if n != "head"])
+                    self._found = None  # the cache file's mapping is not needed again
+        return self._placed[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(step_names(self._cfg))
+
+    def __len__(self) -> int:
+        return len(step_names(self._cfg))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arenas placed so far."""
+        return sum(int(a.nbytes) for a in self.arenas)
 
 
 HUGE = 2 << 20  # bytes of an x86-64 huge page

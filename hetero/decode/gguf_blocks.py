@@ -53,13 +53,13 @@ def rotation_of(model: "Model") -> np.ndarray | None:
 
 class BlockWeights:
     """Every layer's linears and the LM head in the GGUF's own block forms (`native.gemv.pack_blocks`), their bytes
-    in one arena in step order as `gemv_step.GemvWeights` (the same interface: cfg, online, linears, biases, norms,
+    in arenas in step order as `gemv_step.GemvWeights` (the same interface: cfg, online, linears, biases, norms,
     arrays), repacked once and kept beside the model's cache entry (`outliers.weightcache.cached_arrays`).
     The step runs in the model's own space (module docstring): `arrays` are the unrotated model's (embedding,
     QK norms), `online` is empty, and `unrotate` takes a rotated prefill's hidden rows to it (None: the same)."""
 
     def __init__(self, model: "Model"):
-        from hetero.decode.gemv_step import place_linears, step_norms
+        from hetero.decode.gemv_step import StepLinears, step_norms
         from hetero.loader import _unpermute, load_model
         from hetero.outliers.weightcache import cached_arrays
 
@@ -100,7 +100,7 @@ class BlockWeights:
         found = cached_arrays(base, "gguf-blocks",
                               {"blocks": gemv.BLOCKS_VERSION, "forms": sorted(set(forms.values()))},
                               compute)
-        self.arena, self.linears = place_linears(cfg, found, forms)
+        self.linears = StepLinears(cfg, found, forms)
         self.biases: dict[str, np.ndarray] = {}
         for layer in range(cfg.n_layers):
             for site, fields in SITE_LINEARS.items():
@@ -122,7 +122,7 @@ class BlockWeights:
 
     @property
     def nbytes(self) -> int:
-        return int(self.arena.nbytes)
+        return self.linears.nbytes
 
     def close(self) -> None:
         """Nothing to release beyond memory (a runtime's owned object): the arena goes with the last step."""

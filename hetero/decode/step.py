@@ -130,7 +130,7 @@ class DecodeStep:
             small_rows = placed.small_rows if placed is not None else 0
         self.small_rows = small_rows if self.static else 0
         self.kernel = self._kernel(kernel, placed.small_kernel if placed is not None else "nbits")
-        self._gemv: GemvWeights | BlockWeights | None = None  # the GEMVs' weights (the layers', the head's: one arena)
+        self._gemv: GemvWeights | BlockWeights | None = None  # the GEMVs' weights (the layers' arena, the head's)
         self._small: LayerBackend | None = None  # the MatMulNBits graphs (rows symbolic: one set for every small size)
         self.costs: dict[int, float] = {}  # chunk size → measured ms of a step (shared by decodes)
         self._bound: dict[int, BoundStep | GemvStep] = {}  # static lanes: chunk size → its bound graphs
