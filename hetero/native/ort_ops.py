@@ -11,8 +11,8 @@ Hadamard as a fast Walsh–Hadamard transform), `AddRmsNormQuant` (the residual,
 quantization; `HadamardQuant` and `HadamardQuant16` a rotated site's online Hadamard and quantization (8 bits, or
 W8A16's two bytes) where no fused op computes its input (another activation, a post-norm: Gemma 3). `QGemmU8S8` is an
 8-bit site's product where the host has AVX-512 VNNI: ONNX Runtime's MatMulIntegerToFloat computes the same numbers
-but streams weights that come from DRAM more slowly at the 32-row chunks of a short prompt
-(docs/journal.md, "Issue 42 item 2"); a site that keeps a shadow or 16-bit activations stays ONNX Runtime's.
+but streams weights that come from DRAM more slowly at the 32-row chunks of a short prompt (docs/journal.md, "Issue
+42 item 2"); a site that keeps a shadow or 16-bit activations stays ONNX Runtime's.
 
 The library is compiled once per host (`build.Kernel`: AVX-512, the host's C compiler, a content-checked cache) and
 registered in every CPU EP session hetero makes of its graphs (`sessions.session_options`), so a cached graph that
