@@ -31,14 +31,6 @@
    scale), -32768, 32767) as the two bytes of q + 32768 = 256 u_hi + u_lo (`npu.site_ops.a16_bytes`), in one pass
    over each row instead of a [T.F/64, 64] x [64, 64] MatMul and its quantization's nodes.
 
-   QGemmU8S8(xq uint8 [T, K], w int8 [NB, K/4, 192], zc int32 [48·NB], s float32 [N]) -> y float32 [T, N]: an
-   8-bit site's product y = float(Σ_k xq·w - zc)·s, the u8 activations against s8 weights packed for this kernel
-   (`ort_ops.pack_u8s8`: 48 output columns at a time, four k a column, zc = 128·Σ_k w, the activations' zero point),
-   in AVX-512 VNNI dot products (vpdpbusd, 8 rows x 48 columns of int32 sums in registers). The same int32 sums and
-   the same float32 multiply as ONNX Runtime's MatMulIntegerToFloat (bit for bit, tested), 1.15-1.23x its speed at
-   32 rows when the weights come from DRAM, as a short prompt's lead chunk reads them (docs/journal.md). Only on a
-   host with VNNI (the plan's u8s8 weight form needs it).
-
    The ONNX Runtime C API is reached through the function table it passes (`OrtApi`, slots by position in
    onnxruntime_c_api.h, append-only across releases) and `struct OrtCustomOp` as that header lays it out (version
    16: the fields up to GetEndVersion). */
@@ -85,7 +77,7 @@ enum { CREATE_STATUS = 0, CREATE_CUSTOM_OP_DOMAIN = 26, CUSTOM_OP_DOMAIN_ADD = 2
        GET_TENSOR_MUTABLE_DATA = 51, GET_DIMENSIONS_COUNT = 61, GET_DIMENSIONS = 62, GET_TENSOR_TYPE_AND_SHAPE = 65,
        KERNEL_INFO_GET_ATTRIBUTE_FLOAT = 85, KERNEL_INFO_GET_ATTRIBUTE_INT64 = 86, KERNEL_CONTEXT_GET_INPUT = 90,
        KERNEL_CONTEXT_GET_OUTPUT = 91, RELEASE_STATUS = 93, RELEASE_TENSOR_TYPE_AND_SHAPE_INFO = 99 };
-enum { TYPE_FLOAT = 1, TYPE_UINT8 = 2, TYPE_INT8 = 3, TYPE_INT32 = 6, ORT_INVALID_ARGUMENT = 2 };
+enum { TYPE_FLOAT = 1, TYPE_UINT8 = 2, ORT_INVALID_ARGUMENT = 2 };
 
 static const void **API;
 
@@ -419,107 +411,14 @@ static OrtCustomOp HADAMARD_QUANT16 = {API_VERSION, hq_create, hq16_name, cpu_ep
                                        uint8_output, two, hq16_compute, glue_destroy, required, required, required,
                                        one_, one_, one_, one_, NULL, NULL, NULL, one_, latest};
 
-
-/* QGemmU8S8: 8 rows x 48 columns of int32 sums in 24 registers, the 48 columns' packed k-quads streamed once per
-   8 rows (a panel of K·48 bytes stays in L1/L2 across the row blocks) */
-#define QG_NR 48
-#define QG_MR 8
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void qgemm_rows(
-    const uint8_t *x, int64_t K, const int8_t *panel, int rows, const __m512i zc[3], const __m512 s[3], float *y,
-    int64_t ldy, int64_t cols) {
-    __m512i acc[QG_MR][3];
-    for (int r = 0; r < QG_MR; r++) acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_si512();
-    for (int64_t k = 0; k < K; k += 4, panel += 3 * 64) {
-        const __m512i b0 = _mm512_loadu_si512(panel), b1 = _mm512_loadu_si512(panel + 64),
-                      b2 = _mm512_loadu_si512(panel + 128);
-#define QG_ROW(r)                                                                                      \
-    if (r < rows) {                                                                                    \
-        const __m512i a = _mm512_set1_epi32(*(const int32_t *)(x + (r) * K + k));                      \
-        acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], a, b0);                                             \
-        acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], a, b1);                                             \
-        acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], a, b2);                                             \
-    }
-        QG_ROW(0) QG_ROW(1) QG_ROW(2) QG_ROW(3) QG_ROW(4) QG_ROW(5) QG_ROW(6) QG_ROW(7)
-#undef QG_ROW
-    }
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < 3; j++) {
-            const int64_t c = 16 * j;
-            if (c >= cols) break;
-            const __mmask16 m = cols - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (cols - c)) - 1);
-            _mm512_mask_storeu_ps(y + r * ldy + c, m,
-                                  _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][j], zc[j])), s[j]));
-        }
-}
-
-/* the dims of input i of rank `rank`, else all 0 */
-static void dims_n(void *ctx, size_t i, const void **value, int64_t *dims, size_t rank) {
-    void *info;
-    size_t got = 0;
-    CALL(KERNEL_CONTEXT_GET_INPUT, Status (*)(void *, size_t, const void **), ctx, i, value);
-    CALL(GET_TENSOR_TYPE_AND_SHAPE, Status (*)(const void *, void **), *value, &info);
-    CALL(GET_DIMENSIONS_COUNT, Status (*)(const void *, size_t *), info, &got);
-    for (size_t d = 0; d < rank; d++) dims[d] = 0;
-    if (got == rank) CALL(GET_DIMENSIONS, Status (*)(const void *, int64_t *, size_t), info, dims, rank);
-    CALL(RELEASE_TENSOR_TYPE_AND_SHAPE_INFO, void (*)(void *), info);
-}
-
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void qgemm_compute(void *kernel, void *ctx) {
-    (void)kernel;
-    const void *vx, *vw, *vz, *vs;
-    int64_t dx[2], dw[3], dz[1], ds[1];
-    dims_n(ctx, 0, &vx, dx, 2);
-    dims_n(ctx, 1, &vw, dw, 3);
-    dims_n(ctx, 2, &vz, dz, 1);
-    dims_n(ctx, 3, &vs, ds, 1);
-    const int64_t T = dx[0], K = dx[1], N = ds[0], NB = dw[0];
-    /* (as glue_compute: a graph built wrongly gets an empty output and fails its next node's shape check) */
-    if (K % 4 != 0 || dw[1] * 4 != K || dw[2] != 3 * 64 || dz[0] != NB * QG_NR || N > NB * QG_NR ||
-        N <= (NB - 1) * QG_NR) {
-        const int64_t none[2] = {0, 0};
-        output(ctx, 0, none);
-        return;
-    }
-    const int64_t dy[2] = {T, N};
-    const uint8_t *x = (const uint8_t *)input_data(vx);
-    const int8_t *w = (const int8_t *)input_data(vw);
-    const int32_t *zc = (const int32_t *)input_data(vz);
-    const float *sv = (const float *)input_data(vs);
-    float *y = (float *)output(ctx, 0, dy);
-    for (int64_t nb = 0; nb < NB; nb++) {
-        const int64_t n0 = nb * QG_NR, cols = N - n0 < QG_NR ? N - n0 : QG_NR;
-        __m512i z[3];
-        __m512 s[3];
-        for (int j = 0; j < 3; j++) {
-            const int64_t c = 16 * j, left = cols - c;
-            const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-            z[j] = _mm512_loadu_si512(zc + n0 + c);
-            s[j] = _mm512_maskz_loadu_ps(m, sv + n0 + c);
-        }
-        const int8_t *panel = w + nb * K * QG_NR;
-        for (int64_t t = 0; t < T; t += QG_MR)
-            qgemm_rows(x + t * K, K, panel, T - t < QG_MR ? (int)(T - t) : QG_MR, z, s, y + t * N + n0, N, cols);
-    }
-}
-
-static const char *qgemm_name(const OrtCustomOp *op) { return (void)op, "QGemmU8S8"; }
-static int qgemm_input(const OrtCustomOp *op, size_t i) {
-    return (void)op, (const int[]){TYPE_UINT8, TYPE_INT8, TYPE_INT32, TYPE_FLOAT}[i < 4 ? i : 3];
-}
-static size_t four(const OrtCustomOp *op) { return (void)op, 4; }
-static OrtCustomOp QGEMM_U8S8 = {API_VERSION, no_state, qgemm_name, cpu_ep, qgemm_input, four, float_output,
-                                 one_output, qgemm_compute, glue_destroy, required, required, required, one_, one_,
-                                 one_, one_, NULL, NULL, NULL, one_, latest};
-
 static void *DOMAIN;
 static Status DOMAIN_STATUS;
 static pthread_once_t DOMAIN_ONCE = PTHREAD_ONCE_INIT;
 
 static void make_domain(void) {
     DOMAIN_STATUS = CALL(CREATE_CUSTOM_OP_DOMAIN, Status (*)(const char *, void **), "ai.hetero", &DOMAIN);
-    const OrtCustomOp *ops[7] = {&GLUE, &NORM, &RMS_QUANT, &SCALE_ADD, &HADAMARD_QUANT, &HADAMARD_QUANT16,
-                                 &QGEMM_U8S8};
-    for (int i = 0; i < 7 && DOMAIN_STATUS == NULL; i++)
+    const OrtCustomOp *ops[6] = {&GLUE, &NORM, &RMS_QUANT, &SCALE_ADD, &HADAMARD_QUANT, &HADAMARD_QUANT16};
+    for (int i = 0; i < 6 && DOMAIN_STATUS == NULL; i++)
         DOMAIN_STATUS = CALL(CUSTOM_OP_DOMAIN_ADD, Status (*)(void *, const OrtCustomOp *), DOMAIN, ops[i]);
 }
 

@@ -9,10 +9,8 @@ Three ops compute an o→FFN graph's float glue in one pass over each row each: 
 Hadamard as a fast Walsh–Hadamard transform), `AddRmsNormQuant` (the residual, RMSNorm and ffn_in's quantization) and
 `ScaleAdd` (down's rows at their scales plus the residual); a fourth, `RmsNormQuant`, is the q|k|v graph's RMSNorm and
 quantization; `HadamardQuant` and `HadamardQuant16` a rotated site's online Hadamard and quantization (8 bits, or
-W8A16's two bytes) where no fused op computes its input (another activation, a post-norm: Gemma 3). `QGemmU8S8` is an
-8-bit site's product where the host has AVX-512 VNNI: ONNX Runtime's MatMulIntegerToFloat computes the same numbers
-but streams weights that come from DRAM more slowly at the 32-row chunks of a short prompt (docs/journal.md, "Issue
-42 item 2"); a site that keeps a shadow or 16-bit activations stays ONNX Runtime's.
+W8A16's two bytes) where no fused op computes its input (another activation, a post-norm: Gemma 3). The INT8 GEMMs
+stay ONNX Runtime's.
 
 The library is compiled once per host (`build.Kernel`: AVX-512, the host's C compiler, a content-checked cache) and
 registered in every CPU EP session hetero makes of its graphs (`sessions.session_options`), so a cached graph that
@@ -26,11 +24,8 @@ from __future__ import annotations
 import ctypes
 import functools
 
-import numpy as np
-
 from hetero.errors import ConfigError
 from hetero.native.build import Kernel
-from hetero.outliers.quantize import ACT_ZERO_POINT
 
 DOMAIN = "ai.hetero"
 SILU_HADAMARD_QUANT = "SiluHadamardQuant"  # down_in's input: SiLU·up, the online Hadamard, u8 quantization
@@ -39,9 +34,7 @@ RMS_NORM_QUANT = "RmsNormQuant"  # attn_in's u8 input at a static scale (the q|k
 SCALE_ADD = "ScaleAdd"  # a per-row site's product at its rows' scales plus the residual
 HADAMARD_QUANT = "HadamardQuant"  # a rotated site's input: the online Hadamard, u8 quantization at a static scale
 HADAMARD_QUANT16 = "HadamardQuant16"  # the same to W8A16's two bytes of the int16 grid (`npu.site_ops.a16_bytes`)
-QGEMM_U8S8 = "QGemmU8S8"  # an 8-bit site's u8·s8 product in VNNI dot products, its weights packed by `pack_u8s8`
 BLOCK = 64  # the online Hadamard's block the op computes (`rotate.ONLINE_BLOCK`)
-GEMM_COLUMNS = 48  # output columns a QGemmU8S8 panel holds (three registers of 16 int32 sums)
 FLAGS = ("-O3", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-fno-math-errno",
          "-fPIC", "-shared", "-pthread")
 NEEDS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
@@ -66,29 +59,6 @@ def library_path() -> str:
     if why is not None:
         raise ConfigError(f"hetero's own ONNX Runtime ops cannot run here: {why}")
     return _library()[1]
-
-
-def gemm_unavailable() -> str | None:
-    """None when `QGemmU8S8` runs here (the ops build and the CPU has AVX-512 VNNI), else why not."""
-    from hetero.npu.isa import cpu_flags
-
-    return unavailable() or (None if "avx512_vnni" in cpu_flags() else "the CPU has no AVX-512 VNNI")
-
-
-def pack_u8s8(wt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(packed int8 [NB, K/4, 192], zc int32 [48·NB]) of s8 weights wt [K, N] for `QGemmU8S8`: each panel of 48 output
-    columns (the last padded with zeros) holds, for every four k, the columns' four weights in turn (what one
-    vpdpbusd multiplies by a row's four u8 activations); zc = 128·Σ_k w, the activations' zero point's share."""
-    wt = np.asarray(wt)
-    k, n = wt.shape
-    if wt.dtype != np.int8 or k % 4:
-        raise ConfigError(f"QGemmU8S8 packs int8 weights [K, N] with K a multiple of 4, got {wt.dtype} {wt.shape}")
-    nb = -(-n // GEMM_COLUMNS)
-    padded = np.zeros((k, nb * GEMM_COLUMNS), np.int8)
-    padded[:, :n] = wt
-    packed = padded.reshape(k // 4, 4, nb, GEMM_COLUMNS).transpose(2, 0, 3, 1).reshape(nb, k // 4, 4 * GEMM_COLUMNS)
-    zc = ACT_ZERO_POINT * padded.astype(np.int32).sum(axis=0)
-    return np.ascontiguousarray(packed), zc.astype(np.int32)
 
 
 def key() -> str:

@@ -9,8 +9,6 @@ and exit. Derivations and the HTP constraints behind each choice: docs/design.md
 
 from __future__ import annotations
 
-import functools
-
 from pathlib import Path
 
 import numpy as np
@@ -162,7 +160,7 @@ def _product(g: GraphBuilder, op: str, x: str, w: str, extra: list[str], conv: b
 
 def _linears(g: GraphBuilder, x: str | None, lins: list[LinearQ], flavor: str, qnn_per_axis: bool | None = None,
              conv: bool = False, kernel: str = "u8s8", shadow: bool = False,
-             quantized: tuple[str, str] | None = None, native_gemm: bool = False) -> str:
+             quantized: tuple[str, str] | None = None) -> str:
     """y = concat_j(int8_linear(x, s_x, W_j) + b_j) along the last axis; all lins share x and s_x.
 
     conv: x is [a, b, K] and each matmul runs as a 1×1 Conv over [1, K, a, b] (bit-identical on the CPU EP:
@@ -171,8 +169,6 @@ def _linears(g: GraphBuilder, x: str | None, lins: list[LinearQ], flavor: str, q
     quantized (CPU flavour, 2-D, no shadow; x None): (xq, row_s), x already quantized as its site says by
     hetero's ops (`_down_input`, `_ffn_input`, `_rotated_input`); a per-row site's product is multiplied by row_s
     (None: the caller does, `ScaleAdd`); a 16-bit site's: (u_hi, u_lo), its int16 grid's bytes (`site_ops.a16_bytes`).
-    native_gemm (CPU flavour, 2-D, u8·s8): an 8-bit site without a shadow multiplies in hetero's `QGemmU8S8`
-    (`native.ort_ops`) instead of MatMulIntegerToFloat, the same numbers, its weights packed for it.
     """
     qnn_per_axis = QNN_PER_AXIS_DQ if qnn_per_axis is None else qnn_per_axis
     s_x = np.float32(lins[0].x_scale)
@@ -222,10 +218,6 @@ def _linears(g: GraphBuilder, x: str | None, lins: list[LinearQ], flavor: str, q
             if conv:
                 acc = _product(g, "MatMulInteger", xq, w, [zp, w_zp], conv)
                 y = g.op("Mul", [g.op("Cast", [acc], to=TensorProto.FLOAT), g.const(s, "acc_s")], "y")
-            elif native_gemm and kernel == "u8s8" and not shadow:  # the same numbers in hetero's VNNI op
-                packed, zc = ort_ops.pack_u8s8(wt)
-                y = g.op(ort_ops.QGEMM_U8S8, [xq, g.const(packed, "w_packed"), g.const(zc, "w_zc"),
-                                              g.const(scales.astype(np.float32), "acc_s")], "y", domain=ort_ops.DOMAIN)
             else:  # the same float32 ops, float(acc)·(1·s), in the GEMM's epilogue (no int32 tensor, Cast, Mul)
                 y = g.op("MatMulIntegerToFloat", [xq, w, g.const(np.array(1.0, np.float32), "one"), g.const(s, "acc_s"),
                                                   zp, w_zp], "y", domain="com.microsoft")
@@ -416,29 +408,28 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
     def online(site: str, x: str, width: int) -> str:  # x·T in front of a rotated site's quantization
         return online_hadamard(g, x, list(ab or (spec.chunk,)), width, blocks[site]) if site in blocks else x
 
-    linears = functools.partial(_linears, native_gemm=spec.native_gemm)  # (`SegmentSpec.native_gemm`)
     B = Buffer
     for piece in spec.pieces:
         if piece == "qkv" and spec.native_ops and "attn_in" not in sh and (xq := _attn_input(g, env[B.H], lq)):
-            env[B.QKV] = linears(g, None, list(lq.qkv), f, kernel=k, quantized=(xq, None))
+            env[B.QKV] = _linears(g, None, list(lq.qkv), f, kernel=k, quantized=(xq, None))
         elif piece == "qkv":
             env[B.X] = rms_norm(g, env[B.H], lq.attn_norm, lq.eps, f)
             q = spec.native_ops and "attn_in" not in sh and \
                 _rotated_input(g, env[B.X], lq.qkv[0], blocks.get("attn_in"), lq.hidden)
             if q:
-                env[B.QKV] = linears(g, None, list(lq.qkv), f, kernel=k, quantized=q)
+                env[B.QKV] = _linears(g, None, list(lq.qkv), f, kernel=k, quantized=q)
             else:
-                env[B.QKV] = linears(g, online("attn_in", env[B.X], lq.hidden), list(lq.qkv), f, conv=conv, kernel=k,
+                env[B.QKV] = _linears(g, online("attn_in", env[B.X], lq.hidden), list(lq.qkv), f, conv=conv, kernel=k,
                                       shadow="attn_in" in sh)
         elif piece == "attn":
             env[B.A] = _attention(g, env[B.QKV], spec.attn, lq)
         elif piece == "o":
             env[B.X] = env[B.A]
             a = env[B.A] if spec.a_rotated else online("o_in", env[B.A], lq.q_dim)  # (rotated by the attention kernel)
-            env[B.O] = linears(g, a, [lq.o], f, conv=conv, kernel=k, shadow="o_in" in sh)
+            env[B.O] = _linears(g, a, [lq.o], f, conv=conv, kernel=k, shadow="o_in" in sh)
         elif piece == "gu" and spec.native_ops and "ffn_in" not in sh and (fused := _ffn_input(g, env[B.H], env[B.O], lq)):
             env[B.H1], xq = fused  # (gate and up apart: `spec.in_graph`)
-            env["gate"], env["up"] = (linears(g, None, [lin], f, kernel=k, quantized=(xq, None)) for lin in lq.gate_up)
+            env["gate"], env["up"] = (_linears(g, None, [lin], f, kernel=k, quantized=(xq, None)) for lin in lq.gate_up)
         elif piece == "gu":
             o = env[B.O] if lq.post_attn_norm is None else rms_norm(g, env[B.O], lq.post_attn_norm, lq.eps, f)
             env[B.H1] = g.op("Add", [env[B.H], o], B.H1)
@@ -446,14 +437,14 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
             q = spec.native_ops and "ffn_in" not in sh and \
                 _rotated_input(g, env[B.X], lq.gate_up[0], blocks.get("ffn_in"), lq.hidden)
             if q:  # (gate and up apart: `spec.in_graph`)
-                env["gate"], env["up"] = (linears(g, None, [lin], f, kernel=k, quantized=q) for lin in lq.gate_up)
+                env["gate"], env["up"] = (_linears(g, None, [lin], f, kernel=k, quantized=q) for lin in lq.gate_up)
             elif spec.in_graph:  # gate and up apart: no Split of a [T, 2·ffn] product (8% of a layer's kernels)
                 x = online("ffn_in", env[B.X], lq.hidden)
-                env["gate"], env["up"] = (linears(g, x, [lin], f, kernel=k, shadow="ffn_in" in sh)
+                env["gate"], env["up"] = (_linears(g, x, [lin], f, kernel=k, shadow="ffn_in" in sh)
                                           for lin in lq.gate_up)
             else:
                 x = online("ffn_in", env[B.X], lq.hidden)
-                env[B.GU] = linears(g, x, list(lq.gate_up), f, conv=conv, kernel=k, shadow="ffn_in" in sh)
+                env[B.GU] = _linears(g, x, list(lq.gate_up), f, conv=conv, kernel=k, shadow="ffn_in" in sh)
         elif piece == "act" and spec.native_ops and \
                 _fused_down_input(lq, blocks.get("down_in"), "down_in" in sh):  # (gate and up apart: `spec.in_graph`)
             env["down_q"] = _down_input(g, env["gate"], env["up"], lq, blocks.get("down_in"), "down_in" in sh)
@@ -467,13 +458,13 @@ def build_segment(spec: SegmentSpec, lq: LayerQ) -> onnx.ModelProto:
         elif piece == "down" and "down_q" in env and lq.down.x_per_row and lq.down.bias is None \
                 and lq.post_ffn_norm is None and B.H1 in env:  # h_out = h1 + (xq·W)·row_s in one of hetero's ops
             xq, row_s = env["down_q"]
-            y = linears(g, None, [lq.down], f, kernel=k, quantized=(xq, None))
+            y = _linears(g, None, [lq.down], f, kernel=k, quantized=(xq, None))
             env[B.H_OUT] = g.op(ort_ops.SCALE_ADD, [y, row_s, env[B.H1]], B.H_OUT, domain=ort_ops.DOMAIN)
         elif piece == "down":
             q = env.get("down_q") or (spec.native_ops and "down_in" not in sh and
                                       _rotated_input(g, env[B.M], lq.down, blocks.get("down_in"), lq.ffn))
-            env[B.D] = (linears(g, None, [lq.down], f, kernel=k, quantized=q) if q else
-                        linears(g, online("down_in", env[B.M], lq.ffn), [lq.down], f, conv=conv, kernel=k,
+            env[B.D] = (_linears(g, None, [lq.down], f, kernel=k, quantized=q) if q else
+                        _linears(g, online("down_in", env[B.M], lq.ffn), [lq.down], f, conv=conv, kernel=k,
                                  shadow="down_in" in sh))
             if B.H1 in env:  # (a separate down graph's caller adds h1 + post-norm(d + shadow): `LayerProgram.finish`)
                 d = env[B.D] if lq.post_ffn_norm is None else rms_norm(g, env[B.D], lq.post_ffn_norm, lq.eps, f)

@@ -159,18 +159,6 @@ def native_ops_why(cfg, online: dict[str, int], attention, mode: bool | None) ->
     return False, f"ONNX Runtime nodes ({why})"
 
 
-def native_gemm_why(weight_form: str) -> tuple[bool, str]:
-    """(whether the halves' 8-bit products run in hetero's `QGemmU8S8` beside its other ops, why): where the plan's
-    weights are u8·s8 and the CPU has AVX-512 VNNI (`native.ort_ops.gemm_unavailable`)."""
-    from hetero.native import ort_ops
-    from hetero.outliers.quantize import WEIGHT_FORMS
-
-    why = "its weights are not u8·s8" if WEIGHT_FORMS[weight_form].kernel != "u8s8" else ort_ops.gemm_unavailable()
-    if why is None:
-        return True, f"the 8-bit products in hetero's {ort_ops.QGEMM_U8S8}"
-    return False, f"the 8-bit products in ONNX Runtime's MatMulIntegerToFloat ({why})"
-
-
 PREPARE_THREADS = 4  # at most this many threads load a backend's graphs (`NpuBackend._prepare_layers`)
 
 
@@ -234,10 +222,6 @@ class NpuBackend:
             self._rotate_a = block if rotate_block_ok(block, self.cfg.head_dim) else 0
         self.native_ops, self.native_ops_why = (native_ops_why(self.cfg, dict(plan.online), self.attention, o.native_ops)
                                                 if o.fused else (False, "segments"))
-        self.native_gemm = False  # the halves' 8-bit products in hetero's op (`native_gemm_why`)
-        if self.native_ops:
-            self.native_gemm, gemm_why = native_gemm_why(plan.weight_form)
-            self.native_ops_why = f"{self.native_ops_why}; {gemm_why}"
         self._segmented: dict[int, NpuBackend] = {}  # a fused backend's decode graphs, per thread count
         self._programs: dict[int, LayerProgram] = {}
         self.report = PrepareReport()
@@ -391,8 +375,7 @@ class NpuBackend:
         if self.fused:  # its shadows are inside the graphs
             ffn_ops = "down_in" not in shadow  # (`export._down_input`, `export._rotated_input`)
             ops = ("layer_qkv", *(("layer_o_ffn",) if ffn_ops else ())) if self.native_ops else ()
-            specs = (segments.layer_halves(layer, set(shadow), bool(self._rotate_a), ops, self.native_gemm)
-                     if self.attention is not None
+            specs = (segments.layer_halves(layer, set(shadow), bool(self._rotate_a), ops) if self.attention is not None
                      else [segments.layer_graph(layer, set(shadow), segments.AttnSpec.of(self.cfg, layer))])
             runs = []
             for spec in specs:

@@ -318,7 +318,7 @@ def graph_key(spec: segments.SegmentSpec, layer_digest: str, model_fp: str, prov
     if spec.native_ops:  # what hetero's ops compute (their source) is part of the graph
         from hetero.native import ort_ops
 
-        layer = (*layer, "ort-ops", ort_ops.key(), *(("qgemm",) if spec.native_gemm else ()))
+        layer = (*layer, "ort-ops", ort_ops.key())
     return entry_key("hetero-graph", FORMAT, segments.EXPORT_VERSION, spec.kind, spec.pieces, spec.chunk, spec.flavor,
                      spec.shape, spec.emit_x, spec.layer, layer_digest, model_fp, provider.options_key(),
                      library_versions(), *layer)

@@ -92,8 +92,6 @@ class SegmentSpec:
     # a layer's halves: their float glue as hetero's own ONNX Runtime ops (`native.ort_ops`) instead of nodes (o→FFN:
     # down_in's input, SiLU·up, its online Hadamard and u8 quantization, a dozen nodes; q|k|v: RMSNorm and attn_in's)
     native_ops: bool = False
-    # with native_ops: its 8-bit sites without a shadow multiply in hetero's VNNI op (`native.ort_ops.QGEMM_U8S8`)
-    native_gemm: bool = False
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
@@ -105,8 +103,6 @@ class SegmentSpec:
             raise ConfigError(f"only a layer_o_ffn half takes a rotated attention output, got kind {self.kind!r}")
         if self.native_ops and self.kind not in HALVES:
             raise ConfigError(f"only a layer's halves {tuple(HALVES)} hold hetero's own ops, got kind {self.kind!r}")
-        if self.native_gemm and not self.native_ops:
-            raise ConfigError("hetero's GEMM op comes with its other ops: native_gemm needs native_ops")
         pieces = LAYER_PIECES if self.kind == "layer" else HALVES.get(self.kind)
         if self.in_graph and (self.flavor != "cpu" or self.shape != "2d" or self.pieces != pieces):
             raise ConfigError(f"a whole-layer graph or half runs on the CPU EP (flavor 'cpu', shape '2d', its pieces "
@@ -193,15 +189,14 @@ class LayerQ:
 
 
 def layer_halves(layer: int, shadow_sites: set[str], a_rotated: bool = False,
-                 native_ops: tuple[str, ...] = (), native_gemm: bool = False) -> list[SegmentSpec]:
+                 native_ops: tuple[str, ...] = ()) -> list[SegmentSpec]:
     """A whole layer as two graphs, qkv (RMSNorm, q|k|v) and o → FFN, each with its shadow corrections inside: the
     whole-layer graph (`layer_graph`) less its attention node, for an attention kernel outside ONNX Runtime
     (`native.attention`: BF16 dot products). a_rotated: that kernel applies o_in's online Hadamard;
-    native_ops: the kinds whose float glue is hetero's own ops (`native.ort_ops`); native_gemm: those kinds' 8-bit
-    products too (`SegmentSpec.native_gemm`)."""
+    native_ops: the kinds whose float glue is hetero's own ops (`native.ort_ops`)."""
     return [SegmentSpec(layer, kind, pieces, DYNAMIC_ROWS, "cpu", "2d", False, None,
                         tuple(s for s in SITES if s in shadow_sites and (s == "attn_in") == (kind == "layer_qkv")),
-                        a_rotated and kind == "layer_o_ffn", kind in native_ops, native_gemm and kind in native_ops)
+                        a_rotated and kind == "layer_o_ffn", kind in native_ops)
             for kind, pieces in HALVES.items()]
 
 

@@ -102,9 +102,7 @@ def test_o_ffn_graphs_with_the_op_equal_the_nodes():
     qkv, o_ffn = ([n.op_type for n in onnx.load(run.graph.path, load_external_data=False).graph.node]
                   for run in got.backend.program(1).runs)
     assert {ort_ops.SILU_HADAMARD_QUANT, ort_ops.ADD_RMS_NORM_QUANT, ort_ops.SCALE_ADD} <= set(o_ffn), o_ffn
-    gemm = ort_ops.QGEMM_U8S8 if got.backend.native_gemm else "MatMulIntegerToFloat"
-    assert got.backend.native_gemm == (ort_ops.gemm_unavailable() is None and plan.weight_form == "w8-u8s8")
-    assert qkv == [ort_ops.RMS_NORM_QUANT, gemm], qkv
+    assert qkv == [ort_ops.RMS_NORM_QUANT, "MatMulIntegerToFloat"], qkv
     assert all(run.graph.spec.native_ops for layer in range(2) for run in got.backend.program(layer).runs)
     assert not want.backend.native_ops and "as asked" in want.backend.native_ops_why
     ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(7))
@@ -143,87 +141,3 @@ def test_a_host_where_the_ops_cannot_run_keeps_the_nodes(monkeypatch):
         ort_ops.library_path()
     with pytest.raises(ConfigError, match="this CPU lacks avx512dq"):
         NpuBackend(m, plan, 32, options=GraphOptions(fused=True, attention="bf16", native_ops=True))
-
-
-def _gemm_sessions(k: int, n: int, scales: np.ndarray, w: np.ndarray):
-    """(ONNX Runtime's MatMulIntegerToFloat, hetero's QGemmU8S8) over the same u8 rows [T, k] and s8 weights [k, n]."""
-    from onnx import numpy_helper
-
-    def session(node, inits):
-        g = helper.make_graph([node], "gemm", [helper.make_tensor_value_info("x", TensorProto.UINT8, ["T", k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", n])],
-                              [numpy_helper.from_array(a, name) for name, a in inits.items()])
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1),
-                                                helper.make_opsetid(ort_ops.DOMAIN, 1)])
-        m.ir_version = 10
-        return cpu_session(m.SerializeToString(), 1, "session", custom_ops=ort_ops.library_path())
-
-    packed, zc = ort_ops.pack_u8s8(w)
-    ort = session(helper.make_node("MatMulIntegerToFloat", ["x", "w", "one", "s", "zp", "w_zp"], ["y"],
-                                   domain="com.microsoft"),
-                  {"w": w, "one": np.array(1.0, np.float32), "s": scales, "zp": np.array(128, np.uint8),
-                   "w_zp": np.array(0, np.int8)})
-    ours = session(helper.make_node(ort_ops.QGEMM_U8S8, ["x", "w", "zc", "s"], ["y"], domain=ort_ops.DOMAIN),
-                   {"w": packed, "zc": zc, "s": scales})
-    return ort, ours
-
-
-@pytest.mark.skipif(ort_ops.gemm_unavailable() is not None, reason=f"QGemmU8S8: {ort_ops.gemm_unavailable()}")
-@pytest.mark.parametrize("k,n", [(64, 48), (576, 100), (128, 960)])
-def test_the_gemm_op_equals_matmul_integer_to_float(k, n):
-    """The same int32 sums and float32 multiply as ONNX Runtime's GEMM, bit for bit: rows not a multiple of the
-    kernel's 8, columns not a multiple of its 48 (the last panel padded), extreme codes (255 · 127 sums)."""
-    rng = np.random.default_rng(k + n)
-    w = rng.integers(-127, 128, (k, n), dtype=np.int8)
-    w[:, 0] = 127  # a column of the largest weights: the zero point's share is largest there
-    scales = (rng.random(n, dtype=np.float32) * 1e-3 + 1e-5).astype(np.float32)
-    ort, ours = _gemm_sessions(k, n, scales, w)
-    for t in (1, 9, 33):
-        x = rng.integers(0, 256, (t, k), dtype=np.uint8)
-        x[0] = 255
-        want, got = ort.run(None, {"x": x})[0], ours.run(None, {"x": x})[0]
-        assert got.shape == (t, n) and np.array_equal(got, want), np.abs(got - want).max()
-
-
-def test_the_gemm_packing_refuses_what_it_cannot_pack():
-    with pytest.raises(ConfigError, match="K a multiple of 4"):
-        ort_ops.pack_u8s8(np.zeros((6, 48), np.int8))
-    with pytest.raises(ConfigError, match="int8 weights"):
-        ort_ops.pack_u8s8(np.zeros((8, 48), np.uint8))
-
-
-def test_a_host_without_vnni_keeps_onnx_runtimes_gemm(monkeypatch):
-    """Where the ops run but AVX-512 VNNI does not (the GEMM op's dot product), the graphs keep MatMulIntegerToFloat."""
-    from hetero.native.attention import unavailable
-
-    m = make_tiny_model(head_dim=32)
-    if unavailable(m.config) is not None:
-        pytest.skip(f"the BF16 attention kernel cannot run here: {unavailable(m.config)}")
-    monkeypatch.setattr(ort_ops, "gemm_unavailable", lambda: "the CPU has no AVX-512 VNNI")
-    be = NpuBackend(m, _rotated(m), 32, options=GraphOptions(fused=True, attention="bf16"))
-    assert be.native_ops and not be.native_gemm
-    kinds = {n.op_type for run in be.program(0).runs for n in onnx.load(run.graph.path, load_external_data=False).graph.node}
-    assert "MatMulIntegerToFloat" in kinds and ort_ops.QGEMM_U8S8 not in kinds
-
-
-@pytest.mark.skipif(ort_ops.gemm_unavailable() is not None, reason=f"QGemmU8S8: {ort_ops.gemm_unavailable()}")
-def test_halves_with_the_gemm_op_equal_onnx_runtimes_gemm(monkeypatch):
-    """A u8·s8 plan's halves with the GEMM op give the logits and K/V of the same halves with MatMulIntegerToFloat,
-    bit for bit (the same int32 sums and float32 multiplies)."""
-    from hetero.native.attention import unavailable
-
-    m = make_tiny_model(head_dim=32)
-    if unavailable(m.config) is not None:
-        pytest.skip(f"the BF16 attention kernel cannot run here: {unavailable(m.config)}")
-    plan = dataclasses.replace(_rotated(m), weight_form="w8-u8s8")
-    got = _runtime(m, plan, True)
-    assert got.backend.native_gemm
-    kinds = [n.op_type for run in got.backend.program(1).runs
-             for n in onnx.load(run.graph.path, load_external_data=False).graph.node]
-    assert ort_ops.QGEMM_U8S8 in kinds and "MatMulIntegerToFloat" not in kinds, kinds
-    monkeypatch.setattr(ort_ops, "gemm_unavailable", lambda: "as asked")
-    want = _runtime(m, plan, True)
-    assert not want.backend.native_gemm
-    ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(7))
-    a, b = got.prefill(ids), want.prefill(ids)
-    assert np.array_equal(a.logits, b.logits) and np.array_equal(a.cache.k[:, :, :70], b.cache.k[:, :, :70])
