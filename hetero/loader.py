@@ -1,11 +1,13 @@
 """Read a Llama-family model from its real file: a GGUF file or a Hugging Face safetensors directory.
 
 GGUF tensors are dequantized to float32 (`gguf`); Llama's Q/K rows, permuted for llama.cpp's RoPE, are
-un-permuted (`_unpermute`, as transformers does). Float weights, config and tokenizer are cached under
-`cache_dir()/models/<fingerprint>/`, with a content record of every file (`paths.verify_files`: checked in
-full at first use in a process; the config by its hash): a damaged or edited copy is rebuilt from the GGUF
-with a warning. Writers hold the entry's lock; an unwritable cache (read-only, full disk) costs one warning
-and leaves no partial entry. Weights that are not finite are a ModelFormatError at read.
+un-permuted (`_unpermute`, as transformers does). Config and tokenizer are cached under
+`cache_dir()/models/<fingerprint>/`, and the float weights there too at their first use (rotation, the one
+step of the default method that reads them all, reads the GGUF itself: `Model.float_tensors`), with a content
+record of every file (`paths.verify_files`: checked in full at first use in a process; the config by its hash):
+a damaged or edited copy is rebuilt from the GGUF with a warning. Writers hold the entry's lock; an unwritable
+cache (read-only, full disk) costs one warning and leaves no partial entry. Weights that are not finite are a
+ModelFormatError when they are first read.
 """
 
 from __future__ import annotations
