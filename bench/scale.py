@@ -64,9 +64,10 @@ SETUP_PROMPT = "What is the capital of France? Answer in one sentence."
 TARGETS = {"prefill_over_best_peer": 1.1, "bound_fraction_1024": 0.6, "decode_over_best_peer": 1.0}
 # What a shape needs, per parameter, measured at llama-3.2-1b (docs/journal.md, issue 41 items 1-2): the peers'
 # exporters (transformers under optimum-intel and ONNX Runtime GenAI's builder) hold the model in float32 whole;
-# disk: the synthetic folder + GGUF (4 B), hetero's cache (float32 entry, rotated copy, INT8 forms: ~10 B), peers (~4 B).
+# disk: the synthetic folder + GGUF (4 B), hetero's cache (the rotated float32 copy and the INT8 forms: ~7 B, 22 GB at
+# llama-3.2-3b), peers (~4 B).
 EXPORT_BYTES_PER_PARAM = 4
-DISK_BYTES_PER_PARAM = 18
+DISK_BYTES_PER_PARAM = 15
 # Peak RSS of a peer's build per parameter, measured at llama-3.2-1b (1.236 B): OpenVINO's (transformers' GGUF
 # loader, then optimum-cli) 8.07 GB, ONNX Runtime GenAI's builder 13.0 GB; llama.cpp's quantizer streams.
 PEER_BUILD_BYTES_PER_PARAM = {"openvino_genai": 6.5, "openvino_genai_int4": 6.5, "ort_genai": 10.5}

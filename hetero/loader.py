@@ -1,11 +1,13 @@
 """Read a Llama-family model from its real file: a GGUF file or a Hugging Face safetensors directory.
 
 GGUF tensors are dequantized to float32 (`gguf`); Llama's Q/K rows, permuted for llama.cpp's RoPE, are
-un-permuted (`_unpermute`, as transformers does). Float weights, config and tokenizer are cached under
-`cache_dir()/models/<fingerprint>/`, with a content record of every file (`paths.verify_files`: checked in
-full at first use in a process; the config by its hash): a damaged or edited copy is rebuilt from the GGUF
-with a warning. Writers hold the entry's lock; an unwritable cache (read-only, full disk) costs one warning
-and leaves no partial entry. Weights that are not finite are a ModelFormatError at read.
+un-permuted (`_unpermute`, as transformers does). Config and tokenizer are cached under
+`cache_dir()/models/<fingerprint>/`, and the float weights there too at their first use (rotation, the one
+step of the default method that reads them all, reads the GGUF itself: `Model.float_tensors`), with a content
+record of every file (`paths.verify_files`: checked in full at first use in a process; the config by its hash):
+a damaged or edited copy is rebuilt from the GGUF with a warning. Writers hold the entry's lock; an unwritable
+cache (read-only, full disk) costs one warning and leaves no partial entry. Weights that are not finite are a
+ModelFormatError when they are first read.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from hetero.errors import ModelFormatError
 from hetero.tensorfile import LazyTensors, Put, map_tensors, write_tensors
 from hetero.weights import LayerWeights, Weights, weight_arrays
 from hetero.paths import (atomic_path, cache_dir, cache_unwritable, entry_lock, file_fingerprint, file_record,
-                          remove_stale_temps, verify_files)
+                          remove_stale_temps, trim_heap, verify_files)
 
 if TYPE_CHECKING:
     import torch
@@ -98,6 +100,9 @@ class Model:
     _arrays: dict[str, np.ndarray] | Callable[[], dict[str, np.ndarray]] | None = None
     # "<shape>, seed N" of a model of synthetic weights (`bench/synth_model.py`): it measures speed and memory only
     synthetic: str | None = None
+    # a cached GGUF model whose entry holds no float weights file yet: what dequantizes them from the GGUF itself
+    # (`float_tensors`), so that rotation need not write a float32 copy it only reads once
+    _gguf: Callable[[], "FloatTensors"] | None = None
 
     @property
     def weights(self) -> Weights:
@@ -121,11 +126,55 @@ class Model:
                     self._arrays = self._arrays()
         return self._arrays  # type: ignore[return-value]
 
+    def float_tensors(self) -> "FloatTensors":
+        """The float weights one tensor (or block of rows) at a time, for a set-up step that reads each once
+        (rotation): straight from the GGUF while the model's cache entry holds no float weights file (writing one
+        only to read it back is 12.9 GB of float32 at 3B width, beside the GGUF and the rotated copy), else views
+        of the weights at rest."""
+        if self._gguf is not None and not isinstance(self._weights, Weights) and not isinstance(self._arrays, dict):
+            return self._gguf()
+        return FloatTensors.of(self.arrays())
+
     def with_weights(self, weights: Weights | Callable[[], Weights], arrays: Callable[[], dict[str, np.ndarray]] | None
                      = None, **changes: Any) -> "Model":
         """A copy of this model with other float weights (and, when they map a file, its `arrays`) and other
         `changes` of its fields."""
-        return dataclasses.replace(self, _weights=weights, _arrays=arrays, **changes)
+        return dataclasses.replace(self, _weights=weights, _arrays=arrays, _gguf=None, **changes)
+
+
+@dataclass(frozen=True)
+class FloatTensors:
+    """A model's float32 weights by cache name (`Model.arrays`'s, "lm_head" always: a tied head is the embedding),
+    each made when asked for: `get(name, rows)` gives a whole tensor (rows None) or a block of a vocabulary
+    tensor's rows. `pages` gives back the pages of the mapped files read: the reader notes each array it is done
+    with (`PageReturn.add`) and flushes at its end."""
+
+    shapes: dict[str, tuple[int, ...]]
+    get: Callable[[str, slice | None], np.ndarray]
+    pages: "PageReturn"
+    tied: bool  # the head is the embedding (a model file stores it once)
+
+    @staticmethod
+    def of(arrays: dict[str, np.ndarray]) -> "FloatTensors":
+        """Views of weights at rest (a mapped file's or in memory; `Model.arrays`)."""
+        return FloatTensors({k: tuple(v.shape) for k, v in arrays.items()},
+                            lambda name, rows=None: arrays[name] if rows is None else arrays[name][rows], PageReturn(),
+                            arrays.get("lm_head") is arrays["tok_emb"])
+
+    def lazy(self, what: str) -> LazyTensors:
+        """All of them (a tied head once), in the file's order, to write: the vocabulary's a block of rows at a time."""
+        shapes = {k: v for k, v in self.shapes.items() if k != "lm_head" or not self.tied}
+
+        def pieces(put: Put) -> None:
+            for key in sorted(shapes):  # the file's order: written front to back
+                if key not in ("tok_emb", "lm_head"):
+                    put(key, self.get(key, None))
+                    continue
+                for lo in range(0, shapes[key][0], GGUF_ROWS):
+                    put(key, self.get(key, slice(lo, lo + GGUF_ROWS)))
+            self.pages.flush()
+
+        return LazyTensors(shapes, pieces=pieces, what=what)
 
 
 def synthetic_of(marker: Any, source: object) -> str | None:
@@ -196,15 +245,16 @@ def _load_gguf(p: Path, damaged: bool = False) -> Model:
     model = None if damaged else _load_cached(entry, p, fp, repair=False)  # the common case: no lock taken
     if model is not None:
         return model
-    # the metadata and tokenizer are read first; the weights are read one tensor at a time into the entry's file
-    # (a model's float32 weights never all in memory: 4.7 GB at 1B width), which the model then maps. A GGUF that
-    # fails leaves nothing behind (two cold processes may both read its metadata; only one writes the entry).
+    # the entry keeps the config and tokenizer; the float weights are written to it (one tensor at a time: a
+    # model's float32 weights never all in memory, 4.7 GB at 1B width) at their first use (`_first_use`), and
+    # rotation reads them from the GGUF itself (`Model.float_tensors`). A GGUF that fails leaves nothing behind
+    # (two cold processes may both read its metadata; only one writes the entry).
     t0 = time.perf_counter()
-    print(f"hetero: reading {p.name} once (dequantizing, building the tokenizer); cached in {entry}", file=sys.stderr)
+    print(f"hetero: reading {p.name} once (its config, building the tokenizer); cached in {entry}", file=sys.stderr)
     cfg, tensors, hf_tokenizer, synthetic = _read_gguf(p)
 
     def in_memory() -> Model:  # a cache that cannot be written: the weights are read for this process only
-        weights = weights_of(cfg, tensors.arrays())
+        weights = weights_of(cfg, _in_memory(tensors))
         _check_shapes(cfg, weights, p)
         return Model(cfg, weights, _wrap(hf_tokenizer), p, fp, p.stem, synthetic=synthetic)
 
@@ -220,16 +270,13 @@ def _load_gguf(p: Path, damaged: bool = False) -> Model:
             return cached
         remove_stale_temps(entry)  # of writers killed mid-way
         try:
-            _save_cache(entry, cfg, tensors, hf_tokenizer, synthetic)
-        except ModelFormatError:  # a tensor the GGUF cannot give (damaged, a shape the config does not imply)
-            discard_entry(entry)
-            raise
+            _save_cache(entry, cfg, hf_tokenizer, synthetic)
         except OSError as e:  # full disk: no partial entry stays
             discard_entry(entry)
             cache_unwritable(entry.parent, e)
             return in_memory()
         log.info("read %s in %.1f s (cached as %s)", p, time.perf_counter() - t0, entry)
-        model = _load_cached(entry, p, fp, repair=False)  # its weights map the file just written
+        model = _load_cached(entry, p, fp, repair=False)
         if model is None:
             raise ModelFormatError(f"model cache entry {entry} does not read back right after it was written")
         return model
@@ -266,9 +313,10 @@ def _reader(gguf: Any, p: Path) -> Any:
     return PlainReader(str(p))
 
 
-def _read_gguf(p: Path) -> tuple[ModelConfig, LazyTensors, Any, str | None]:
-    """The config, float weights (by cache name, each dequantized when it is made), tokenizer (transformers') and
-    synthetic marker of GGUF file `p`; ModelFormatError for what hetero does not compute or a damaged file."""
+def _read_gguf(p: Path, tokenizer: bool = True) -> tuple[ModelConfig, FloatTensors, Any, str | None]:
+    """The config, float weights (by cache name, each dequantized when it is asked for), tokenizer (transformers';
+    None without `tokenizer`) and synthetic marker of GGUF file `p`; ModelFormatError for what hetero does not
+    compute or a damaged file."""
     import gguf
 
     try:
@@ -416,31 +464,36 @@ def _read_gguf(p: Path) -> tuple[ModelConfig, LazyTensors, Any, str | None]:
         check_tensor(key, arr, shapes[key], p)
         return np.ascontiguousarray(arr)
 
-    def pieces(put: Put) -> None:
-        # the GGUF's pages read give back as the entry is written: else all of the file stays resident until its
-        # mapping goes (a reference cycle, and start-up runs with the collector off: the whole run; 6.4 GB at 3B)
-        read = PageReturn()
-        for key in sorted(shapes):  # the file's order: written front to back
-            name, rows = sources[key]
-            if key not in ("tok_emb", "lm_head") or rows is not None:
-                put(key, make(key))
-                read.add(tensors[name].data)
-                continue
-            # the vocabulary's rows, by far the largest tensors (1.6 GB of float32 at 3B width): a block at a time
-            n, width = shapes[key]
-            if len(tensors[name].data) != n:
-                raise ModelFormatError(f"{p}: {name} has {len(tensors[name].data)} rows, config implies {n}")
-            for lo in range(0, n, GGUF_ROWS):
-                arr = np.ascontiguousarray(rows_of(name, slice(lo, lo + GGUF_ROWS)), dtype=np.float32)
-                check_tensor(key, arr, (min(GGUF_ROWS, n - lo), width), p)
-                put(key, arr)
-                read.add(tensors[name].data[lo : lo + GGUF_ROWS])
-        read.flush()
+    # the GGUF's pages read give back as they are dequantized: else all of the file stays resident until its mapping
+    # goes (a reference cycle, and start-up runs with the collector off: the whole run; 6.4 GB at 3B)
+    read = PageReturn()
+
+    def tensor(key: str, block: slice | None = None) -> np.ndarray:
+        key = "tok_emb" if key == "lm_head" and cfg.tie_embeddings else key
+        name, rows = sources[key]
+        if block is None:
+            arr = make(key)
+            read.add(tensors[name].data)
+            return arr
+        # the vocabulary's rows, by far the largest tensors (1.6 GB of float32 at 3B width): a block at a time
+        n, width = shapes[key]
+        if rows is not None or key not in ("tok_emb", "lm_head"):
+            raise ValueError(f"{key}: only the vocabulary's tensors are read a block of rows at a time")
+        if len(tensors[name].data) != n:
+            raise ModelFormatError(f"{p}: {name} has {len(tensors[name].data)} rows, config implies {n}")
+        lo, hi, _ = block.indices(n)
+        arr = rows_of(name, slice(lo, hi))
+        if arr.dtype != np.float32 or not arr.flags.writeable or not arr.flags.c_contiguous:  # (an F32 file's: a view)
+            arr = np.array(arr, dtype=np.float32, order="C")
+        check_tensor(key, arr, (hi - lo, width), p)
+        read.add(tensors[name].data[lo:hi])
+        return arr
 
     shapes = expected_shapes(cfg)
-    return (cfg, LazyTensors(shapes, pieces=pieces, what="read the GGUF"),
-            _gguf_tokenizer(p, arch, get("general.name", "")) if tokens is not None else None,
-            synthetic_of(get("hetero.synthetic"), p))
+    floats = FloatTensors(shapes | {"lm_head": shapes["tok_emb"]} if cfg.tie_embeddings else shapes, tensor, read,
+                          cfg.tie_embeddings)
+    return (cfg, floats, _gguf_tokenizer(p, arch, get("general.name", "")) if tokens is not None and tokenizer
+            else None, synthetic_of(get("hetero.synthetic"), p))
 
 
 GGUF_ROWS = 8192  # rows of the embedding or head dequantized at a time (a row's values depend on that row alone)
@@ -625,28 +678,77 @@ def _config_sha(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
-def _save_cache(entry: Path, cfg: ModelConfig, tensors: LazyTensors, tokenizer: Any, synthetic: str | None = None
-                ) -> None:
-    """Write the entry (hold its lock): meta.json goes first away and comes back last, with a record of
-    every file, so a reader sees a complete entry or none. `tensors`: the float weights by their cache names, made
-    and written one at a time (`tensorfile.write_tensors`); `tokenizer`: transformers' (None: the model has none);
-    `synthetic`: the GGUF's synthetic-weights marker (`Model.synthetic`), kept for warm loads."""
+def _save_cache(entry: Path, cfg: ModelConfig, tokenizer: Any, synthetic: str | None = None) -> None:
+    """Write the entry (hold its lock) without its float weights (`_write_weights`, at their first use): meta.json
+    goes first away and comes back last, with a record of every file, so a reader sees a complete entry or none.
+    `tokenizer`: transformers' (None: the model has none); `synthetic`: the GGUF's synthetic-weights marker
+    (`Model.synthetic`), kept for warm loads."""
     entry.mkdir(parents=True, exist_ok=True)
     (entry / "meta.json").unlink(missing_ok=True)
+    (entry / WEIGHTS).unlink(missing_ok=True)
     shutil.rmtree(entry / "tokenizer", ignore_errors=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(entry / "tokenizer"))
-    with atomic_path(entry / "weights.safetensors") as tmp:
-        write_tensors(tensors, tmp)
-    names = ["weights.safetensors"] + sorted(str(q.relative_to(entry)) for q in (entry / "tokenizer").rglob("*")
-                                             if q.is_file())
+    names = sorted(str(q.relative_to(entry)) for q in (entry / "tokenizer").rglob("*") if q.is_file())
     config = cfg.to_dict()
     meta = {"version": CACHE_VERSION, "config": config, "config_sha256": _config_sha(config),
             "files": {n: file_record(entry / n) for n in names}}
     if synthetic is not None:
         meta["synthetic"] = synthetic
+    _write_meta(entry, meta)
+
+
+def _write_meta(entry: Path, meta: dict) -> None:
     with atomic_path(entry / "meta.json") as tmp:  # written last: its presence marks a complete entry
         tmp.write_text(json.dumps(meta, indent=1))
+
+
+def _write_weights(entry: Path, p: Path) -> dict[str, np.ndarray]:
+    """The entry's float weights, mapped, written from the GGUF `p` first if the entry holds none yet (under its
+    lock: another process may have written them meanwhile), then recorded in meta.json (first among its files, as
+    an entry that had them from the start records them). A cache that cannot take them: in memory, one warning."""
+    try:
+        lock = entry_lock(entry)
+        lock.acquire(timeout=900)
+    except (OSError, Timeout) as e:
+        cache_unwritable(entry.parent, e)
+        return _in_memory(_read_gguf(p, tokenizer=False)[1])
+    try:
+        try:
+            meta = _verify_cached(entry, skip=(WEIGHTS,))
+        except ModelFormatError:
+            meta = None
+        if meta is None:  # the entry went (a cache cleared meanwhile) or is damaged: made again, then its weights
+            return _load_gguf(p, damaged=True).arrays()
+        record = meta["files"].get(WEIGHTS)
+        if record is None:
+            t0 = time.perf_counter()
+            remove_stale_temps(entry)
+            try:
+                with atomic_path(entry / WEIGHTS) as tmp:
+                    write_tensors(_read_gguf(p, tokenizer=False)[1].lazy("read the GGUF"), tmp)
+                meta["files"] = {WEIGHTS: file_record(entry / WEIGHTS), **meta["files"]}
+                _write_meta(entry, meta)
+            except ModelFormatError:  # a tensor the GGUF cannot give (damaged, not finite): no entry stays
+                discard_entry(entry)
+                raise
+            except OSError as e:  # full disk
+                (entry / WEIGHTS).unlink(missing_ok=True)
+                cache_unwritable(entry.parent, e)
+                return _in_memory(_read_gguf(p, tokenizer=False)[1])
+            trim_heap()  # the dequantized tensors' heap
+            log.info("wrote the float weights of %s in %.1f s", p, time.perf_counter() - t0)
+            record = meta["files"][WEIGHTS]
+        return _cached_arrays(entry, record)
+    finally:
+        lock.release()
+
+
+def _in_memory(tensors: FloatTensors) -> dict[str, np.ndarray]:
+    """Every float weight in memory (a cache that cannot be written), a tied head the embedding."""
+    arrays = tensors.lazy("read the GGUF").arrays()
+    arrays.setdefault("lm_head", arrays["tok_emb"])
+    return arrays
 
 
 def _verify_cached(entry: Path, skip: tuple[str, ...] = ()) -> dict | None:
@@ -663,7 +765,9 @@ def _verify_cached(entry: Path, skip: tuple[str, ...] = ()) -> dict | None:
         raise ModelFormatError(f"cache format {meta.get('version')!r}, not {CACHE_VERSION}")
     if _config_sha(meta.get("config", {})) != meta.get("config_sha256"):
         raise ModelFormatError("meta.json was edited (its config no longer matches its hash)")
-    files = meta.get("files") or {"weights.safetensors": {"size": -1}}
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        raise ModelFormatError("meta.json records no files")
     bad = verify_files(entry, {k: v for k, v in files.items() if k not in skip})
     if bad:
         raise ModelFormatError("; ".join(map(str, bad)))
@@ -707,7 +811,7 @@ def _load_cached(entry: Path, p: Path, fp: str, repair: bool) -> Model | None:
         if meta is None:
             return None
         cfg = ModelConfig.from_dict(meta["config"])
-        record = (meta.get("files") or {}).get(WEIGHTS, {"size": -1})
+        record = meta["files"].get(WEIGHTS)  # None: not written yet (`_write_weights`)
         tokenizer = None
         if (entry / "tokenizer").is_dir():
             from hetero.tokenizer import Tokenizer
@@ -715,14 +819,16 @@ def _load_cached(entry: Path, p: Path, fp: str, repair: bool) -> Model | None:
             tokenizer = Tokenizer.from_dir(entry / "tokenizer")
         # the float weights are mapped and checked at their first use (`Model.arrays`); a repair (under the lock)
         # checks them now
-        arrays = _cached_arrays(entry, record) if repair else lambda: _first_use(entry, record, p)
+        arrays = _cached_arrays(entry, record) if repair and record is not None else \
+            lambda: _first_use(entry, record, p)
     except Exception as e:  # a damaged cache entry is rebuilt, never trusted
         if repair:
             log.warning("model cache entry %s is damaged (%s); rebuilding it from %s", entry, e, p.name)
             discard_entry(entry)
         return None
     model = Model(cfg, lambda: weights_of(cfg, model.arrays()), tokenizer, p, fp, p.stem, _arrays=arrays,
-                  synthetic=meta.get("synthetic"))
+                  synthetic=meta.get("synthetic"),
+                  _gguf=None if record is not None else lambda: _read_gguf(p, tokenizer=False)[1])
     return model
 
 
@@ -741,9 +847,12 @@ def _cached_arrays(entry: Path, record: dict) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _first_use(entry: Path, record: dict, p: Path) -> dict[str, np.ndarray]:
-    """A cached model's float weights at their first use; damaged ones are rebuilt from the GGUF `p` with a
-    warning (as `_load_gguf` rebuilds a damaged entry)."""
+def _first_use(entry: Path, record: dict | None, p: Path) -> dict[str, np.ndarray]:
+    """A cached model's float weights at their first use (record None: the entry holds none yet, so they are
+    written from the GGUF `p`); damaged ones are rebuilt from it with a warning (as `_load_gguf` rebuilds a damaged
+    entry)."""
+    if record is None:
+        return _write_weights(entry, p)
     try:
         return _cached_arrays(entry, record)
     except ModelFormatError:  # checked again under the entry's lock, then rebuilt with a warning

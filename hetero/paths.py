@@ -12,6 +12,8 @@ uncached with one warning. Cost: docs/journal.md, "Cache integrity".
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import json
 import io
 import logging
@@ -28,7 +30,7 @@ from typing import TypeVar
 import xxhash
 from filelock import FileLock, Timeout
 
-from hetero.errors import ConfigError
+from hetero.errors import ConfigError, ModelFormatError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -338,6 +340,24 @@ def write_error(e: BaseException) -> OSError:
     return e if isinstance(e, OSError) else OSError(str(e))
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):  # not glibc (musl, macOS, Windows): nothing to call
+        return None
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc's `malloc_trim(0)`; a no-op on other C libraries).
+    glibc keeps what a set-up step freed (its float arrays, once freed, raise the threshold under which later ones
+    come from the heap rather than their own mapping) for the life of the process: 0.55 GB of RssAnon after
+    calibrating the 4-layer llama-3.2-1b, which no later step reused."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def cached(entry: Path, name: str, load: Callable[[Path], T], build: Callable[[], T],
            save: Callable[[T, Path], None], what: str, timeout_s: float = 3600.0) -> T:
     """`what`, kept as file `name` of cache entry folder `entry`: loaded when it verifies against the entry's
@@ -368,6 +388,7 @@ def cached(entry: Path, name: str, load: Callable[[Path], T], build: Callable[[]
             log.warning("%s %s %s; rebuilding it", what, path, why)
         value = build()
         keep(entry, name, value, save)
+        trim_heap()  # what building it freed (rotation's, calibration's float arrays)
         return value
     finally:
         lock.release()
@@ -383,10 +404,12 @@ def keep(entry: Path, name: str, value: T, save: Callable[[T, Path], None]) -> b
                 with atomic_path(entry / name) as tmp:
                     try:
                         save(value, tmp)
+                    except ModelFormatError:  # what it writes is refused (a weight not finite): an error, not a cache
+                        raise                 # that cannot write
                     except Exception as e:
                         raise write_error(e) from e
                 write_record(entry, [name])
-            except OSError:
+            except (OSError, ModelFormatError):
                 forget(entry, [name])
                 with contextlib.suppress(OSError):
                     entry.rmdir()  # if this file was all it held: no empty entry stays

@@ -30,13 +30,20 @@ def _entry(model):
     return cache_dir() / "models" / model.fingerprint
 
 
+def _load(path):
+    """A model whose float weights are in the entry (written at their first use), not yet mapped: a test that then
+    damages the file in place would fault on the mapping."""
+    load_model(path).arrays()
+    return load_model(path)
+
+
 def _same(a, b) -> bool:
     return a.config == b.config and all(torch.equal(x.wq, y.wq) and torch.equal(x.w_down, y.w_down)
                                         for x, y in zip(a.weights.layers, b.weights.layers))
 
 
 def test_flipped_bytes_in_weights_are_detected_and_rebuilt(gguf_path, caplog):
-    first = load_model(gguf_path)
+    first = _load(gguf_path)
     w = _entry(first) / "weights.safetensors"
     data = bytearray(w.read_bytes())
     data[len(data) // 2: len(data) // 2 + 256] = bytes(b ^ 0xFF for b in data[len(data) // 2: len(data) // 2 + 256])
@@ -65,7 +72,7 @@ def test_edited_meta_is_detected_and_rebuilt(gguf_path, caplog):
 
 
 def test_truncated_weights_are_rebuilt(gguf_path, caplog):
-    first = load_model(gguf_path)
+    first = _load(gguf_path)
     w = _entry(first) / "weights.safetensors"
     w.write_bytes(w.read_bytes()[:1000])
     with caplog.at_level(logging.WARNING):
@@ -102,7 +109,7 @@ def test_cache_folder_that_cannot_be_created_is_a_config_error(monkeypatch):
 
 
 def test_nan_weights_behind_a_kept_mtime_are_rebuilt(gguf_path, caplog):
-    first = load_model(gguf_path)
+    first = _load(gguf_path)
     w = _entry(first) / "weights.safetensors"
     st = w.stat()
     data = bytearray(w.read_bytes())
@@ -123,7 +130,7 @@ def test_non_finite_weights_are_a_model_format_error(tmp_path, monkeypatch):
     bad.weights.layers[1].w_up[3, 5] = float("inf")
     path = write_gguf(bad, tmp_path / "inf.gguf")
     with pytest.raises(ModelFormatError, match="layer 1 w_up holds NaN or infinite values"):
-        load_model(path)
+        load_model(path).arrays()  # checked as they are first read
 
 
 def test_a_failed_load_leaves_nothing_behind(tmp_path, monkeypatch):
@@ -135,8 +142,41 @@ def test_a_failed_load_leaves_nothing_behind(tmp_path, monkeypatch):
         if path.name == "cut.gguf":
             path.write_bytes((tmp_path / "nan.gguf").read_bytes()[:4000])  # a truncated GGUF
         with pytest.raises(ModelFormatError):
-            load_model(path)
+            load_model(path).arrays()
     # the weights are dequantized into the entry's file under its lock: the lock file stays (as every cache entry's
     # does, in models/.locks/), nothing else
     left = [q for q in cache.rglob("*") if ".locks" not in q.parts and q != cache / "models"] if cache.exists() else []
     assert not left
+
+
+def test_rotation_reads_the_gguf_itself_and_the_float_weights_are_written_at_their_first_use(gguf_path):
+    """A cold load keeps no float32 copy; rotation reads the GGUF and makes the bytes it makes from the kept float
+    weights; the float weights are written (and recorded first in meta.json) only when something reads them."""
+    from hetero.loader import FloatTensors
+    from hetero.outliers.rotate import rotated_tensors
+
+    model = load_model(gguf_path)
+    entry = _entry(model)
+    assert not (entry / "weights.safetensors").exists()
+    from_gguf = rotated_tensors(model.config, model.float_tensors(), 3).arrays()
+    assert not (entry / "weights.safetensors").exists()
+    kept = FloatTensors.of(model.arrays())
+    assert (entry / "weights.safetensors").is_file()
+    assert next(iter(json.loads((entry / "meta.json").read_text())["files"])) == "weights.safetensors"
+    from_kept = rotated_tensors(model.config, kept, 3).arrays()
+    assert from_gguf.keys() == from_kept.keys()
+    assert all(np.array_equal(from_gguf[k], from_kept[k]) for k in from_gguf)
+    assert _same(model, _load(gguf_path))  # a warm load maps the written file
+
+
+def test_rotating_a_gguf_with_a_non_finite_weight_is_a_model_format_error(tmp_path, monkeypatch, caplog):
+    from hetero.outliers.rotate import rotate_model
+
+    monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
+    bad = make_tiny_model()
+    bad.weights.layers[1].w_up[3, 5] = float("inf")
+    model = load_model(write_gguf(bad, tmp_path / "inf.gguf"))
+    with caplog.at_level(logging.WARNING), pytest.raises(ModelFormatError, match="layer 1 w_up"):
+        rotate_model(model).arrays()
+    assert "uncached" not in caplog.text  # a weight refused, not a cache that cannot be written
+    assert not (cache_dir() / "models" / f"{model.fingerprint}-rot1s0").exists()

@@ -110,10 +110,13 @@ def rotate_weights(cfg, w, seed: int = 0):
     from hetero.loader import weights_of
     from hetero.weights import weight_arrays
 
+    from hetero.loader import FloatTensors
+
     if site_rotated(cfg):
         return w
-    kept = {k: v for k, v in weight_arrays(w).items() if k.startswith("layers.") and not _stored(k)}
-    return weights_of(cfg, rotated_tensors(cfg, w, seed).arrays() | kept)
+    arrays = weight_arrays(w)
+    kept = {k: v for k, v in arrays.items() if k.startswith("layers.") and not _stored(k)}
+    return weights_of(cfg, rotated_tensors(cfg, FloatTensors.of(arrays), seed).arrays() | kept)
 
 
 _FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down", "bq", "bk", "bv", "bo", "b_down")
@@ -125,41 +128,45 @@ ROWS = 4096  # rows of the embedding or the head rotated at a time (whole, each 
 
 
 def rotated_tensors(cfg, w, seed: int = 0, source: object = "the rotated copy") -> LazyTensors:
-    """The tensors rotation changes (`_stored`), each made from `w` when it is asked for, so that the rotated copy
-    is written a tensor (the embedding and the head: `ROWS` rows) at a time (at 1B width it is 6 GB of float32):
-    embedding E·Q; readers (q/k/v, gate/up, lm_head) W·diag(g)·Q; writers (o, down, and their biases) Qᵀ·W; the
-    folded norms 1. A weight the rotation has read gives back its pages when they map the model's cache file
-    (`loader.release_pages`). ModelFormatError naming a tensor that comes out with a NaN or an infinity."""
+    """The tensors rotation changes (`_stored`), each made from `w` (`loader.FloatTensors`: the model's float
+    weights, a tensor at a time, from its cache file or straight from its GGUF) when it is asked for, so that the
+    rotated copy is written a tensor (the embedding and the head: `ROWS` rows) at a time (at 1B width it is 6 GB of
+    float32): embedding E·Q; readers (q/k/v, gate/up, lm_head) W·diag(g)·Q; writers (o, down, and their biases)
+    Qᵀ·W; the folded norms 1. The pages of the mapped files read are given back as it goes (`w.pages`).
+    ModelFormatError naming a tensor that comes out with a NaN or an infinity."""
     import torch
 
-    from hetero.loader import check_tensor, release_pages
-    from hetero.weights import weight_arrays
+    from hetero.loader import check_tensor
 
     q = residual_rotation(cfg.hidden, seed).float()
-    shapes = {k: tuple(v.shape) for k, v in weight_arrays(w).items() if _stored(k)}
+    shapes = {k: v for k, v in w.shapes.items() if _stored(k)}
 
-    def made(name: str, src: "torch.Tensor | None", out: "torch.Tensor") -> np.ndarray:
+    def tensor(name: str, rows: slice | None = None) -> "torch.Tensor":
+        return torch.from_numpy(w.get(name, rows))
+
+    def made(name: str, src: "torch.Tensor", out: "torch.Tensor") -> np.ndarray:
         a = out.numpy()
         check_tensor(name, a, a.shape, source)
-        if src is not None and out is not src:
-            release_pages(src)
+        if out is not src:
+            w.pages.add(src)
         return a
 
     def pieces(put) -> None:
         for name in sorted(shapes):  # the file's order: written front to back
             field = name.split(".")[-1]
-            lw = w.layers[int(name.split(".")[1])] if name.startswith("layers.") else None
-            src = w.tok_emb if name == "tok_emb" else w.lm_head if name == "lm_head" else getattr(lw, field, None)
+            layer = f"layers.{name.split('.')[1]}." if name.startswith("layers.") else ""
             with torch.inference_mode():
                 if name in ("tok_emb", "lm_head"):  # E·Q, and the head (W·diag(g))·Q, a block of rows at a time
-                    for lo in range(0, src.shape[0], ROWS):
-                        rows = src[lo : lo + ROWS]
-                        put(name, made(name, rows, (rows if name == "tok_emb" else rows * w.norm) @ q))
+                    norm = tensor("norm")
+                    for lo in range(0, shapes[name][0], ROWS):
+                        rows = tensor(name, slice(lo, lo + ROWS))
+                        put(name, made(name, rows, (rows if name == "tok_emb" else rows * norm) @ q))
                     continue
+                src = tensor(name)
                 if field in ("norm", "attn_norm", "ffn_norm"):  # one tensor each (safetensors stores no shared tensors)
                     out = torch.ones(cfg.hidden)
                 elif field in _READ:  # W·diag(g)·Q
-                    out = (src * getattr(lw, _READ[field])) @ q
+                    out = (src * tensor(layer + _READ[field])) @ q
                 elif field in ("wo", "w_down"):  # Qᵀ·W
                     out = q.T @ src
                 elif field in ("bo", "b_down"):  # biases of the linears writing the residual stream rotate with it
@@ -167,6 +174,7 @@ def rotated_tensors(cfg, w, seed: int = 0, source: object = "the rotated copy") 
                 else:  # those reading it do not
                     out = src
                 put(name, made(name, src, out))
+        w.pages.flush()
 
     return LazyTensors(shapes, pieces=pieces, what="rotate")
 
@@ -198,7 +206,7 @@ def rotate_model(model, seed: int = 0, cache: bool = True):
         return dataclasses.replace(model, fingerprint=fp, rotated=True)
 
     def build() -> LazyTensors:
-        return rotated_tensors(model.config, model.weights, seed, f"the rotated copy of {model.name}")
+        return rotated_tensors(model.config, model.float_tensors(), seed, f"the rotated copy of {model.name}")
 
     if not cache:
         return model.with_weights(weights_of(model.config, build().arrays() | _kept(model)), fingerprint=fp,

@@ -52,9 +52,9 @@ def test_the_embedding_and_head_rotated_a_block_of_rows_at_a_time_are_the_same_b
     from hetero.outliers import rotate
 
     m = make_tiny_model(seed=2)
-    whole = rotate.rotated_tensors(m.config, m.weights, 1).arrays()
+    whole = rotate.rotated_tensors(m.config, m.float_tensors(), 1).arrays()
     monkeypatch.setattr(rotate, "ROWS", 48)  # 256 rows: 6 blocks, the last one short
-    blocks = rotate.rotated_tensors(m.config, m.weights, 1).arrays()
+    blocks = rotate.rotated_tensors(m.config, m.float_tensors(), 1).arrays()
     assert whole.keys() == blocks.keys() and {"tok_emb", "lm_head"} <= whole.keys()
     assert all(np.array_equal(whole[k], blocks[k]) for k in whole)
 
