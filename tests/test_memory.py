@@ -133,3 +133,18 @@ def test_a_prefill_places_only_the_head_of_the_decode_weights(default_model) -> 
         assert int(rt.prefill(prompt_ids(None, 64)).logits.argmax()) == first
     finally:
         rt.close()
+
+
+def test_a_process_that_only_prefills_loads_no_numba(default_model) -> None:
+    """numba and LLVM (68 MB of library pages, and their modules) come with the decode step's attention and helper
+    thread, not with its head: a process that only prefills never loads them (`gemv_step`'s module docstring)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom hetero.loader import load_model\nfrom hetero.methods import make_runtime\n"
+            "from hetero.outliers.corpus import prompt_ids\n"
+            "rt = make_runtime(load_model())\nint(rt.prefill(prompt_ids(None, 64)).logits.argmax())\n"
+            "print('numba' in sys.modules, 'llvmlite' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "False"], out.stdout

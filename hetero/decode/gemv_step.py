@@ -32,10 +32,7 @@ import numpy as np
 
 from hetero import buffers
 from hetero.attention import qk_norm_
-from hetero.decode.bound_step import start_rows
-from hetero.decode.rowattn import decode_rows
 from hetero.decode.tree import TokenTree
-from hetero.decode.twocore.attnpool import AttentionPool, StageTable
 from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
 from hetero.loader import PageReturn
@@ -47,7 +44,12 @@ from hetero.tensorfile import LazyTensors, Put
 from hetero.weights import SITE_BIASES, SITE_LINEARS
 
 if TYPE_CHECKING:
+    from hetero.decode.twocore.attnpool import AttentionPool, StageTable
     from hetero.loader import Model
+
+# The step's attention and helper thread are numba code (`rowattn`, `twocore.attnpool`), imported by the step when
+# it runs: the LM head and the weights are not, so a process that only prefills (its last token's logits through the
+# head) never loads numba and LLVM (68 MB of pages here).
 
 SITES = ("attn_in", "o_in", "ffn_in", "down_in")  # a layer's linears, in the order a step runs them
 SPLIT_LINEARS = False  # the linears' column tiles shared with the helper thread (module docstring: not on this host)
@@ -250,6 +252,8 @@ class _Table:
         counters = np.zeros(8 * len(jobs), np.int64)  # one per job, a cache line each
         halves = [b.halves(*scratch, counters.ctypes.data + 64 * i) for i, b in enumerate(jobs)]
         addr = lambda xs: np.asarray([ctypes.addressof(x) for x in xs], np.int64)  # noqa: E731
+        from hetero.decode.twocore.attnpool import StageTable
+
         split = StageTable(gemv.part_fn(), addr([b.job for b in jobs]), addr([h[0] for h in halves]),
                            addr([b.job for b in jobs]), addr([h[1] for h in halves]), _never)
         return cls(jobs, ptrs, parts, split, [h for pair in halves for h in pair] + list(scratch), counters)
@@ -312,6 +316,9 @@ class GemvStep:
     def forward(self, cache: KVCache, tree: TokenTree, slot: int, layers: int | None = None) -> np.ndarray:
         """The hidden states [C, hidden] after `layers` layers (default all) of the tree's rows (padded to C with the
         root) rooted at position `slot`; their K/V go to cache rows slot.. (cache.length unchanged)."""
+        from hetero.decode.bound_step import start_rows
+        from hetero.decode.rowattn import decode_rows
+
         cfg = self.cfg
         depth = cfg.n_layers if layers is None else layers
         layout, shared, bases = start_rows(self, cache, tree, slot, depth)

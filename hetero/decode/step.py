@@ -22,12 +22,8 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from hetero.decode.twocore.attnpool import AttentionPool
-from hetero.decode.bound_step import BoundStep
-from hetero.decode.gemv_step import GemvHead, GemvStep, GemvWeights
+from hetero.decode.gemv_step import SPLIT_LINEARS, GemvHead, GemvStep, GemvWeights
 from hetero.decode.gguf_blocks import BlockWeights
-from hetero.decode.head import FloatHead, Int8Head, NbitsHead
-from hetero.decode.rowattn import row_attention
 from hetero.decode.stepcosts import load_costs, save_costs
 from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
@@ -37,6 +33,8 @@ from hetero.runtime import Runtime
 from hetero.threads import torch_threads
 
 if TYPE_CHECKING:
+    from hetero.decode.bound_step import BoundStep
+    from hetero.decode.twocore.attnpool import AttentionPool
     from hetero.model import LayerBackend
 
 
@@ -81,6 +79,8 @@ class FloatLayers:
         with torch.inference_mode():
             h = ref.embed(self.runtime.model.weights, torch.tensor(tree.tokens, dtype=torch.long))
             positions = torch.from_numpy(tree.positions(slot))
+            from hetero.decode.rowattn import row_attention
+
             mask = None if tree.is_chain() else torch.from_numpy(tree.mask())
             for layer in range(self.cfg.n_layers if layers is None else layers):
                 q, k, v = (torch.cat(parts) for parts in zip(*(backend.qkv(layer, h[i : i + 1]) for i in range(n))))
@@ -139,9 +139,10 @@ class DecodeStep:
         self._lock = threading.RLock()
         self.split_after = split_after
         self.one_row_steps = 0
-        self.pool = AttentionPool() if self.static and attention_threads == 2 else None
-        if self.pool is not None:  # the helper thread ends with this step object
-            weakref.finalize(self, self.pool.close)
+        # the helper thread, started by the first step that uses it (`pool`): a prefill's last token reads the head
+        # only, and a process that only prefills starts no thread and loads no numba (`gemv_step`)
+        self._two_threads = self.static and attention_threads == 2
+        self._pool: AttentionPool | None = None
         if head == "auto":  # the INT8 lane's: the small steps' form (GEMVs or MatMulNBits, `npu.nbits`), else INT8
             head = ((self.kernel if self.small_rows else "int8") if self.static else "float")
         if (head == "blocks") != (self.kernel == "blocks" and self.static):
@@ -150,7 +151,7 @@ class DecodeStep:
         # hidden rows of the runtime's own space (its prefill's, the INT8 graphs' steps) → the head's (`gguf_blocks`)
         self._unrotate: np.ndarray | None = None
         if head == "blocks":
-            self.head = GemvHead(self._gemv_weights(), self.pool)
+            self.head = GemvHead(self._gemv_weights(), self.pool if SPLIT_LINEARS else None)
             self._unrotate = self._gemv_weights().unrotate
         elif head == "gemv":
             if self.kernel != "gemv":  # asked for beside the graphs: only where the kernels run on an INT8 lane
@@ -159,13 +160,19 @@ class DecodeStep:
                 why = "a float lane has no quantized weights" if not self.static else gemv.unavailable(self.cfg)
                 if why is not None:
                     raise ConfigError(f"hetero's int8 GEMV head cannot run here: {why}")
-            self.head = GemvHead(self._gemv_weights(), self.pool)
+            self.head = GemvHead(self._gemv_weights(), self.pool if SPLIT_LINEARS else None)
         elif head == "nbits":
+            from hetero.decode.head import NbitsHead
+
             self.head = NbitsHead(self.cfg, self.model, threads, self.pool, runtime.execution.ort_pool)
         elif head == "int8":
+            from hetero.decode.head import Int8Head
+
             self.head = Int8Head(self.cfg, self.model.arrays(), threads, self.pool, self.model,
                                  runtime.execution.ort_pool)
         else:
+            from hetero.decode.head import FloatHead
+
             self.head = FloatHead(self.cfg, self.model.weights)
 
     def row_unexact(self) -> str | None:
@@ -173,7 +180,7 @@ class DecodeStep:
         are (so verifying a drafted tree emits plain greedy's tokens, bit for bit: `generate.speculation`). Measured
         exact: the INT8 graphs, hetero's int8 GEMVs, the INT8 head, the float layer and head a row at a time, the
         attention kernel (`rowattn`, one compiled copy on either thread); tests/decode/test_determinism.py."""
-        if self.static and ((self.small_rows > 1 and self.kernel == "nbits") or isinstance(self.head, NbitsHead)):
+        if self.static and ((self.small_rows > 1 and self.kernel == "nbits") or self.head.name == "nbits"):
             return ("ONNX Runtime's MatMulNBits kernels compute a row of a multi-row step otherwise than a one-row "
                     "step (tree rows were up to 0.5 off in logits)")
         return None
@@ -211,10 +218,20 @@ class DecodeStep:
         """The runtime's own step (made once, closed by `Runtime.close`): decodes share its bound graphs and costs."""
         return runtime.owned("decode-step", lambda: cls(runtime))
 
+    @property
+    def pool(self) -> "AttentionPool | None":
+        """The helper thread of a two-thread step (`twocore.attnpool`), started at first use; None on one thread."""
+        if self._pool is None and self._two_threads:
+            from hetero.decode.twocore.attnpool import AttentionPool
+
+            self._pool = AttentionPool()
+            weakref.finalize(self, self._pool.close)  # the helper thread ends with this step object
+        return self._pool
+
     def close(self) -> None:
         """Stop the helper thread (a step made directly is also stopped when it is collected)."""
-        if self.pool is not None:
-            self.pool.close()
+        if self._pool is not None:
+            self._pool.close()
 
     def logits(self, h: np.ndarray) -> np.ndarray:
         """The head's logits of hidden rows h [n, hidden] outside a step (an INT8 runtime's prefill ends with its last
@@ -261,7 +278,7 @@ class DecodeStep:
         plan = getattr(self.runtime.backend, "plan", None)
         digest = "" if plan is None else hashlib.sha256(json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()
         return (f"{self.model.name}-{self.model.fingerprint[:12]}-{self.runtime.backend.name}-{digest[:12]}-"
-                f"t{self.threads}-a{1 if self.pool is None else 2}-{self.head.__class__.__name__}"
+                f"t{self.threads}-a{2 if self._two_threads else 1}-{self.head.__class__.__name__}"
                 + (f"-{self.kernel}{self.small_rows}" if self.small_rows else ""))
 
     def prepare(self, n: int) -> BoundStep | GemvStep | None:
@@ -278,9 +295,11 @@ class DecodeStep:
             w = self._gemv_weights()
             bound = self._bound[c] = GemvStep(w, w.arrays, self.runtime.rope, c, self.pool)
         elif bound is None:
+            from hetero.decode.bound_step import BoundStep
+
             bound = self._bound[c] = BoundStep(self.backend(c), self.runtime.rope, c, self.pool)
         if c == 1 and self.split_after is not None and self.one_row_steps >= self.split_after:
-            if bound.split() and isinstance(self.head, NbitsHead):
+            if bound.split() and self.head.name == "nbits":
                 self.head.split()
         return bound
 
@@ -332,8 +351,8 @@ class DecodeStep:
             h = layers_of_size.forward(cache, tree, slot, layers)
             return self._logits(h if isinstance(layers_of_size, GemvStep) else self._head_rows(h), n, rows)
         finally:
-            if self.pool is not None:
-                self.pool.end()
+            if self._pool is not None:
+                self._pool.end()
 
     def _logits(self, h: np.ndarray, n: int, rows: Sequence[int] | None) -> np.ndarray:
         sel = h[:n] if rows is None else h[list(rows)]
