@@ -62,16 +62,18 @@ class Recipe:
     # sites (of `weights.SITES`) where the ones pruning keeps take a scale per row at run time instead of shadow
     # outliers (`outliers.rowscale`): what the CPU EP's graphs can do and HTP's static graphs cannot
     row_scales: tuple[str, ...] = ()
+    a8r: tuple[str, ...] = ()  # sites that run W8A8 with a scale per row in every layer (`outliers.rowscale`)
 
     def __post_init__(self) -> None:
-        if self.search and (self.a16 or self.prune_fraction != 0.85):
-            raise ConfigError("a searched recipe chooses every site itself: give neither a16 nor prune_fraction")
+        if self.search and (self.a16 or self.a8r or self.prune_fraction != 0.85):
+            raise ConfigError("a searched recipe chooses every site itself: give neither a16, a8r nor prune_fraction")
 
     def for_config(self, cfg: "ModelConfig") -> "Recipe":
         """The recipe a model of `cfg` runs for this one: the rotated plan (`ROTATED`, `ROTATED_ROWS`) on a site-rotated model (Gemma 3's
-        post-norms, `outliers.rotate.site_rotated`) is `SITE_ROTATED`, W8A16 on attn_in and down_in: site rotation
-        alone leaves Gemma 3 270M at +3.5% perplexity, +1.2% with W8A16 down_in, +0.36% with both (docs/design.md,
-        "Outliers")."""
+        post-norms, `outliers.rotate.site_rotated`) is `SITE_ROTATED`, a scale per row at attn_in and down_in in every
+        layer: site rotation alone leaves Gemma 3 270M at +3.5% perplexity (a static scale per tensor there), +1.2%
+        with W8A16 down_in; W8A16 at both sites and a scale per row at both give the same perplexity, and the rows
+        cost one u8 pass where W8A16 costs two (docs/journal.md, "Issue 41 item 4: a scale per row on Gemma 3")."""
         from hetero.outliers.rotate import site_rotated
 
         return SITE_ROTATED if self in (ROTATED, ROTATED_ROWS) and site_rotated(cfg) else self
@@ -84,7 +86,7 @@ ROTATED = Recipe(rotate=True)  # the same plan on the rotated model (bench/resul
 # from docs/design.md")
 ROTATED_ROWS = Recipe(rotate=True, row_scales=("down_in",))
 ROT_A16_DOWN = Recipe(rotate=True, a16=("down_in",))
-SITE_ROTATED = Recipe(rotate=True, a16=("attn_in", "down_in"))  # the default of a site-rotated model (`for_config`)
+SITE_ROTATED = Recipe(rotate=True, a8r=("attn_in", "down_in"))  # the default of a site-rotated model (`for_config`)
 SEARCHED = Recipe(rotate=True, search=True)  # rotation + the searched precision of every site
 DEFAULT_RECIPE = ROTATED_ROWS
 
@@ -151,10 +153,12 @@ def plan_options(model: Model, recipe: Recipe, weight_form: str, prune_fraction:
     from hetero.outliers.rotate import online_sites
 
     recipe = recipe.for_config(model.config)
-    a16 = [(layer, site) for layer in range(model.config.n_layers) for site in recipe.a16]
+    a16, a8r = ([(layer, site) for layer in range(model.config.n_layers) for site in sites]
+                for sites in (recipe.a16, recipe.a8r))
     pf = recipe.prune_fraction if prune_fraction is None else prune_fraction
     online = online_sites(model.config) if recipe.rotate else {}
-    return PlanOptions(prune_fraction=pf, weight_form=weight_form, a16=a16, online=online, row_scales=recipe.row_scales)
+    return PlanOptions(prune_fraction=pf, weight_form=weight_form, a16=a16, online=online, row_scales=recipe.row_scales,
+                       a8r=a8r)
 
 
 def ship_default_plans() -> list[str]:

@@ -580,15 +580,19 @@ def test_serve_prefix_reuse_and_restore_of_windowed_layers(tmp_path, arch, field
     assert counts["hits"] == 1 and counts.get("swap_in_blocks", 0) + counts.get("recomputed_blocks", 0) > 0
 
 
-def test_the_default_recipe_of_a_post_norm_model_adds_w8a16_sites(tmp_path) -> None:
-    """Gemma 3's default recipe: site rotation and W8A16 on attn_in and down_in (`Recipe.for_config`); other
-    recipes and models keep theirs."""
-    from hetero.methods import METHODS, ROTATED_ROWS, SITE_ROTATED
+def test_the_default_recipe_of_a_post_norm_model_scales_rows(tmp_path) -> None:
+    """Gemma 3's default recipe: site rotation and a scale per row at attn_in and down_in in every layer
+    (`Recipe.for_config`); other recipes and models keep theirs."""
+    from hetero.methods import METHODS, ROTATED_ROWS, SITE_ROTATED, plan_options
     from tests.conftest import make_tiny_model
 
     build("gemma3", tmp_path)
-    gemma, llama = load_model(tmp_path).config, make_tiny_model().config
+    model = load_model(tmp_path)
+    gemma, llama = model.config, make_tiny_model().config
     assert METHODS["hetero"].recipe.for_config(gemma) == SITE_ROTATED
+    options = plan_options(model, METHODS["hetero"].recipe, "w8-u8s8")
+    assert set(options.a8r) == {(layer, site) for layer in range(gemma.n_layers) for site in ("attn_in", "down_in")}
+    assert not options.a16
     assert METHODS["hetero"].recipe.for_config(llama) == ROTATED_ROWS
     assert METHODS["hetero-shadow"].recipe.for_config(gemma) == SITE_ROTATED
     noshadow = METHODS["hetero-noshadow"].recipe

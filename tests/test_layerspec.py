@@ -230,11 +230,13 @@ def test_the_glue_ops_compute_the_biases_they_register(tmp_path, monkeypatch) ->
     assert _rel(_runtime(plain, _rotated(plain), True).prefill(ids).logits, b.logits) > 1e-2
 
 
-def test_the_glue_ops_compute_gemma3s_layer(tmp_path, monkeypatch) -> None:
-    """Gemma 3's layer (GeGLU, post-norms, online Hadamards at attn_in, ffn_in and down_in, W8A16 at attn_in and
-    down_in) through the halves with hetero's ops: each rotated site's input quantized by `HadamardQuant(16)`, the
-    activation and post-norms left to ONNX Runtime's nodes; the logits of the graphs without the ops, up to the
-    Hadamard's float rounding, and the ops' graphs hold no MatMul of a Hadamard."""
+@pytest.mark.parametrize("wide", ["a16", "rows"])
+def test_the_glue_ops_compute_gemma3s_layer(tmp_path, monkeypatch, wide: str) -> None:
+    """Gemma 3's layer (GeGLU, post-norms, online Hadamards at attn_in, ffn_in and down_in; at attn_in and down_in
+    W8A16, or a scale per row as its default recipe) through the halves with hetero's ops: each rotated site's input
+    quantized by `HadamardQuant(16)` or `HadamardRowQuant`, the activation and post-norms left to ONNX Runtime's
+    nodes; the logits of the graphs without the ops, up to the Hadamard's float rounding, and the ops' graphs hold no
+    MatMul of a Hadamard."""
     import onnx
 
     from hetero.native import attention, ort_ops
@@ -251,7 +253,8 @@ def test_the_glue_ops_compute_gemma3s_layer(tmp_path, monkeypatch) -> None:
     rm = rotate_model(m, cache=False)
     online = online_sites(m.config)
     base = tiny_plan(rm, None, scale=0.03)
-    sites = {k: dataclasses.replace(sq, scale=4 / 32767, bits=16, shadow_channels=(), n_hot=0)
+    wider = dict(scale=4 / 32767, bits=16) if wide == "a16" else dict(per_row=True)
+    sites = {k: dataclasses.replace(sq, shadow_channels=(), n_hot=0, **wider)
              if k[1] in ("attn_in", "down_in") else sq for k, sq in base.sites.items()}
     plan = dataclasses.replace(base, sites=sites, online=online,
                                weights=quantize_weights(rm, "channel", base.weight_qmax, online))
@@ -259,10 +262,11 @@ def test_the_glue_ops_compute_gemma3s_layer(tmp_path, monkeypatch) -> None:
     assert got.backend.native_ops and not want.backend.native_ops
     qkv, o_ffn = ([n.op_type for n in onnx.load(run.graph.path, load_external_data=False).graph.node]
                   for run in got.backend.program(1).runs)
-    assert ort_ops.HADAMARD_QUANT16 in qkv and "MatMul" not in qkv, qkv
-    assert {ort_ops.HADAMARD_QUANT, ort_ops.HADAMARD_QUANT16, "Gelu"} <= set(o_ffn) and "MatMul" not in o_ffn, o_ffn
+    op = ort_ops.HADAMARD_QUANT16 if wide == "a16" else ort_ops.HADAMARD_ROW_QUANT
+    assert op in qkv and "MatMul" not in qkv, qkv
+    assert {ort_ops.HADAMARD_QUANT, op, "Gelu"} <= set(o_ffn) and "MatMul" not in o_ffn, o_ffn
     ids = torch.randint(0, m.config.vocab, (70,), generator=torch.Generator().manual_seed(7))
     a, b = got.prefill(ids), want.prefill(ids)
     assert _rel(a.logits, b.logits) < 1e-2  # the Hadamard's sums in another order: a rounding step here and there
-    k_got, k_want = a.cache.k[0, :, :8], b.cache.k[0, :, :8]  # layer 0's q|k|v: through HadamardQuant16 alone
+    k_got, k_want = a.cache.k[0, :, :8], b.cache.k[0, :, :8]  # layer 0's q|k|v: through attn_in's op alone
     assert _rel(k_got, k_want) < 1e-3

@@ -31,6 +31,9 @@
    scale), -32768, 32767) as the two bytes of q + 32768 = 256 u_hi + u_lo (`npu.site_ops.a16_bytes`), in one pass
    over each row instead of a [T.F/64, 64] x [64, 64] MatMul and its quantization's nodes.
 
+   HadamardRowQuant(x [T, F]) -> (xq uint8 [T, F], row_s float32 [T, 1]), attributes as SiluHadamardQuant's: a rotated
+   site's input with a scale per row (scale = 0) where no fused op computes it: SiluHadamardQuant with m = x.
+
    The ONNX Runtime C API is reached through the function table it passes (`OrtApi`, slots by position in
    onnxruntime_c_api.h, append-only across releases) and `struct OrtCustomOp` as that header lays it out (version
    16: the fields up to GetEndVersion). */
@@ -160,12 +163,14 @@ static void *input_data(const void *value) {
     return data;
 }
 
-static void glue_compute(void *kernel, void *ctx) {
-    const Glue *k = (const Glue *)kernel;
+/* SiluHadamardQuant (silu: gate, up) and HadamardRowQuant (x alone): the row's 64-block Hadamard, then its
+   quantization at the static scale or at its own (top) */
+static void hadamard_rows(const Glue *k, void *ctx, int silu) {
     const void *in_g, *in_u;
     int64_t dims[2], dims_u[2];
     dims2(ctx, 0, &in_g, dims);
-    dims2(ctx, 1, &in_u, dims_u);
+    if (silu) dims2(ctx, 1, &in_u, dims_u);
+    else dims_u[0] = dims[0], dims_u[1] = dims[1], in_u = in_g;
     const int64_t T = dims[0], F = dims[1], one[2] = {T, 1};
     /* the graph builder (`export`) emits the op only on [T, F] rows with F a multiple of the block: KernelCompute
        has no error to return, so other shapes get empty outputs (and the next node's shape check fails) */
@@ -183,7 +188,8 @@ static void glue_compute(void *kernel, void *ctx) {
         __m512 amax = _mm512_setzero_ps();
         for (int64_t b = 0; b < F; b += 64) {
             __m512 v[4];
-            for (int i = 0; i < 4; i++) v[i] = silu_mul(gt + b + 16 * i, ut + b + 16 * i);
+            for (int i = 0; i < 4; i++)
+                v[i] = silu ? silu_mul(gt + b + 16 * i, ut + b + 16 * i) : _mm512_loadu_ps(gt + b + 16 * i);
             hadamard64(v);
             for (int i = 0; i < 4; i++) {
                 amax = _mm512_max_ps(amax, _mm512_abs_ps(v[i]));
@@ -201,6 +207,9 @@ static void glue_compute(void *kernel, void *ctx) {
         }
     }
 }
+
+static void glue_compute(void *kernel, void *ctx) { hadamard_rows((const Glue *)kernel, ctx, 1); }
+static void hrq_compute(void *kernel, void *ctx) { hadamard_rows((const Glue *)kernel, ctx, 0); }
 
 /* A glue kernel's attributes: its "block" and the first `n_floats` of scale, qmax, tiny. A missing attribute sets
    block = 0, which makes the kernel write empty outputs (a graph built wrongly fails its tests, never a process). */
@@ -402,6 +411,7 @@ static void *hq_create(const OrtCustomOp *op, const void *api, const void *info)
 
 static const char *hq_name(const OrtCustomOp *op) { return (void)op, "HadamardQuant"; }
 static const char *hq16_name(const OrtCustomOp *op) { return (void)op, "HadamardQuant16"; }
+static const char *hrq_name(const OrtCustomOp *op) { return (void)op, "HadamardRowQuant"; }
 static size_t one_input(const OrtCustomOp *op) { return (void)op, 1; }
 
 static OrtCustomOp HADAMARD_QUANT = {API_VERSION, hq_create, hq_name, cpu_ep, float_input, one_input, uint8_output,
@@ -410,6 +420,9 @@ static OrtCustomOp HADAMARD_QUANT = {API_VERSION, hq_create, hq_name, cpu_ep, fl
 static OrtCustomOp HADAMARD_QUANT16 = {API_VERSION, hq_create, hq16_name, cpu_ep, float_input, one_input,
                                        uint8_output, two, hq16_compute, glue_destroy, required, required, required,
                                        one_, one_, one_, one_, NULL, NULL, NULL, one_, latest};
+static OrtCustomOp HADAMARD_ROW_QUANT = {API_VERSION, glue_create, hrq_name, cpu_ep, float_input, one_input,
+                                         glue_output, two, hrq_compute, glue_destroy, required, required, required,
+                                         one_, one_, one_, one_, NULL, NULL, NULL, one_, latest};
 
 static void *DOMAIN;
 static Status DOMAIN_STATUS;
@@ -417,8 +430,9 @@ static pthread_once_t DOMAIN_ONCE = PTHREAD_ONCE_INIT;
 
 static void make_domain(void) {
     DOMAIN_STATUS = CALL(CREATE_CUSTOM_OP_DOMAIN, Status (*)(const char *, void **), "ai.hetero", &DOMAIN);
-    const OrtCustomOp *ops[6] = {&GLUE, &NORM, &RMS_QUANT, &SCALE_ADD, &HADAMARD_QUANT, &HADAMARD_QUANT16};
-    for (int i = 0; i < 6 && DOMAIN_STATUS == NULL; i++)
+    const OrtCustomOp *ops[7] = {&GLUE, &NORM, &RMS_QUANT, &SCALE_ADD, &HADAMARD_QUANT, &HADAMARD_QUANT16,
+                                 &HADAMARD_ROW_QUANT};
+    for (int i = 0; i < 7 && DOMAIN_STATUS == NULL; i++)
         DOMAIN_STATUS = CALL(CUSTOM_OP_DOMAIN_ADD, Status (*)(void *, const OrtCustomOp *), DOMAIN, ops[i]);
 }
 

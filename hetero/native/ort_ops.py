@@ -8,8 +8,8 @@ graph's time, the Hadamard alone a [T·F/64, 64] × [64, 64] float matmul (docs/
 Three ops compute an o→FFN graph's float glue in one pass over each row each: `SiluHadamardQuant` (down_in's input, the
 Hadamard as a fast Walsh–Hadamard transform), `AddRmsNormQuant` (the residual, RMSNorm and ffn_in's quantization) and
 `ScaleAdd` (down's rows at their scales plus the residual); a fourth, `RmsNormQuant`, is the q|k|v graph's RMSNorm and
-quantization; `HadamardQuant` and `HadamardQuant16` a rotated site's online Hadamard and quantization (8 bits, or
-W8A16's two bytes) where no fused op computes its input (another activation, a post-norm: Gemma 3). The INT8 GEMMs
+quantization; `HadamardQuant`, `HadamardQuant16` and `HadamardRowQuant` a rotated site's online Hadamard and quantization (8 bits,
+W8A16's two bytes, or 8 bits with a scale per row) where no fused op computes its input (another activation, a post-norm: Gemma 3). The INT8 GEMMs
 stay ONNX Runtime's.
 
 The library is compiled once per host (`build.Kernel`: AVX-512, the host's C compiler, a content-checked cache) and
@@ -34,6 +34,7 @@ RMS_NORM_QUANT = "RmsNormQuant"  # attn_in's u8 input at a static scale (the q|k
 SCALE_ADD = "ScaleAdd"  # a per-row site's product at its rows' scales plus the residual
 HADAMARD_QUANT = "HadamardQuant"  # a rotated site's input: the online Hadamard, u8 quantization at a static scale
 HADAMARD_QUANT16 = "HadamardQuant16"  # the same to W8A16's two bytes of the int16 grid (`npu.site_ops.a16_bytes`)
+HADAMARD_ROW_QUANT = "HadamardRowQuant"  # the same with a scale per row (`outliers.rowscale`), as SiluHadamardQuant's
 BLOCK = 64  # the online Hadamard's block the op computes (`rotate.ONLINE_BLOCK`)
 FLAGS = ("-O3", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-fno-math-errno",
          "-fPIC", "-shared", "-pthread")

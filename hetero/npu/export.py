@@ -361,11 +361,17 @@ def _fused_down_input(lq: LayerQ, block: int | None, shadowed: bool) -> bool:
 
 
 def _rotated_input(g: GraphBuilder, x: str, lin: LinearQ, block: int | None, width: int) -> tuple[str, str] | None:
-    """A rotated site's quantized input x·T as one of hetero's ops (`native.ort_ops`): (xq, None) at 8 bits, (u_hi,
-    u_lo) at 16 (`_linears`' `quantized`), where the site has a static scale and the op's 64-block transform; else
-    None (the nodes). A shadow: the caller keeps the nodes."""
-    if block != ort_ops.BLOCK or lin.x_per_row or lin.x_bits not in (8, 16) or width % block:
+    """A rotated site's quantized input x·T as one of hetero's ops (`native.ort_ops`): (xq, None) at 8 bits, (xq,
+    row_s) at 8 bits with a scale per row, (u_hi, u_lo) at 16 (`_linears`' `quantized`), where the site has the op's
+    64-block transform; else None (the nodes). A shadow: the caller keeps the nodes."""
+    from hetero.outliers.rowscale import ROW_QMAX, ROW_TINY
+
+    if block != ort_ops.BLOCK or lin.x_bits not in (8, 16) or width % block:
         return None
+    if lin.x_per_row:
+        xq, row_s = g.op_n(ort_ops.HADAMARD_ROW_QUANT, [x], ["xq", "row_s"], domain=ort_ops.DOMAIN,
+                           block=ort_ops.BLOCK, scale=0.0, qmax=float(ROW_QMAX), tiny=float(ROW_TINY))
+        return xq, row_s
     attrs = dict(domain=ort_ops.DOMAIN, block=ort_ops.BLOCK, scale=float(np.float32(lin.x_scale)))
     if lin.x_bits == 8:
         return g.op(ort_ops.HADAMARD_QUANT, [x], "xq", **attrs), None

@@ -153,7 +153,8 @@ def native_ops_why(cfg, online: dict[str, int], attention, mode: bool | None) ->
     if why is None:
         return True, (f"hetero's own ONNX Runtime ops in the layer graphs ({ort_ops.SILU_HADAMARD_QUANT}, "
                       f"{ort_ops.ADD_RMS_NORM_QUANT}, {ort_ops.SCALE_ADD}, {ort_ops.RMS_NORM_QUANT}, "
-                      f"{ort_ops.HADAMARD_QUANT}, {ort_ops.HADAMARD_QUANT16}: `native.ort_ops`)")
+                      f"{ort_ops.HADAMARD_QUANT}, {ort_ops.HADAMARD_QUANT16}, {ort_ops.HADAMARD_ROW_QUANT}: "
+                      f"`native.ort_ops`)")
     if mode:
         raise ConfigError(f"hetero's own ONNX Runtime op cannot compute this backend's graphs: {why}")
     return False, f"ONNX Runtime nodes ({why})"

@@ -98,7 +98,8 @@ class PlanOptions:
     instead and is recorded in the plan (it picks the CPU EP's kernel). a16: (layer, site) keys run W8A16 with
     s = absmax / 32767 and no shadow (`a16`). online: the plan's online transforms (`rotate.online_sites`; the
     calibration must have observed them). method: the name the plan records. row_scales: the sites (of `SITES`) whose
-    kept ones run with a scale per row (`rowscale`, "a8r") instead of shadow outliers (CPU EP graphs only).
+    kept ones run with a scale per row (`rowscale`, "a8r") instead of shadow outliers (CPU EP graphs only). a8r:
+    (layer, site) keys that run with a scale per row whether pruning keeps them or not (as a16's, no shadow).
     """
 
     prune_fraction: float = DEFAULT_PRUNE_FRACTION
@@ -114,6 +115,7 @@ class PlanOptions:
     a16: Collection[tuple[int, str]] = ()
     online: Mapping[str, int] | None = None
     row_scales: Collection[str] = ()  # these sites, where kept, scale each row at run time (`rowscale`), no shadow
+    a8r: Collection[tuple[int, str]] = ()
 
 
 def plan_from_calibration(model, calibration=None, options: PlanOptions = PlanOptions()) -> QuantPlan:
@@ -126,7 +128,9 @@ def plan_from_calibration(model, calibration=None, options: PlanOptions = PlanOp
     if calibration is None:
         calibration = ensure_calibration(model)
     keep = kept_sites(calibration, o.prune_fraction, o.percentile, o.granularity, o.importance, o.pruned_percentile)
-    a16 = set(o.a16)
+    a16, a8r = set(o.a16), set(o.a8r)
+    if a16 & a8r:
+        raise ConfigError(f"a site runs either W8A16 or a scale per row, not both: {sorted(a16 & a8r)}")
     bad = set(o.row_scales) - set(SITES)
     if bad:
         raise ConfigError(f"row_scales must name sites of {SITES}, got {sorted(bad)}")
@@ -134,7 +138,8 @@ def plan_from_calibration(model, calibration=None, options: PlanOptions = PlanOp
     def kept(site: str) -> SiteChoice:
         return SiteChoice("a8r" if site in o.row_scales else "a8s", o.percentile)
 
-    choices = {key: SiteChoice("a16", 100.0) if key in a16 else kept(key[1]) if key in keep
+    choices = {key: SiteChoice("a16", 100.0) if key in a16 else SiteChoice("a8r", o.percentile) if key in a8r
+               else kept(key[1]) if key in keep
                else SiteChoice("a8", o.pruned_percentile) for key in calibration.sites}
     meta = {"percentile": o.percentile, "pruned_percentile": o.pruned_percentile, "granularity": o.granularity,
             "importance": o.importance}

@@ -14,8 +14,9 @@ after each post-norm, a dense float [hidden, hidden] matmul twice a layer. Such 
 site instead (`site_rotated`): its weights stay as trained and attn_in and ffn_in become online sites too
 (x·T after the RMSNorm, in the graph, like o_in and down_in). The pre-norms' scales are not folded into the
 linears: Gemma 3's reach 122 (and 0) in a channel, and folded they leave a column per output row that sets
-its INT8 scale (perplexity x30). Its default recipe adds W8A16 sites (`methods.Recipe.for_config`). Measured
-on Gemma 3 270M: docs/journal.md, "Issue 39 item 2: moved from docs/design.md".
+its INT8 scale (perplexity x30). Its default recipe scales attn_in and down_in per row
+(`methods.Recipe.for_config`). Measured on Gemma 3 270M: docs/journal.md, "Issue 39 item 2: moved from docs/design.md"
+and "Issue 41 item 4: a scale per row on Gemma 3".
 """
 
 from __future__ import annotations

@@ -66,6 +66,26 @@ def test_per_row_op_equals_the_reference():
     assert xq[3].min() == 1 or xq[3].max() == 255  # the outlier row's absmax lands on ±127
 
 
+def test_row_op_without_silu_equals_the_reference():
+    """HadamardRowQuant: a rotated site's input alone (no SiLU·up) at each row's own scale."""
+    gate, _, _ = _inputs()
+    node = helper.make_node(ort_ops.HADAMARD_ROW_QUANT, ["x"], ["xq", "row_s"], domain=ort_ops.DOMAIN,
+                            block=ort_ops.BLOCK, scale=0.0, qmax=float(ROW_QMAX), tiny=float(ROW_TINY))
+    f = TensorProto.FLOAT
+    g = helper.make_graph([node], "rows", [helper.make_tensor_value_info("x", f, ["T", 256])],
+                          [helper.make_tensor_value_info("xq", TensorProto.UINT8, ["T", 256]),
+                           helper.make_tensor_value_info("row_s", f, ["T", 1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(ort_ops.DOMAIN, 1)])
+    m.ir_version = 10
+    sess = cpu_session(m.SerializeToString(), 1, "session", custom_ops=ort_ops.library_path())
+    xq, row_s = sess.run(None, {"x": gate})
+    q, mx = row_quantize(block_hadamard(torch.from_numpy(gate), ort_ops.BLOCK))
+    _agree(xq, (q.numpy() + 128).astype(np.uint8))
+    np.testing.assert_allclose(row_s, (mx * torch.tensor(1 / ROW_QMAX)).numpy(), rtol=1e-6)
+    assert xq[5].tolist() == [128] * 256  # a row of zeros
+    assert xq[3].min() == 1 or xq[3].max() == 255  # the outlier row's absmax lands on ±127
+
+
 def test_static_op_equals_quantize_linear():
     gate, up, y = _inputs()
     s = np.float32(0.05)

@@ -70,6 +70,15 @@ def test_row_scales_take_the_kept_sites_instead_of_shadows(tiny, stats):
         plan_from_calibration(tiny, stats, PlanOptions(row_scales=("down",)))
 
 
+def test_a8r_sites_scale_rows_whether_kept_or_not(tiny, stats):
+    every = [(layer, site) for layer in range(2) for site in ("attn_in", "down_in")]
+    plan = plan_from_calibration(tiny, stats, PlanOptions(prune_fraction=0.75, a8r=every))
+    assert {k for k, sq in plan.sites.items() if sq.per_row} == set(every)
+    assert plan.shadow_sites() == [] and all(plan.sites[k].bits == 8 for k in every)
+    with pytest.raises(ConfigError, match="either W8A16 or a scale per row"):
+        plan_from_calibration(tiny, stats, PlanOptions(a16=every[:1], a8r=every))
+
+
 
 def test_error_importance_from_histogram(tiny, stats):
     # "error" importance: the relative squared error that pruning adds, from the |x| histogram; a site
