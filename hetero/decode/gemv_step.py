@@ -249,11 +249,11 @@ class _Table:
         parts = (ctypes.c_void_p * len(jobs))(*[ctypes.addressof(b.whole) for b in jobs])
         if scratch is None:
             return cls(jobs, ptrs, parts, None)
+        from hetero.decode.twocore.attnpool import StageTable  # (numba: a split table only, module note)
+
         counters = np.zeros(8 * len(jobs), np.int64)  # one per job, a cache line each
         halves = [b.halves(*scratch, counters.ctypes.data + 64 * i) for i, b in enumerate(jobs)]
         addr = lambda xs: np.asarray([ctypes.addressof(x) for x in xs], np.int64)  # noqa: E731
-        from hetero.decode.twocore.attnpool import StageTable
-
         split = StageTable(gemv.part_fn(), addr([b.job for b in jobs]), addr([h[0] for h in halves]),
                            addr([b.job for b in jobs]), addr([h[1] for h in halves]), _never)
         return cls(jobs, ptrs, parts, split, [h for pair in halves for h in pair] + list(scratch), counters)

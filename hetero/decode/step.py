@@ -73,14 +73,13 @@ class FloatLayers:
         import torch
 
         from hetero import model as ref
+        from hetero.decode.rowattn import row_attention
 
         n = len(tree)
         backend = ref.on_tensors(self.backend)  # a numpy backend through torch views
         with torch.inference_mode():
             h = ref.embed(self.runtime.model.weights, torch.tensor(tree.tokens, dtype=torch.long))
             positions = torch.from_numpy(tree.positions(slot))
-            from hetero.decode.rowattn import row_attention
-
             mask = None if tree.is_chain() else torch.from_numpy(tree.mask())
             for layer in range(self.cfg.n_layers if layers is None else layers):
                 q, k, v = (torch.cat(parts) for parts in zip(*(backend.qkv(layer, h[i : i + 1]) for i in range(n))))
