@@ -53,6 +53,7 @@ from hetero.arguments import add_model_arg
 from hetero.errors import ConfigError
 from hetero.loader import load_model
 from hetero.methods import make_runtime, use_threads
+from hetero.npu.placement import DECODE_FORMS
 from hetero.npu import isa
 from hetero.paths import atomic_path
 
@@ -82,18 +83,29 @@ def chat_ids(tok, text: str) -> list[int]:
 
 class Engines:
     def __init__(self, model, threads: int, peers: tuple[str, ...] = PEERS, max_len: int = 2048 + 256,
-                 model_path: str | None = None, methods: tuple[str, ...] = ("hetero", "float")):
+                 model_path: str | None = None, methods: tuple[str, ...] = ("hetero", "float"),
+                 decode_forms: tuple[str, ...] = ()):
         """`methods`: hetero's runtimes to make (float only where its rows or HF's are asked: at 1B and up a float
-        runtime costs gigabytes); `model_path`: the model the peers are built from (None: the default)."""
+        runtime costs gigabytes); `model_path`: the model the peers are built from (None: the default);
+        `decode_forms`: more hetero runtimes, "hetero_<form>", that decode in `make_runtime`'s `decode_form` (one
+        refused for this model is skipped with its reason)."""
         self.model, self.threads, self.max_len = model, threads, max_len
         self.rt = {m: make_runtime(model, m, chunk=256, threads=threads) for m in methods}
-        step = DecodeStep.of(self.rt["hetero"])
-        step.split_after = 0  # the steady state: graphs split over both cores from the first step (SPLIT_AFTER_STEPS)
-        for c in TREE_SIZES:
-            step.prepare(c)  # decode graphs bound before timing
+        self.skipped: dict[str, str] = {}
+        for form in decode_forms:
+            try:
+                self.rt[f"hetero_{form}"] = make_runtime(model, "hetero", chunk=256, threads=threads,
+                                                         decode_form=form)
+            except ConfigError as e:
+                self.skipped[f"hetero_{form}"] = str(e)
+                print(f"hetero_{form} skipped: {e}", flush=True)
+        for name in [m for m in self.rt if m.startswith("hetero")]:
+            step = DecodeStep.of(self.rt[name])
+            step.split_after = 0  # the steady state: graphs split over both cores from the first step (SPLIT_AFTER_STEPS)
+            for c in TREE_SIZES:
+                step.prepare(c)  # decode graphs bound before timing
         self._hf = self._llm = None
         self.peers: dict[str, PeerProcess] = {}
-        self.skipped: dict[str, str] = {}
         for name in peers:  # each in its own process, loaded before any timing
             try:
                 self.peers[name] = PeerProcess(name, threads, max_len, model_path)
@@ -124,12 +136,14 @@ class Engines:
     def decode(self, engine: str, ids: list[int], n_new: int, repeats: int, speculate: str = "off") -> dict:
         """Median decode time of n_new greedy tokens after a prefill of ids (prefill not timed)."""
         stop = SamplingParams(max_new_tokens=n_new, stop_token_ids=())
-        if engine in ("hetero", "float"):
+        if engine.startswith("hetero_") and engine not in self.rt:
+            return {"skipped": self.skipped.get(engine, "not run")}
+        if engine in self.rt:
             rt = self.rt[engine]
             runs = []
             for _ in range(repeats + 1):
                 r = rt.prefill(ids)
-                use_threads(1 if engine == "hetero" else self.threads)
+                use_threads(self.threads if engine == "float" else 1)
                 g = generate(rt, r, stop, speculate=speculate, context_ids=ids,
                              draft_runtime=rt if speculate == "draft" else None)
                 runs.append(g)
@@ -227,6 +241,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help=f"rows beside hetero INT8 and the peers: some of {', '.join(BASELINES)}, or none")
     ap.add_argument("--plain-only", action="store_true",
                     help="only the plain-decode rows (no speculation, no end to end), written as decode_plain.*")
+    ap.add_argument("--decode-forms", default="",
+                    help=f"more hetero rows in the plain rounds, hetero_<form> (`hetero run --decode-form`): some "
+                         f"of {', '.join(f for f in DECODE_FORMS if f != 'auto')}")
     add_out_arg(ap, "decode*.json/.md/.png")
 
 
@@ -250,7 +267,12 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     tok = model.tokenizer
     methods = ("hetero", "float") if baselines else ("hetero",)  # HF generate continues the float prefill
-    eng = Engines(model, args.threads, peers, model_path=args.model, methods=methods)
+    forms = tuple(f.strip() for f in args.decode_forms.split(",") if f.strip())
+    if any(f not in DECODE_FORMS or f == "auto" for f in forms):
+        raise ConfigError(f"--decode-forms must name some of {', '.join(DECODE_FORMS[1:])}, got {args.decode_forms!r}")
+    if forms and not args.plain_only:
+        raise ConfigError("--decode-forms adds plain rows: it needs --plain-only")
+    eng = Engines(model, args.threads, peers, model_path=args.model, methods=methods, decode_forms=forms)
     text_ids = tok(TEXT.read_text())["input_ids"]
     result: dict = {"model": model.name, "command": "python bench/decode.py " + " ".join(sys.argv[1:]), "threads": args.threads, "repeats": repeats, "cpu_count": os.cpu_count(),
                     "isa": isa.machine(), "host": host(), "machine": describe(host()),
@@ -260,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
         row: dict = {"context": n, "load_before": load()}
         # Rounds interleave the engines (each call: a warm-up run, then one timed run), so that a slow stretch of
         # the shared machine touches every engine alike; hetero vs llama.cpp is also taken round by round.
-        rounds: dict[str, list] = {e: [] for e in ("hetero", *baselines, *peers)}
+        rounds: dict[str, list] = {e: [] for e in ("hetero", *(f"hetero_{f}" for f in forms), *baselines, *peers)}
         for _ in range(repeats):
             for engine, got in rounds.items():
                 n_new = args.new if engine != "float" else max(8, args.new // 2)
@@ -274,7 +296,8 @@ def run(args: argparse.Namespace) -> int:
         if ran:  # the fastest peer by its median; hetero over it round by round
             best = max(ran, key=lambda p: row[p])
             row["best_peer"] = best
-            row["hetero_over_best_peer"] = round(statistics.median(h / c for h, c in zip(rounds["hetero"], rounds[best])), 2)
+            for h in [e for e in rounds if e.startswith("hetero") and isinstance(row[e], float)]:
+                row[f"{h}_over_best_peer"] = round(statistics.median(x / c for x, c in zip(rounds[h], rounds[best])), 2)
         row["load_after"] = load()
         result["plain"].append(row)
     if not args.plain_only:
@@ -338,6 +361,13 @@ def write_md(r: dict, path: Path) -> None:
         lines.append(f"| {row['context']} | {row['hetero']} | {row.get('float', '—')} | {row.get('hf', '—')} | {best or '—'} | "
                      f"{row[best] if best else ''} | {row.get('hetero_over_best_peer', '')} | {rounds.get('hetero', '')} | "
                      f"{rounds.get(best, '') if best else ''} | {row['load_before']}–{row['load_after']} |")
+    made = [k for k in r["plain"][0] if k.startswith("hetero_") and not k.endswith("_over_best_peer")] if r["plain"] else []
+    if made:  # hetero's opt-in decode forms (`hetero run --decode-form`)
+        lines += ["", "### hetero with `--decode-form` (opted into: blocks made from the file's float weights)", "",
+                  "| context | " + " | ".join(f"{m} | {m} / fastest peer" for m in made) + " |",
+                  "|---:|" + "---:|---:|" * len(made)]
+        lines += [f"| {row['context']} | " + " | ".join(f"{row.get(m, '')} | {row.get(f'{m}_over_best_peer', '')}"
+                                                      for m in made) + " |" for row in r["plain"]]
     peers = list(r.get("peers", {}))
     if peers:
         lines += ["", "### Every peer, tokens/s (median of the rounds)", "",

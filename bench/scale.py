@@ -58,6 +58,8 @@ PEERS = ("openvino_genai", "openvino_genai_int4", "ort_genai", "llama_cpp_q4_0",
          "llama_cpp_q8_0", "llama_cpp_q8_0_fa")
 STEPS = ("setup", "peers", "measure")
 DECODE_CONTEXT = 1024
+# hetero's opt-in decode forms (`hetero run --decode-form`): a row and a memory probe each beside the default's
+OPT_IN_FORMS = ("q4_1",)
 PROBE_PROMPT, PROBE_NEW = 2048, 64  # issue 41's run-time memory figure: a process that prefills 2,048, decodes 64
 SETUP_PROMPT = "What is the capital of France? Answer in one sentence."
 # Targets (issue 41 item 5): prefill over the fastest peer, fraction of the machine bound at 1024, decode over it.
@@ -213,9 +215,10 @@ def resident_by_kind(smaps: str) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def probe(model_path: str, threads: int) -> dict[str, Any]:
-    """In this (fresh) process: hetero's runtime, a 2,048-token prefill and 64 decoded tokens; the peak RSS after
-    each, resident bytes by mapping at the end, the KV cache's bytes and the INT8 weights the CPU keeps."""
+def probe(model_path: str, threads: int, decode_form: str | None = None) -> dict[str, Any]:
+    """In this (fresh) process: hetero's runtime (decoding in `decode_form`, `hetero run --decode-form`), a 2,048-token
+    prefill and 64 decoded tokens; the peak RSS after each, resident bytes by mapping at the end, the KV cache's bytes
+    and the INT8 weights the CPU keeps."""
     import resource
 
     from hetero.decode import SamplingParams, generate
@@ -227,7 +230,7 @@ def probe(model_path: str, threads: int) -> dict[str, Any]:
         return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
     ids = prompt_ids(model_path, PROBE_PROMPT, 1)
-    rt = make_runtime(load_model(model_path), "hetero", threads=threads)
+    rt = make_runtime(load_model(model_path), "hetero", threads=threads, decode_form=decode_form)
     after = {"runtime": peak()}
     r = rt.prefill(ids)
     after[f"prefill {PROBE_PROMPT}"] = peak()
@@ -236,9 +239,18 @@ def probe(model_path: str, threads: int) -> dict[str, Any]:
     plan = getattr(rt.backend, "plan", None)
     with open("/proc/self/smaps") as f:
         resident = resident_by_kind(f.read())
-    return {"peak_rss_mb": after, "resident_bytes": resident, "kv_cache_bytes": r.cache.nbytes(),
+    return {"decode_form": decode_form or "auto", "decode_weights_bytes": _decode_bytes(rt),
+            "peak_rss_mb": after, "resident_bytes": resident, "kv_cache_bytes": r.cache.nbytes(),
             "kv_cache_tokens": PROBE_PROMPT + PROBE_NEW,
             "int8_weights_kept_on_cpu_bytes": sum(w.q.nbytes for w in plan.weights.values()) if plan else 0}
+
+
+def _decode_bytes(rt) -> int:
+    """Bytes of the decode GEMVs' weights a runtime placed (its arenas: the head and, after a step, the layers)."""
+    from hetero.decode.step import DecodeStep
+
+    step = DecodeStep.of(rt)
+    return step._gemv_weights().nbytes if step.kernel in ("gemv", "blocks") else 0
 
 
 # --- the measured step ------------------------------------------------------------------------------------------
@@ -264,7 +276,8 @@ def where_time_goes(gguf: Path, threads: int, n: int = 1024) -> dict[str, Any]:
 def decode_rows(gguf: Path, peers: tuple[str, ...], repeats: int, threads: int, new: int) -> dict[str, Any]:
     """Plain decode tokens/s at DECODE_CONTEXT: hetero INT8 and the peers (`bench/decode.py --plain-only`)."""
     with tempfile.TemporaryDirectory(prefix="hetero-scale-") as tmp:
-        run_module(["decode", "--plain-only", "--model", str(gguf), "--baselines", "none", "--contexts",
+        run_module(["decode", "--plain-only", "--model", str(gguf), "--baselines", "none",
+                    "--decode-forms", ",".join(OPT_IN_FORMS), "--contexts",
                     str(DECODE_CONTEXT), "--peers", ",".join(peers) or "none", "--repeats", str(repeats),
                     "--threads", str(threads), "--new", str(new), "--out", tmp])
         got = json.loads((Path(tmp) / "decode_plain.json").read_text())
@@ -281,11 +294,19 @@ def measure(gguf: Path, cfg: ModelConfig, lens: list[int], repeats: int, threads
     rows, skipped = run_engines(["hetero", *peers], lens, repeats, threads, str(gguf))
     bound = machine_bound(cfg, lens, threads)
     decode = decode_rows(gguf, peers, repeats, threads, new)
-    wall, rss, out = run_measured([sys.executable, "-m", "bench", "scale", "--probe", "--model", str(gguf),
-                                   "--threads", str(threads)], child_env())
+    probes = {}
+    for form in ("auto", *OPT_IN_FORMS):
+        try:
+            wall, rss, out = run_measured([sys.executable, "-m", "bench", "scale", "--probe", "--model", str(gguf),
+                                           "--threads", str(threads), "--decode-form", form], child_env())
+            probes[form] = {**json.loads(out.strip().splitlines()[-1]), "process_peak_rss_mb": round(rss)}
+        except ConfigError as e:
+            if form == "auto":
+                raise
+            probes[form] = {"skipped": str(e)}
     parts = where_time_goes(gguf, threads)
     return {"rows": [asdict(r) for r in rows], "skipped": skipped, "bound": bound, "decode": decode,
-            "probe": {**json.loads(out.strip().splitlines()[-1]), "process_peak_rss_mb": round(rss)},
+            "probe": probes.pop("auto"), "probe_opt_in": probes,
             "prefill_parts_1024": parts, "repeats": repeats, "threads": threads,
             "loadavg_1m_start": round(load_before, 2), "loadavg_1m_end": round(load_avg(), 2),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
@@ -317,10 +338,18 @@ def summarize(entry: dict[str, Any]) -> dict[str, Any]:
                                                         for b in best),
            "bound_fraction_1024": at_1024 is not None and at_1024 >= TARGETS["bound_fraction_1024"],
            "decode_over_best_peer": decode_over is not None and decode_over >= TARGETS["decode_over_best_peer"]}
+    opt_in = {}  # hetero's opt-in decode forms: beside the default, never in its targets
+    for form in OPT_IN_FORMS:
+        tps = drow.get(f"hetero_{form}")
+        if isinstance(tps, (int, float)):
+            probe = entry.get("probe_opt_in", {}).get(form, {})
+            opt_in[form] = {"tokens_per_s": tps, "over_best_peer": round(tps / dpeers[dbest], 3) if dbest else None,
+                            "probe_peak_rss_mb": probe.get("process_peak_rss_mb")}
     return {"vs_best_peer": best, "vs_best_peer_fastest_round": fastest, "hetero_bound_fraction": bound,
             "best_peer_bound_fraction": best_peer_fraction(best, entry["bound"]),
             "decode": {"context": DECODE_CONTEXT, "hetero_tokens_per_s": hetero_decode, "best_peer": dbest,
-                       "peer_tokens_per_s": dpeers.get(dbest) if dbest else None, "hetero_over": decode_over},
+                       "peer_tokens_per_s": dpeers.get(dbest) if dbest else None, "hetero_over": decode_over,
+                       "opt_in": opt_in},
             "peak_rss_mb": rss, "targets_met": met}
 
 
@@ -368,7 +397,9 @@ def markdown(result: dict[str, Any]) -> str:
         frac = next((b["fraction"] for b in s["hetero_bound_fraction"] if b["prompt_len"] == 1024), None)
         d = s["decode"]
         dec = (f"{_cell(d['hetero_tokens_per_s'], '{:.1f}')} / {_cell(d['peer_tokens_per_s'], '{:.1f}')} "
-               f"({d['best_peer']}): **{_cell(d['hetero_over'], '{:.2f}')}×**")
+               f"({d['best_peer']}): **{_cell(d['hetero_over'], '{:.2f}')}×**"
+               + "".join(f"; opted into {f}: {o['tokens_per_s']:.1f}, **{_cell(o['over_best_peer'], '{:.2f}')}×**"
+                         for f, o in d.get("opt_in", {}).items()))
         peer_rss = {k: v for k, v in s["peak_rss_mb"].items() if k != "hetero"}
         low = min(peer_rss, key=peer_rss.get) if peer_rss else None
         rss = (f"{_cell(s['peak_rss_mb'].get('hetero'))} / "
@@ -432,6 +463,14 @@ def markdown(result: dict[str, Any]) -> str:
                   + f" MB); KV cache {_gb(p['kv_cache_bytes'])} GB at {p['kv_cache_tokens']} tokens; INT8 weights the "
                   f"CPU keeps {_gb(p['int8_weights_kept_on_cpu_bytes'])} GB; resident at the end (GB): "
                   + ", ".join(f"{k} {_gb(v)}" for k, v in list(p["resident_bytes"].items())[:8]) + "."]
+        for form, o in s["decode"].get("opt_in", {}).items():
+            q = m.get("probe_opt_in", {}).get(form, {})
+            lines += ["", f"Opted into, `--decode-form {form}` ({form.upper()} blocks made from the file's float weights, "
+                      f"a 4-bit re-rounding as the 4-bit peers'): decode at {DECODE_CONTEXT} {o['tokens_per_s']} "
+                      f"tokens/s, {_cell(o['over_best_peer'], '{:.2f}')}× the fastest peer; the same run-time process "
+                      f"peaks at {_cell(q.get('process_peak_rss_mb'), '{}')} MB (decode weights "
+                      f"{_gb(q.get('decode_weights_bytes'))} GB against the default's "
+                      f"{_gb(p.get('decode_weights_bytes'))} GB)."]
         if any(x["fraction"] > 1 for x in s["hetero_bound_fraction"]):
             lines += ["", "hetero runs above the bound: its int8 rate is the best of ONNX Runtime's `MatMulInteger` "
                       "measured in this run, which hetero's own graphs beat at this width (and a loaded machine "
@@ -552,6 +591,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_out_arg(p, "scale.json/.md/.png")
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # the run-time memory process, on --model
     p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--decode-form", default=None, help=argparse.SUPPRESS)  # the probe's (`hetero run --decode-form`)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -561,7 +601,7 @@ def run(args: argparse.Namespace) -> int:
     if args.probe:
         if not args.model:
             raise ConfigError("--probe needs --model")
-        print(json.dumps(probe(args.model, args.threads)))
+        print(json.dumps(probe(args.model, args.threads, args.decode_form)))
         return 0
     out = out_dir(args.out)
     result = load_result(out / "scale.json")

@@ -54,6 +54,8 @@ class DecodePlacement:
     # what runs them: "blocks" (hetero's GEMVs over the GGUF's own blocks, `decode.gguf_blocks`), "gemv" (its int8
     # GEMVs, `native.gemv`) or "nbits" (the graphs)
     small_kernel: str = "nbits"
+    # "blocks" from float tensors: the form hetero makes them in (`gguf_forms.MADE`, `--decode-form`), None: the file's
+    made: str | None = None
 
     def describe(self) -> str:
         small = f"; steps of 1-{self.small_rows} rows: {self.small_form}" if self.small_rows else ""

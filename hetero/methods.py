@@ -316,7 +316,7 @@ def method_of(model: Model, method: str) -> tuple[Choice, Method]:
 
 
 def _resolve(model: Model, chosen: Choice, spec: Method, chunk: int, threads: int | None, policy: str | None,
-             weight_form: str | None, layout: str | None) -> HostPlan:
+             weight_form: str | None, layout: str | None, decode_form: str | None = None) -> HostPlan:
     """The host plan of `spec` over `model` (already `quant_model`'s): each technique asked once, here."""
     n = threads or os.cpu_count() or 1
     placed = prefill_layout_of(model, spec, chunk, n, policy, layout)
@@ -328,7 +328,7 @@ def _resolve(model: Model, chosen: Choice, spec: Method, chunk: int, threads: in
     why_threads = ("lanes overlap: each gets a share of the cores so they do not oversubscribe them (the NPU lane's "
                    "sessions always, torch while another lane runs)" if overlapped else
                    "in program order: everything gets every core")
-    npu, weights, decode = _graphs(model, spec, execution, weight_form)
+    npu, weights, decode = _graphs(model, spec, execution, weight_form, decode_form)
     attention, glue = _layer_ops(model.config, spec, fused)
     rule = ChunkRule(chunk)
     if fused and lanes > 1:  # chunk i on lane i mod 2 (`sched.wavefront`: no op split over cores, no pool wake-ups)
@@ -351,14 +351,14 @@ def _resolve(model: Model, chosen: Choice, spec: Method, chunk: int, threads: in
 
 
 def _graphs(model: Model, spec: Method, execution: ExecutionPlan,
-            weight_form: str | None) -> tuple[Choice, Choice, DecodePlacement]:
+            weight_form: str | None, decode_form: str | None = None) -> tuple[Choice, Choice, DecodePlacement]:
     """Where the static graphs run (the provider, QNN HTP falling back to the CPU EP where it is absent), their
     weights' form and the decode placement."""
     from hetero.npu.placement import decode_placement_of
 
     if spec.provider is None:
         return (Choice("none", "float layers in torch: no static graphs"), Choice("float", "no INT8 weights"),
-                decode_placement_of(None, None, None, "float"))
+                decode_placement_of(None, None, None, "float", decode_form=decode_form))
     from hetero.npu.isa import resolve_weight_form
     from hetero.npu.providers import make_provider
 
@@ -375,7 +375,7 @@ def _graphs(model: Model, spec: Method, execution: ExecutionPlan,
     weights = Choice(form, "as asked" if weight_form not in (None, "auto") else
                      "this CPU's exact and fast form (`npu.isa`)" if spec.provider == "cpu" else
                      "the NPU's 8-bit form (`npu.isa.FORM_NPU`)")
-    return npu, weights, decode_placement_of(model.config, provider, form, model=model)
+    return npu, weights, decode_placement_of(model.config, provider, form, model=model, decode_form=decode_form)
 
 
 def _layer_ops(cfg: "ModelConfig", spec: Method, fused: bool) -> tuple[Choice, Choice]:
@@ -399,13 +399,14 @@ def _layer_ops(cfg: "ModelConfig", spec: Method, fused: bool) -> tuple[Choice, C
 
 
 def host_plan(model: Model, method: str = DEFAULT_METHOD, chunk: int | None = None, threads: int | None = None,
-              policy: str | None = None, weight_form: str | None = None, layout: str | None = None) -> HostPlan:
+              policy: str | None = None, weight_form: str | None = None, layout: str | None = None,
+              decode_form: str | None = None) -> HostPlan:
     """What a runtime of `method` would run on this host, each decision with its reason (`make_runtime`'s arguments;
     chunk None: the method's), without making it: `hetero info`."""
     chosen, spec = method_of(model, method)
     if spec.recipe is not None:
         model = quant_model(model, spec.recipe)
-    return _resolve(model, chosen, spec, chunk or spec.chunk, threads, policy, weight_form, layout)
+    return _resolve(model, chosen, spec, chunk or spec.chunk, threads, policy, weight_form, layout, decode_form)
 
 
 def _executor(model: Model, plan: HostPlan) -> PrefillExecutor | None:
@@ -433,11 +434,13 @@ def _executor(model: Model, plan: HostPlan) -> PrefillExecutor | None:
 
 
 def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, threads: int | None = None,
-                 policy: str | None = None, weight_form: str | None = None, layout: str | None = None) -> Runtime:
+                 policy: str | None = None, weight_form: str | None = None, layout: str | None = None,
+                 decode_form: str | None = None) -> Runtime:
     """A runtime for `method`; `policy` overrides the method's default dispatch policy; `weight_form` forces
     the INT8 weight form of the quantized methods (None or "auto": this CPU's, `hetero.npu.isa`); `layout`
     forces the prefill layout of the INT8 methods ("layers" or "lanes"; None or "auto": the method's, and for
-    `hetero` this host's placement, `npu.placement.prefill_layout`, in `Runtime.layout`).
+    `hetero` this host's placement, `npu.placement.prefill_layout`, in `Runtime.layout`); `decode_form` "q4_1" lets
+    decode read Q4_1 blocks made from a file's float weights (`npu.placement.decode_placement_of`).
 
     Everything that runs is decided first, in the host plan (`Runtime.host_plan`, logged with -v), then made from it.
     Threads (default: all cores): when lanes overlap, each lane gets half of them so the lanes do not
@@ -450,7 +453,7 @@ def make_runtime(model: Model, method: str = DEFAULT_METHOD, chunk: int = 256, t
         print(f"hetero: {chosen.reason}; running --method {chosen.value}", file=sys.stderr)
     if spec.recipe is not None:
         model = quant_model(model, spec.recipe)  # the rotated copy: its embedding and lm_head run the prefill
-    plan = _resolve(model, chosen, spec, chunk, threads, policy, weight_form, layout)
+    plan = _resolve(model, chosen, spec, chunk, threads, policy, weight_form, layout, decode_form)
     for line in plan.lines():  # (`hetero -v run` prints them on stderr, before the answer)
         log.info("host plan | %s", line)
     return runtime_of(model, plan)

@@ -139,6 +139,7 @@ def test_cli_chunk_zero(capsys) -> None:
     (["--chunk", "0"], "argument --chunk: expected a positive integer, got 0"),
     (["--threads", "0"], "argument --threads: expected a positive integer, got 0"),
     (["--method", "nope"], "argument --method: invalid choice: 'nope'"),
+    (["--decode-form", "q4_0"], "argument --decode-form: invalid choice: 'q4_0'"),
 ])
 def test_cli_usage_errors_are_one_line(args, says, capsys) -> None:
     """argparse's errors too: one line naming the argument and what it expected, not its usage block."""
@@ -146,6 +147,11 @@ def test_cli_usage_errors_are_one_line(args, says, capsys) -> None:
         main(["run", "hi", *args])
     err = capsys.readouterr().err
     assert e.value.code == 2 and says in err and err.count("\n") == 1, err
+
+
+def test_cli_decode_form_beside_the_hf_decoder(capsys) -> None:
+    code, err = run_cli(["run", "hi", "--decoder", "hf", "--decode-form", "q4_1"], capsys)
+    assert code == 2 and "--decode-form q4_1 is hetero's decoder's; --decoder hf decodes in float" in err
 
 
 def test_cli_corrupt_gguf(tiny_gguf, capsys) -> None:

@@ -55,11 +55,20 @@ def test_ratios_and_targets_against_the_fastest_peer():
         (256, "llama_cpp_q4_0", round(600 / 520, 3)), (1024, "llama_cpp_q4_0", round(500 / 480, 3))]
     assert s["hetero_bound_fraction"] == [{"prompt_len": 256, "fraction": 0.6}, {"prompt_len": 1024, "fraction": 0.625}]
     assert s["decode"] == {"context": 1024, "hetero_tokens_per_s": 20.0, "best_peer": "openvino_genai",
-                           "peer_tokens_per_s": 25.0, "hetero_over": 0.8}  # a failed peer is no peer
+                           "peer_tokens_per_s": 25.0, "hetero_over": 0.8, "opt_in": {}}  # a failed peer is no peer
     assert s["peak_rss_mb"] == {"hetero": 900.0, "openvino_genai": 700.0, "llama_cpp_q4_0": 500.0}
     # 1.04x at 1024 misses the 1.1x prefill target; 0.625 of the bound meets 0.6; decode 0.8x misses
     assert s["targets_met"] == {"prefill_over_best_peer": False, "bound_fraction_1024": True,
                                 "decode_over_best_peer": False}
+
+
+def test_an_opted_in_decode_form_is_reported_beside_the_default_never_in_its_targets():
+    e = _entry({1024: 500.0}, {"openvino_genai": {1024: 400.0}}, {1024: 1000.0},
+               {"hetero": 20.0, "hetero_q4_1": 30.0, "openvino_genai": 25.0})
+    e["probe_opt_in"] = {"q4_1": {"process_peak_rss_mb": 2100}}
+    s = summarize(e)
+    assert s["decode"]["hetero_over"] == 0.8 and not s["targets_met"]["decode_over_best_peer"]
+    assert s["decode"]["opt_in"] == {"q4_1": {"tokens_per_s": 30.0, "over_best_peer": 1.2, "probe_peak_rss_mb": 2100}}
 
 
 def test_no_peer_meets_no_target():
@@ -89,6 +98,11 @@ def test_the_tables_say_synthetic_and_why_a_shape_was_not_run():
     assert "## llama-3.1-8b: not run" in md and "exceed this machine's 24 GB" in md
     assert "**1.20×**" in md and "**1.25×**" in md  # hetero / the fastest peer at 256 and 1024
     assert "ffn 2000 (67%)" in md  # a missed target says where the time goes
+    e["decode"]["row"]["hetero_q4_1"] = 30.0
+    e["probe_opt_in"] = {"q4_1": {"process_peak_rss_mb": 870, "decode_weights_bytes": 6 * 10**8}}
+    result["shapes"]["llama-3.2-1b"]["summary"] = summarize(e)
+    md = markdown(result)
+    assert "opted into q4_1: 30.0, **1.20×**" in md and "`--decode-form q4_1`" in md and "peaks at 870 MB" in md
 
 
 def test_weight_forms_of_the_cache_and_of_the_mappings():

@@ -74,6 +74,7 @@ class Timing:
 def add_decode_args(p: argparse.ArgumentParser) -> None:
     """How `hetero run` decodes after the prefill (`hetero.decode`)."""
     from hetero.decode import SPECULATE
+    from hetero.npu.placement import DECODE_FORMS
 
     p.add_argument("--decoder", choices=("hetero", "hf"), default="hetero",
                    help="hetero: decode on hetero's cache (default); hf: hand the cache to transformers generate()")
@@ -82,6 +83,10 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "(default), lookup = n-grams of the context, draft = --draft-model, self = the model's first "
                         "layers, off")
     p.add_argument("--draft-model", help="draft model for --speculate draft (GGUF or HF directory, same tokenizer)")
+    p.add_argument("--decode-form", choices=DECODE_FORMS, default="auto",
+                   help="decode weights: auto = the GGUF's own Q4_1 / Q8_0 blocks where it has them, else INT8 "
+                        "(default); q4_1 = Q4_1 blocks made from a float file's weights, as a 4-bit peer "
+                        "reads (fewer bytes a token, a second rounding)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -153,6 +158,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     text_in = read_prompt(args.prompt, args.file)
     if args.decoder == "hetero":
         sampling_params(args)
+    elif args.decode_form != "auto":
+        raise ConfigError(f"--decode-form {args.decode_form} is hetero's decoder's; --decoder hf decodes in float")
     use_threads(args.threads)
     timing = Timing()
     if getattr(args, "startup_s", None) is not None:
@@ -165,7 +172,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     ids = encode_prompt(tok, text_in, system=args.system, raw=args.raw)
     with timing("calibrate + build"):
         runtime = make_runtime(model, args.method, chunk=args.chunk, threads=args.threads,
-                               weight_form=args.weight_form)
+                               weight_form=args.weight_form,
+                               decode_form=args.decode_form if args.decoder == "hetero" else None)
         step_s = _make_decode_step(runtime) if args.decoder == "hetero" else 0.0
     timing.split("calibrate + build", "calibrate", "build", getattr(runtime.backend, "prepare_s", 0.0) + step_s)
     prompt = runtime.check_ids(ids)

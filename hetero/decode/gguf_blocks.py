@@ -19,6 +19,7 @@ of the rotated prefill (its last token's, for the first logits) is taken back wi
 from __future__ import annotations
 
 import re
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,11 +27,13 @@ import numpy as np
 
 from hetero.errors import ConfigError
 from hetero.native import gemv
-from hetero.native.gguf_forms import ROWBYTES, gguf_table, head_tensor, site_tensors, unavailable
+from hetero.native.gguf_forms import block_forms, gguf_table, head_tensor, site_tensors, unavailable
 from hetero.weights import SITE_BIASES, SITE_LINEARS
 
 if TYPE_CHECKING:
     from hetero.loader import Model
+
+MADE_ROWS = 4096  # rows of a float tensor quantized at a time (a float32 slab of 32 MB at 2,048 columns)
 
 
 def rotation_of(model: "Model") -> np.ndarray | None:
@@ -58,27 +61,41 @@ class BlockWeights:
     The step runs in the model's own space (module docstring): `arrays` are the unrotated model's (embedding,
     QK norms), `online` is empty, and `unrotate` takes a rotated prefill's hidden rows to it (None: the same)."""
 
-    def __init__(self, model: "Model"):
+    def __init__(self, model: "Model", made: str | None = None):
+        """made: blocks of `gguf_forms.MADE` ("q4_1") made from the file's float tensors where it has no blocks
+        (`hetero run --decode-form`): a second rounding of those weights, opted into, never the default."""
+        import gguf
+
         from hetero.decode.gemv_step import StepLinears, step_norms
         from hetero.loader import _unpermute, load_model
         from hetero.outliers.weightcache import cached_arrays
 
-        why = unavailable(model) or gemv.config_unsupported(model.config)
+        why = unavailable(model, made) or gemv.config_unsupported(model.config)
         if why is not None:
             raise ConfigError(f"the GGUF's blocks cannot decode this model: {why}")
         cfg = model.config
         self.cfg, self.online = cfg, {}
         path = Path(model.path)
         table = gguf_table(path)
+        made_forms = block_forms(table, made)
         base = load_model(path) if model.rotated else model  # the model's own space (cached: a mapped file)
         self.arrays = base.arrays()
         head = head_tensor(table)
 
         def rows(name: str) -> tuple[np.ndarray, str, int]:
-            """The tensor's rows [N, K/32 · block bytes] (mapped), its form, K."""
+            """The tensor's rows [N, K/32 · block bytes] in its GEMV's form (the file's, mapped; or made from its
+            float rows, `made_forms`), that form, K."""
             t = table.tensors[name]
             form, (k, n) = table.form(name), t.shape[:2]
-            raw = np.memmap(path, np.uint8, mode="r", offset=t.offset, shape=(n, k // 32 * ROWBYTES[form]))
+            qtype = gguf.GGMLQuantizationType(t.type)
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            raw = np.memmap(path, np.uint8, mode="r", offset=t.offset, shape=(n, k // block * size))
+            if form != made_forms[name]:  # a float tensor: its blocks made a slab of rows at a time
+                want = gguf.GGMLQuantizationType[made_forms[name].upper()]
+                raw = np.concatenate([gguf.quants.quantize(gguf.quants.dequantize(raw[lo : lo + MADE_ROWS], qtype)
+                                                           .astype(np.float32), want)
+                                      for lo in range(0, n, MADE_ROWS)])
+                form = made_forms[name]
             if table.arch in ("llama", "mistral") and (".attn_q." in name or ".attn_k." in name):  # as the loader
                 raw = _unpermute(np.asarray(raw), cfg.n_heads if ".attn_q." in name else cfg.n_kv_heads)
             return raw, form, k
@@ -94,12 +111,13 @@ class BlockWeights:
             out["head.w"] = gemv.pack_blocks(np.asarray(raw), form, k).w
             return out
 
-        forms = {name: table.form(names[0]) for layer in range(cfg.n_layers)
+        forms = {name: made_forms[names[0]] for layer in range(cfg.n_layers)
                  for name, names in ((f"{layer}.{s}", ns) for s, ns in site_tensors(cfg, layer).items())}
-        forms["head"] = table.form(head)
-        found = cached_arrays(base, "gguf-blocks",
-                              {"blocks": gemv.BLOCKS_VERSION, "forms": sorted(set(forms.values()))},
-                              compute)
+        forms["head"] = made_forms[head]
+        key = {"blocks": gemv.BLOCKS_VERSION, "forms": sorted(set(forms.values()))}
+        if any(made_forms[n] != table.form(n) for n in made_forms):  # gguf's own quantizer makes them
+            key |= {"made": made, "gguf": version("gguf")}
+        found = cached_arrays(base, "gguf-blocks", key, compute)
         self.linears = StepLinears(cfg, found, forms)
         self.biases: dict[str, np.ndarray] = {}
         for layer in range(cfg.n_layers):

@@ -206,7 +206,9 @@ class DecodeStep:
         """The GEMVs' weights of the runtime's model: the GGUF's blocks ("blocks"), else the INT8 form with its plan's
         online transforms; one arena per runtime, shared by its decode steps."""
         if self._gemv is None:
-            self._gemv = (self.runtime.owned("decode-block-weights", lambda: BlockWeights(self.model))
+            made = getattr(self.runtime.decode, "made", None)
+            key = "decode-block-weights" + (f"-{made}" if made else "")
+            self._gemv = (self.runtime.owned(key, lambda: BlockWeights(self.model, made))
                           if self.kernel == "blocks" else
                           self.runtime.owned("decode-gemv-weights",
                                              lambda: GemvWeights(self.model, self.runtime.backend.plan.online)))

@@ -24,10 +24,13 @@ if TYPE_CHECKING:
 
 FORMS = {2: "q4_0", 3: "q4_1", 8: "q8_0"}  # GGML type ids of the small block forms (q4_0: named, not computed)
 COMPUTED = ("q4_1", "q8_0")  # the forms the kernels read (`native.gemv.pack_blocks`)
+FLOATS = {0: "f32", 1: "f16", 30: "bf16"}  # GGML type ids of the float forms blocks may be made from
+# `--decode-form`: the forms hetero may make from a file's float tensors, its linears' and its head's (Q8_0: the head
+# is read once a token; the default model's file keeps it so too)
+MADE = {"q4_1": "q8_0"}
 ARCHS = ("llama", "mistral", "qwen2")  # a tensor per linear (phi3 fuses q|k|v: not here)
 _TENSOR = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output", "w_gate": "ffn_gate",
            "w_up": "ffn_up", "w_down": "ffn_down"}  # a linear's GGUF tensor in blk.N
-ROWBYTES = {"q4_1": 20, "q8_0": 34}  # bytes of a block of 32 values in the file
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +52,7 @@ class GgufTable:
     def form(self, name: str) -> str:
         """The block form of tensor `name` ("q4_1", ...), or its GGML type id as text."""
         t = self.tensors[name].type
-        return FORMS.get(t, f"type {t}")
+        return FORMS.get(t) or FLOATS.get(t) or f"type {t}"
 
 
 _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -129,9 +132,12 @@ def head_tensor(table: GgufTable) -> str:
     return "output.weight" if "output.weight" in table.tensors else "token_embd.weight"
 
 
-def unavailable(model: "Model") -> str | None:
-    """None when `model`'s decode linears and head can run on its GGUF's own blocks, else why not (one line):
-    the file, its architecture, every linear's and the head's form (one form per site: a job reads one)."""
+def unavailable(model: "Model", made: str | None = None) -> str | None:
+    """None when `model`'s decode linears and head can run on its GGUF's blocks, else why not (one line): the file,
+    its architecture, every linear's and the head's form (one form per site: a job reads one). `made` ("q4_1"): blocks
+    hetero makes from the file's float tensors (`MADE`) stand in for those the file lacks."""
+    if made is not None and made not in MADE:
+        raise ConfigError(f"decode form must be one of {', '.join(MADE)}, got {made!r}")
     path = Path(model.path)
     if not path.is_file() or path.suffix.lower() != ".gguf":
         return f"the model is not a GGUF file ({path.name})"
@@ -145,18 +151,37 @@ def unavailable(model: "Model") -> str | None:
     lacks = layerspec.lacks(layerspec.LayerSpec.of(cfg), "decode GGUF blocks")
     if lacks:
         return f"its layers have {lacks}"
+    readable = set(COMPUTED) | (set(FLOATS.values()) if made else set())
+    which = f"one of {COMPUTED}" + (f" or a float form ({', '.join(FLOATS.values())})" if made else "")
     for layer in range(cfg.n_layers):
         for site, names in site_tensors(cfg, layer).items():
             forms = {table.form(n) for n in names if n in table.tensors}
-            if len(forms) != 1 or not forms <= set(COMPUTED):
-                return f"{names[0]} and its site's linears are {', '.join(sorted(forms))}, not one of {COMPUTED}"
+            if len(forms) != 1 or not forms <= readable:
+                return f"{names[0]} and its site's linears are {', '.join(sorted(forms))}, not {which}"
     head = head_tensor(table)
-    if table.form(head) not in COMPUTED:
-        return f"its head {head} is {table.form(head)}, not one of {COMPUTED}"
+    if table.form(head) not in readable:
+        return f"its head {head} is {table.form(head)}, not {which}"
     return None
 
 
-def describe() -> str:
+def block_forms(table: GgufTable, made: str | None) -> dict[str, str]:
+    """The form each tensor's GEMV reads: the file's block form, or for a float tensor `made`'s (`MADE`: linears
+    `made`, the head its head form)."""
+    head = head_tensor(table)
+    out = {}
+    for name in table.tensors:
+        form = table.form(name)
+        if form in FLOATS.values() and made is not None:
+            form = MADE[made] if name == head else made
+        out[name] = form
+    return out
+
+
+def describe(made: str | None = None) -> str:
     """The decode form in words (`hostplan.DecodePlacement.small_form`)."""
+    if made is not None:
+        return (f"hetero's GEMVs over {made.upper()} blocks (head {MADE[made].upper()}) made from the file's float "
+                f"weights (AVX-512 VNNI; a 4-bit re-rounding, as the 4-bit peers': fewer bytes a step than the INT8 "
+                f"form, less exact); the file's own blocks where it has them; int8 activations per block of 32")
     return ("hetero's GEMVs over the GGUF's own Q4_1 / Q8_0 blocks (AVX-512 VNNI): the file's weights, not rounded "
             "again; int8 activations per block of 32")

@@ -97,25 +97,35 @@ def place(cfg, budget_bytes: int | None) -> Placement:
     return Placement(-1 if budget_bytes is None else budget_bytes, tuple(decisions))
 
 
-def decode_placement(backend: LayerBackend) -> DecodePlacement:
+def decode_placement(backend: LayerBackend, decode_form: str | None = None) -> DecodePlacement:
     """Where the decode steps of a runtime over `backend` (its prefill's layer ops) run (`decode_placement_of`)."""
     plan = getattr(backend, "plan", None)
     return decode_placement_of(backend.cfg if plan is not None else None, getattr(backend, "provider", None),
                                getattr(plan, "weight_form", None), getattr(backend, "name", "torch"),
-                               getattr(backend, "model", None))
+                               getattr(backend, "model", None), decode_form)
 
 
-def decode_placement_of(cfg, provider, weight_form: str | None, name: str = "torch", model=None) -> DecodePlacement:
+DECODE_FORMS = ("auto", "q4_1")  # `hetero run --decode-form`
+
+
+def decode_placement_of(cfg, provider, weight_form: str | None, name: str = "torch", model=None,
+                        decode_form: str | None = None) -> DecodePlacement:
     """Where the decode steps of a runtime run: on the CPU, as in mllm-NPU (`DecodePlacement`). A prefill lane on an
     NPU `provider` (QNN HTP; on x86-64 its simulator) hands decode to the INT8 graphs of the same plan (its weights in
     `weight_form`) on the ONNX Runtime CPU EP (`NpuBackend.at_chunk`); the CPU EP stand-in decodes on its own graphs;
     float layers (provider None, called `name`) in torch. Decided at the edge (`methods.host_plan`), before any graph
     is made. `model`: the runtime's, whose GGUF's own Q4_1 / Q8_0 blocks the GEMVs decode from where every linear
     and the head has them (`native.gguf_forms`, `decode.gguf_blocks`: the file's weights, ~40% fewer bytes a step than
-    the INT8 form)."""
+    the INT8 form). `decode_form` "q4_1": where the file has float tensors instead, Q4_1 blocks made from them (a
+    4-bit re-rounding the user opts into, as the 4-bit peers'); refused in one line where they cannot run."""
+    if decode_form not in (None, *DECODE_FORMS):
+        raise ConfigError(f"decode form must be one of {', '.join(DECODE_FORMS)}, got {decode_form!r}")
+    made = None if decode_form in (None, "auto") else decode_form
     from hetero.npu.isa import cpu_form_for
 
     if provider is None or weight_form is None:
+        if made is not None:
+            raise ConfigError(f"--decode-form {made}: the {name} layers decode in torch, with no GEMVs to read it")
         return DecodePlacement("cpu", "torch", f"the prefill's {name} layers in torch, on the CPU already")
     from hetero.npu.nbits import DEFAULT_FORM, NBITS_ROWS
 
@@ -132,9 +142,17 @@ def decode_placement_of(cfg, provider, weight_form: str | None, name: str = "tor
         from hetero.native import gguf_forms
 
         blocks_why = gguf_forms.unavailable(model)
-        form, kernel = ((gguf_forms.describe(), "blocks") if blocks_why is None else
+        if made is not None and blocks_why is not None:  # the file's own blocks, where it has them, are the same
+            blocks_why = gguf_forms.unavailable(model, made)
+            if blocks_why is not None:
+                raise ConfigError(f"--decode-form {made}: {made} blocks cannot decode this model: {blocks_why}")
+        else:
+            made = None
+        form, kernel = ((gguf_forms.describe(made), "blocks") if blocks_why is None else
                         (f"{form} (not the GGUF's own blocks: {blocks_why})", "gemv"))
-    small = {"small_rows": NBITS_ROWS, "small_form": form, "small_kernel": kernel}
+    elif made is not None:
+        raise ConfigError(f"--decode-form {made}: hetero's GEMVs cannot run here: {why or 'the runtime has no model file'}")
+    small = {"small_rows": NBITS_ROWS, "small_form": form, "small_kernel": kernel, "made": made}
     if provider.device == "cpu":
         return DecodePlacement("cpu", provider.name, f"the NPU lane is this CPU EP, so its own INT8 graphs at "
                                                      f"decode sizes (weight form {weight_form})", **small)

@@ -112,7 +112,7 @@ def test_models_without_the_blocks_keep_the_int8_gemvs(tmp_path, monkeypatch) ->
     m = _block_model(tmp_path, monkeypatch, {**{f: "Q4_1" for f in LINEARS}, "wk": "Q8_0", "": "Q8_0"})
     assert "blk.0.attn_q.weight and its site's linears are q4_1, q8_0" in gguf_forms.unavailable(m)
     m = _block_model(tmp_path, monkeypatch, {f: "Q4_1" for f in LINEARS})
-    assert gguf_forms.unavailable(m) == "its head token_embd.weight is type 0, not one of ('q4_1', 'q8_0')"
+    assert gguf_forms.unavailable(m) == "its head token_embd.weight is f32, not one of ('q4_1', 'q8_0')"
     be = NpuBackend(m, tiny_plan(m), 16, provider="cpu")
     rt = Runtime(m, chunk=16, backend=be, decode=decode_placement(be))
     assert rt.decode.small_kernel == "gemv" and "not the GGUF's own blocks: its head" in rt.decode.small_form
@@ -120,3 +120,46 @@ def test_models_without_the_blocks_keep_the_int8_gemvs(tmp_path, monkeypatch) ->
         DecodeStep(rt, kernel="blocks")
     with pytest.raises(ConfigError, match="a blocks head cannot read the gemv steps' hidden rows"):
         DecodeStep(rt, head="blocks")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_blocks_made_from_a_float_file_are_the_blocks_a_q4_1_file_holds(tmp_path, monkeypatch, arch) -> None:
+    """`--decode-form q4_1` on a float file: every linear's GEMV weights equal, bit for bit, those of the same weights
+    written as a Q4_1 file (head Q8_0), gguf's own quantizer both times (Llama's Q/K rows permuted by the writer and
+    back by the reader); the default still keeps such a file off the blocks, and the placement names the choice."""
+    from hetero.decode.gguf_blocks import BlockWeights
+    from hetero.decode.gemv_step import step_names
+    from hetero.npu.graph_backend import NpuBackend
+    from hetero.npu.placement import decode_placement
+    from tests.npu.conftest import tiny_plan
+
+    (tmp_path / "f32").mkdir(), (tmp_path / "q41").mkdir()
+    flt = _block_model(tmp_path / "f32", monkeypatch, {}, arch)
+    q41 = _block_model(tmp_path / "q41", monkeypatch, {**{f: "Q4_1" for f in LINEARS}, "": "Q8_0"}, arch)
+    assert gguf_forms.unavailable(flt) is not None and gguf_forms.unavailable(flt, "q4_1") is None
+    made, own = BlockWeights(flt, "q4_1"), BlockWeights(q41)
+    for name in step_names(flt.config):
+        np.testing.assert_array_equal(gemv.dequantized(made.linears[name]), gemv.dequantized(own.linears[name]))
+    be = NpuBackend(flt, tiny_plan(flt), 16, provider="cpu")
+    assert decode_placement(be).small_kernel == "gemv"
+    placed = decode_placement(be, "q4_1")
+    assert placed.small_kernel == "blocks" and placed.made == "q4_1" and "made from the file's float" in placed.small_form
+    assert decode_placement(NpuBackend(q41, tiny_plan(q41), 16, provider="cpu"), "q4_1").made is None  # its own
+
+
+def test_a_decode_form_that_cannot_run_is_refused(tmp_path, monkeypatch) -> None:
+    """Asked for where it cannot run: a site mixing forms, a float method, an unknown form: one line, never the
+    INT8 GEMVs in its place."""
+    from hetero.npu.graph_backend import NpuBackend
+    from hetero.npu.placement import decode_placement, decode_placement_of
+    from tests.npu.conftest import tiny_plan
+
+    m = _block_model(tmp_path, monkeypatch, {"wk": "Q8_0"})
+    be = NpuBackend(m, tiny_plan(m), 16, provider="cpu")
+    with pytest.raises(ConfigError, match="--decode-form q4_1: q4_1 blocks cannot decode this model: blk.0.attn_q"):
+        decode_placement(be, "q4_1")
+    with pytest.raises(ConfigError, match="--decode-form q4_1: the float layers decode in torch"):
+        decode_placement_of(None, None, None, "float", decode_form="q4_1")
+    with pytest.raises(ConfigError, match="decode form must be one of auto, q4_1, got 'q4_0'"):
+        decode_placement(be, "q4_0")
+
