@@ -547,8 +547,8 @@ def conditions(args: argparse.Namespace) -> dict[str, Any]:
     from bench.host import describe, host
 
     return {"machine": describe(host()), "host": host(), "threads": args.threads,
-            "note": (f"A machine shared with other jobs (the load average is recorded per step): timings are noisy, "
-                     f"peak RSS is not. {SYNTHETIC}."),
+            "note": (f"The 1-minute load average is recorded per step (above the CPU count, other jobs shared the "
+                     f"cores: timings are noisy then, peak RSS is not). {SYNTHETIC}."),
             "command": "python bench/scale.py " + " ".join(sys.argv[1:]),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "loadavg_1m": round(load_avg(), 2)}
 

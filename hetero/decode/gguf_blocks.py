@@ -111,11 +111,11 @@ class BlockWeights:
             out["head.w"] = gemv.pack_blocks(np.asarray(raw), form, k).w
             return out
 
-        forms = {name: made_forms[names[0]] for layer in range(cfg.n_layers)
-                 for name, names in ((f"{layer}.{s}", ns) for s, ns in site_tensors(cfg, layer).items())}
-        forms["head"] = made_forms[head]
+        read = {f"{layer}.{s}": ns for layer in range(cfg.n_layers) for s, ns in site_tensors(cfg, layer).items()}
+        read["head"] = [head]
+        forms = {name: made_forms[names[0]] for name, names in read.items()}
         key = {"blocks": gemv.BLOCKS_VERSION, "forms": sorted(set(forms.values()))}
-        if any(made_forms[n] != table.form(n) for n in made_forms):  # gguf's own quantizer makes them
+        if any(made_forms[n] != table.form(n) for names in read.values() for n in names):  # gguf's quantizer makes them
             key |= {"made": made, "gguf": version("gguf")}
         found = cached_arrays(base, "gguf-blocks", key, compute)
         self.linears = StepLinears(cfg, found, forms)
