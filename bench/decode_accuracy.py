@@ -10,7 +10,10 @@ difference from float's greedy decode). Forms: `float` (the float method's step)
 decode with its INT8 graphs and INT8 head, the form before `npu.nbits`), `nbits` (its MatMulNBits graphs and head)
 `gemv` (hetero's int8 GEMVs over the same 8-bit weights, `native.gemv`, where the CPU has AVX-512 VNNI) and `blocks`
 (the default method's decode as its placement runs it where the model's GGUF holds Q4_1 / Q8_0 blocks: the same
-kernels over the file's own blocks, `decode.gguf_blocks`); each left out where it cannot run.
+kernels over the file's own blocks, `decode.gguf_blocks`); each left out where it cannot run. `--decode-forms`
+adds the opt-in forms (`hetero run --decode-form q4_1`, `q4_1-all`: blocks made from a float file's tensors);
+`--float-copy` runs every form on a float32 copy of the GGUF (its tensors dequantized, the same weights), so that the
+made forms have float tensors to round and can be set beside the file's own blocks on a real model.
 
     python bench/decode_accuracy.py --texts austen,FILE.txt    # prints a table
     python bench/decode_accuracy.py --out bench/results        # also writes decode_accuracy.{json,md}
@@ -34,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from hetero.arguments import add_model_arg, positive_int
@@ -89,6 +93,34 @@ def greedy(runtime, step, ids: list[int], n: int) -> list[int]:
     return out
 
 
+def float_copy(path: Path, out: Path) -> Path:
+    """A GGUF of the same model with every tensor dequantized to float32 (metadata and tokenizer copied), written
+    once to `out` (atomically): the same float weights as `path`'s, in a file the made decode forms can round."""
+    import gguf
+
+    from hetero.paths import atomic_path
+
+    if out.is_file():
+        return out
+    reader = gguf.GGUFReader(path)
+    arch = reader.fields["general.architecture"].contents()
+    with atomic_path(out) as tmp:
+        writer = gguf.GGUFWriter(str(tmp), arch)
+        for field in reader.fields.values():
+            if field.name.startswith("GGUF.") or field.name == "general.architecture":
+                continue  # the writer's own
+            vtype = field.types[0]
+            sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
+        for t in reader.tensors:
+            writer.add_tensor(t.name, np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    return out
+
+
 def prefix_equal(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
@@ -128,6 +160,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix", type=positive_int, default=32, help="tokens of a window prefilled before decoding")
     p.add_argument("--greedy-tokens", type=int, default=24, help="greedy tokens per chat prompt (0: skip)")
     p.add_argument("--out", default=None, help="directory for decode_accuracy.json/.md (default: print only)")
+    p.add_argument("--decode-forms", default="",
+                   help="opt-in decode forms to add (`hetero run --decode-form`), comma-separated: "
+                        "q4_1, q4_1-all")
+    p.add_argument("--float-copy", action="store_true",
+                   help="run on a float32 copy of the GGUF (the same weights; the made forms need float tensors), "
+                        "written to <cache>/bench/ once; results in decode_accuracy_float_copy.json/.md")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,9 +177,20 @@ def run(args: argparse.Namespace) -> int:
     from hetero.outliers.corpus import load_corpus
     from hetero.prompt import encode_prompt
 
+    from hetero.npu.placement import DECODE_FORMS
+    from hetero.paths import cache_dir, file_fingerprint
+
     if not 1 < args.prefix < args.length - 1:
         raise ConfigError(f"--prefix must lie in 2..{args.length - 2} (--length {args.length})")
+    made = [f.strip() for f in args.decode_forms.split(",") if f.strip()]
+    if any(f not in DECODE_FORMS[1:] for f in made):
+        raise ConfigError(f"--decode-forms must name some of {', '.join(DECODE_FORMS[1:])}, got {args.decode_forms!r}")
     model = load_model(args.model)
+    if args.float_copy:
+        if Path(model.path).suffix.lower() != ".gguf":
+            raise ConfigError(f"--float-copy copies a GGUF file; {model.path} is not one")
+        src = Path(model.path)
+        model = load_model(float_copy(src, cache_dir() / "bench" / f"{src.stem}-{file_fingerprint(src)}.f32.gguf"))
     tok = model.tokenizer
     from hetero.npu.nbits import DEFAULT_FORM
 
@@ -162,6 +211,11 @@ def run(args: argparse.Namespace) -> int:
         del runtimes["gemv"]
     else:
         placed(runtimes["gemv"], small_kernel="gemv", small_form=gemv.describe())
+    for f in made:
+        try:
+            runtimes[f] = make_runtime(model, decode_form=f)
+        except ConfigError as e:
+            print(f"{f} left out: {e}", file=sys.stderr)
     steps = {f: DecodeStep.of(rt) for f, rt in runtimes.items()}
     if steps["nbits"].small_rows == 0:
         raise ConfigError("this runtime's decode placement runs no MatMulNBits graphs: nothing to compare")
@@ -201,10 +255,14 @@ def run(args: argparse.Namespace) -> int:
               "note": (f"nbits: {steps['nbits'].backend(1).form.describe()}"
                        + (f"; gemv: {runtimes['gemv'].decode.small_form}" if "gemv" in steps else "")
                        + (f"; blocks: {runtimes['blocks'].decode.small_form}" if "blocks" in steps else "")
+                       + "".join(f"; {f}: {runtimes[f].decode.small_form}" for f in made if f in steps)
+                       + ("; every form on a float32 copy of the GGUF (its tensors dequantized: the same weights)"
+                          if args.float_copy else "")
                        + f"; {time.perf_counter() - t0:.0f} s, load average at the end {os.getloadavg()[0]:.2f}."),
               "command": "python bench/decode_accuracy.py " + " ".join(sys.argv[1:])}
     if args.out:
-        write_json_md(Path(args.out), "decode_accuracy", result, markdown(result))
+        write_json_md(Path(args.out), "decode_accuracy" + ("_float_copy" if args.float_copy else ""), result,
+                      markdown(result))
     print(markdown(result))
     return 0
 

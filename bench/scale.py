@@ -50,6 +50,7 @@ from bench.entry import add_out_arg, child_env, out_dir, write_json_md, wrote
 from hetero.arguments import int_list, positive_int
 from hetero.config import ModelConfig
 from hetero.errors import ConfigError
+from hetero.npu.placement import DECODE_FORMS
 
 HELP = "prefill, decode, peak RSS and cold set-up by model size (synthetic shapes) beside the peers"
 SYNTHETIC = "synthetic weights: speed and memory only"
@@ -59,7 +60,7 @@ PEERS = ("openvino_genai", "openvino_genai_int4", "ort_genai", "llama_cpp_q4_0",
 STEPS = ("setup", "peers", "measure")
 DECODE_CONTEXT = 1024
 # hetero's opt-in decode forms (`hetero run --decode-form`): a row and a memory probe each beside the default's
-OPT_IN_FORMS = ("q4_1",)
+OPT_IN_FORMS = DECODE_FORMS[1:]
 PROBE_PROMPT, PROBE_NEW = 2048, 64  # issue 41's run-time memory figure: a process that prefills 2,048, decodes 64
 SETUP_PROMPT = "What is the capital of France? Answer in one sentence."
 # Targets (issue 41 item 5): prefill over the fastest peer, fraction of the machine bound at 1024, decode over it.

@@ -85,8 +85,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", help="draft model for --speculate draft (GGUF or HF directory, same tokenizer)")
     p.add_argument("--decode-form", choices=DECODE_FORMS, default="auto",
                    help="decode weights: auto = the GGUF's own Q4_1 / Q8_0 blocks where it has them, else INT8 "
-                        "(default); q4_1 = Q4_1 blocks made from a float file's weights, as a 4-bit peer "
-                        "reads (fewer bytes a token, a second rounding)")
+                        "(default); q4_1 = Q4_1 blocks made from a float file's weights (head Q8_0), as a 4-bit "
+                        "peer reads (fewer bytes a token, a second rounding); q4_1-all = the head in Q4_1 too")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0, help="0 = off")

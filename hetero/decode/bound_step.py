@@ -151,7 +151,7 @@ def start_rows(step, cache: KVCache, tree: TokenTree, slot: int, depth: int) -> 
     scale as `model.embed`, float32 products), their layout, the helper woken for the step (whether it is in it), and
     each layer's cache base (windowed layers: their window, `KVCache.place`)."""
     cfg, c, n = step.cfg, step.rows, len(tree)
-    np.take(step.weights["tok_emb"], tree.tokens + [tree.tokens[0]] * (c - n), axis=0, out=step.h[0])
+    step.weights["tok_emb"].take(tree.tokens + [tree.tokens[0]] * (c - n), axis=0, out=step.h[0])  # (`FileRows`)
     if step.embed_scale is not None:
         np.multiply(step.h[0], step.embed_scale, out=step.h[0])
     layout = tree_layout(tree.depth, tree.parents, slot, step.rope)

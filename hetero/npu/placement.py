@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hetero.errors import ConfigError
+from hetero.native import gguf_forms
 from hetero.paths import atomic_path, user_profiles_dir
 from hetero.hostplan import DecodePlacement, PrefillLayout
 
@@ -105,7 +106,7 @@ def decode_placement(backend: LayerBackend, decode_form: str | None = None) -> D
                                getattr(backend, "model", None), decode_form)
 
 
-DECODE_FORMS = ("auto", "q4_1")  # `hetero run --decode-form`
+DECODE_FORMS = ("auto", *gguf_forms.MADE)  # `hetero run --decode-form`
 
 
 def decode_placement_of(cfg, provider, weight_form: str | None, name: str = "torch", model=None,
@@ -116,8 +117,9 @@ def decode_placement_of(cfg, provider, weight_form: str | None, name: str = "tor
     float layers (provider None, called `name`) in torch. Decided at the edge (`methods.host_plan`), before any graph
     is made. `model`: the runtime's, whose GGUF's own Q4_1 / Q8_0 blocks the GEMVs decode from where every linear
     and the head has them (`native.gguf_forms`, `decode.gguf_blocks`: the file's weights, ~40% fewer bytes a step than
-    the INT8 form). `decode_form` "q4_1": where the file has float tensors instead, Q4_1 blocks made from them (a
-    4-bit re-rounding the user opts into, as the 4-bit peers'); refused in one line where they cannot run."""
+    the INT8 form). `decode_form` "q4_1" ("q4_1-all": the head too): where the file has float tensors instead, Q4_1
+    blocks made from them (a 4-bit re-rounding the user opts into, as the 4-bit peers'); refused in one line where
+    they cannot run."""
     if decode_form not in (None, *DECODE_FORMS):
         raise ConfigError(f"decode form must be one of {', '.join(DECODE_FORMS)}, got {decode_form!r}")
     made = None if decode_form in (None, "auto") else decode_form
@@ -139,7 +141,6 @@ def decode_placement_of(cfg, provider, weight_form: str | None, name: str = "tor
     form = gemv.describe() if why is None else f"{DEFAULT_FORM.describe()} (not hetero's int8 GEMVs: {why})"
     kernel = "gemv" if why is None else "nbits"
     if why is None and model is not None:
-        from hetero.native import gguf_forms
 
         blocks_why = gguf_forms.unavailable(model)
         if made is not None and blocks_why is not None:  # the file's own blocks, where it has them, are the same

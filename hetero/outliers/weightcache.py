@@ -84,14 +84,20 @@ def cached_weights(model, granularity: str, qmax: int, online: dict[str, int],
     return weights
 
 
-def cached_arrays(model, kind: str, form: dict,
-                  compute: Callable[[], dict[str, np.ndarray] | LazyTensors]) -> dict[str, np.ndarray]:
+def cached_arrays(model, kind: str, form: dict, compute: Callable[[], dict[str, np.ndarray] | LazyTensors],
+                  source: str | None = None) -> dict[str, np.ndarray]:
     """Named arrays derived from `model`'s float weights (`form` says how), kept as one file of its cache entry
     (`paths.cached`: a content record checked at first use, built once under the entry's lock, a damaged file
     rebuilt with a warning, an unwritable cache computing them again each run). `compute` may give them as
-    `LazyTensors`, written a piece at a time and then mapped, so that they are never all in memory at once."""
-    guard = _float_guard(model)  # reads `model.arrays()` first: a rotated copy's weights file exists from then on
-    folder = _entry(model)
+    `LazyTensors`, written a piece at a time and then mapped, so that they are never all in memory at once.
+    source: a digest of what they derive from where that is the model's file itself, not its float weights (the
+    GGUF's own blocks, `decode.gguf_blocks`): no float weights file is then read, or written to be read."""
+    if source is None:
+        guard = _float_guard(model)  # reads `model.arrays()` first: a rotated copy's weights file exists from then on
+        folder = _entry(model)
+    else:
+        guard, folder = f"file {source}", cache_dir() / "models" / model.fingerprint
+        folder = folder if folder.is_dir() else None
     if folder is None:
         got = compute()
         return got.arrays() if isinstance(got, LazyTensors) else got

@@ -46,3 +46,22 @@ def test_rows_and_markdown():
     md = markdown(r)
     assert "| t | " in md and "| all | " in md and "| p | 1 | 2 |" in md
     assert prefix_equal([1, 2, 3], [1, 2, 4]) == 2 and prefix_equal([1, 2], [1, 2]) == 2
+
+
+def test_a_float_copy_holds_the_files_weights_dequantized(tmp_path):
+    """`--float-copy`: the same model (config, every weight the loader reads, bit for bit) with every tensor in F32,
+    written once, so the made decode forms have float tensors to round."""
+    from bench.decode_accuracy import float_copy
+    from hetero.loader import load_model
+    from hetero.native.gguf_forms import gguf_table
+    from tests.gguf_writer import write_gguf
+
+    qtypes = {**{f: "Q4_1" for f in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}, "": "Q8_0"}
+    src = write_gguf(make_tiny_model(), tmp_path / "q.gguf", qtypes)
+    out = float_copy(src, tmp_path / "copy" / "q.f32.gguf")
+    assert {t.type for t in gguf_table(out).tensors.values()} == {0} and list(out.parent.iterdir()) == [out]
+    a, b = load_model(src), load_model(out)
+    assert a.config == b.config and a.fingerprint != b.fingerprint
+    for name, arr in a.arrays().items():
+        torch.testing.assert_close(torch.from_numpy(b.arrays()[name]), torch.from_numpy(arr), rtol=0, atol=0)
+    assert float_copy(src, out) == out  # written once

@@ -122,11 +122,12 @@ def test_models_without_the_blocks_keep_the_int8_gemvs(tmp_path, monkeypatch) ->
         DecodeStep(rt, head="blocks")
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_blocks_made_from_a_float_file_are_the_blocks_a_q4_1_file_holds(tmp_path, monkeypatch, arch) -> None:
+@pytest.mark.parametrize("arch, made", [("llama", "q4_1"), ("qwen2", "q4_1"), ("llama", "q4_1-all")])
+def test_blocks_made_from_a_float_file_are_the_blocks_a_q4_1_file_holds(tmp_path, monkeypatch, arch, made) -> None:
     """`--decode-form q4_1` on a float file: every linear's GEMV weights equal, bit for bit, those of the same weights
-    written as a Q4_1 file (head Q8_0), gguf's own quantizer both times (Llama's Q/K rows permuted by the writer and
-    back by the reader); the default still keeps such a file off the blocks, and the placement names the choice."""
+    written as a Q4_1 file (head Q8_0; "q4_1-all": Q4_1), gguf's own quantizer both times (Llama's Q/K rows permuted
+    by the writer and back by the reader); the default still keeps such a file off the blocks, and the placement
+    names the choice."""
     from hetero.decode.gguf_blocks import BlockWeights
     from hetero.decode.gemv_step import step_names
     from hetero.npu.graph_backend import NpuBackend
@@ -135,16 +136,44 @@ def test_blocks_made_from_a_float_file_are_the_blocks_a_q4_1_file_holds(tmp_path
 
     (tmp_path / "f32").mkdir(), (tmp_path / "q41").mkdir()
     flt = _block_model(tmp_path / "f32", monkeypatch, {}, arch)
-    q41 = _block_model(tmp_path / "q41", monkeypatch, {**{f: "Q4_1" for f in LINEARS}, "": "Q8_0"}, arch)
-    assert gguf_forms.unavailable(flt) is not None and gguf_forms.unavailable(flt, "q4_1") is None
-    made, own = BlockWeights(flt, "q4_1"), BlockWeights(q41)
+    head = gguf_forms.MADE[made][1].upper()
+    q41 = _block_model(tmp_path / "q41", monkeypatch, {**{f: "Q4_1" for f in LINEARS}, "": head}, arch)
+    assert gguf_forms.unavailable(flt) is not None and gguf_forms.unavailable(flt, made) is None
+    got, own = BlockWeights(flt, made), BlockWeights(q41)
+    assert got.linears["head"].fmt == head.lower()
     for name in step_names(flt.config):
-        np.testing.assert_array_equal(gemv.dequantized(made.linears[name]), gemv.dequantized(own.linears[name]))
+        np.testing.assert_array_equal(gemv.dequantized(got.linears[name]), gemv.dequantized(own.linears[name]))
     be = NpuBackend(flt, tiny_plan(flt), 16, provider="cpu")
     assert decode_placement(be).small_kernel == "gemv"
-    placed = decode_placement(be, "q4_1")
-    assert placed.small_kernel == "blocks" and placed.made == "q4_1" and "made from the file's float" in placed.small_form
-    assert decode_placement(NpuBackend(q41, tiny_plan(q41), 16, provider="cpu"), "q4_1").made is None  # its own
+    placed = decode_placement(be, made)
+    assert placed.small_kernel == "blocks" and placed.made == made and "made from the file's float" in placed.small_form
+    assert f"(head {head})" in placed.small_form
+    assert decode_placement(NpuBackend(q41, tiny_plan(q41), 16, provider="cpu"), made).made is None  # its own
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "BF16"])
+def test_the_block_step_reads_its_embedding_norms_and_biases_from_the_file(tmp_path, monkeypatch, qtype) -> None:
+    """The embedding rows a step takes, its norms and biases come from the GGUF (`FileRows`, kept beside the blocks):
+    the loader's float32 values, bit for bit, and the model's unrotated float32 weights file is never written for
+    them (4.9 GB at 1B width)."""
+    from hetero.decode.gguf_blocks import BlockWeights, FileRows
+    from hetero.paths import cache_dir
+
+    m = _block_model(tmp_path, monkeypatch, {**{f: "Q4_1" for f in LINEARS}, "": qtype}, "qwen2")
+    made = None if qtype == "Q8_0" else "q4_1"
+    w = BlockWeights(m, made)
+    assert not (cache_dir() / "models" / m.fingerprint / "weights.safetensors").exists()
+    again = BlockWeights(m, made)  # from the cache
+    assert isinstance(w.arrays["tok_emb"], FileRows) and w.biases.keys() == again.biases.keys() != set()
+    ids = [0, 7, 7, m.config.vocab - 1]
+    rows = np.zeros((len(ids), m.config.hidden), np.float32)
+    w.arrays["tok_emb"].take(ids, axis=0, out=rows)
+    arrays = m.arrays()  # the loader's float32 weights (now written)
+    np.testing.assert_array_equal(rows, arrays["tok_emb"][ids])
+    for name, norm in again.norms.items():
+        np.testing.assert_array_equal(norm, arrays[name])
+    np.testing.assert_array_equal(again.biases["0.attn_in"],
+                                  np.concatenate([arrays["layers.0.bq"], arrays["layers.0.bk"], arrays["layers.0.bv"]]))
 
 
 def test_a_decode_form_that_cannot_run_is_refused(tmp_path, monkeypatch) -> None:
@@ -160,6 +189,6 @@ def test_a_decode_form_that_cannot_run_is_refused(tmp_path, monkeypatch) -> None
         decode_placement(be, "q4_1")
     with pytest.raises(ConfigError, match="--decode-form q4_1: the float layers decode in torch"):
         decode_placement_of(None, None, None, "float", decode_form="q4_1")
-    with pytest.raises(ConfigError, match="decode form must be one of auto, q4_1, got 'q4_0'"):
+    with pytest.raises(ConfigError, match="decode form must be one of auto, q4_1, q4_1-all, got 'q4_0'"):
         decode_placement(be, "q4_0")
 
