@@ -20,6 +20,26 @@ def load_avg() -> float:
         return 0.0
 
 
+def peak_rss_mb(pid: int | str = "self") -> float | None:
+    """The peak resident memory in MB of process `pid` since it was exec'd: its VmHWM (Linux; elsewhere this
+    process's `ru_maxrss`, and None for another's or a process gone). Not `ru_maxrss` on Linux: through
+    subprocess's vfork + exec it carries the parent's high-water mark into the child's, so every worker of a parent
+    that once held 3.2 GB reported 3.2 GB (the gemma-3-1b rows of bench/results/scale.json, 2026-12-07: the peers
+    step's in-process llama.cpp quantization)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    if pid == "self":
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return None
+
+
 def trust_warnings(rows: list[dict[str, Any]], load_before: float, load_after: float,
                    cpus: int | None = None) -> list[str]:
     """One sentence per reason to distrust the real rows: a loaded machine, repeats that disagree."""

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from bench.conditions import peak_rss_mb
 from bench.engines import ENGINES, PEERS, prepare
 from bench.workers import EngineUnavailable, WorkerProcess, answer_pipe, worker_env
 from hetero.methods import use_threads
@@ -59,7 +59,7 @@ def run_worker(engine: str, model_path: str | None, lens: list[int], threads: in
         t0 = time.perf_counter()
         prefill(ids)
         ms = (time.perf_counter() - t0) * 1e3
-        reply({"ms": ms, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+        reply({"ms": ms, "rss_mb": peak_rss_mb()})
 
 
 def engine_env(engine: str, threads: int) -> dict[str, str]:

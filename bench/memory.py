@@ -22,11 +22,11 @@ if __name__ == "__main__":  # `python bench/<name>.py`: run as module `bench.<na
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 from typing import Any
 
+from bench.conditions import peak_rss_mb
 from bench.entry import add_out_arg, child_env, out_dir, write_json_md, wrote
 from bench.machine_bound import linear_ops_per_token
 from hetero.arguments import add_model_arg, int_list, positive_int
@@ -41,7 +41,7 @@ def _rss() -> dict[str, float]:
         # RssShmem: shared anonymous mappings (`hetero.buffers`' large buffers: the KV cache)
         d = {ln.split(":")[0]: int(ln.split()[1]) / 1024 for ln in f
              if ln.startswith(("RssAnon", "RssFile", "RssShmem"))}
-    d["peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    d["peak"] = peak_rss_mb()
     return {k: round(v, 1) for k, v in d.items()}
 
 

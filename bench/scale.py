@@ -45,7 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench.conditions import load_avg
+from bench.conditions import load_avg, peak_rss_mb
 from bench.entry import add_out_arg, child_env, out_dir, write_json_md, wrote
 from hetero.arguments import int_list, positive_int
 from hetero.config import ModelConfig
@@ -61,6 +61,7 @@ STEPS = ("setup", "peers", "measure")
 DECODE_CONTEXT = 1024
 # hetero's opt-in decode forms (`hetero run --decode-form`): a row and a memory probe each beside the default's
 OPT_IN_FORMS = DECODE_FORMS[1:]
+RSS_POLL_S = 0.05  # how often a measured process's VmHWM is read (a peak in its last 50 ms would be missed)
 PROBE_PROMPT, PROBE_NEW = 2048, 64  # issue 41's run-time memory figure: a process that prefills 2,048, decodes 64
 SETUP_PROMPT = "What is the capital of France? Answer in one sentence."
 # Targets (issue 41 item 5): prefill over the fastest peer, fraction of the machine bound at 1024, decode over it.
@@ -150,18 +151,22 @@ def form_bytes(cache: Path) -> dict[str, int]:
 
 
 def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """(wall s, the process's peak RSS in MB, its stdout) of `cmd` in a fresh process; ConfigError on failure."""
+    """(wall s, the process's peak RSS in MB, its stdout) of `cmd` in a fresh process; ConfigError on failure. The
+    peak is its VmHWM read every RSS_POLL_S until it exits (`conditions.peak_rss_mb`: its `ru_maxrss` would carry
+    this process's own high-water mark)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)
+        peak = 0.0
+        while proc.poll() is None:
+            peak = max(peak, peak_rss_mb(proc.pid) or 0.0)
+            time.sleep(RSS_POLL_S)
         wall = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0), err.seek(0)
         if proc.returncode != 0:
             raise ConfigError(f"{' '.join(cmd[:4])} ... failed (exit {proc.returncode}): "
                               + " | ".join(err.read().strip().splitlines()[-3:]))
-        return wall, usage.ru_maxrss / 1024, out.read()
+        return wall, peak, out.read()
 
 
 def cold_setup(gguf: Path, cache: Path, threads: int) -> dict[str, Any]:
@@ -220,15 +225,13 @@ def probe(model_path: str, threads: int, decode_form: str | None = None) -> dict
     """In this (fresh) process: hetero's runtime (decoding in `decode_form`, `hetero run --decode-form`), a 2,048-token
     prefill and 64 decoded tokens; the peak RSS after each, resident bytes by mapping at the end, the KV cache's bytes
     and the INT8 weights the CPU keeps."""
-    import resource
-
     from hetero.decode import SamplingParams, generate
     from hetero.loader import load_model
     from hetero.methods import make_runtime
     from hetero.outliers.corpus import prompt_ids
 
     def peak() -> float:
-        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        return round(peak_rss_mb(), 1)
 
     ids = prompt_ids(model_path, PROBE_PROMPT, 1)
     rt = make_runtime(load_model(model_path), "hetero", threads=threads, decode_form=decode_form)

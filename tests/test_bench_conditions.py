@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from bench.conditions import trust_warnings
@@ -41,3 +42,20 @@ def test_one_colour_and_name_per_engine():
     assert engine_style("hetero_lanes")[0] != engine_style("hetero")[0]
     assert engine_style("some_new_engine") == engine_style("some_new_engine")
     assert engine_style("some_new_engine")[1] == "some new engine"
+
+
+def test_a_measured_process_peak_is_its_own_not_its_parents():
+    """A child started by subprocess (vfork + exec) inherits its parent's high-water mark in `ru_maxrss`; the peak
+    the benches report (VmHWM, polled for `scale.run_measured`) is the child's own."""
+    import sys
+
+    import numpy as np
+
+    from bench.conditions import peak_rss_mb
+    from bench.scale import run_measured
+
+    big = np.ones(400 << 17)  # 400 MB touched: this process's high-water mark is at least that
+    del big
+    code = "import numpy as np, time; a = np.ones(64 << 17); time.sleep(0.3)"  # 64 MB
+    _, peak, _ = run_measured([sys.executable, "-c", code], dict(os.environ))
+    assert peak_rss_mb() > 400 and 64 < peak < 300
