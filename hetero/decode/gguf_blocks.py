@@ -111,7 +111,7 @@ class BlockWeights:
     to it (None: the same)."""
 
     def __init__(self, model: "Model", made: str | None = None):
-        """made: blocks of `gguf_forms.MADE` ("q4_1") made from the file's float tensors where it has no blocks
+        """made: blocks of `gguf_forms.MADE` ("q4_1", "q4_1-all") made from the file's float tensors where it has none
         (`hetero run --decode-form`): a second rounding of those weights, opted into, never the default."""
         import gguf
 

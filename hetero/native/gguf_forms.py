@@ -28,7 +28,8 @@ FLOATS = {0: "f32", 1: "f16", 30: "bf16"}  # GGML type ids of the float forms bl
 # `--decode-form`: the forms hetero may make from a file's float tensors, (its linears', its head's). "q4_1" keeps the
 # head in Q8_0, as the default model's file and OpenVINO's INT4 export do (the head is read once a token); "q4_1-all"
 # rounds the head to Q4_1 too, as ONNX Runtime GenAI's int4 builder does (MatMulNBits, 4 bits, block 32): ~13% fewer
-# bytes a step at 1B width (the head is 0.28 of them), a third rounding of the logits' weights
+# bytes a step at 1B width (the head is 0.28 of them), at +7.3% decode perplexity on the default model's weights
+# against q4_1's +0.16% (bench/results/decode_accuracy_float_copy.md)
 MADE = {"q4_1": ("q4_1", "q8_0"), "q4_1-all": ("q4_1", "q4_1")}
 ARCHS = ("llama", "mistral", "qwen2")  # a tensor per linear (phi3 fuses q|k|v: not here)
 _TENSOR = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output", "w_gate": "ffn_gate",
