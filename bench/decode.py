@@ -49,7 +49,7 @@ from bench.peer_engines import LABELS, PEERS, LlamaCppSession, PeerProcess, sour
 from bench.workers import EngineUnavailable
 from hetero.decode import SamplingParams, generate
 from hetero.decode.step import TREE_SIZES, DecodeStep
-from hetero.arguments import add_model_arg
+from hetero.arguments import add_model_arg, opt_in_decode_forms
 from hetero.errors import ConfigError
 from hetero.loader import load_model
 from hetero.methods import make_runtime, use_threads
@@ -243,7 +243,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     help="only the plain-decode rows (no speculation, no end to end), written as decode_plain.*")
     ap.add_argument("--decode-forms", default="",
                     help=f"more hetero rows in the plain rounds, hetero_<form> (`hetero run --decode-form`): some "
-                         f"of {', '.join(f for f in DECODE_FORMS if f != 'auto')}")
+                         f"of {', '.join(DECODE_FORMS[1:])}")
     add_out_arg(ap, "decode*.json/.md/.png")
 
 
@@ -267,9 +267,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     tok = model.tokenizer
     methods = ("hetero", "float") if baselines else ("hetero",)  # HF generate continues the float prefill
-    forms = tuple(f.strip() for f in args.decode_forms.split(",") if f.strip())
-    if any(f not in DECODE_FORMS or f == "auto" for f in forms):
-        raise ConfigError(f"--decode-forms must name some of {', '.join(DECODE_FORMS[1:])}, got {args.decode_forms!r}")
+    forms = opt_in_decode_forms(args.decode_forms)
     if forms and not args.plain_only:
         raise ConfigError("--decode-forms adds plain rows: it needs --plain-only")
     eng = Engines(model, args.threads, peers, model_path=args.model, methods=methods, decode_forms=forms)

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hetero.arguments import add_model_arg, positive_int
+from hetero.arguments import add_model_arg, opt_in_decode_forms, positive_int
 from bench.entry import write_json_md
 
 HELP = ("teacher-forced decode perplexity and greedy agreement of the decode forms (float, INT8, MatMulNBits, GEMV, "
@@ -151,6 +151,8 @@ def markdown(r: dict[str, Any]) -> str:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    from hetero.npu.placement import DECODE_FORMS
+
     add_model_arg(p)
     p.add_argument("--texts", default="austen",
                    help="comma-separated held-out texts: shipped corpus names or UTF-8 files (not the calibration text)")
@@ -161,8 +163,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--greedy-tokens", type=int, default=24, help="greedy tokens per chat prompt (0: skip)")
     p.add_argument("--out", default=None, help="directory for decode_accuracy.json/.md (default: print only)")
     p.add_argument("--decode-forms", default="",
-                   help="opt-in decode forms to add (`hetero run --decode-form`), comma-separated: "
-                        "q4_1, q4_1-all")
+                   help=f"opt-in decode forms to add (`hetero run --decode-form`), comma-separated: some of "
+                        f"{', '.join(DECODE_FORMS[1:])}")
     p.add_argument("--float-copy", action="store_true",
                    help="run on a float32 copy of the GGUF (the same weights; the made forms need float tensors), "
                         "written to <cache>/bench/ once; results in decode_accuracy_float_copy.json/.md")
@@ -175,16 +177,12 @@ def run(args: argparse.Namespace) -> int:
     from hetero.methods import make_runtime
     from hetero.npu import isa
     from hetero.outliers.corpus import load_corpus
-    from hetero.prompt import encode_prompt
-
-    from hetero.npu.placement import DECODE_FORMS
     from hetero.paths import cache_dir, file_fingerprint
+    from hetero.prompt import encode_prompt
 
     if not 1 < args.prefix < args.length - 1:
         raise ConfigError(f"--prefix must lie in 2..{args.length - 2} (--length {args.length})")
-    made = [f.strip() for f in args.decode_forms.split(",") if f.strip()]
-    if any(f not in DECODE_FORMS[1:] for f in made):
-        raise ConfigError(f"--decode-forms must name some of {', '.join(DECODE_FORMS[1:])}, got {args.decode_forms!r}")
+    made = opt_in_decode_forms(args.decode_forms)
     model = load_model(args.model)
     if args.float_copy:
         if Path(model.path).suffix.lower() != ".gguf":

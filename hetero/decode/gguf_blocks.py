@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hetero.errors import ConfigError
-from hetero.native import gemv, gguf_forms
-from hetero.native.gguf_forms import block_forms, gguf_table, head_tensor, site_tensors, unavailable
+from hetero.native import gemv
+from hetero.native.gguf_forms import (GgufTable, Tensor, block_forms, gguf_table, head_tensor, site_tensors,
+                                      unavailable)
 from hetero.weights import SITE_BIASES, SITE_LINEARS
 
 if TYPE_CHECKING:
@@ -64,13 +65,12 @@ class FileRows:
     """Rows of a vocabulary tensor of a GGUF file (the embedding), dequantized from the file as they are taken: the
     `ndarray.take` a step's start makes (`bound_step.start_rows`), the same float32 values as the loader's."""
 
-    def __init__(self, path: Path, tensor: "gguf_forms.Tensor"):
+    def __init__(self, path: Path, tensor: Tensor):
         import gguf
 
         width, n = tensor.shape[:2]
         self.qtype = gguf.GGMLQuantizationType(tensor.type)
         block, size = gguf.GGML_QUANT_SIZES[self.qtype]
-        self.shape = (n, width)
         self._raw = np.memmap(path, np.uint8, mode="r", offset=tensor.offset, shape=(n, width // block * size))
 
     def take(self, indices, axis: int = 0, out: np.ndarray | None = None) -> np.ndarray:
@@ -85,7 +85,7 @@ class FileRows:
         return out
 
 
-def file_digest(path: Path, table: "gguf_forms.GgufTable", names: list[str]) -> str:
+def file_digest(path: Path, table: GgufTable, names: list[str]) -> str:
     """A cheap digest of tensors `names` of a GGUF file (the first and last 256 bytes of each), beside its
     fingerprint, as `weightcache`'s float guard is for float weights: blocks made from one file never pass for
     another's."""
