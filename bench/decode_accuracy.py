@@ -93,6 +93,11 @@ def greedy(runtime, step, ids: list[int], n: int) -> list[int]:
     return out
 
 
+# what a float copy cannot measure: the copy's floats are the file's own values, so re-rounding them to their own form
+FLOAT_COPY_CAVEAT = ("; a made form that re-rounds tensors the file kept in that form (this file's Q4_1 linears) "
+                     "lands back on their grid: its row measures only the tensors the file kept finer (the Q8_0 head)")
+
+
 def float_copy(path: Path, out: Path) -> Path:
     """A GGUF of the same model with every tensor dequantized to float32 (metadata and tokenizer copied), written
     once to `out` (atomically): the same float weights as `path`'s, in a file the made decode forms can round."""
@@ -254,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
                        + (f"; gemv: {runtimes['gemv'].decode.small_form}" if "gemv" in steps else "")
                        + (f"; blocks: {runtimes['blocks'].decode.small_form}" if "blocks" in steps else "")
                        + "".join(f"; {f}: {runtimes[f].decode.small_form}" for f in made if f in steps)
-                       + ("; every form on a float32 copy of the GGUF (its tensors dequantized: the same weights)"
+                       + (f"; every form on a float32 copy of the GGUF (its tensors dequantized: the same weights){FLOAT_COPY_CAVEAT}"
                           if args.float_copy else "")
                        + f"; {time.perf_counter() - t0:.0f} s, load average at the end {os.getloadavg()[0]:.2f}."),
               "command": "python bench/decode_accuracy.py " + " ".join(sys.argv[1:])}

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -893,6 +893,19 @@ def _span(t: torch.Tensor | np.ndarray) -> tuple[int, int]:
     if isinstance(t, np.ndarray):
         return t.ctypes.data, t.nbytes
     return t.data_ptr(), t.numel() * t.element_size()
+
+
+def row_blocks(w: "torch.Tensor | np.ndarray", rows: int = GGUF_ROWS) -> "Iterator[tuple[slice, np.ndarray]]":
+    """(rows, their values in float32) of a [n, k] weight (numpy, or a CPU torch tensor), `rows` at a time, the pages
+    of a mapped file handed back as they are done (`PageReturn`): a step that reads a vocabulary-sized weight once
+    (quantizing a head) never holds it whole in float32 (1 GB at 1B width, ~3 GB with numpy's temporaries)."""
+    a = w.detach().numpy() if hasattr(w, "detach") else np.asarray(w)
+    pages = PageReturn()
+    for lo in range(0, a.shape[0], rows):
+        block = a[lo : lo + rows]
+        yield slice(lo, lo + block.shape[0]), np.asarray(block, np.float32)
+        pages.add(block)
+    pages.flush()
 
 
 class PageReturn:

@@ -37,7 +37,7 @@ from hetero.errors import ConfigError
 from hetero.kv_cache import KVCache
 from hetero.loader import PageReturn
 from hetero.native import gemv
-from hetero.npu.nbits import NbitsForm, quantize_weight, site_bias, site_weight
+from hetero.npu.nbits import COLUMN_BLOCK, NbitsForm, quantize_weight, site_bias, site_weight
 from hetero.outliers.weightcache import cached_arrays
 from hetero.rope import RopeTable
 from hetero.tensorfile import LazyTensors, Put
@@ -86,7 +86,6 @@ class GemvWeights:
         step that holds it."""
 
 
-COLUMN_BLOCK = 8 << 20  # float32 values quantized at a time (32 MB): a linear's output columns, a multiple of TILE
 
 
 def _dims(cfg) -> dict[str, tuple[int, int]]:

@@ -23,7 +23,7 @@ from hetero import jitcache
 from hetero.config import ModelConfig
 from hetero.decode.twocore import ortc
 from hetero.decode.twocore.attnpool import AttentionPool, StageTable
-from hetero.loader import Model
+from hetero.loader import Model, row_blocks
 from hetero.weights import Weights
 from hetero.outliers.weightcache import cached_arrays
 from hetero.outliers.quantize import W_QMAX_U8S8
@@ -62,11 +62,13 @@ class FloatHead:
 def quantize_head(w: "np.ndarray | torch.Tensor") -> tuple[np.ndarray, np.ndarray]:
     """W^T [hidden, vocab] quantized per output channel to 7 bits (u8·s8 pairs cannot saturate AVX2's 16-bit
     intermediate, as the layer graphs' plan), and the scales [vocab] float32. w: [vocab, hidden] (numpy, or a
-    CPU torch tensor)."""
-    wt = np.asarray(w, np.float32).T  # [hidden, vocab]
-    scale = np.maximum(np.abs(wt).max(axis=0), 1e-12) / W_QMAX_U8S8
-    wq = np.clip(np.round(wt / scale), -W_QMAX_U8S8, W_QMAX_U8S8).astype(np.int8)
-    return wq, scale.astype(np.float32)
+    CPU torch tensor), read a block of rows at a time (`loader.row_blocks`: a row's scale is its own)."""
+    vocab, hidden = w.shape
+    wq, scale = np.empty((vocab, hidden), np.int8), np.empty(vocab, np.float32)
+    for rows, block in row_blocks(w):
+        scale[rows] = np.maximum(np.abs(block).max(axis=1), 1e-12) / W_QMAX_U8S8
+        wq[rows] = np.clip(np.round(block / scale[rows, None]), -W_QMAX_U8S8, W_QMAX_U8S8)
+    return wq.T, scale
 
 
 def head_graph(wq: np.ndarray) -> "onnx.ModelProto":

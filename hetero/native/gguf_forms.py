@@ -29,7 +29,8 @@ FLOATS = {0: "f32", 1: "f16", 30: "bf16"}  # GGML type ids of the float forms bl
 # head in Q8_0, as the default model's file and OpenVINO's INT4 export do (the head is read once a token); "q4_1-all"
 # rounds the head to Q4_1 too, as ONNX Runtime GenAI's int4 builder does (MatMulNBits, 4 bits, block 32): ~13% fewer
 # bytes a step at 1B width (the head is 0.28 of them), at +7.3% decode perplexity on the default model's weights
-# against q4_1's +0.16% (bench/results/decode_accuracy_float_copy.md)
+# against q4_1's +0.16% (bench/results/decode_accuracy_float_copy.md; that file's linears are Q4_1 already, so q4_1's
+# cost on float linears is not measured: neither real model here is float)
 MADE = {"q4_1": ("q4_1", "q8_0"), "q4_1-all": ("q4_1", "q4_1")}
 ARCHS = ("llama", "mistral", "qwen2")  # a tensor per linear (phi3 fuses q|k|v: not here)
 _TENSOR = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output", "w_gate": "ffn_gate",

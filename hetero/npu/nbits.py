@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,7 @@ import numpy as np
 
 from hetero import buffers
 from hetero.errors import ConfigError
+from hetero.loader import row_blocks
 from hetero.npu import segments
 from hetero.npu.cache import entry_key, library_versions
 from hetero.npu.graph_backend import PREPARE_THREADS
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
     from hetero.weights import LayerWeights, Weights
 
 NBITS_VERSION = 1  # what `layer_graph` builds; in every key: bump when the graphs' math or I/O change
+COLUMN_BLOCK = 8 << 20  # float32 values of a weight quantized at a time (32 MB): a block of its output columns
 NBITS_ROWS = 8  # decode chunk sizes up to this run MatMulNBits graphs: every tree size (`decode.step.TREE_SIZES`)
 
 
@@ -104,9 +107,12 @@ def layer_graph(kind: str, cfg, lw: "LayerWeights", online: dict[str, int], form
     f32 = lambda t: t.detach().float().cpu().numpy()  # noqa: E731
 
     def linear(x: str, site: str, names: tuple[str, ...], biases: tuple[str, ...]) -> str:
+        k, n = getattr(lw, names[0]).shape[1], sum(getattr(lw, m).shape[0] for m in names)
         if site in online:  # x·T in front, W·T behind: (x·T)(W·T)ᵀ = x·Wᵀ (`rotate.block_hadamard`)
-            x = online_hadamard(g, x, [0], getattr(lw, names[0]).shape[1], online[site])
-        y = _matmul(g, x, site_weight(lw, names, online.get(site, 0)), form)
+            x = online_hadamard(g, x, [0], k, online[site])
+        step = max(1, COLUMN_BLOCK // k)
+        cols = (slice(lo, min(lo + step, n)) for lo in range(0, n, step))
+        y = _matmul(g, x, k, n, ((c, site_weight(lw, names, online.get(site, 0), c)) for c in cols), form)
         vec = site_bias(lw, names, biases)
         if vec is not None:
             y = g.op("Add", [y, g.const(vec, "bias")])
@@ -173,15 +179,32 @@ def head_graph(cfg, w: "Weights", form: NbitsForm) -> "onnx.ModelProto":
     g = export.GraphBuilder(f"lm_head_nbits{form.bits}b{form.block}")
     h = g.input(Buffer.H, ["T", cfg.hidden])
     x = export.rms_norm(g, h, w.norm.detach().float().cpu().numpy(), cfg.rms_eps, "cpu")
-    g.output(_matmul(g, x, np.ascontiguousarray(w.lm_head.detach().float().cpu().numpy().T), form), "logits",
-             ["T", cfg.vocab])
+    blocks = ((rows, block.T) for rows, block in row_blocks(w.lm_head))  # the head [vocab, hidden]: rows are columns
+    g.output(_matmul(g, x, cfg.hidden, cfg.vocab, blocks, form), "logits", ["T", cfg.vocab])
     return g.model()
 
 
-def _matmul(g, x: str, w_kn: np.ndarray, form: NbitsForm) -> str:
-    """x·W as one MatMulNBits node over W [K, N] quantized by ONNX Runtime (`quantize_weight`)."""
-    k, n = w_kn.shape
-    packed, scales, zp = quantize_weight(w_kn, form)
+def quantize_columns(k: int, n: int, blocks: Iterable[tuple[slice, np.ndarray]], form: NbitsForm
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """`quantize_weight` of a float weight [K, N] given a block of its columns at a time ((cols, W[:, cols]), in
+    order): a column's blocks are its own, so this is the whole weight's result, bit for bit, and the weight is never
+    whole in float (a 1B head: 1 GB transposed, and the quantizer's padded copy as much again)."""
+    nb = -(-k // form.block)
+    packed = np.empty((n, nb, form.block * form.bits // 8), np.uint8)
+    scales = np.empty((n, nb), np.float32)
+    zp = None if form.symmetric else np.empty((n, -(-nb * form.bits // 8)), np.uint8)
+    for cols, w_kn in blocks:
+        p, sc, z = quantize_weight(w_kn, form)
+        packed[cols], scales[cols] = p, sc
+        if zp is not None:
+            zp[cols] = z
+    return packed, scales, zp
+
+
+def _matmul(g, x: str, k: int, n: int, blocks: Iterable[tuple[slice, np.ndarray]], form: NbitsForm) -> str:
+    """x·W as one MatMulNBits node over W [K, N], given a block of columns at a time, quantized by ONNX Runtime
+    (`quantize_columns`)."""
+    packed, scales, zp = quantize_columns(k, n, blocks, form)
     ins = [x, g.const(packed, "w_nbits"), g.const(scales.reshape(-1), "w_scales")]
     if zp is not None:
         ins.append(g.const(zp.reshape(-1), "w_zp"))

@@ -41,3 +41,22 @@ def test_int8_head_equals_the_formula_for_every_row_count(helper):
         assert not np.shares_memory(got, head(hn))  # each call returns its own logits
     if pool is not None:
         pool.close()
+
+
+def test_the_head_quantized_a_block_of_rows_at_a_time_is_the_whole_heads_formula():
+    """`quantize_head` reads the head `loader.GGUF_ROWS` vocabulary rows at a time (a 1B head is 1 GB of float32):
+    across block edges, and from a torch tensor, it is the whole-matrix formula bit for bit."""
+    from hetero.decode.head import quantize_head
+    from hetero.loader import GGUF_ROWS
+    from hetero.outliers.quantize import W_QMAX_U8S8
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((2 * GGUF_ROWS + 37, 24)) * rng.uniform(0.1, 3, (2 * GGUF_ROWS + 37, 1))).astype(np.float32)
+    w[5] = 0  # a zero row: its scale is the floor, its values 0
+    wt = w.T
+    scale = np.maximum(np.abs(wt).max(axis=0), 1e-12) / W_QMAX_U8S8
+    want = np.clip(np.round(wt / scale), -W_QMAX_U8S8, W_QMAX_U8S8).astype(np.int8)
+    for given in (w, torch.from_numpy(w)):
+        wq, s = quantize_head(given)
+        assert wq.shape == want.shape and np.array_equal(wq, want) and np.array_equal(s, scale)
+        assert s.dtype == np.float32 and wq.dtype == np.int8

@@ -13,7 +13,7 @@ from hetero.decode.step import DecodeStep
 from hetero.decode.tree import TokenTree
 from hetero.errors import ConfigError
 from hetero.npu.graph_backend import NpuBackend
-from hetero.npu.nbits import DEFAULT_FORM, NBITS_ROWS, NbitsBackend, NbitsForm, quantize_weight
+from hetero.npu.nbits import DEFAULT_FORM, NBITS_ROWS, NbitsBackend, NbitsForm, quantize_columns, quantize_weight
 from hetero.npu.placement import decode_placement
 from hetero.npu.providers import OrtCpuProvider
 from hetero.outliers.rotate import block_hadamard
@@ -41,6 +41,17 @@ def test_weights_quantized_by_onnx_runtime_round_trip_within_half_a_step():
             q = packed.astype(float).reshape(48, -1)[:, :200] - 128
             deq = q * scales.repeat(form.block, axis=1)[:, :200]
             assert abs(deq - w.T).max() <= 0.5 * scales.max() + 1e-6
+
+
+def test_a_weight_quantized_a_block_of_columns_at_a_time_is_the_whole_weights_bit_for_bit():
+    """A head or site is quantized in blocks of its output columns (`quantize_columns`: never whole in float32);
+    blocks of uneven sizes give the whole weight's packed values, scales and zero points."""
+    w = torch.randn(200, 70, generator=torch.Generator().manual_seed(1)).numpy() * np.linspace(0.1, 4, 70, dtype=np.float32)
+    for form in (NbitsForm(8, 128), NbitsForm(8, 32, symmetric=False), NbitsForm(4, 32)):
+        cuts = [0, 16, 17, 50, 70]
+        got = quantize_columns(200, 70, ((slice(a, b), w[:, a:b]) for a, b in zip(cuts, cuts[1:])), form)
+        for g, want in zip(got, quantize_weight(w, form)):
+            assert (g is None) == (want is None) and (g is None or np.array_equal(g, want))
 
 
 @pytest.mark.parametrize("online", [False, True])
