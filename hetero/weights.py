@@ -60,6 +60,11 @@ class LayerWeights:
     post_attn_norm: torch.Tensor | None = None  # [hidden] (cfg.post_norms)
     post_ffn_norm: torch.Tensor | None = None
 
+    def tensors(self) -> list[torch.Tensor]:
+        """The layer's tensors it has (a set-up step hands back their mapped pages once it has read them:
+        `loader.release_pages`)."""
+        return [t for f in dataclasses.fields(self) if (t := getattr(self, f.name)) is not None]
+
 
 @dataclass(slots=True)
 class Weights:

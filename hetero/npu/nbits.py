@@ -34,7 +34,7 @@ import numpy as np
 
 from hetero import buffers
 from hetero.errors import ConfigError
-from hetero.loader import row_blocks
+from hetero.loader import release_pages, row_blocks
 from hetero.npu import segments
 from hetero.npu.cache import entry_key, library_versions
 from hetero.npu.graph_backend import PREPARE_THREADS
@@ -261,7 +261,12 @@ class NbitsBackend:
         self.prepare_s = time.perf_counter() - t0
 
     def _prepare(self, layer: int, use_cache: bool, graphs_root) -> tuple[LayerProgram, list[PrepareInfo]]:
-        runs, infos = [], []
+        runs, infos, built = [], [], []
+
+        def build(kind: str) -> "onnx.ModelProto":
+            built.append(kind)
+            return layer_graph(kind, self.cfg, self.model.weights.layers[layer], self.online, self.form)
+
         for kind, pieces in _KINDS:
             spec = segments.SegmentSpec(layer, kind, pieces, segments.DYNAMIC_ROWS, "cpu")
             key = graph_key(kind, layer, self.model, self.online, self.form, self.provider)
@@ -269,11 +274,13 @@ class NbitsBackend:
             meta = {"layer": layer, "kind": kind, "form": asdict(self.form), "online": self.online}
             sess, cached, size, path = compiled_entry(
                 key, meta, self.provider,  # the float weights (torch) only when a graph is built
-                lambda: layer_graph(kind, self.cfg, self.model.weights.layers[layer], self.online, self.form),
-                f"layer {layer} {kind} (MatMulNBits {self.form.bits}-bit)", use_cache, graphs_root)
+                lambda kind=kind: build(kind), f"layer {layer} {kind} (MatMulNBits {self.form.bits}-bit)", use_cache,
+                graphs_root)
             ins, outs = self._io(kind)
             runs.append(GraphRun(Graph(sess, spec, ins, outs, self.provider.device, path), None))
             infos.append(PrepareInfo(key, cached, time.perf_counter() - t0, size))
+        if built:  # the layer's float weights were read: their mapped pages need not stay (gemma-3-1b's: 2.8 GB)
+            release_pages(*self.model.weights.layers[layer].tensors())
         return LayerProgram(layer, tuple(runs)), infos
 
     def _io(self, kind: str) -> tuple[dict[str, int], dict[str, int]]:
