@@ -181,7 +181,7 @@ register("decode GEMV step", "hetero.decode.gemv_step", ("embed", "dense", "qk")
          ("embed_scale", "qkv_bias", "o_bias", "mlp_bias", "qk_norm"),
          "tests/test_layerspec.py::test_the_gemv_step_computes_the_features_it_registers")
 # the same step over the file's own blocks, in the model's space (its embedding, norms, biases)
-register("decode GGUF blocks", "hetero.decode.gguf_blocks", ("embed", "dense", "qk"), ("qkv_bias",),
+register("decode GGUF blocks", "hetero.decode.gguf_blocks", ("embed", "dense", "qk"), ("qkv_bias", "qk_norm"),
          "tests/decode/test_gguf_blocks.py::test_the_block_kernels_equal_the_files_dequantized_weights",
          "tests/decode/test_gguf_blocks.py::test_a_step_beside_a_rotated_prefill_equals_the_files_float_model")
 register("nbits", "hetero.npu.nbits", ("dense",), _DENSE,

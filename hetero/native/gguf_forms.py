@@ -32,7 +32,7 @@ FLOATS = {0: "f32", 1: "f16", 30: "bf16"}  # GGML type ids of the float forms bl
 # against q4_1's +0.16% (bench/results/decode_accuracy_float_copy.md; that file's linears are Q4_1 already, so q4_1's
 # cost on float linears is not measured: neither real model here is float)
 MADE = {"q4_1": ("q4_1", "q8_0"), "q4_1-all": ("q4_1", "q4_1")}
-ARCHS = ("llama", "mistral", "qwen2")  # a tensor per linear (phi3 fuses q|k|v: not here)
+ARCHS = ("llama", "mistral", "qwen2", "qwen3")  # a tensor per linear (phi3 fuses q|k|v: not here)
 _TENSOR = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output", "w_gate": "ffn_gate",
            "w_up": "ffn_up", "w_down": "ffn_down"}  # a linear's GGUF tensor in blk.N
 

@@ -60,12 +60,14 @@ def test_pack_blocks_refuses_rows_of_another_shape() -> None:
 
 def _block_model(tmp_path, monkeypatch, qtypes: dict[str, str], arch: str = "llama"):
     from hetero.loader import load_model
+    from tests.test_architectures import _qk_norm_tiny
 
     monkeypatch.setenv("HETERO_CACHE", str(tmp_path / "cache"))
-    return load_model(write_gguf(make_tiny_model(arch), tmp_path / "tiny.gguf", qtypes))
+    tiny = _qk_norm_tiny() if arch == "qwen3" else make_tiny_model(arch)  # qwen3: QK-norm
+    return load_model(write_gguf(tiny, tmp_path / "tiny.gguf", qtypes))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v biases
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])  # qwen2: q/k/v biases; qwen3: QK-norm
 def test_a_step_beside_a_rotated_prefill_equals_the_files_float_model(tmp_path, monkeypatch, arch) -> None:
     """The default path: a rotated INT8 prefill, then the steps and the head on the file's blocks in the model's own
     space (the prefill's last hidden row unrotated before the head): logits near the float model of the same file,
@@ -81,6 +83,7 @@ def test_a_step_beside_a_rotated_prefill_equals_the_files_float_model(tmp_path, 
 
     m = _block_model(tmp_path, monkeypatch, {**{f: "Q4_1" for f in LINEARS}, "": "Q8_0"}, arch)
     assert gguf_forms.unavailable(m) is None and m.config.qkv_bias == (arch == "qwen2")
+    assert m.config.qk_norm == (arch == "qwen3")
     rot = rotate_model(m, cache=False)
     be = NpuBackend(rot, tiny_plan(rot, scale=0.05), 16, provider="cpu")
     rt = Runtime(rot, chunk=16, backend=be, decode=decode_placement(be), head=step_logits)  # as `make_runtime`
