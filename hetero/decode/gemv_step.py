@@ -86,8 +86,6 @@ class GemvWeights:
         step that holds it."""
 
 
-
-
 def _dims(cfg) -> dict[str, tuple[int, int]]:
     """(K, N) of each site's linear and of the head."""
     return {"attn_in": (cfg.hidden, cfg.q_dim + 2 * cfg.kv_dim), "o_in": (cfg.q_dim, cfg.hidden),
