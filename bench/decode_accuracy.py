@@ -166,7 +166,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--length", type=positive_int, default=160, help="tokens per window")
     p.add_argument("--prefix", type=positive_int, default=32, help="tokens of a window prefilled before decoding")
     p.add_argument("--greedy-tokens", type=int, default=24, help="greedy tokens per chat prompt (0: skip)")
-    p.add_argument("--out", default=None, help="directory for decode_accuracy.json/.md (default: print only)")
+    p.add_argument("--out", default=None, help="directory for decode_accuracy.json/.md (decode_accuracy_<model>.* "
+                                                 "with --model; default: print only)")
     p.add_argument("--decode-forms", default="",
                    help=f"opt-in decode forms to add (`hetero run --decode-form`), comma-separated: some of "
                         f"{', '.join(DECODE_FORMS[1:])}")
@@ -264,8 +265,8 @@ def run(args: argparse.Namespace) -> int:
                        + f"; {time.perf_counter() - t0:.0f} s, load average at the end {os.getloadavg()[0]:.2f}."),
               "command": "python bench/decode_accuracy.py " + " ".join(sys.argv[1:])}
     if args.out:
-        write_json_md(Path(args.out), "decode_accuracy" + ("_float_copy" if args.float_copy else ""), result,
-                      markdown(result))
+        write_json_md(Path(args.out), "decode_accuracy" + ("_float_copy" if args.float_copy else "")
+                      + (f"_{Path(args.model).stem}" if args.model else ""), result, markdown(result))
     print(markdown(result))
     return 0
 

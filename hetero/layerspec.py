@@ -176,9 +176,10 @@ register("INT8 decode step", "hetero.decode.bound_step", ("embed", "qk"), ("embe
 register("decode attention", "hetero.decode.rowattn", ("rope", "attention"), (*_ROPE, *_ATTENTION),
          "tests/decode/test_rowattn.py::test_decode_rows_equal_one_row_steps_over_their_paths",
          "tests/test_architectures.py::test_partial_rotary_on_the_int8_path")
-# the GEMV kernels fuse SiLU and add after the FFN (`native.gemv`)
+# the GEMV kernels fuse the gate's activation (SiLU, GELU-tanh, ReLU: `gemv.GATED_ACTS`) and the residual adds; Gemma's
+# post-norms run between the kernels' jobs (`gemv_step.GemvStep._post_norms`)
 register("decode GEMV step", "hetero.decode.gemv_step", ("embed", "dense", "qk"),
-         ("embed_scale", "qkv_bias", "o_bias", "mlp_bias", "qk_norm"),
+         ("embed_scale", "qkv_bias", "o_bias", "mlp_bias", "act", "post_norms", "qk_norm"),
          "tests/test_layerspec.py::test_the_gemv_step_computes_the_features_it_registers")
 # the same step over the file's own blocks, in the model's space (its embedding, norms, biases)
 register("decode GGUF blocks", "hetero.decode.gguf_blocks", ("embed", "dense", "qk"), ("qkv_bias", "qk_norm"),

@@ -71,6 +71,25 @@ def test_an_opted_in_decode_form_is_reported_beside_the_default_never_in_its_tar
     assert s["decode"]["opt_in"] == {"q4_1": {"tokens_per_s": 30.0, "over_best_peer": 1.2, "probe_peak_rss_mb": 2100}}
 
 
+def test_a_decode_that_failed_keeps_the_prefill_and_says_why():
+    """`measure` records a failed decode run (llama-3.2-3b's was killed for memory) instead of losing the hour of
+    prefill rounds before it: the prefill ratios stand, the decode has no number and its reason is in the table."""
+    e = _entry({1024: 500.0}, {"openvino_genai": {1024: 400.0}}, {1024: 1000.0}, {})
+    e["decode"] = {"row": {}, "skipped": {"hetero": "bench decode failed (exit -9): "}}
+    s = summarize(e)
+    assert s["vs_best_peer"][0]["hetero_over"] == 1.25 and s["decode"]["hetero_tokens_per_s"] is None
+    assert not s["targets_met"]["decode_over_best_peer"]
+    e.update(repeats=1, threads=2, loadavg_1m_start=1.0, loadavg_1m_end=1.0, date="2026-12-07T22:00:00+00:00",
+             probe={"process_peak_rss_mb": 950, "peak_rss_mb": {"runtime": 800.0}, "kv_cache_bytes": 2**27,
+                    "kv_cache_tokens": 2112, "int8_weights_kept_on_cpu_bytes": 0, "resident_bytes": {}},
+             prefill_parts_1024={"prompt_len": 1024, "in_order_ms": 3000.0, "out_of_order_ms": 2500.0,
+                                 "kinds_ms": {"ffn": 3000.0}, "critical_lane": "npu"})
+    md = markdown({"conditions": {"machine": "AMD EPYC (Zen 4), 2 CPUs", "threads": 2, "note": "", "command": ""},
+                   "shapes": {"llama-3.2-3b": {"params": 3_212_574_720, "synthetic": SYNTHETIC, "measure": e,
+                                               "summary": s}}})
+    assert "bench decode failed (exit -9)" in md and "**1.25×**" in md
+
+
 def test_no_peer_meets_no_target():
     s = summarize(_entry({1024: 500.0}, {}, {1024: 1000.0}, {"hetero": 20.0}))
     assert s["vs_best_peer"] == [] and s["decode"]["best_peer"] is None

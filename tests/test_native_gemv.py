@@ -141,8 +141,8 @@ def test_kernel_matches_onnx_runtimes_matmulnbits_on_the_same_bytes():
 
 @needs_kernel
 def test_prologues_and_epilogues():
-    """RMSNorm of x + add, SiLU·up, the block Hadamard, bias and residuals: each against numpy, the GEMV itself by the
-    reference of its input."""
+    """RMSNorm of x + add, act(gate)·up (SiLU, GELU-tanh, ReLU), the block Hadamard, bias and residuals: each against
+    numpy, the GEMV itself by the reference of its input."""
     rng = np.random.default_rng(4)
     k, n, rows = 128, 64, 2
     p, _ = _packed(k, n, seed=5)
@@ -161,16 +161,23 @@ def test_prologues_and_epilogues():
     v = x.astype(np.float64) + add
     check(out, v / np.sqrt((v**2).mean(-1, keepdims=True) + 1e-5) * norm, bias + r0.astype(np.float64) + r1)
     gu = rng.standard_normal((rows, 2 * k)).astype(np.float32)
-    gemv.run(gemv.bind(p, gu, out, s, silu_up=True, hadamard=64, res=(r0,)))
     g, u = gu[:, :k].astype(np.float64), gu[:, k:]
-    m = g / (1 + np.exp(-g)) * u
-    check(out, (m.reshape(rows, 2, 64) @ h).reshape(rows, k), r0)
+    gates = {"silu": g / (1 + np.exp(-g)), "relu": np.maximum(g, 0),
+             "gelu_tanh": 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)))}
+    assert set(gates) == set(gemv.GATED_ACTS)
+    for act, gate in gates.items():
+        gemv.run(gemv.bind(p, gu, out, s, gated=act, hadamard=64, res=(r0,)))
+        check(out, ((gate * u).reshape(rows, 2, 64) @ h).reshape(rows, k), r0)
+        other = gates["relu" if act != "relu" else "silu"]
+        assert np.abs(out - (_reference(((other * u).reshape(rows, 2, 64) @ h).reshape(rows, k), p) + r0)).max() > 0.01
     with pytest.raises(ConfigError, match="Hadamard of 48"):
         gemv.bind(p, x, out, s, hadamard=48)
     with pytest.raises(ConfigError, match="must be"):
         gemv.bind(p, x[:, :100], out, s)
-    with pytest.raises(ConfigError, match="silu_up takes x alone"):
-        gemv.bind(p, gu, out, s, silu_up=True, norm=norm)
+    with pytest.raises(ConfigError, match="a gated job takes x alone"):
+        gemv.bind(p, gu, out, s, gated="silu", norm=norm)
+    with pytest.raises(ConfigError, match="gated must be one of"):
+        gemv.bind(p, gu, out, s, gated="gelu")
 
 
 @needs_kernel
@@ -279,6 +286,8 @@ def test_models_the_kernels_do_not_compute_are_named():
 
     cfg = make_tiny_model().config
     assert gemv.config_unsupported(cfg) is None
-    assert "act='gelu_tanh'" in gemv.config_unsupported(dataclasses.replace(cfg, act="gelu_tanh"))
-    assert "post_norms=True" in gemv.config_unsupported(dataclasses.replace(cfg, post_norms=True))
-    assert gemv.unavailable(dataclasses.replace(cfg, act="relu")).startswith("this model has act='relu'")
+    for computed in (dict(act="gelu_tanh"), dict(act="relu"), dict(post_norms=True)):
+        assert gemv.config_unsupported(dataclasses.replace(cfg, **computed)) is None
+    assert gemv.config_unsupported(dataclasses.replace(cfg, act="gelu")) == "act='gelu'"  # the erf form
+    assert gemv.unavailable(dataclasses.replace(cfg, act="gelu")).startswith("this model has act='gelu'")
+    assert gemv.config_unsupported(dataclasses.replace(cfg, hidden=cfg.hidden + 2)).startswith("a width not a")

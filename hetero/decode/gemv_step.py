@@ -1,14 +1,16 @@
 """Decode steps whose linears are hetero's own int8 GEMVs (`native.gemv`, AVX-512 VNNI), and the LM head likewise.
 
-The same form as the MatMulNBits graphs (`npu.nbits`: the method's float weights, the rotated copy's for the
-default, W·T on online sites, quantized by ONNX Runtime's kernel to 8 bits in blocks of 128; activations int8 per
-block of 32 at run time; no shadow corrections), computed without a graph: per layer one call for q|k|v (RMSNorm in
-front) and one for o → FFN (o_in's online Hadamard, o, the residual, RMSNorm, gate|up, SiLU·up, down_in's online
-Hadamard, down, the residual), attention between them as in `bound_step` (`rowattn.decode_rows`, or both threads
-through `twocore.attnpool`). The same step and head run over the GGUF's own Q4_1 / Q8_0 blocks where the model's
-file has them (`gguf_blocks.BlockWeights`, the same interface: in the model's unrotated space, no online transforms). The layers' weights lie in one arena in the order a step reads it (the head in its own,
-`StepLinears`), so the step streams one run of memory on huge pages (separate arrays of ~1 MB each streamed at ~13-20 GB/s on AMD EPYC Zen 4, the arena
-~26 GB/s from one thread: docs/journal.md, "Issue 24 item 3 (session 15)").
+The same form as the MatMulNBits graphs (`npu.nbits`: the method's float weights, the rotated copy's for the default,
+W·T on online sites, quantized by ONNX Runtime's kernel to 8 bits in blocks of 128; activations int8 per block of 32
+at run time; no shadow corrections), computed without a graph: per layer one call for q|k|v (RMSNorm in front) and one
+for o → FFN (o_in's online Hadamard, o, the residual, RMSNorm, gate|up, act(gate)·up, down_in's online Hadamard, down,
+the residual; Gemma 3's post-norms between those jobs, `GemvStep._post_norms`), attention between them as in
+`bound_step` (`rowattn.decode_rows`, or both threads through `twocore.attnpool`). The same step and head run over the
+GGUF's own Q4_1 / Q8_0 blocks where the model's file has them (`gguf_blocks.BlockWeights`, the same interface: in the
+model's unrotated space, no online transforms). The layers' weights lie in one arena in the order a step reads it (the
+head in its own, `StepLinears`), so the step streams one run of memory on huge pages (separate arrays of ~1 MB each
+streamed at ~13-20 GB/s on AMD EPYC Zen 4, the arena ~26 GB/s from one thread:
+docs/journal.md, "Issue 24 item 3 (session 15)").
 
 Beside the helper thread (`attnpool.AttentionPool`) the step shares each layer's attention heads with it. Its linears
 can run on both cores too (`split`: each linear one stage of the pool's stage runner, both threads claiming column
@@ -143,9 +145,11 @@ def step_names(cfg) -> list[str]:
 
 
 def step_norms(cfg, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The RMSNorm weights a step's GEMVs fold in (the final norm, each layer's two), float32."""
+    """The RMSNorm weights a step reads (the final norm, each layer's two the GEMVs fold in, and its post-norms where
+    the model has them), float32."""
+    fields = ("attn_norm", "ffn_norm") + (("post_attn_norm", "post_ffn_norm") if cfg.post_norms else ())
     return {name: np.ascontiguousarray(arrays[name], np.float32)
-            for name in ["norm"] + [f"layers.{i}.{f}" for i in range(cfg.n_layers) for f in ("attn_norm", "ffn_norm")]}
+            for name in ["norm"] + [f"layers.{i}.{f}" for i in range(cfg.n_layers) for f in fields]}
 
 
 def place_linears(cfg, found: dict[str, np.ndarray], forms: dict[str, str],
@@ -284,6 +288,11 @@ class GemvStep:
         self.a = zeros(cfg.q_dim)
         self.q = buffers.zeros((rows, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim))
         self.qkv, self.o, self.gu = zeros(cfg.q_dim + 2 * cfg.kv_dim), zeros(cfg.hidden), zeros(2 * cfg.ffn)
+        # Gemma 3's post-norms (RMSNorm of o and of down before their residual adds) need a whole row of the linear's
+        # output, which a column tile's epilogue never has: o and down end the kernels' jobs, the norms and the adds
+        # run here between them (`_post_norms`)
+        self.post, self.norms = cfg.post_norms, weights.norms
+        self.d = zeros(cfg.hidden) if self.post else None
         kmax = max(cfg.hidden, cfg.q_dim, cfg.ffn)
         self.scratch = tuple(gemv.Scratch(rows, kmax) for _ in range(2))
         jobs = []
@@ -300,8 +309,8 @@ class GemvStep:
                 gemv.bind(lin("o_in"), self.a, self.o, s, hadamard=on.get("o_in", 0), bias=bias("o_in")),
                 gemv.bind(lin("ffn_in"), h_in, self.gu, s, add=self.o, norm=norm("ffn_norm"), eps=cfg.rms_eps,
                           hadamard=on.get("ffn_in", 0), bias=bias("ffn_in")),
-                gemv.bind(lin("down_in"), self.gu, h_out, s, silu_up=True, hadamard=on.get("down_in", 0),
-                          bias=bias("down_in"), res=(h_in, self.o)),
+                gemv.bind(lin("down_in"), self.gu, self.d if self.post else h_out, s, gated=cfg.act,
+                          hadamard=on.get("down_in", 0), bias=bias("down_in"), res=() if self.post else (h_in, self.o)),
             ]
         self.table = _Table.of(jobs, self.scratch if pool is not None and split else None)
 
@@ -328,12 +337,39 @@ class GemvStep:
                 self.pool.attend(cfg, layer, self.qkv, layout, bases[layer])
             else:
                 decode_rows(cfg, self.qkv, *cache.layer(layer), layout, self.a, layer, bases[layer])
-            self._linears(4 * layer + 1, 4 * layer + 4, pool)
+            if self.post:
+                self._post_norms(layer, pool)
+            else:
+                self._linears(4 * layer + 1, 4 * layer + 4, pool)
         return self.h[depth % 2]
+
+    def _post_norms(self, layer: int, pool: AttentionPool | None) -> None:
+        """A layer's o → FFN with post-norms, as `model.o_ffn`: o = norm(o·Wo), h1 = h + o, d = norm(down(FFN(h1))),
+        h_out = h1 + d (the sums in the MatMulNBits graph's order, `npu.nbits.layer_graph`)."""
+        cfg, norms = self.cfg, self.norms
+        h_in, h_out = self.h[layer % 2], self.h[(layer + 1) % 2]
+        self._linears(4 * layer + 1, 4 * layer + 2, pool)
+        _rms_norm_(self.o, norms[f"layers.{layer}.post_attn_norm"], cfg.rms_eps)
+        self._linears(4 * layer + 2, 4 * layer + 4, pool)  # ffn_in reads h_in + o itself (its job's add)
+        _rms_norm_(self.d, norms[f"layers.{layer}.post_ffn_norm"], cfg.rms_eps)
+        np.add(h_in, self.o, out=h_out)
+        h_out += self.d
 
     def _linears(self, first: int, last: int, pool: AttentionPool | None) -> None:
         """Jobs first..last-1 (a layer's q|k|v, or its o → FFN: jobs 4·layer..4·layer+3)."""
         self.table.run(first, last, pool)
+
+
+def _rms_norm_(x: np.ndarray, w: np.ndarray, eps: float) -> None:
+    """x [rows, n] ← RMSNorm(x)·w in place: `model.rms_norm` through torch views, as `attention.qk_norm_` (a model
+    with post-norms has QK-norm too, so a step of it has imported torch already)."""
+    import torch
+
+    from hetero.model import rms_norm
+
+    t = torch.from_numpy(x)
+    with torch.inference_mode():
+        t.copy_(rms_norm(t, torch.from_numpy(w), eps))
 
 
 class GemvHead:

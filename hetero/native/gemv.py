@@ -8,10 +8,10 @@ MatMulNBits reads (`npu.nbits.quantize_weight`, called by `decode.gemv_step`), r
 columns a tile, 4 weights along K per column a lane), the activations quantized to int8 per block of 32 at run time
 (amax / 127: a quarter of MatMulNBits' activation block, which the memory-bound kernel gets for free and which brings
 the decode's perplexity back to the graphs'; with blocks of 128 it was 0.14 points worse, docs/journal.md), and fold the
-elementwise work around each linear (RMSNorm, the residual adds, SiLU·up, the online block Hadamards of a rotated model,
-QuaRot) into the same call: one call per linear, no graph, no shadow corrections (as `npu.nbits`). A job may read
-the GGUF's own Q4_1 / Q8_0 blocks instead (`pack_blocks`, `decode.gguf_blocks`): blocks of 32 values, one per
-activation block, so the same activations and epilogues serve every form.
+elementwise work around each linear (RMSNorm, the residual adds, act(gate)·up with SiLU, GELU-tanh or ReLU, the online
+block Hadamards of a rotated model, QuaRot) into the same call: one call per linear, no graph, no shadow corrections
+(as `npu.nbits`). A job may read the GGUF's own Q4_1 / Q8_0 blocks instead (`pack_blocks`, `decode.gguf_blocks`):
+blocks of 32 values, one per activation block, so the same activations and epilogues serve every form.
 
 A job is one linear with that work (`Job`); a part is its column range with its own scratch (`Part`): two threads
 can run a job's halves at once (`decode.twocore.attnpool`), each computing the prologue itself, and a column's
@@ -42,6 +42,8 @@ GEMV_VERSION = 1  # what `pack_quantized` writes; in the cached arrays' form: bu
 BLOCKS_VERSION = 1  # what `pack_blocks` writes (in the GGUF block form's cached arrays)
 # the weights' forms a job reads (gemv_vnni.c's FMT_*): this module's 8-bit blocks of 128, the GGUF's Q4_1 and Q8_0
 FMTS = {"int8": 0, "q4_1": 1, "q8_0": 2}
+# the gate activations a job's prologue computes, act(gate)·up (gemv_vnni.c's ACT_*; `model.activation`'s names)
+GATED_ACTS = {"silu": 1, "gelu_tanh": 2, "relu": 3}
 GB = 32  # values of K in a GGUF Q4_1 / Q8_0 block
 _BLOCK = {"q4_1": (20, 1024 + 4 * TILE), "q8_0": (34, 2048 + 2 * TILE)}  # bytes of a block in the file, of a tile's
 
@@ -72,6 +74,8 @@ def config_unsupported(cfg: ModelConfig) -> str | None:
     lacks = layerspec.lacks(layerspec.LayerSpec.of(cfg), "decode GEMV step")
     if lacks:
         return lacks
+    if cfg.act not in GATED_ACTS:  # (the layer spec's act is one feature; the prologue computes these values of it)
+        return f"act={cfg.act!r}"
     if any(d % 4 for d in (cfg.hidden, cfg.q_dim, cfg.ffn)):
         return f"a width not a multiple of 4 (hidden {cfg.hidden}, q {cfg.q_dim}, ffn {cfg.ffn})"
     return None
@@ -268,19 +272,22 @@ class Bound:
 
 
 def bind(p: Packed, x: np.ndarray, out: np.ndarray, scratch: Scratch, *, add: np.ndarray | None = None,
-         norm: np.ndarray | None = None, eps: float = 0.0, silu_up: bool = False, hadamard: int = 0,
+         norm: np.ndarray | None = None, eps: float = 0.0, gated: str | None = None, hadamard: int = 0,
          bias: np.ndarray | None = None, res: tuple[np.ndarray, ...] = ()) -> Bound:
     """One job over fixed buffers: out[:, :N] = [res0 (+ res1) +] (x' · W [+ bias]) with x' = x [+ add], RMSNorm'd
-    by `norm` (eps), or silu(x[:, :K])·x[:, K:2K] (silu_up), then x'·T (block Hadamard of size `hadamard`); the
-    activation rows quantized per block of 32 (module docstring). Every buffer [rows, ·] float32, C-contiguous."""
+    by `norm` (eps), or act(x[:, :K])·x[:, K:2K] (gated: the act, of `GATED_ACTS`), then x'·T (block Hadamard of size
+    `hadamard`); the activation rows quantized per block of 32 (module docstring). Every buffer [rows, ·] float32,
+    C-contiguous."""
     rows = x.shape[0]
-    width = 2 * p.k if silu_up else p.k
+    if gated is not None and gated not in GATED_ACTS:
+        raise ConfigError(f"gemv: gated must be one of {sorted(GATED_ACTS)} or None, got {gated!r}")
+    width = 2 * p.k if gated else p.k
     if x.ndim != 2 or x.shape[1] < width or out.shape[0] != rows or out.shape[1] < p.n:
         raise ConfigError(f"gemv: x {x.shape} and out {out.shape} must be [rows, >= {width}] and [rows, >= {p.n}]")
     if add is not None and add.shape != x.shape:
         raise ConfigError(f"gemv: add {add.shape} must be x's shape {x.shape}")
-    if silu_up and (add is not None or norm is not None):
-        raise ConfigError("gemv: silu_up takes x alone (no add, no norm)")
+    if gated and (add is not None or norm is not None):
+        raise ConfigError("gemv: a gated job takes x alone (no add, no norm)")
     if any(r.shape != out.shape for r in res) or len(res) > 2:
         raise ConfigError(f"gemv: at most two residuals of out's shape {out.shape}")
     if (norm is not None and norm.shape != (p.k,)) or (bias is not None and bias.shape != (p.n,)):
@@ -293,9 +300,10 @@ def bind(p: Packed, x: np.ndarray, out: np.ndarray, scratch: Scratch, *, add: np
     ws = np.ascontiguousarray(p.ws, np.float32)
     norm = None if norm is None else np.ascontiguousarray(norm, np.float32)
     bias = None if bias is None else np.ascontiguousarray(bias, np.float32)
-    job = Job(rows, _addr(x, "x"), _addr(add, "add"), x.shape[1], _addr(norm, "norm"), float(eps), int(silu_up),
-              int(hadamard), p.k, p.n, _addr(w, "w", np.uint8), _addr(ws, "ws"), _addr(bias, "bias"),
-              _addr(res[0] if res else None, "res0"), _addr(res[1] if len(res) > 1 else None, "res1"),
+    job = Job(rows, _addr(x, "x"), _addr(add, "add"), x.shape[1], _addr(norm, "norm"), float(eps),
+              GATED_ACTS.get(gated, 0), int(hadamard), p.k, p.n, _addr(w, "w", np.uint8), _addr(ws, "ws"),
+              _addr(bias, "bias"), _addr(res[0] if res else None, "res0"),
+              _addr(res[1] if len(res) > 1 else None, "res1"),
               _addr(out, "out"), out.shape[1], FMTS[p.fmt])
     b = Bound(job, scratch.part(0, -(-p.n // TILE) * TILE), (x, add, norm, w, ws, bias, res, out, scratch), rows, p.n)
     return b

@@ -1,13 +1,14 @@
 /* A decode step's linears as int8 GEMVs on AVX-512 VNNI; see hetero/native/gemv.py.
 
-   A job is one linear of a layer with the elementwise work around it: a prologue that builds its input rows x
-   (x = in0 [+ in1], then RMSNorm, or silu(gate)·up, then a block Hadamard), x quantized to int8 per block of
-   QB values of K (one scale per block: amax / 127), the GEMV over 8-bit weights (u8 with zero point 128, one
-   float scale per output column and block, the layout MatMulNBits reads, repacked), and an epilogue
+   A job is one linear of a layer with the elementwise work around it: a prologue that builds its input rows x (x =
+   in0 [+ in1], then RMSNorm, or act(gate)·up with act SiLU, GELU-tanh or ReLU, then a block Hadamard), x quantized
+   to int8 per block of QB values of K (one scale per block: amax / 127), the GEMV over 8-bit weights (u8 with zero
+   point 128, one float scale per output column and block, the layout MatMulNBits reads, repacked), and an epilogue
    (+ bias, + the residual res0 [+ res1]). A part is the job's column range [lo, hi) and its own scratch, so two
-   threads can run the two halves of one job at once: each computes the prologue in its scratch (the same values)
-   and writes only its columns (a fixed range, or tiles claimed from a shared counter). Every column's integer sums are exact and its float sums run in a fixed order
-   (block after block), so a row's outputs do not depend on the other rows of the job nor on the split.
+   threads can run the two halves of one job at once: each computes the prologue in its scratch (the same values) and
+   writes only its columns (a fixed range, or tiles claimed from a shared counter). Every column's integer sums are
+   exact and its float sums run in a fixed order (block after block), so a row's outputs do not depend on the other
+   rows of the job nor on the split.
 
    No software prefetch: over the weights' one arena on huge pages the hardware prefetcher streams 26 GB/s from one
    thread (AMD EPYC Zen 4), prefetches 4 KB ahead 22 (docs/journal.md, "Issue 24 item 3 (session 15)").
@@ -43,7 +44,7 @@ typedef struct {
     int64_t ld_in;
     const float *norm;     /* RMSNorm weight [k], or NULL */
     double eps;
-    int64_t act;           /* 1: x = silu(in0[:, :k]) * in0[:, k:2k] */
+    int64_t act;           /* x = act(in0[:, :k]) * in0[:, k:2k]: ACT_SILU, ACT_GELU_TANH, ACT_RELU (0: x = in0) */
     int64_t had;           /* block Hadamard size applied to x (0: none) */
     int64_t k, n;          /* the linear: K inputs, N outputs (N a multiple of TILE) */
     const uint8_t *w;      /* packed weights (above) */
@@ -57,6 +58,7 @@ typedef struct {
 } Job;
 
 enum { FMT_INT8 = 0, FMT_Q4_1 = 1, FMT_Q8_0 = 2 };
+enum { ACT_SILU = 1, ACT_GELU_TANH = 2, ACT_RELU = 3 };
 #define GB 32 /* values of K in a GGUF block (Q4_1, Q8_0): one activation block */
 #if AB != GB
 #error "the GGUF block kernels take one activation scale per block of 32"
@@ -104,15 +106,30 @@ static void block_hadamard(float *x, int64_t k, int64_t size) {
 static void prologue(const Job *J, int64_t r, float *x) {
     const int64_t k = J->k;
     const float *a = J->in0 + r * J->ld_in;
-    if (J->act == 1) {
+    if (J->act != 0) {
+        /* silu(g) = g / (1 + e^-g); gelu_tanh(g) = g·(1 + tanh(y))/2 = g / (1 + e^-2y) with
+           y = √(2/π)(g + 0.044715 g³): both g / (1 + e^-z), z = g or 2y */
+        const float c2 = 2.f * 0.7978845608028654f, c3 = 0.044715f;
         int64_t i = 0;
         for (; i + 16 <= k; i += 16) {
-            __m512 g = _mm512_loadu_ps(a + i), u = _mm512_loadu_ps(a + k + i);
-            __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
-            __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+            __m512 g = _mm512_loadu_ps(a + i), u = _mm512_loadu_ps(a + k + i), s;
+            if (J->act == ACT_RELU) {
+                s = _mm512_max_ps(g, _mm512_setzero_ps());
+            } else {
+                __m512 z = g;
+                if (J->act == ACT_GELU_TANH)
+                    z = _mm512_mul_ps(_mm512_mul_ps(g, _mm512_set1_ps(c2)),
+                                      _mm512_fmadd_ps(_mm512_mul_ps(g, g), _mm512_set1_ps(c3), _mm512_set1_ps(1.f)));
+                __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), z));
+                s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+            }
             _mm512_storeu_ps(x + i, _mm512_mul_ps(s, u));
         }
-        for (; i < k; i++) x[i] = a[i] / (1.f + expf(-a[i])) * a[k + i];
+        for (; i < k; i++) {
+            const float g = a[i];
+            const float z = J->act == ACT_GELU_TANH ? c2 * g * (1.f + c3 * g * g) : g;
+            x[i] = (J->act == ACT_RELU ? (g > 0.f ? g : 0.f) : g / (1.f + expf(-z))) * a[k + i];
+        }
     } else if (J->in1 != NULL) {
         const float *b = J->in1 + r * J->ld_in;
         for (int64_t i = 0; i < k; i++) x[i] = a[i] + b[i];
