@@ -5,7 +5,8 @@ A decode step streams every INT8 weight (~106 MB on the default model) and the c
 profiled pass into its parts: the ONNX Runtime graph runs of the layers, the attention kernel
 (`decode.rowattn`), the LM head graph, the shadow corrections (mllm-NPU Eq. 1) and the rest (Python, copies).
 The parts are shares of the profiled pass applied to the unprofiled median. It also times a step verifying
-a chain of each static chunk size (`chunk_costs`), the cost side of the token-tree controller.
+a chain of each static chunk size (`chunk_costs`), the cost side of the token-tree controller, and the step on
+each kernel that runs this model's small steps here (`step_kernels`: hetero's GEMVs, the GGUF's blocks, MatMulNBits).
 
     python bench/decode_step.py                          # contexts 256, 1024, 2048; prints a table
     python bench/decode_step.py --out bench/results      # also writes decode_step.{json,md}
@@ -155,6 +156,42 @@ def attention_threads(runtime, ids: list[int], steps: int, threads: int) -> dict
             "steps": steps + 3, "load": round(os.getloadavg()[0], 2)}
 
 
+def step_kernels(runtime, ids: list[int], steps: int, threads: int) -> dict[str, Any] | None:
+    """Median ms of a one-token step on each kernel that runs this model's small steps here (`DecodeStep`'s kernel:
+    hetero's GEMVs, the GGUF's blocks, ONNX Runtime's MatMulNBits graphs), interleaved, each with its own head, and
+    how far their logits are from the graphs'; None where only the graphs run."""
+    from hetero.decode.step import DecodeStep
+    from hetero.decode.tree import TokenTree
+    from hetero.errors import ConfigError
+
+    cache = runtime.new_cache(len(ids) + 8)
+    runtime.prefill(ids, cache)
+    tree = TokenTree.chain([ids[-1]])
+    steps_by = {}
+    for kernel in ("nbits", "gemv", "blocks"):
+        try:
+            steps_by[kernel] = DecodeStep(runtime, threads=threads, kernel=kernel, split_after=0)
+        except ConfigError:  # a kernel this model or CPU does not run
+            continue
+    if len(steps_by) < 2:
+        return None
+    logits = {k: [step.forward(cache, tree) for _ in range(3)][-1][0] for k, step in steps_by.items()}
+    times: dict[str, list[float]] = {k: [] for k in steps_by}
+    for i in range(steps):
+        for k, step in (steps_by.items() if i % 2 else reversed(steps_by.items())):
+            t0 = time.perf_counter()
+            step.forward(cache, tree)
+            times[k].append((time.perf_counter() - t0) * 1e3)
+    ms = {k: statistics.median(t) for k, t in times.items()}
+    ref = logits["nbits"]
+    return {"context": len(ids), "ms": {k: round(v, 2) for k, v in ms.items()},
+            "speedup_over_nbits": {k: round(ms["nbits"] / v, 3) for k, v in ms.items()},
+            "logits_rel_diff_vs_nbits": {k: round(float(np.abs(v - ref).max() / np.abs(ref).max()), 4)
+                                         for k, v in logits.items()},
+            "same_argmax_as_nbits": {k: bool(v.argmax() == ref.argmax()) for k, v in logits.items()},
+            "steps": steps, "load": round(os.getloadavg()[0], 2)}
+
+
 def markdown(r: dict[str, Any]) -> str:
     parts = list(r["rows"][0]["parts_ms"]) if r["rows"] else []
     lines = [f"# One plain decode step ({r['model']}, method {r['method']}, {r['threads']} decode thread(s))", "",
@@ -185,6 +222,18 @@ def markdown(r: dict[str, Any]) -> str:
             lines.append(f"| {row['context']} | {row['one_ms']} | {row['two_ms']} | {row['ratio']}× | "
                          f"{row['same_logits']} | {row['helper_heads']} | {row.get('helper_graph_halves', '')} | "
                          f"{row.get('guard_skipped', 0)} of {row.get('steps', '?')} | {row['load']} |")
+    if r.get("kernels"):
+        names = list(r["kernels"][0]["ms"])
+        lines += ["", "## The step on each kernel that runs it here, interleaved (ms; speed-up over the MatMulNBits "
+                  "graphs; logits' max difference from theirs, relative)", "",
+                  "| context | " + " | ".join(names) + " | logits vs nbits | load |",
+                  "|---:|" + "---:|" * len(names) + "---|---|"]
+        for row in r["kernels"]:
+            same = {k: "same" if row["same_argmax_as_nbits"][k] else "differs" for k in names}
+            lines.append(f"| {row['context']} | " + " | ".join(
+                f"{row['ms'][k]} ({row['speedup_over_nbits'][k]}×)" for k in names) + " | " + ", ".join(
+                f"{k} {row['logits_rel_diff_vs_nbits'][k]} (argmax {same[k]})" for k in names if k != "nbits")
+                + f" | {row['load']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -196,7 +245,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=positive_int, default=60, help="timed steps per context")
     add_method_arg(p)
     p.add_argument("--threads", type=positive_int, default=DECODE_THREADS, help="decode step threads")
-    p.add_argument("--out", default=None, help="directory for decode_step.json/.md (default: print only)")
+    p.add_argument("--out", default=None, help="directory for decode_step.json/.md (decode_step_<model>.* with "
+                                                 "--model; default: print only)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -212,11 +262,13 @@ def run(args: argparse.Namespace) -> int:
     rows = [step_parts(rt, ids[:c], args.steps, args.threads) for c in contexts]
     chunks = [chunk_costs(rt, ids[:c], max(5, args.steps // 4), args.threads) for c in contexts]
     attn = [attention_threads(rt, ids[:c], args.steps, args.threads) for c in contexts]
+    kernels = [k for k in (step_kernels(rt, ids[:c], args.steps, args.threads) for c in contexts) if k is not None]
     result = {"model": model.name, "method": args.method, "threads": args.threads, "chunks": chunks,
-              "attention_threads": attn,
+              "attention_threads": attn, "kernels": kernels,
               "isa": {**isa.machine(), "weight_form": isa.resolve_weight_form(args.weight_form)},
               "command": "python bench/decode_step.py " + " ".join(sys.argv[1:]), "rows": rows}
     if args.out:
-        write_json_md(Path(args.out), "decode_step", result, markdown(result))
+        write_json_md(Path(args.out), "decode_step" + (f"_{Path(args.model).stem}" if args.model else ""), result,
+                      markdown(result))
     print(markdown(result))
     return 0

@@ -55,3 +55,22 @@ def test_attention_threads_compares_one_and_two_threads_and_renders():
     table = markdown({"model": "tiny", "method": "hetero", "threads": 1, "isa": {}, "command": "c", "rows": [],
                       "attention_threads": [row]})
     assert "| 27 |" in table and "heads the helper took" in table
+
+
+def test_step_kernels_time_each_kernel_that_runs_here_and_render():
+    from bench.decode_step import step_kernels
+    from hetero.native import gemv
+    from hetero.npu.placement import decode_placement
+
+    m = make_tiny_model()
+    if gemv.unavailable(m.config) is not None:
+        pytest.skip(f"hetero's int8 GEMVs cannot run here: {gemv.unavailable(m.config)}")
+    be = NpuBackend(m, tiny_plan(m, SHADOWS), 16, provider="cpu")
+    row = step_kernels(Runtime(m, chunk=16, backend=be, decode=decode_placement(be)), list(range(3, 30)), steps=2,
+                       threads=1)
+    assert set(row["ms"]) == {"nbits", "gemv"}  # a float model has no GGUF blocks
+    assert row["speedup_over_nbits"]["nbits"] == 1.0 and row["logits_rel_diff_vs_nbits"]["nbits"] == 0.0
+    assert isinstance(row["logits_rel_diff_vs_nbits"]["gemv"], float)
+    table = markdown({"model": "tiny", "method": "hetero", "threads": 1, "isa": {}, "command": "c", "rows": [],
+                      "kernels": [row]})
+    assert "| 27 |" in table and "logits vs nbits" in table and "gemv" in table
