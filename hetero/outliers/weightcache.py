@@ -43,8 +43,11 @@ def _float_guard(model) -> str:
 
 
 def _entry(model) -> Path | None:
+    """The model's cache folder, once it exists (a cached model's float weights, or a site-rotated model's
+    calibration and plans: its float weights are its base model's file, its derived arrays its own); None for a
+    model only in memory. What the arrays derive from is checked by content (`_float_guard`)."""
     folder = cache_dir() / "models" / model.fingerprint
-    return folder if (folder / "weights.safetensors").is_file() else None
+    return folder if folder.is_dir() else None
 
 
 def cached_weights(model, granularity: str, qmax: int, online: dict[str, int],
