@@ -42,6 +42,7 @@ import torch
 
 from hetero.arguments import add_model_arg, opt_in_decode_forms, positive_int
 from bench.entry import write_json_md
+from bench.host import describe, host
 
 HELP = ("teacher-forced decode perplexity and greedy agreement of the decode forms (float, INT8, MatMulNBits, GEMV, "
         "GGUF blocks)")
@@ -181,7 +182,6 @@ def run(args: argparse.Namespace) -> int:
     from hetero.errors import ConfigError
     from hetero.loader import load_model
     from hetero.methods import make_runtime
-    from hetero.npu import isa
     from hetero.outliers.corpus import load_corpus
     from hetero.paths import cache_dir, file_fingerprint
     from hetero.prompt import encode_prompt
@@ -254,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
     scored = len(total["float"]) // max(1, len(texts))
     result = {"model": model.name, "forms": forms, "texts": texts, "all": _row(total, agree_all),
               "windows": args.windows, "length": args.length, "prefix": args.prefix, "scored_per_text": scored,
-              "greedy": greedy_rows, "greedy_tokens": args.greedy_tokens, "cpu": isa.machine(),
+              "greedy": greedy_rows, "greedy_tokens": args.greedy_tokens, "cpu": describe(host()),
               "nbits_form": steps["nbits"].backend(1).form.describe(), "heads": {f: s.head.name for f, s in steps.items()},
               "note": (f"nbits: {steps['nbits'].backend(1).form.describe()}"
                        + (f"; gemv: {runtimes['gemv'].decode.small_form}" if "gemv" in steps else "")

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from bench.entry import write_json_md
+from bench.host import describe, host
 from hetero.arguments import add_method_arg, add_model_arg, int_list, positive_int
 
 HELP = ("one plain decode step's time at given contexts, split into graph runs, attention, head, shadow, rest; "
@@ -195,7 +196,7 @@ def step_kernels(runtime, ids: list[int], steps: int, threads: int) -> dict[str,
 def markdown(r: dict[str, Any]) -> str:
     parts = list(r["rows"][0]["parts_ms"]) if r["rows"] else []
     lines = [f"# One plain decode step ({r['model']}, method {r['method']}, {r['threads']} decode thread(s))", "",
-             f"Reproduce: `{r['command']}`. ISA: {r['isa']}. Parts: shares of a profiled pass applied to the median.",
+             f"Reproduce: `{r['command']}`. CPU: {r.get('cpu', '?')}. ISA: {r['isa']}. Parts: shares of a profiled pass applied to the median.",
              "The step is the runtime's own (`DecodeStep.of`); `CPU ms`: its thread's CPU time (median); `split ms`: "
              "the same step once its graphs are split over both cores (a decode past `SPLIT_AFTER_STEPS` tokens).",
              "", "| context | step ms (median) | p10 | CPU ms | " + " | ".join(parts) + " | split ms | load |",
@@ -265,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
     kernels = [k for k in (step_kernels(rt, ids[:c], args.steps, args.threads) for c in contexts) if k is not None]
     result = {"model": model.name, "method": args.method, "threads": args.threads, "chunks": chunks,
               "attention_threads": attn, "kernels": kernels,
+              "cpu": describe(host()),
               "isa": {**isa.machine(), "weight_form": isa.resolve_weight_form(args.weight_form)},
               "command": "python bench/decode_step.py " + " ".join(sys.argv[1:]), "rows": rows}
     if args.out:
