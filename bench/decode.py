@@ -52,7 +52,7 @@ from hetero.decode.step import TREE_SIZES, DecodeStep
 from hetero.arguments import add_model_arg, opt_in_decode_forms
 from hetero.errors import ConfigError
 from hetero.loader import load_model
-from hetero.methods import make_runtime, use_threads
+from hetero.methods import make_runtime, use_threads, with_decode_form
 from hetero.npu.placement import DECODE_FORMS
 from hetero.npu import isa
 from hetero.paths import atomic_path
@@ -87,15 +87,15 @@ class Engines:
                  decode_forms: tuple[str, ...] = ()):
         """`methods`: hetero's runtimes to make (float only where its rows or HF's are asked: at 1B and up a float
         runtime costs gigabytes); `model_path`: the model the peers are built from (None: the default);
-        `decode_forms`: more hetero runtimes, "hetero_<form>", that decode in `make_runtime`'s `decode_form` (one
-        refused for this model is skipped with its reason)."""
+        `decode_forms`: more hetero runtimes, "hetero_<form>", that decode in `make_runtime`'s `decode_form` over the
+        default's prefill (`with_decode_form`: one set of prefill sessions; one form refused for this model is skipped
+        with its reason)."""
         self.model, self.threads, self.max_len = model, threads, max_len
         self.rt = {m: make_runtime(model, m, chunk=256, threads=threads) for m in methods}
         self.skipped: dict[str, str] = {}
         for form in decode_forms:
             try:
-                self.rt[f"hetero_{form}"] = make_runtime(model, "hetero", chunk=256, threads=threads,
-                                                         decode_form=form)
+                self.rt[f"hetero_{form}"] = with_decode_form(self.rt["hetero"], form)
             except ConfigError as e:
                 self.skipped[f"hetero_{form}"] = str(e)
                 print(f"hetero_{form} skipped: {e}", flush=True)

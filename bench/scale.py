@@ -280,9 +280,9 @@ def where_time_goes(gguf: Path, threads: int, n: int = 1024) -> dict[str, Any]:
 def decode_rows(gguf: Path, peers: tuple[str, ...], repeats: int, threads: int, new: int,
                 forms: tuple[str, ...] = OPT_IN_FORMS) -> dict[str, Any]:
     """Plain decode tokens/s at DECODE_CONTEXT: hetero INT8, its opt-in `forms` and the peers (`bench/decode.py
-    --plain-only`). The forms' runtimes share hetero's process with the default's, each with its own prefill
-    sessions: at llama-3.2-3b that process was killed for memory (16.4 GB anonymous), so a run that fails with forms
-    is run again without them, and why is recorded."""
+    --plain-only`). The forms' runtimes share the default's process and its prefill (`methods.with_decode_form`;
+    each with prefill sessions of its own, llama-3.2-3b's process was killed for memory at 16.4 GB anonymous). A run
+    that still fails with forms is run again without them, and why is recorded."""
     try:
         with tempfile.TemporaryDirectory(prefix="hetero-scale-") as tmp:
             run_module(["decode", "--plain-only", "--model", str(gguf), "--baselines", "none",

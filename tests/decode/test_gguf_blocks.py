@@ -195,3 +195,30 @@ def test_a_decode_form_that_cannot_run_is_refused(tmp_path, monkeypatch) -> None
     with pytest.raises(ConfigError, match="decode form must be one of auto, q4_1, q4_1-all, got 'q4_0'"):
         decode_placement(be, "q4_0")
 
+
+
+def test_a_decode_form_beside_a_runtime_shares_its_prefill(tmp_path, monkeypatch) -> None:
+    """`with_decode_form`: the form's runtime prefills on the same backend (one set of sessions, the bench's
+    several forms in one process) and decodes as `make_runtime(..., decode_form=)` does: the same placement and the
+    same greedy tokens; a float runtime has no decode forms and is refused."""
+    import hetero.methods as methods
+    from hetero.decode.generate import SamplingParams, generate
+    from hetero.methods import make_runtime, with_decode_form
+    from tests.npu.conftest import tiny_plan
+
+    m = _block_model(tmp_path, monkeypatch, {})  # float file: q4_1 blocks are made from it
+    monkeypatch.setattr(methods, "quant_plan", lambda model, *a, **k: tiny_plan(model, scale=0.03))  # no tokenizer:
+    monkeypatch.setattr(methods, "quant_model", lambda model, recipe: model)  # no calibration text, no rotation
+    rt = make_runtime(m, "hetero", chunk=16, threads=1)
+    shared = with_decode_form(rt, "q4_1")
+    own = make_runtime(m, "hetero", chunk=16, threads=1, decode_form="q4_1")
+    assert shared.backend is rt.backend and own.backend is not rt.backend
+    assert shared.decode == own.decode and shared.decode.small_kernel == "blocks" != rt.decode.small_kernel
+    prompt = list(np.arange(3, 40) * 5 % m.config.vocab)
+    stop = SamplingParams(max_new_tokens=6, stop_token_ids=())
+    tokens = [generate(r, r.prefill(prompt), stop, speculate="off").tokens for r in (shared, own)]
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 6
+    shared.close()
+    assert rt.prefill(prompt).logits.shape == (m.config.vocab,)  # the shared backend outlives the form's runtime
+    with pytest.raises(ConfigError, match="a decode form is an INT8 runtime's; this one's method is 'float'"):
+        with_decode_form(make_runtime(m, "float", chunk=16, threads=1), "q4_1")
