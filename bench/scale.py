@@ -36,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -260,12 +261,21 @@ def _decode_bytes(rt) -> int:
 # --- the measured step ------------------------------------------------------------------------------------------
 
 
+def exit_reason(code: int) -> str:
+    """How a child process ended, in words: a negative code is the signal that killed it (SIGKILL with no message of
+    its own is most often the kernel's OOM killer: llama-3.2-3b's decode process, `dmesg`)."""
+    if code >= 0:
+        return f"failed (exit {code})"
+    sig = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+    return f"was killed by {sig}" + (" (most often the kernel's OOM killer)" if sig == "SIGKILL" else "")
+
+
 def run_module(args: list[str]) -> str:
     """stdout of `python -m bench <args>` in a process of its own; ConfigError naming its last lines on failure."""
     proc = subprocess.run([sys.executable, "-m", "bench", *args], capture_output=True, text=True, env=child_env())
     if proc.returncode != 0:
-        raise ConfigError(f"bench {args[0]} failed (exit {proc.returncode}): "
-                          + " | ".join(proc.stderr.strip().splitlines()[-3:]))
+        raise ConfigError(f"bench {args[0]} {exit_reason(proc.returncode)}: "
+                          + (" | ".join(proc.stderr.strip().splitlines()[-3:]) or "no message"))
     return proc.stdout
 
 

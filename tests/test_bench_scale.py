@@ -75,7 +75,7 @@ def test_a_decode_that_failed_keeps_the_prefill_and_says_why():
     """`measure` records a failed decode run (llama-3.2-3b's was killed for memory) instead of losing the hour of
     prefill rounds before it: the prefill ratios stand, the decode has no number and its reason is in the table."""
     e = _entry({1024: 500.0}, {"openvino_genai": {1024: 400.0}}, {1024: 1000.0}, {})
-    e["decode"] = {"row": {}, "skipped": {"hetero": "bench decode failed (exit -9): "}}
+    e["decode"] = {"row": {}, "skipped": {"hetero": "bench decode was killed by SIGKILL (most often the kernel's OOM killer): no message"}}
     s = summarize(e)
     assert s["vs_best_peer"][0]["hetero_over"] == 1.25 and s["decode"]["hetero_tokens_per_s"] is None
     assert not s["targets_met"]["decode_over_best_peer"]
@@ -87,7 +87,7 @@ def test_a_decode_that_failed_keeps_the_prefill_and_says_why():
     md = markdown({"conditions": {"machine": "AMD EPYC (Zen 4), 2 CPUs", "threads": 2, "note": "", "command": ""},
                    "shapes": {"llama-3.2-3b": {"params": 3_212_574_720, "synthetic": SYNTHETIC, "measure": e,
                                                "summary": s}}})
-    assert "bench decode failed (exit -9)" in md and "**1.25×**" in md
+    assert "bench decode was killed by SIGKILL" in md and "**1.25×**" in md
 
 
 def test_no_peer_meets_no_target():
@@ -138,3 +138,12 @@ def test_weight_forms_of_the_cache_and_of_the_mappings():
              "7f30-7f40 r--s 00000000 fd:00 13 /c/models/a-rot1s0/int8-e3.safetensors\nRss:  4 kB\n")
     assert resident_by_kind(smaps) == {"anonymous": 102400, "INT8 GEMV weights file": 65536, "heap": 8192,
                                        "INT8 graph weights file": 4096}
+
+
+def test_a_child_is_said_to_have_failed_or_been_killed() -> None:
+    """A child's exit code in words: a code it returned, or the signal that ended it (a negative code)."""
+    from bench.scale import exit_reason
+
+    assert exit_reason(1) == "failed (exit 1)"
+    assert exit_reason(-9) == "was killed by SIGKILL (most often the kernel's OOM killer)"
+    assert exit_reason(-15) == "was killed by SIGTERM"
