@@ -481,7 +481,8 @@ def runtime_of(model: Model, plan: HostPlan) -> Runtime:
 def with_decode_form(runtime: Runtime, decode_form: str) -> Runtime:
     """A runtime that prefills on `runtime`'s backend (its graphs and sessions, not a second set) and decodes in
     `decode_form` (`make_runtime`'s): a bench that times several decode forms in one process holds one prefill, not
-    one per form (at llama-3.2-3b each set is 2.8 GB). Its steps are its own; closing it leaves `runtime`'s backend."""
+    one per form (at llama-3.2-3b each set is 2.8 GB). Its steps are its own; closing it leaves `runtime`'s backend.
+    The two runtimes' locks are their own: prefill on one of them at a time."""
     plan = runtime.host_plan
     spec = METHODS.get(plan.method.value)
     if spec is None or spec.provider is None:
