@@ -13,6 +13,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -106,3 +107,12 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join([str(CHECKOUT), *filter(None, [env.get("PYTHONPATH")])])
     return env
+
+
+def exit_reason(code: int) -> str:
+    """How a child process ended, in words: a negative code is the signal that killed it (SIGKILL with no message of
+    its own is most often the kernel's OOM killer: llama-3.2-3b's decode process, `dmesg`, docs/journal.md)."""
+    if code >= 0:
+        return f"failed (exit {code})"
+    sig = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+    return f"was killed by {sig}" + (" (most often the kernel's OOM killer)" if sig == "SIGKILL" else "")

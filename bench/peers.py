@@ -36,6 +36,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from bench.entry import exit_reason
 from bench.workers import EngineUnavailable
 from hetero.paths import cache_dir, file_fingerprint, file_record, verify_files
 
@@ -59,7 +60,7 @@ def _run(cmd: list[str], what: str, timeout_s: float = 1800) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-        raise EngineUnavailable(f"{what} failed (exit {proc.returncode}): {tail}")
+        raise EngineUnavailable(f"{what} {exit_reason(proc.returncode)}: {tail}")
 
 
 # transformers' GGUF loader, dequantized to float32, saved as safetensors: `python -c _HF_FROM_GGUF GGUF OUT` in the

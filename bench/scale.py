@@ -36,7 +36,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -47,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.conditions import load_avg, peak_rss_mb
-from bench.entry import add_out_arg, child_env, out_dir, write_json_md, wrote
+from bench.entry import add_out_arg, child_env, exit_reason, out_dir, write_json_md, wrote
 from hetero.arguments import int_list, positive_int
 from hetero.config import ModelConfig
 from hetero.errors import ConfigError
@@ -165,7 +164,7 @@ def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str
         wall = time.perf_counter() - t0
         out.seek(0), err.seek(0)
         if proc.returncode != 0:
-            raise ConfigError(f"{' '.join(cmd[:4])} ... failed (exit {proc.returncode}): "
+            raise ConfigError(f"{' '.join(cmd[:4])} ... {exit_reason(proc.returncode)}: "
                               + " | ".join(err.read().strip().splitlines()[-3:]))
         return wall, peak, out.read()
 
@@ -259,15 +258,6 @@ def _decode_bytes(rt) -> int:
 
 
 # --- the measured step ------------------------------------------------------------------------------------------
-
-
-def exit_reason(code: int) -> str:
-    """How a child process ended, in words: a negative code is the signal that killed it (SIGKILL with no message of
-    its own is most often the kernel's OOM killer: llama-3.2-3b's decode process, `dmesg`)."""
-    if code >= 0:
-        return f"failed (exit {code})"
-    sig = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-    return f"was killed by {sig}" + (" (most often the kernel's OOM killer)" if sig == "SIGKILL" else "")
 
 
 def run_module(args: list[str]) -> str:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.conditions import load_avg
-from bench.entry import write_json_md
+from bench.entry import exit_reason, write_json_md
 from hetero.errors import ConfigError
 
 HELP = "a warm `hetero run` end to end, beside llama.cpp (issue 28)"
@@ -70,7 +70,7 @@ def _timed(cmd: list[str]) -> tuple[float, str]:
     done = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
-        raise ConfigError(f"{cmd[0]} ... failed (exit {done.returncode}): {done.stderr.strip()[-400:]}")
+        raise ConfigError(f"{cmd[0]} ... {exit_reason(done.returncode)}: {done.stderr.strip()[-400:]}")
     return wall, done.stdout
 
 
@@ -88,7 +88,7 @@ def imports_torch(threads: int) -> bool:
     done = subprocess.run([sys.executable, "-X", "importtime", "-m", "hetero", "run", PROMPT, "-n", str(NEW_TOKENS),
                            "--threads", str(threads)], capture_output=True, text=True)
     if done.returncode != 0:
-        raise ConfigError(f"hetero run failed (exit {done.returncode}): {done.stderr.strip()[-400:]}")
+        raise ConfigError(f"hetero run {exit_reason(done.returncode)}: {done.stderr.strip()[-400:]}")
     return any(ln.startswith("import time:") and ln.rsplit("|", 1)[-1].strip() == "torch"
                for ln in done.stderr.splitlines())
 

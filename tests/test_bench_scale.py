@@ -142,7 +142,7 @@ def test_weight_forms_of_the_cache_and_of_the_mappings():
 
 def test_a_child_is_said_to_have_failed_or_been_killed() -> None:
     """A child's exit code in words: a code it returned, or the signal that ended it (a negative code)."""
-    from bench.scale import exit_reason
+    from bench.entry import exit_reason
 
     assert exit_reason(1) == "failed (exit 1)"
     assert exit_reason(-9) == "was killed by SIGKILL (most often the kernel's OOM killer)"
